@@ -1,0 +1,3 @@
+from hybridtune.cli import main
+
+raise SystemExit(main())

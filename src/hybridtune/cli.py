@@ -1,0 +1,79 @@
+"""Command-line entry point: `hybridtune {train,bench,doctor,compile,merge}`.
+
+Each command lives in the layer it drives and exposes `main(argv) -> int | None`; this module only
+dispatches, sets up logging, and turns `UserError` into one line on stderr with exit code 2.
+Subcommand modules are imported lazily so `hybridtune doctor` does not pay for the training stack.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+
+from hybridtune.errors import UserError
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("hybridtune.train.command", "fine-tune a model (LoRA or full) on packed data"),
+    "bench": ("hybridtune.bench.command", "benchmark training modes side by side"),
+    "doctor": ("hybridtune.kernels.doctor", "report versions, GPU, kernel paths and how to fix gaps"),
+    "compile": ("hybridtune.compiler.command", "generate standalone per-class forwards (--family, --sweep)"),
+    "merge": ("hybridtune.train.merge", "merge a LoRA adapter into its base model and save safetensors"),
+}
+
+USAGE = "usage: hybridtune {" + ",".join(COMMANDS) + "} [options]\n\ncommands:\n" + "\n".join(
+    f"  {name:<9}{desc}" for name, (_, desc) in COMMANDS.items()
+)
+
+
+def _setup_logging() -> None:
+    level = os.environ.get("HYBRIDTUNE_LOG_LEVEL", "INFO").upper()
+    try:
+        from rich.logging import RichHandler
+
+        handler: logging.Handler = RichHandler(show_path=False, show_time=False, markup=False, rich_tracebacks=False)
+        fmt = "%(message)s"
+    except ImportError:  # rich is a dependency; this only guards a broken install
+        handler = logging.StreamHandler()
+        fmt = "%(levelname)s %(name)s: %(message)s"
+    handler.setFormatter(logging.Formatter(fmt))
+    root = logging.getLogger("hybridtune")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        from hybridtune import __version__
+
+        print(f"hybridtune {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        import difflib
+
+        near = difflib.get_close_matches(name, COMMANDS, n=1)
+        hint = f" Did you mean '{near[0]}'?" if near else ""
+        print(f"error: unknown command '{name}'.{hint} Commands: {', '.join(COMMANDS)}.", file=sys.stderr)
+        return 2
+    _setup_logging()
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+        rc = module.main(rest)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

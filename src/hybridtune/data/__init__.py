@@ -1,0 +1,6 @@
+"""Data: formats -> (ids, loss mask) -> packing -> collator."""
+
+from hybridtune.data.collator import IGNORE_INDEX, PackedCollator, varlen_metadata
+from hybridtune.data.packing import Example, pack
+
+__all__ = ["IGNORE_INDEX", "Example", "PackedCollator", "pack", "varlen_metadata"]

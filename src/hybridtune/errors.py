@@ -1,0 +1,34 @@
+"""Errors meant for people.
+
+Every error a user can cause by what they typed or the files they gave derives from `UserError`.
+The CLI prints its message as one line and exits with code 2; no traceback. The message names
+the bad value, where it came from (file, line, key) and what to do.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input: printed as one line by the CLI, exit code 2."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError, ValueError):
+    """A config key is unknown, ill-typed or out of range."""
+
+
+class DataError(UserError, ValueError):
+    """A dataset file is missing, malformed, or yields no usable examples."""
+
+
+class ModelError(UserError, ValueError):
+    """A model path or preset cannot be loaded."""
+
+
+class OutputDirError(UserError):
+    """The output directory holds another run and `--overwrite` was not given."""
+
+
+class KernelUnavailableError(UserError, RuntimeError):
+    """A required fast kernel is missing or failed its self-test and the policy refuses the slow path."""
