@@ -1,0 +1,85 @@
+"""The one place that knows FLA's internal function names and arities (0.5.x and 0.6.x).
+
+FLA's public entry points are `@torch.compiler.disable` and derive chunk indices on the host, so
+the custom ops call FLA's raw forward/backward functions instead. Their module paths and return
+arities moved between releases; this adapter resolves them once and fails with a message that names
+the supported range for anything else.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+SUPPORTED = ("0.5", "0.6")  # major.minor of flash-linear-attention / fla-core releases tested
+
+
+class FLAUnavailable(RuntimeError):
+    """FLA is missing, or its version is outside the range the adapter knows."""
+
+
+@dataclass(frozen=True)
+class FLA:
+    version: str
+    gdn_fwd: Callable  # returns (g_cum, o, A, final_state, initial_state, g_input)
+    gdn_bwd: Callable  # returns (dq, dk, dv, dbeta, dg, dh0, dA_log, ddt_bias)
+    l2norm_fwd: Callable  # x -> (y, rstd)
+    l2norm_bwd: Callable  # (y, rstd, dy) -> dx
+    conv_fwd: Callable  # returns (y, final_state)
+    conv_bwd: Callable  # returns (dx, dw, db, dresidual, dh0)
+
+
+def _first(*paths: str):
+    err = None
+    for path in paths:
+        mod_name, _, attr = path.rpartition(".")
+        try:
+            return getattr(importlib.import_module(mod_name), attr)
+        except (ImportError, AttributeError) as e:
+            err = e
+    raise FLAUnavailable(f"none of {paths} found in the installed FLA: {err}")
+
+
+def keywords(fn: Callable, **kwargs):
+    """Call `fn` with only the keyword arguments its signature accepts (names differ across releases)."""
+    params = inspect.signature(inspect.unwrap(fn)).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return fn(**kwargs)
+    return fn(**{k: v for k, v in kwargs.items() if k in params})
+
+
+@functools.cache
+def load() -> FLA:
+    """Resolve FLA's raw GDN and conv functions, or raise `FLAUnavailable` saying why."""
+    try:
+        import fla  # noqa: F401  (import error is the message)
+    except Exception as e:
+        raise FLAUnavailable(f"flash-linear-attention is not importable: {e}") from e
+    version = getattr(importlib.import_module("fla"), "__version__", "unknown")
+    if ".".join(version.split(".")[:2]) not in SUPPORTED:
+        raise FLAUnavailable(
+            f"flash-linear-attention {version} is outside the range hybridtune supports "
+            f"({', '.join(v + '.x' for v in SUPPORTED)}); install flash-linear-attention>=0.5,<0.7"
+        )
+    chunk = importlib.import_module("fla.ops.gated_delta_rule.chunk")
+    return FLA(
+        version=version,
+        gdn_fwd=chunk.chunk_gated_delta_rule_fwd,
+        gdn_bwd=chunk.chunk_gated_delta_rule_bwd,
+        l2norm_fwd=_first("fla.modules.norm.l2norm.l2norm_fwd", "fla.modules.l2norm.l2norm_fwd"),
+        l2norm_bwd=_first("fla.modules.norm.l2norm.l2norm_bwd", "fla.modules.l2norm.l2norm_bwd"),
+        conv_fwd=_first("fla.modules.causal_conv1d.ops.causal_conv1d_fwd", "fla.modules.conv.triton.ops.causal_conv1d_fwd"),
+        conv_bwd=_first("fla.modules.causal_conv1d.ops.causal_conv1d_bwd", "fla.modules.conv.triton.ops.causal_conv1d_bwd"),
+    )
+
+
+def available() -> tuple[bool, str]:
+    """(ok, reason): whether the CUDA path can use FLA, and why not."""
+    try:
+        f = load()
+    except FLAUnavailable as e:
+        return False, str(e)
+    return True, f"flash-linear-attention {f.version}"
