@@ -28,16 +28,16 @@ USAGE = "usage: hybridtune {" + ",".join(COMMANDS) + "} [options]\n\ncommands:\n
 
 
 def _setup_logging() -> None:
+    """Rich output on a terminal; plain one-line records elsewhere (logs, CI, pipes)."""
     level = os.environ.get("HYBRIDTUNE_LOG_LEVEL", "INFO").upper()
-    try:
+    if sys.stderr.isatty():
         from rich.logging import RichHandler
 
-        handler: logging.Handler = RichHandler(show_path=False, show_time=False, markup=False, rich_tracebacks=False)
-        fmt = "%(message)s"
-    except ImportError:  # rich is a dependency; this only guards a broken install
+        handler: logging.Handler = RichHandler(show_path=False, show_time=False, markup=False)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:
         handler = logging.StreamHandler()
-        fmt = "%(levelname)s %(name)s: %(message)s"
-    handler.setFormatter(logging.Formatter(fmt))
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     root = logging.getLogger("hybridtune")
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -1,0 +1,314 @@
+"""Typed run configuration: a YAML file plus `--key value` overrides.
+
+Key names follow what fine-tuning users already know (Axolotl-style flat keys). Every field carries
+its help text; `hybridtune train --help` lists them all with defaults. Unknown keys are an error
+that names the nearest known key; ill-typed values name the key, the file and line, and the type.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from hybridtune.errors import ConfigError
+
+# Default LoRA targets: attention projections, the GDN projections and the MLP (dense and MoE experts'
+# shared MLP). Names that a model lacks are simply not matched; at least one must match.
+DEFAULT_LORA_TARGETS = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "in_proj_qkv",
+    "in_proj_z",
+    "out_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+]
+
+BUNDLED_DATASET = "hybridtune:sample/arithmetic.jsonl"
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class DatasetConfig:
+    """One data source. `type: auto` detects the format from the first row's fields."""
+
+    path: str = _f("", "JSONL or Parquet file (or 'hybridtune:sample/<name>' for bundled data)")
+    type: Literal["auto", "text", "alpaca", "chat", "sharegpt"] = _f("auto", "row format")
+    field_text: str = _f("text", "text: field holding the document")
+    field_instruction: str = _f("instruction", "alpaca: instruction field")
+    field_input: str = _f("input", "alpaca: optional input field")
+    field_output: str = _f("output", "alpaca: response field")
+    field_messages: str = _f("messages", "chat: list of {role, content}; sharegpt: 'conversations'")
+    message_field_role: str = _f("role", "chat: role key in a message ('from' for sharegpt)")
+    message_field_content: str = _f("content", "chat: content key in a message ('value' for sharegpt)")
+    roles_to_train: list[str] = _f(["assistant"], "chat/sharegpt: roles whose tokens are trained on")
+
+
+@dataclass
+class TrainConfig:
+    # model
+    base_model: str = _f("tiny-qwen3_5", "preset name (see `hybridtune doctor`) or local checkpoint directory")
+    tokenizer: str | None = _f(None, "tokenizer directory (default: the model's own, or the bundled one for presets)")
+    # data
+    datasets: list[DatasetConfig] = _f([DatasetConfig(path=BUNDLED_DATASET, type="chat")], "list of data sources")
+    dataset: str | None = _f(None, "shorthand for a single data file (replaces `datasets`)")
+    dataset_type: Literal["auto", "text", "alpaca", "chat", "sharegpt"] = _f("auto", "format of `dataset`")
+    val_set_size: float = _f(0.04, "held-out share (< 1) or count (>= 1) of examples for eval")
+    sequence_len: int = _f(256, "tokens per packed bin (and max tokens per example)")
+    sample_packing: bool = _f(True, "pack several examples per bin (off: one example per bin)")
+    excess_length_strategy: Literal["truncate", "drop"] = _f("truncate", "examples longer than sequence_len")
+    train_on_inputs: bool = _f(False, "also train on prompt/user tokens (default: assistant/response only)")
+    # adapter
+    adapter: Literal["lora", "full"] = _f("lora", "LoRA adapter (peft) or full fine-tune")
+    lora_r: int = _f(16, "LoRA rank")
+    lora_alpha: int = _f(32, "LoRA alpha (scale = alpha / r)")
+    lora_dropout: float = _f(0.0, "LoRA dropout")
+    lora_target_modules: list[str] = _f(list(DEFAULT_LORA_TARGETS), "module names that get LoRA")
+    # optimisation
+    micro_batch_size: int = _f(1, "packed bins per forward (laid end to end in one [1, T] row)")
+    gradient_accumulation_steps: int = _f(1, "micro-batches per optimizer step")
+    num_epochs: float = _f(1.0, "passes over the training data (ignored when max_steps > 0)")
+    max_steps: int = _f(-1, "optimizer steps to run (-1: from num_epochs)")
+    learning_rate: float = _f(2e-3, "peak learning rate")
+    lr_scheduler: Literal["cosine", "linear", "constant"] = _f("cosine", "decay after warmup")
+    warmup_steps: int = _f(10, "linear warmup steps")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    max_grad_norm: float = _f(1.0, "gradient clipping (0: off)")
+    bf16: Literal["auto"] | bool = _f("auto", "bf16 autocast: auto = on a GPU that supports it, off on CPU")
+    gradient_checkpointing: bool = _f(False, "recompute activations in backward to save memory")
+    # evaluation, logging, checkpoints
+    eval_steps: int = _f(50, "evaluate every N steps (0: only at the end)")
+    eval_max_examples: int = _f(200, "cap on held-out examples per eval")
+    logging_steps: int = _f(10, "log every N steps")
+    save_steps: int = _f(0, "checkpoint every N steps (0: only at the end)")
+    save_total_limit: int = _f(2, "checkpoints kept (oldest removed first)")
+    output_dir: str = _f("outputs/run", "where checkpoints, the final model and metrics.jsonl go")
+    overwrite: bool = _f(False, "allow an output_dir that already holds a different run")
+    resume_from_checkpoint: str | None = _f(None, "checkpoint directory, or 'latest' for the newest in output_dir")
+    seed: int = _f(42, "random seed (data order, init of LoRA, dropout)")
+    # speed
+    device: Literal["auto", "cpu", "cuda"] = _f("auto", "where to train")
+    num_threads: int = _f(0, "CPU threads for torch (0: torch's default)")
+
+    def resolved_datasets(self) -> list[DatasetConfig]:
+        if self.dataset:
+            return [DatasetConfig(path=self.dataset, type=self.dataset_type)]
+        return self.datasets
+
+
+# ---------------------------------------------------------------------------------------------------
+# parsing and validation
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check `value` against the annotation `tp`; convert where it is lossless (int -> float)."""
+    origin = typing.get_origin(tp)
+    bad = ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value in typing.get_args(tp) and not (isinstance(value, bool) and True not in typing.get_args(tp)):
+            return value
+        raise bad
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError:
+                continue
+        raise bad
+    if tp is type(None):
+        if value is None:
+            return None
+        raise bad
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str) and item_tp is str:
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise bad
+        return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad
+        return _build(tp, value, where, {})
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise bad
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise bad
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise bad
+    raise bad
+
+
+def _unknown_key(key: str, known: list[str], where: str) -> ConfigError:
+    near = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+    hint = f"; did you mean '{near[0]}'?" if near else "; run `hybridtune train --help` for the list"
+    return ConfigError(f"{where}: unknown config key '{key}'{hint}")
+
+
+def _build(cls: type, data: dict, where: str, lines: dict[str, int]) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        loc = f"{where}:{lines[key]}" if key in lines else where
+        if key not in hints:
+            raise _unknown_key(str(key), names, loc)
+        kwargs[key] = _coerce(value, hints[key], f"{loc}: key '{key}'")
+    return cls(**kwargs)
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """1-based line numbers of the top-level keys of a YAML mapping."""
+    node = yaml.compose(text)
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {k.value: k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+
+
+def parse_overrides(argv: list[str]) -> dict[str, Any]:
+    """`--key value`, `--key=value`, or a bare `--flag` (true). Values are read as YAML scalars/lists."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise ConfigError(f"command line: expected --key value, got '{arg}'")
+        key, eq, raw = arg[2:].partition("=")
+        key = key.replace("-", "_")
+        if not eq:
+            if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                raw = argv[i + 1]
+                i += 1
+            else:
+                raw = "true"
+        try:
+            out[key] = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            out[key] = raw
+        # Paths and names stay strings even when they look like numbers or dates.
+        if key in ("base_model", "tokenizer", "dataset", "output_dir", "resume_from_checkpoint") and out[key] is not None:
+            out[key] = str(raw)
+        i += 1
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Build a `TrainConfig` from an optional YAML file and overrides (overrides win)."""
+    data: dict[str, Any] = {}
+    lines: dict[str, int] = {}
+    where = "command line"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file '{p}' does not exist; pass a YAML file or leave it out for the defaults")
+        text = p.read_text()
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f"{p}:{mark.line + 1}" if mark else str(p)
+            raise ConfigError(f"{at}: not valid YAML ({getattr(e, 'problem', e)})") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: expected a mapping of config keys at the top level")
+        data.update(loaded)
+        lines = _key_lines(text)
+        where = str(p)
+    cli = overrides or {}
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    for key in cli:
+        if key not in names:
+            raise _unknown_key(key, names, "command line")
+    _build(TrainConfig, data, where, lines)  # errors in the file name the file and line
+    _build(TrainConfig, cli, "command line", {})  # errors in overrides name the command line
+    cfg = _build(TrainConfig, {**data, **cli}, where, lines)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Range checks that types cannot express."""
+    checks = [
+        (cfg.sequence_len >= 2, "sequence_len", cfg.sequence_len, "must be at least 2"),
+        (cfg.micro_batch_size >= 1, "micro_batch_size", cfg.micro_batch_size, "must be at least 1"),
+        (cfg.gradient_accumulation_steps >= 1, "gradient_accumulation_steps", cfg.gradient_accumulation_steps, "must be at least 1"),
+        (cfg.lora_r >= 1, "lora_r", cfg.lora_r, "must be at least 1"),
+        (0.0 <= cfg.lora_dropout < 1.0, "lora_dropout", cfg.lora_dropout, "must be in [0, 1)"),
+        (cfg.learning_rate > 0, "learning_rate", cfg.learning_rate, "must be positive"),
+        (cfg.val_set_size >= 0, "val_set_size", cfg.val_set_size, "must be >= 0"),
+        (cfg.max_steps == -1 or cfg.max_steps >= 1, "max_steps", cfg.max_steps, "must be -1 or at least 1"),
+        (cfg.num_epochs > 0, "num_epochs", cfg.num_epochs, "must be positive"),
+        (cfg.warmup_steps >= 0, "warmup_steps", cfg.warmup_steps, "must be >= 0"),
+        (cfg.max_grad_norm >= 0, "max_grad_norm", cfg.max_grad_norm, "must be >= 0"),
+        (cfg.logging_steps >= 1, "logging_steps", cfg.logging_steps, "must be at least 1"),
+        (cfg.save_total_limit >= 1, "save_total_limit", cfg.save_total_limit, "must be at least 1"),
+    ]
+    for ok, key, value, what in checks:
+        if not ok:
+            raise ConfigError(f"config key '{key}' = {value!r} {what}")
+    if cfg.adapter == "lora" and not cfg.lora_target_modules:
+        raise ConfigError("config key 'lora_target_modules' is empty; name at least one module (e.g. q_proj)")
+    for i, ds in enumerate(cfg.resolved_datasets()):
+        if not ds.path:
+            raise ConfigError(f"config key 'datasets[{i}].path' is empty; give a JSONL or Parquet file")
+
+
+def config_help() -> str:
+    """Every key with its type, default and meaning, for `hybridtune train --help`."""
+    rows = []
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if f.name == "datasets":
+            default = "[bundled arithmetic chats]"
+        rows.append(f"  --{f.name} ({_type_name(hints[f.name])}, default {default!r})\n      {f.metadata['help']}")
+    ds_rows = []
+    ds_hints = typing.get_type_hints(DatasetConfig)
+    for f in dataclasses.fields(DatasetConfig):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        ds_rows.append(f"    {f.name} ({_type_name(ds_hints[f.name])}, default {default!r}): {f.metadata['help']}")
+    return "config keys (YAML file or --key value):\n" + "\n".join(rows) + "\n\n  each entry of `datasets`:\n" + "\n".join(ds_rows)
+
+
+def to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)

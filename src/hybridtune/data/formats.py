@@ -1,0 +1,202 @@
+"""Dataset rows -> (input_ids, loss_mask).
+
+Formats: `text` (train on everything), `alpaca` (instruction/input/output; train on the output),
+`chat` (a list of {role, content} rendered by the tokenizer's chat template; train on assistant
+turns), `sharegpt` (conversations of {from, value}, mapped onto chat roles). Files: JSONL or Parquet.
+
+Errors name the file, the line (JSONL) or row (Parquet), the field, and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hybridtune.config import DatasetConfig
+from hybridtune.data.packing import Example
+from hybridtune.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_DIR = Path(__file__).resolve().parent / "sample"
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
+ALPACA_PROMPT_INPUT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+
+
+def resolve_path(path: str) -> Path:
+    """A data path: `hybridtune:sample/<file>` for bundled data, else a local file."""
+    if path.startswith("hybridtune:"):
+        rel = path.split(":", 1)[1]
+        if not rel.startswith("sample/"):
+            raise DataError(f"bundled data path '{path}' must look like 'hybridtune:sample/<file>'")
+        p = SAMPLE_DIR / rel[len("sample/") :]
+    else:
+        p = Path(path).expanduser()
+    if not p.is_file():
+        raise DataError(f"dataset file '{path}' does not exist; check the path in `datasets` or `--dataset`")
+    return p
+
+
+def read_rows(path: str) -> Iterator[tuple[str, dict]]:
+    """Yield (location, row) where location is 'file:line' (JSONL) or 'file:row N' (Parquet)."""
+    p = resolve_path(path)
+    suffix = p.suffix.lower()
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(p)
+        except Exception as e:  # pyarrow raises several types for corrupt files
+            raise DataError(f"{p}: cannot read as Parquet ({e})") from None
+        for i, row in enumerate(table.to_pylist()):
+            yield f"{p}:row {i + 1}", row
+        return
+    if suffix not in (".jsonl", ".json", ".ndjson"):
+        raise DataError(f"{p}: unsupported file type '{suffix}'; use JSONL (.jsonl) or Parquet (.parquet)")
+    with p.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{p}:{lineno}: malformed JSON ({e.msg} at column {e.colno}); fix or remove the line") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{p}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
+            yield f"{p}:{lineno}", row
+
+
+def detect_type(row: dict, ds: DatasetConfig, where: str) -> str:
+    """The format of a row from its fields."""
+    for key in (ds.field_messages, "messages", "conversations"):
+        msgs = row.get(key)
+        if isinstance(msgs, list) and msgs and isinstance(msgs[0], dict):
+            return "sharegpt" if "from" in msgs[0] and "value" in msgs[0] else "chat"
+    if ds.field_instruction in row and ds.field_output in row:
+        return "alpaca"
+    if ds.field_text in row:
+        return "text"
+    raise DataError(
+        f"{where}: cannot tell the format from fields {sorted(row)}; expected 'messages' (chat), "
+        f"'conversations' (sharegpt), 'instruction'+'output' (alpaca) or 'text'; or set `type` / `--dataset_type`"
+    )
+
+
+def _field(row: dict, key: str, where: str, fmt: str) -> Any:
+    if key not in row or row[key] is None:
+        raise DataError(f"{where}: {fmt} row has no field '{key}' (fields: {sorted(row)}); map it with `field_*` keys")
+    return row[key]
+
+
+def _tokenize_spans(tokenizer, spans: list[tuple[str, bool]]) -> Example:
+    """Tokenize the concatenated text once; a token is trained on if it starts inside a trained span."""
+    text = "".join(s for s, _ in spans)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    bounds = []
+    pos = 0
+    for s, train in spans:
+        bounds.append((pos, pos + len(s), train))
+        pos += len(s)
+    mask = []
+    for start, end in enc["offset_mapping"]:
+        # Attribute each token to the span holding its first character (byte-level BPE may merge across
+        # a boundary; the chat templates we render put special tokens at every boundary, so it does not).
+        trained = next((t for a, b, t in bounds if a <= start < b), False) if end > start else False
+        mask.append(1 if trained else 0)
+    return Example(list(enc["input_ids"]), mask)
+
+
+def chat_spans(tokenizer, messages: list[dict], roles_to_train: list[str]) -> list[tuple[str, bool]]:
+    """Split the rendered chat into (text, trained) spans by rendering growing prefixes.
+
+    Works with any chat template that renders a conversation prefix-stably: the text that message i
+    adds is render(messages[:i+1]) minus render(messages[:i]); for a trained role, the header is
+    render(messages[:i], add_generation_prompt=True) and only what follows it is trained (content and
+    end-of-turn token), so the model learns to stop.
+    """
+    spans: list[tuple[str, bool]] = []
+    prev = ""
+    for i, msg in enumerate(messages):
+        cur = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        if not cur.startswith(prev):
+            raise ValueError("chat template is not prefix-stable; cannot locate turns")
+        piece = cur[len(prev) :]
+        if msg["role"] in roles_to_train:
+            header = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
+            if i and header.startswith(prev) and cur.startswith(header):
+                spans.append((header[len(prev) :], False))
+                spans.append((cur[len(header) :], True))
+            else:
+                spans.append((piece, True))
+        else:
+            spans.append((piece, False))
+        prev = cur
+    return spans
+
+
+def to_example(row: dict, fmt: str, tokenizer, ds: DatasetConfig, train_on_inputs: bool, where: str) -> Example:
+    """One row -> Example. `fmt` is a concrete format (not 'auto')."""
+    eos = tokenizer.eos_token or ""
+    if fmt == "text":
+        text = _field(row, ds.field_text, where, "text")
+        if not isinstance(text, str):
+            raise DataError(f"{where}: field '{ds.field_text}' must be a string, got {type(text).__name__}")
+        return _tokenize_spans(tokenizer, [(text + eos, True)])
+    if fmt == "alpaca":
+        instruction = _field(row, ds.field_instruction, where, "alpaca")
+        output = _field(row, ds.field_output, where, "alpaca")
+        inp = row.get(ds.field_input) or ""
+        if tokenizer.chat_template:
+            user = f"{instruction}\n\n{inp}" if inp else str(instruction)
+            messages = [{"role": "user", "content": user}, {"role": "assistant", "content": str(output)}]
+            spans = chat_spans(tokenizer, messages, ["assistant"])
+        else:
+            prompt = (ALPACA_PROMPT_INPUT if inp else ALPACA_PROMPT).format(instruction=instruction, input=inp)
+            spans = [(prompt, False), (str(output) + eos, True)]
+        return _tokenize_spans(tokenizer, [(s, t or train_on_inputs) for s, t in spans])
+    if fmt in ("chat", "sharegpt"):
+        key = ds.field_messages
+        if fmt == "sharegpt" and key not in row and "conversations" in row:
+            key = "conversations"
+        raw = _field(row, key, where, fmt)
+        role_key, content_key = ds.message_field_role, ds.message_field_content
+        if fmt == "sharegpt" and role_key == "role":
+            role_key, content_key = "from", "value"
+        if not isinstance(raw, list) or not raw:
+            raise DataError(f"{where}: field '{key}' must be a non-empty list of messages")
+        messages = []
+        for j, m in enumerate(raw):
+            if not isinstance(m, dict) or role_key not in m or content_key not in m:
+                raise DataError(f"{where}: message {j} of '{key}' needs '{role_key}' and '{content_key}' fields, got {m!r}")
+            role = m[role_key]
+            if fmt == "sharegpt":
+                if role not in SHAREGPT_ROLES:
+                    raise DataError(f"{where}: message {j} has unknown sharegpt role '{role}'; expected one of {sorted(SHAREGPT_ROLES)}")
+                role = SHAREGPT_ROLES[role]
+            messages.append({"role": role, "content": str(m[content_key])})
+        if not tokenizer.chat_template:
+            raise DataError(f"{where}: {fmt} data needs a tokenizer with a chat template; this tokenizer has none")
+        try:
+            spans = chat_spans(tokenizer, messages, ds.roles_to_train)
+        except Exception as e:  # jinja errors from templates that reject a role order, etc.
+            raise DataError(f"{where}: the chat template cannot render this conversation ({e})") from None
+        return _tokenize_spans(tokenizer, [(s, t or train_on_inputs) for s, t in spans])
+    raise DataError(f"{where}: unknown dataset type '{fmt}'; use text, alpaca, chat or sharegpt")
+
+
+def load_examples(ds: DatasetConfig, tokenizer, train_on_inputs: bool = False) -> list[Example]:
+    """All examples of one data source, tokenized with their loss masks."""
+    out: list[Example] = []
+    fmt = ds.type
+    for where, row in read_rows(ds.path):
+        if fmt == "auto":
+            fmt = detect_type(row, ds, where)
+            logger.info("dataset %s: detected format '%s'", ds.path, fmt)
+        out.append(to_example(row, fmt, tokenizer, ds, train_on_inputs, where))
+    if not out:
+        raise DataError(f"dataset file '{ds.path}' has no rows; give a file with at least one example")
+    return out

@@ -1,0 +1,81 @@
+"""Load a model and its tokenizer: a built-in preset (random weights) or a local checkpoint directory.
+
+Nothing is ever downloaded: a name that is neither a preset nor an existing directory is an error.
+A Qwen3.5 `ForConditionalGeneration` checkpoint loads text-only through `AutoModelForCausalLM`
+(the vision tower is not instantiated).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hybridtune.errors import ModelError
+from hybridtune.models.presets import PRESETS, preset_config
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    source: str  # "preset" or "checkpoint"
+    name: str
+
+
+def load_tokenizer(path: str | None, model_path: str | None):
+    from transformers import AutoTokenizer
+
+    from hybridtune.models.tokenizer_files import bundled_tokenizer
+
+    if path:
+        if not Path(path).is_dir():
+            raise ModelError(f"tokenizer directory '{path}' does not exist; give a local directory (no hub downloads)")
+        return AutoTokenizer.from_pretrained(path)
+    if model_path is not None:
+        try:
+            return AutoTokenizer.from_pretrained(model_path)
+        except Exception as e:  # transformers raises OSError/ValueError/KeyError for missing or odd files
+            raise ModelError(
+                f"checkpoint '{model_path}' has no loadable tokenizer ({type(e).__name__}); "
+                "set `tokenizer` to a tokenizer directory"
+            ) from None
+    return bundled_tokenizer()
+
+
+def load_model(base_model: str, tokenizer_path: str | None = None, seed: int = 42, dtype=None) -> LoadedModel:
+    """Build a preset (seeded random init) or load a local checkpoint directory."""
+    from transformers import AutoModelForCausalLM
+
+    if base_model in PRESETS:
+        tok = load_tokenizer(tokenizer_path, None)
+        preset = PRESETS[base_model]
+        vocab = len(tok) if preset.uses_bundled_tokenizer else None
+        config = preset_config(base_model, vocab_size=vocab)
+        config.pad_token_id = tok.pad_token_id
+        config.eos_token_id = tok.eos_token_id
+        if len(tok) > config.vocab_size:
+            raise ModelError(f"tokenizer has {len(tok)} tokens but preset '{base_model}' has a vocabulary of {config.vocab_size}")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        return LoadedModel(model, tok, "preset", base_model)
+    path = Path(base_model).expanduser()
+    if not path.is_dir():
+        import difflib
+
+        near = difflib.get_close_matches(base_model, PRESETS, n=1)
+        hint = f" Did you mean preset '{near[0]}'?" if near else f" Presets: {', '.join(PRESETS)}."
+        raise ModelError(f"base_model '{base_model}' is neither a preset nor a local checkpoint directory.{hint}")
+    if not (path / "config.json").is_file():
+        raise ModelError(f"checkpoint directory '{path}' has no config.json; point base_model at a saved model")
+    tok = load_tokenizer(tokenizer_path, str(path))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"cannot load checkpoint '{path}': {e}") from None
+    return LoadedModel(model, tok, "checkpoint", str(path))

@@ -1,0 +1,470 @@
+"""The training loop: packed batches, LoRA or full fine-tune, AdamW with warmup + decay, gradient
+accumulation, clipping, eval on a held-out split, atomic checkpoints and exact resume.
+
+The loss of an optimizer step is the mean over every trained token of all its micro-batches (the
+token count of the whole accumulation window is known before the first forward), so accumulation
+over k micro-batches equals one batch k times as large.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from hybridtune.config import TrainConfig, to_dict
+from hybridtune.data import IGNORE_INDEX, PackedCollator
+from hybridtune.data.build import PreparedData, prepare
+from hybridtune.data.packing import Example
+from hybridtune.errors import ConfigError, OutputDirError
+from hybridtune.train import checkpoint as ckpt
+from hybridtune.train.metrics import MetricsLog, Throughput, format_step, memory_gib
+
+logger = logging.getLogger(__name__)
+
+RUN_FILE = "hybridtune_run.json"
+MODEL_KEYS = ("input_ids", "position_ids", "labels", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+# Keys that do not change what a run computes: a run may continue or resume under other values.
+NON_IDENTITY_KEYS = ("overwrite", "resume_from_checkpoint", "max_steps", "eval_steps", "save_steps", "logging_steps", "num_threads")
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    losses: list[float] = field(default_factory=list)  # loss of every optimizer step run in this process
+    evals: list[dict] = field(default_factory=list)
+    output_dir: str = ""
+    final_dir: str | None = None
+    interrupted: bool = False
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ConfigError("device 'cuda' asked for but no CUDA GPU is visible; use --device cpu")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def lr_lambda(kind: str, warmup: int, total: int) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if kind == "constant":
+            return 1.0
+        progress = (step - warmup) / max(1, total - warmup)
+        progress = min(max(progress, 0.0), 1.0)
+        if kind == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+def identity(cfg: TrainConfig) -> dict:
+    d = to_dict(cfg)
+    for k in NON_IDENTITY_KEYS:
+        d.pop(k, None)
+    return d
+
+
+def check_output_dir(cfg: TrainConfig) -> bool:
+    """Refuse an output_dir that holds a different run. Returns True when metrics should start fresh."""
+    out = Path(cfg.output_dir)
+    if cfg.resume_from_checkpoint:
+        return False
+    if not out.exists() or not any(out.iterdir()):
+        return True
+    run_file = out / RUN_FILE
+    if run_file.is_file():
+        try:
+            held = json.loads(run_file.read_text()).get("config", {})
+        except json.JSONDecodeError:
+            held = None
+        if held is not None and {k: v for k, v in held.items() if k not in NON_IDENTITY_KEYS} == identity(cfg):
+            logger.info("output_dir %s holds an earlier run of the same config; starting it again", out)
+            return True
+    if cfg.overwrite:
+        logger.warning("output_dir %s holds another run; --overwrite given, its files will be replaced", out)
+        return True
+    what = "another hybridtune run" if run_file.is_file() else "files that are not from this run"
+    raise OutputDirError(
+        f"output_dir '{out}' already holds {what}; choose another --output_dir, resume with "
+        f"--resume_from_checkpoint latest, or pass --overwrite"
+    )
+
+
+class BatchStream:
+    """Deterministic stream of micro-batches over epochs; its position is saved in checkpoints.
+
+    Epoch e visits the bins in a permutation seeded by (seed, e); a micro-batch is `micro_batch_size`
+    consecutive bins of that order laid end to end.
+    """
+
+    def __init__(self, bins: list[list[Example]], micro_batch_size: int, seed: int):
+        self.bins, self.mbs, self.seed = bins, micro_batch_size, seed
+        self.epoch, self.index = 0, 0
+        self._order = self._perm(0)
+
+    def _perm(self, epoch: int) -> list[int]:
+        order = list(range(len(self.bins)))
+        random.Random(self.seed * 1000003 + epoch).shuffle(order)
+        return order
+
+    def position(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def seek(self, pos: dict) -> None:
+        self.epoch, self.index = pos["epoch"], pos["index"]
+        self._order = self._perm(self.epoch)
+
+    def next_docs(self) -> list[Example]:
+        docs: list[Example] = []
+        for _ in range(self.mbs):
+            if self.index >= len(self._order):
+                self.epoch += 1
+                self.index = 0
+                self._order = self._perm(self.epoch)
+            docs.extend(self.bins[self._order[self.index]])
+            self.index += 1
+        return docs
+
+    def micro_batches_per_epoch(self) -> int:
+        return math.ceil(len(self.bins) / self.mbs)
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+
+def eval_batches(examples: list[Example], seq_len: int) -> Iterator[list[Example]]:
+    """Held-out examples in packs of at most seq_len tokens, in order."""
+    cur: list[Example] = []
+    used = 0
+    for ex in examples:
+        if cur and used + len(ex) > seq_len:
+            yield cur
+            cur, used = [], 0
+        cur.append(ex)
+        used += len(ex)
+    if cur:
+        yield cur
+
+
+@torch.no_grad()
+def evaluate(model, examples: list[Example], seq_len: int, device: torch.device, autocast) -> dict:
+    """Held-out loss and exact match.
+
+    Exact match: an example counts when the argmax prediction at every trained position (the whole
+    response, end-of-turn included) equals the target. Under teacher forcing this is exactly the
+    condition for greedy decoding to reproduce the response, so it is computed in one packed forward.
+    """
+    was_training = model.training
+    model.eval()
+    collate = PackedCollator()
+    total_loss, total_tokens, correct, counted = 0.0, 0, 0, 0
+    for docs in eval_batches(examples, seq_len):
+        batch = to_device(collate(docs), device)
+        with autocast():
+            logits = model(**{k: batch[k] for k in MODEL_KEYS if k != "labels"}).logits
+        logits = logits[0, :-1].float()
+        targets = batch["labels"][0, 1:]
+        mask = targets != IGNORE_INDEX
+        ce = torch.nn.functional.cross_entropy(logits, targets.clamp(min=0), reduction="none")
+        total_loss += float(ce[mask].sum())
+        total_tokens += int(mask.sum())
+        ok = (logits.argmax(-1) == targets) | ~mask
+        cu = batch["cu_seq_lens_q"].tolist()
+        for a, b in zip(cu[:-1], cu[1:]):
+            # positions a..b-2 predict tokens a+1..b-1 of this document
+            if mask[a : b - 1].any():
+                counted += 1
+                correct += int(ok[a : b - 1].all())
+    model.train(was_training)
+    return {
+        "eval_loss": total_loss / max(total_tokens, 1),
+        "exact_match": correct / max(counted, 1),
+        "eval_examples": counted,
+    }
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, on_log: Callable[[dict], None] | None = None):
+        self.cfg = cfg
+        self.on_log = on_log
+        self.device = pick_device(cfg.device)
+        self.out = Path(cfg.output_dir)
+
+    # -- setup -------------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        cfg = self.cfg
+        fresh_metrics = check_output_dir(cfg)
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+
+        from hybridtune.models.loading import load_model
+
+        loaded = load_model(cfg.base_model, cfg.tokenizer, seed=cfg.seed)
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        self.data: PreparedData = prepare(cfg, self.tokenizer)
+
+        model = loaded.model
+        self.patch_report = self._patch(model)
+        if cfg.gradient_checkpointing:
+            # Non-reentrant checkpointing needs no `enable_input_require_grads` hook for frozen embeddings.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.adapter == "lora":
+            from hybridtune.train.lora import apply_lora
+
+            model = apply_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+        model.to(self.device)
+        model.train()
+        self.model = model
+
+        params = [p for p in model.parameters() if p.requires_grad]
+        fused = self.device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, fused=fused)
+        self.stream = BatchStream(self.data.bins, cfg.micro_batch_size, cfg.seed)
+        per_epoch = math.ceil(self.stream.micro_batches_per_epoch() / cfg.gradient_accumulation_steps)
+        self.total_steps = cfg.max_steps if cfg.max_steps > 0 else max(1, math.ceil(per_epoch * cfg.num_epochs))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(cfg.lr_scheduler, cfg.warmup_steps, self.total_steps)
+        )
+        self.step = 0
+        if cfg.resume_from_checkpoint:
+            self._resume(cfg.resume_from_checkpoint)
+        use_bf16 = cfg.bf16 is True or (cfg.bf16 == "auto" and self.device.type == "cuda" and torch.cuda.is_bf16_supported())
+        if cfg.bf16 is True and self.device.type == "cpu":
+            logger.warning("bf16 on CPU autocasts matmuls only and is slow on most CPUs; fp32 is the CPU default")
+        self.autocast = lambda: torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._write_run_file()
+        self.metrics = MetricsLog(self.out / "metrics.jsonl", truncate=fresh_metrics)
+        logger.info(
+            "training %s (%s) on %s: %d steps, %d bins/step of %d tokens, lr %.1e %s",
+            loaded.name,
+            cfg.adapter,
+            self.device,
+            self.total_steps,
+            cfg.micro_batch_size * cfg.gradient_accumulation_steps,
+            cfg.sequence_len,
+            cfg.learning_rate,
+            cfg.lr_scheduler,
+        )
+
+    def _patch(self, model):
+        """Route hybrid mixers through hybridtune ops (leak-free packing); None if that layer is absent."""
+        try:
+            from hybridtune.models.patching import patch_model
+        except ImportError:
+            logger.warning(
+                "hybridtune.models.patching is not available: GDN layers run transformers' own path, "
+                "which does not keep packed documents apart"
+            )
+            return None
+        report = patch_model(model)
+        logger.info("%s", report)
+        return report
+
+    def _write_run_file(self) -> None:
+        data = {"config": to_dict(self.cfg), "hybridtune_version": __import__("hybridtune").__version__}
+        tmp = self.out / f".{RUN_FILE}.tmp"
+        tmp.write_text(json.dumps(data, indent=2))
+        os.replace(tmp, self.out / RUN_FILE)
+
+    def _resume(self, where: str) -> None:
+        path = Path(where)
+        if where == "latest":
+            found = ckpt.list_checkpoints(self.out)
+            if not found:
+                raise ConfigError(f"resume_from_checkpoint 'latest': no checkpoint in '{self.out}'")
+            path = found[-1]
+        if not (path / ckpt.META_FILE).is_file():
+            raise ConfigError(f"resume_from_checkpoint '{where}' is not a complete hybridtune checkpoint directory")
+        self._load_weights(path)
+        state = ckpt.load_trainer_state(path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        ckpt.set_rng_state(state["rng"])
+        self.stream.seek(state["data_position"])
+        self.step = state["step"]
+        logger.info("resumed from %s at step %d", path, self.step)
+
+    def _load_weights(self, path: Path) -> None:
+        from safetensors.torch import load_file
+
+        if self.cfg.adapter == "lora":
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.model, load_file(str(path / "adapter_model.safetensors")))
+            return
+        state = {}
+        for f in sorted(path.glob("*.safetensors")):
+            state.update(load_file(str(f)))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        tied = set(getattr(self.model, "_tied_weights_keys", None) or [])
+        if unexpected or [k for k in missing if k not in tied and "lm_head" not in k]:
+            raise ConfigError(f"checkpoint '{path}' does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+
+    # -- steps -------------------------------------------------------------------------------------
+
+    def _window(self) -> list[dict]:
+        collate = PackedCollator()
+        return [collate(self.stream.next_docs()) for _ in range(self.cfg.gradient_accumulation_steps)]
+
+    def train_step(self) -> dict:
+        cfg = self.cfg
+        batches = self._window()
+        n_tokens = sum(b["num_loss_tokens"] for b in batches)
+        total = 0.0
+        for b in batches:
+            b = to_device(b, self.device)
+            with self.autocast():
+                out = self.model(**{k: b[k] for k in MODEL_KEYS}, num_items_in_batch=max(n_tokens, 1))
+            out.loss.backward()
+            total += float(out.loss.detach())
+        if cfg.max_grad_norm > 0:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm))
+        else:
+            grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.model.parameters() if p.grad is not None])))
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return {
+            "step": self.step,
+            "loss": total,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "tokens": int(sum(b["input_ids"].numel() for b in batches)),
+            "loss_tokens": n_tokens,
+        }
+
+    def save(self) -> Path:
+        path = ckpt.save_checkpoint(
+            self.out / f"checkpoint-{self.step}",
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.step,
+            self.stream.position(),
+            {"base_model": self.loaded.name},
+        )
+        ckpt.prune_checkpoints(self.out, self.cfg.save_total_limit)
+        return path
+
+    def run_eval(self) -> dict | None:
+        if not self.data.eval_examples:
+            return None
+        ex = self.data.eval_examples[: self.cfg.eval_max_examples]
+        res = evaluate(self.model, ex, self.cfg.sequence_len, self.device, self.autocast)
+        res["step"] = self.step
+        self.metrics.write({"type": "eval", **res})
+        logger.info(
+            "eval  step %d  eval_loss %.4f  exact_match %.3f (%d held-out examples)",
+            self.step,
+            res["eval_loss"],
+            res["exact_match"],
+            res["eval_examples"],
+        )
+        return res
+
+    def train(self) -> TrainResult:
+        cfg = self.cfg
+        result = TrainResult(steps=self.step, output_dir=str(self.out))
+        ev = self.run_eval()
+        if ev:
+            result.evals.append(ev)
+        tput = Throughput()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        try:
+            while self.step < self.total_steps:
+                rec = self.train_step()
+                tput.add(rec["tokens"])
+                result.losses.append(rec["loss"])
+                if self.step % cfg.logging_steps == 0 or self.step == self.total_steps or self.step == 1:
+                    rec.update(tokens_per_s=tput.take(), mem_gib=memory_gib(self.device), type="train")
+                    self.metrics.write(rec)
+                    logger.info("%s", format_step(rec))
+                if self.on_log:
+                    self.on_log(rec)
+                if cfg.eval_steps and self.step % cfg.eval_steps == 0 and self.step < self.total_steps:
+                    ev = self.run_eval()
+                    if ev:
+                        result.evals.append(ev)
+                if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < self.total_steps:
+                    self.save()
+        except KeyboardInterrupt:
+            # The step in flight is dropped (its gradients were never applied); the checkpoint holds the
+            # state after the last complete step, and its data position points at the dropped batch.
+            path = self.save()
+            logger.warning("interrupted: saved %s; continue with --resume_from_checkpoint latest", path)
+            result.interrupted = True
+            result.steps = self.step
+            self.metrics.close()
+            return result
+        ev = self.run_eval()
+        if ev:
+            result.evals.append(ev)
+        self.save()
+        result.final_dir = str(self.save_final())
+        result.steps = self.step
+        self.metrics.close()
+        return result
+
+    def save_final(self) -> Path:
+        """The final model (adapter or full) with tokenizer, loadable by peft / transformers."""
+        base_dir = None
+        if self.cfg.adapter == "lora" and self.loaded.source == "preset":
+            # A preset's base weights exist only in memory: save them so the adapter can be loaded and merged.
+            base_dir = self.out / "base_model"
+            base = self.model.get_base_model()
+
+            def write_base(tmp: Path) -> None:
+                _save_unwrapped_base(base, tmp)
+                self.tokenizer.save_pretrained(tmp)
+
+            ckpt.atomic_dir(base_dir, write_base)
+
+        def write(tmp: Path) -> None:
+            if base_dir is not None:
+                self.model.peft_config["default"].base_model_name_or_path = str(base_dir.resolve())
+            self.model.save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            (tmp / "hybridtune.json").write_text(
+                json.dumps({"base_model": self.loaded.name, "adapter": self.cfg.adapter, "steps": self.step}, indent=2)
+            )
+
+        final = ckpt.atomic_dir(self.out / "final", write)
+        logger.info("saved final %s to %s", "adapter" if self.cfg.adapter == "lora" else "model", final)
+        return final
+
+
+def _save_unwrapped_base(base, tmp: Path) -> None:
+    """Save the frozen base weights without LoRA layers: peft keeps the original Linear as `base_layer`."""
+    state = {}
+    for name, tensor in base.state_dict().items():
+        if "lora_" in name:
+            continue
+        state[name.replace(".base_layer.", ".")] = tensor
+    base.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+
+
+def train(cfg: TrainConfig, on_log: Callable[[dict], None] | None = None) -> TrainResult:
+    trainer = Trainer(cfg, on_log)
+    trainer.setup()
+    return trainer.train()
+
