@@ -1,0 +1,484 @@
+"""Provision the fast kernels an architecture needs, under an explicit policy, before its modeling import.
+
+Policy (`kernels:` in the run config, overridden by `HYBRIDTUNE_KERNELS`):
+
+- `auto`: install missing kernels that have pinned wheels, in a subprocess (`pip --only-binary=:all:` with
+  torch, triton and transformers held at their installed versions by a constraints file), prove the install
+  by importing it in a child process, and roll back on failure. Offline or refused, print the exact command.
+- `check`: install nothing; report what is missing and what it costs.
+- `off`: no provisioning, no gate hooks, no device self-test.
+
+`require_fast_path: true` (or `HYBRIDTUNE_REQUIRE_FAST_PATH=1`) refuses to train when any mixer would run a
+slow fallback: `prepare` raises `KernelUnavailableError` naming the gap and the command that closes it.
+
+The training CLI calls `prepare(...)` before it imports the modeling module:
+
+    from hybridtune.kernels.provision import prepare
+    report = prepare(cfg.kernels, cfg.require_fast_path, model_config)   # raises KernelUnavailableError
+    log.info(report.summary())
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hybridtune.errors import ConfigError, KernelUnavailableError
+from hybridtune.kernels import gates as gates_mod
+from hybridtune.kernels.needs import ArchitectureNeeds, KernelSpec, analyze, kernel_spec
+
+logger = logging.getLogger(__name__)
+
+POLICIES = ("auto", "check", "off")
+ENV_POLICY = "HYBRIDTUNE_KERNELS"
+ENV_REQUIRE = "HYBRIDTUNE_REQUIRE_FAST_PATH"
+ENV_OFFLINE = "HYBRIDTUNE_OFFLINE"
+# Never moved by an install: the user's torch build (and what it was built with) stays as it is.
+HELD_PACKAGES = ("torch", "triton", "transformers")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Policy
+
+
+def resolve_policy(
+    policy: str | None, require_fast_path: bool | None, env: Mapping[str, str] | None = None
+) -> tuple[str, str, bool]:
+    """(policy, where it came from, require_fast_path); the environment overrides the config."""
+    env = os.environ if env is None else env
+    source = "config"
+    if env.get(ENV_POLICY):
+        policy, source = env[ENV_POLICY], f"env {ENV_POLICY}"
+    elif policy is None:
+        policy, source = "check", "default"
+    policy = str(policy).strip().lower()
+    if policy not in POLICIES:
+        raise ConfigError(f"kernels: '{policy}' (from {source}) is not one of {', '.join(POLICIES)}.")
+    if env.get(ENV_REQUIRE) is not None:
+        raw = env[ENV_REQUIRE].strip().lower()
+        if raw not in _TRUE + _FALSE:
+            raise ConfigError(f"{ENV_REQUIRE}='{env[ENV_REQUIRE]}' is not a boolean (use 1 or 0).")
+        require_fast_path = raw in _TRUE
+    return policy, source, bool(require_fast_path)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Installing
+
+
+@dataclass
+class InstallResult:
+    ok: bool
+    command: list[str]
+    output: str = ""
+    changed: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)  # dist -> (before, after)
+    offline: bool = False  # refused for lack of network/index: the command is what the user runs instead
+
+
+class Installer(Protocol):
+    """What `prepare` needs from an installer; tests pass a fake."""
+
+    def command(self, specs: list[str]) -> list[str]: ...
+
+    def install(self, specs: list[str]) -> InstallResult: ...
+
+    def check_import(self, code: str) -> tuple[bool, str]: ...
+
+    def rollback(self, result: InstallResult) -> tuple[bool, str]: ...
+
+
+def _distributions() -> dict[str, str]:
+    out = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata.get("Name")
+        if name:
+            out[name.lower().replace("_", "-")] = dist.version
+    return out
+
+
+_OFFLINE_HINTS = (
+    "Could not find a version that satisfies",
+    "No matching distribution",
+    "Network is unreachable",
+    "Temporary failure in name resolution",
+    "Failed to establish a new connection",
+    "Max retries exceeded",
+    "ProxyError",
+)
+
+
+class PipInstaller:
+    """`python -m pip install` into the running interpreter's environment, wheels only, held packages pinned."""
+
+    def __init__(self, python: str | None = None, timeout_s: float = 900.0, env: Mapping[str, str] | None = None):
+        self.python = python or sys.executable
+        self.timeout_s = timeout_s
+        self.env = os.environ if env is None else env
+
+    def _constraints(self) -> list[str]:
+        held = []
+        for name in HELD_PACKAGES:
+            try:
+                held.append(f"{name}=={importlib.metadata.version(name)}")
+            except importlib.metadata.PackageNotFoundError:
+                continue
+        return held
+
+    def command(self, specs: list[str]) -> list[str]:
+        return [self.python, "-m", "pip", "install", "--only-binary=:all:", *specs]
+
+    def install(self, specs: list[str]) -> InstallResult:
+        cmd = self.command(specs)
+        if self.env.get(ENV_OFFLINE, "").strip().lower() in _TRUE:
+            return InstallResult(False, cmd, f"{ENV_OFFLINE} is set: not installing", offline=True)
+        before = _distributions()
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+            f.write("\n".join(self._constraints()) + "\n")
+            constraints = f.name
+        try:
+            proc = subprocess.run(
+                [*cmd, "--constraint", constraints, "--disable-pip-version-check", "--no-input"],
+                capture_output=True,
+                text=True,
+                timeout=self.timeout_s,
+            )
+            output, ok = (proc.stdout or "") + (proc.stderr or ""), proc.returncode == 0
+        except (OSError, subprocess.TimeoutExpired) as e:
+            output, ok = f"{type(e).__name__}: {e}", False
+        finally:
+            os.unlink(constraints)
+        importlib.invalidate_caches()
+        after = _distributions()
+        changed = {k: (before.get(k), after.get(k)) for k in set(before) | set(after) if before.get(k) != after.get(k)}
+        offline = not ok and any(h in output for h in _OFFLINE_HINTS)
+        return InstallResult(ok, cmd, output[-4000:], changed, offline)
+
+    def check_import(self, code: str) -> tuple[bool, str]:
+        try:
+            proc = subprocess.run([self.python, "-c", code], capture_output=True, text=True, timeout=600)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return False, f"{type(e).__name__}: {e}"
+        return proc.returncode == 0, ((proc.stdout or "") + (proc.stderr or ""))[-2000:]
+
+    def rollback(self, result: InstallResult) -> tuple[bool, str]:
+        added = [d for d, (old, _new) in result.changed.items() if old is None]
+        moved = [f"{d}=={old}" for d, (old, new) in result.changed.items() if old is not None and new is not None]
+        removed = [f"{d}=={old}" for d, (old, new) in result.changed.items() if old is not None and new is None]
+        out, ok = [], True
+        if added:
+            p = subprocess.run([self.python, "-m", "pip", "uninstall", "-y", *added], capture_output=True, text=True)
+            ok &= p.returncode == 0
+            out.append(p.stdout + p.stderr)
+        if moved or removed:
+            p = subprocess.run(
+                [self.python, "-m", "pip", "install", "--no-deps", *moved, *removed], capture_output=True, text=True
+            )
+            ok &= p.returncode == 0
+            out.append(p.stdout + p.stderr)
+        importlib.invalidate_caches()
+        return ok, "".join(out)[-2000:]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Report
+
+
+@dataclass
+class KernelStatus:
+    """One needed kernel: present, installed, or the gap with its cost and fix."""
+
+    name: str
+    needed_by: list[str]  # the calls in the modeling module that ask for it
+    state: str  # present | installed | missing | install-failed | no-wheel | no-accelerator
+    version: str | None = None
+    detail: str = ""
+    fix: str | None = None
+    cost: str = ""
+    substitute: str | None = None  # present kernel that covers this one on hybridtune's path
+
+    @property
+    def available(self) -> bool:
+        return self.state in ("present", "installed")
+
+    @property
+    def covered(self) -> bool:
+        """Available itself, or replaced on hybridtune's path by an available substitute."""
+        return self.available or self.substitute is not None
+
+
+@dataclass
+class ProvisionReport:
+    policy: str
+    policy_source: str
+    require_fast_path: bool
+    architecture: ArchitectureNeeds
+    accelerator: str | None
+    kernels: dict[str, KernelStatus] = field(default_factory=dict)
+    hooks: dict[str, Any] | None = None
+    selftest: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def needs(self) -> set[str]:
+        return self.architecture.needs
+
+    @property
+    def gaps(self) -> list[str]:
+        """Why the run would be on a slow path; empty when it is fast."""
+        out = []
+        if self.needs and self.accelerator is None:
+            out.append("no CUDA device: fast kernels need a GPU; the torch reference path runs")
+        for st in self.kernels.values():
+            if st.state != "no-accelerator" and not st.covered:
+                out.append(f"{st.name} {st.state}")
+        for v in self.selftest:
+            if v.get("passed") is False:
+                out.append(f"self-test failed for {v.get('kernel')} {v.get('layout')}")
+        return out
+
+    @property
+    def fast_path(self) -> bool:
+        return not self.gaps
+
+    def fixes(self) -> list[str]:
+        out = [st.fix for st in self.kernels.values() if st.fix and not st.covered and st.state != "no-accelerator"]
+        for v in self.selftest:
+            if v.get("passed") is False and v.get("fix"):
+                out.append(v["fix"])
+        return list(dict.fromkeys(out))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "policy_source": self.policy_source,
+            "require_fast_path": self.require_fast_path,
+            "architecture": self.architecture.to_dict(),
+            "accelerator": self.accelerator,
+            "kernels": {k: {**vars(v), "covered": v.covered} for k, v in self.kernels.items()},
+            "gate_hooks": self.hooks,
+            "selftest": self.selftest,
+            "fast_path": self.fast_path,
+            "gaps": self.gaps,
+            "fixes": self.fixes(),
+            "warnings": self.warnings,
+        }
+
+    def summary(self) -> str:
+        arch = self.architecture
+        head = f"kernels ({self.policy}, {self.policy_source}): {arch.model_type or '?'} needs " + (
+            ", ".join(sorted(self.needs)) or "nothing"
+        )
+        lines = [head]
+        for st in self.kernels.values():
+            via = f" via {st.substitute}" if st.substitute and not st.available else ""
+            lines.append(f"  {st.name}: {st.state}{' ' + st.version if st.version else ''}{via}. {st.detail}".rstrip())
+        for v in self.selftest:
+            lines.append(f"  self-test {v.get('kernel')} {v.get('layout')}: {v.get('verdict')}")
+        if self.gaps:
+            lines.append("  slow path: " + "; ".join(self.gaps))
+            lines += [f"  fix: {f}" for f in self.fixes()]
+        lines += [f"  warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Probing and provisioning
+
+
+def installed_version(import_name: str) -> str | None:
+    """Version of an importable package (by import name), or None when it is not importable."""
+    importlib.invalidate_caches()
+    try:
+        if importlib.util.find_spec(import_name) is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    candidates = [import_name, import_name.replace("_", "-")]
+    try:
+        candidates += importlib.metadata.packages_distributions().get(import_name, [])
+    except Exception:  # metadata of a broken install: the package is still importable
+        pass
+    if import_name == "fla":
+        candidates.insert(0, "fla-core")
+    for dist in candidates:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def detect_accelerator() -> str | None:
+    """'cuda' (with the device name) when a CUDA device is visible, else None. Imports torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if torch.cuda.is_available():
+        return f"cuda ({torch.cuda.get_device_name(0)})"
+    return None
+
+
+def provision_kernel(spec: KernelSpec, policy: str, installer: Installer) -> tuple[str, str | None, str]:
+    """Install one missing kernel under `policy`: (state, version, detail)."""
+    cmd = shlex.join(installer.command(list(spec.distributions))) if spec.distributions else spec.fix
+    if policy != "auto":
+        return "missing", None, f"policy {policy}: not installing; run: {cmd}"
+    if not spec.distributions:
+        return "no-wheel", None, f"no pinned wheel to install automatically; run: {spec.fix}"
+    logger.info("installing %s for the fast path: %s", spec.name, cmd)
+    try:
+        result = installer.install(list(spec.distributions))
+    except Exception as e:  # an installer that raises is an install that failed, never a crashed run
+        return "install-failed", None, f"installer raised {type(e).__name__}: {e}; run: {cmd}"
+    if not result.ok:
+        if result.changed:
+            try:
+                installer.rollback(result)
+            except Exception as e:
+                logger.error("rolling back the failed install of %s failed: %s", spec.name, e)
+        why = "offline or refused by the index" if result.offline else "pip failed"
+        tail = result.output.strip().splitlines()[-1:] or [""]
+        return "install-failed", None, f"{why} ({tail[0][:200]}); run: {cmd}"
+    try:
+        ok, out = installer.check_import(spec.check_code)
+    except Exception as e:
+        ok, out = False, f"{type(e).__name__}: {e}"
+    if not ok:
+        try:
+            rb_ok, _ = installer.rollback(result)
+        except Exception:
+            rb_ok = False
+        tail = out.strip().splitlines()[-1:] or [""]
+        rolled = "rolled back" if rb_ok else "ROLLBACK FAILED, check the environment"
+        return (
+            "install-failed",
+            None,
+            f"installed but `{spec.check_code}` failed in a child ({tail[0][:200]}); {rolled}",
+        )
+    importlib.invalidate_caches()
+    version = installed_version(spec.name)
+    if version is None:
+        return "install-failed", None, f"installed by pip but not importable here (another environment?); run: {cmd}"
+    return "installed", version, f"installed by hybridtune ({cmd})"
+
+
+def prepare(
+    policy: str | None,
+    require_fast_path: bool | None,
+    model_type_or_config: Any,
+    *,
+    installer: Installer | None = None,
+    accelerator: str | None | Callable[[], str | None] = detect_accelerator,
+    selftest: bool = True,
+    env: Mapping[str, str] | None = None,
+    log: bool = True,
+) -> ProvisionReport:
+    """Resolve, provision and verify the kernels of one architecture. Call before importing its modeling module.
+
+    `model_type_or_config`: a transformers config (head dims enable the device self-test), a model_type, or a
+    local checkpoint directory. Raises `KernelUnavailableError` when `require_fast_path` and a gap remains,
+    `ConfigError` for a bad policy. Everything else (an installer crash, no network) ends up in the report.
+    """
+    policy, source, require = resolve_policy(policy, require_fast_path, env)
+    arch = analyze(model_type_or_config)
+    accel = accelerator() if callable(accelerator) else accelerator
+    report = ProvisionReport(policy, source, require, arch, accel)
+    installer = installer if installer is not None else PipInstaller(env=env)
+
+    if arch.modeling_module and arch.modeling_module in sys.modules and arch.needs:
+        report.warnings.append(
+            f"{arch.modeling_module} was imported before provisioning: transformers chose its path then; "
+            "kernels installed now take effect in a new process"
+        )
+    for name in sorted(arch.needs):
+        spec = kernel_spec(name)
+        st = KernelStatus(
+            name,
+            [u.via for u in arch.uses if u.kernel == name],
+            "missing",
+            fix=spec.fix,
+            cost=spec.fallback_cost,
+        )
+        version = installed_version(spec.name)
+        if version is not None:
+            st.state, st.version, st.detail = "present", version, ""
+        elif accel is None:
+            st.state, st.detail = "no-accelerator", "not installed; only useful with a CUDA device"
+        elif policy == "off":
+            st.detail = "policy off: not checked further"
+        else:
+            st.state, st.version, st.detail = provision_kernel(spec, policy, installer)
+        report.kernels[name] = st
+    # Substitutes are decided once every kernel is known (FLA's Triton conv stands in for causal_conv1d).
+    for st in report.kernels.values():
+        sub = kernel_spec(st.name).substitute
+        if not st.available and sub and report.kernels.get(sub) and report.kernels[sub].available:
+            st.substitute = sub
+            st.detail = (st.detail + f" hybridtune's ops use {sub} instead").strip()
+    if any(st.state == "installed" for st in report.kernels.values()):
+        gates_mod.clear_gate_caches()
+        gates_mod.reset_lazy_kernels()
+
+    if policy != "off" and arch.style == "gates":
+        hooks = gates_mod.install_gate_hooks(_gate_provisioner(policy, installer, report), env=env)
+        report.hooks = hooks.to_dict() if hooks is not None else {"disabled": gates_mod.disabled(env)}
+
+    fla = report.kernels.get("fla")
+    if selftest and policy != "off" and accel is not None and fla is not None and fla.available:
+        report.selftest = _run_selftest(model_type_or_config, report)
+
+    if log:
+        for line in report.summary().splitlines():
+            logger.info(line)
+    if require and not report.fast_path:
+        raise KernelUnavailableError(
+            f"require_fast_path is set but {arch.model_type or 'this model'} would run a slow path: "
+            f"{'; '.join(report.gaps)}. Fix: {' && '.join(report.fixes()) or 'see hybridtune doctor'}; "
+            "or set require_fast_path: false."
+        )
+    if report.gaps and log:
+        logger.warning("slow path: %s (run `hybridtune doctor` for the fix)", "; ".join(report.gaps))
+    return report
+
+
+def _gate_provisioner(policy: str, installer: Installer, report: ProvisionReport) -> Callable[[str, str], bool]:
+    """`on_false` for the gate hooks: a gate said False at a modeling import; provision under the policy."""
+
+    def on_false(kernel: str, gate: str) -> bool:
+        if report.accelerator is None:
+            return False  # the gates need CUDA: a kernel installed now would not change their answer
+        st = report.kernels.get(kernel)
+        if st is not None and st.state not in ("missing",):
+            return False  # already decided by prepare (installed, failed, or no wheel): do not retry
+        state, _version, detail = provision_kernel(kernel_spec(kernel), policy, installer)
+        logger.info("%s() said False: %s %s", gate, state, detail)
+        return state == "installed"
+
+    return on_false
+
+
+def _run_selftest(model_type_or_config: Any, report: ProvisionReport) -> list[dict[str, Any]]:
+    from hybridtune.kernels import selftest
+
+    layouts = selftest.layouts_from_config(model_type_or_config)
+    if not layouts:
+        return []
+    try:
+        verdicts = selftest.verify(layouts)
+    except Exception as e:  # the self-test must never take training down with it; it refuses instead
+        logger.exception("kernel self-test crashed")
+        return [{"kernel": "gdn_chunk", "layout": "all", "passed": False, "verdict": f"crashed: {e}"}]
+    return [v.to_dict() for v in verdicts]
