@@ -1,0 +1,268 @@
+"""`hybridtune doctor [--model M] [--json]`: versions, GPU, the path each mixer takes, and how to fix each gap.
+
+Doctor never installs anything: it runs the provisioning logic under `check` and says what `kernels: auto`
+would do. With `--model` (a preset name or a local checkpoint directory) it parses what the architecture
+asks for, builds the model on the meta device (no memory, no weights) to report each mixer's path, and on a
+GPU runs the kernel self-test for the model's head layout (cached; a pass lifts FLA's Hopper guard for that
+layout in this process only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from hybridtune.errors import ModelError
+
+# Distributions whose versions decide the fast path (and the self-test cache key).
+VERSIONED = (
+    "torch",
+    "triton",
+    "transformers",
+    "peft",
+    "accelerate",
+    "flash-linear-attention",
+    "fla-core",
+    "causal-conv1d",
+    "mamba-ssm",
+    "flash-attn",
+    "tilelang",
+    "liger-kernel",
+    "kernels",
+)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _git_commit() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def gpu_info() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        return {"available": False, "reason": "torch is not importable"}
+    if not torch.cuda.is_available():
+        return {"available": False, "reason": f"no CUDA device visible to torch {torch.__version__}"}
+    devices = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        devices.append(
+            {
+                "index": i,
+                "name": p.name,
+                "capability": f"{p.major}.{p.minor}",
+                "memory_gib": round(p.total_memory / 2**30, 1),
+                "multiprocessors": p.multi_processor_count,
+            }
+        )
+    return {"available": True, "cuda": torch.version.cuda, "devices": devices}
+
+
+def environment() -> dict[str, Any]:
+    """Versions and device, as committed next to every GPU result."""
+    from hybridtune import __version__
+
+    return {
+        "hybridtune": __version__,
+        "git_commit": _git_commit(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": {d: _version(d) for d in VERSIONED},
+        "gpu": gpu_info(),
+    }
+
+
+def attention_backend() -> dict[str, Any]:
+    """What packed (varlen) attention can run on here, in the order hybridtune prefers them."""
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        varlen = importlib.util.find_spec("torch.nn.attention.varlen") is not None
+    except ImportError:
+        cuda, varlen = False, False
+    flash = _version("flash-attn")
+    if cuda and flash:
+        chosen = f"flash_attention_2 varlen (flash-attn {flash}): cu_seq_lens passed, no per-layer nonzero"
+    elif cuda and varlen:
+        chosen = "torch varlen_attn (torch.nn.attention.varlen): documents kept apart, no padding"
+    else:
+        chosen = "sdpa with a per-document block mask (reference speed; CPU or no varlen kernel)"
+    return {"flash_attn": flash, "torch_varlen_attn": varlen, "cuda": cuda, "packed_path": chosen}
+
+
+def resolve_model(spec: str) -> tuple[str, Any]:
+    """(label, transformers config) for a preset name or a local checkpoint directory. Never downloads."""
+    from hybridtune.models.presets import PRESETS, preset_config
+
+    if spec in PRESETS:
+        preset = PRESETS[spec]
+        # Vocabulary size changes no kernel decision; a fixed one keeps doctor off the tokenizer.
+        return f"preset {spec}", preset_config(spec, vocab_size=256 if preset.uses_bundled_tokenizer else None)
+    path = Path(spec).expanduser()
+    if path.is_dir() or path.name == "config.json":
+        from hybridtune.kernels.needs import _read_config
+
+        return f"checkpoint {path}", _read_config(path)
+    import difflib
+
+    near = difflib.get_close_matches(spec, PRESETS, n=1)
+    hint = f" Did you mean '{near[0]}'?" if near else ""
+    raise ModelError(
+        f"--model '{spec}' is neither a preset nor a local checkpoint directory.{hint} Presets: {', '.join(PRESETS)}."
+    )
+
+
+def _build_meta(config: Any) -> tuple[Any | None, str]:
+    import torch
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    errors = []
+    for auto in (AutoModelForCausalLM, AutoModel):
+        try:
+            with torch.device("meta"):
+                return auto.from_config(config), ""
+        except (ValueError, KeyError, TypeError, RuntimeError, NotImplementedError) as e:
+            errors.append(f"{auto.__name__}: {str(e).splitlines()[0][:160]}")
+    return None, "; ".join(errors)
+
+
+def diagnose(model: str | None = None) -> dict[str, Any]:
+    """Everything doctor reports, as one JSON-able dict."""
+    from hybridtune.kernels.provision import ENV_POLICY, ENV_REQUIRE, prepare
+
+    out: dict[str, Any] = {"environment": environment(), "attention": attention_backend()}
+    try:
+        from hybridtune.ops import fla_guard
+
+        out["fla_hopper_guard_active"] = fla_guard.guard_active()
+    except ImportError:
+        out["fla_hopper_guard_active"] = None
+    if model is None:
+        return out
+    label, config = resolve_model(model)
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_POLICY, ENV_REQUIRE)}
+    prov = prepare("check", False, config, env=env, log=False)  # doctor checks; it never installs
+    out["model"] = {"spec": model, "source": label, "model_type": getattr(config, "model_type", None)}
+    out["provision"] = prov.to_dict()
+    from hybridtune.kernels.selftest import layouts_from_config
+
+    out["model"]["gdn_layouts"] = [str(lay) for lay in layouts_from_config(config)]
+    built, err = _build_meta(config)
+    if built is None:
+        out["mixers"] = {"error": f"could not build the model on the meta device: {err}"}
+    else:
+        from hybridtune.kernels.paths import report
+
+        out["mixers"] = report(built).to_dict()
+    from hybridtune.kernels.needs import kernel_spec
+
+    auto_would = {}
+    for name, st in prov.kernels.items():
+        if st.state == "missing":
+            spec = kernel_spec(name)
+            auto_would[name] = (
+                "install " + " ".join(spec.distributions) if spec.distributions else f"nothing (no wheel): {spec.fix}"
+            )
+    out["under_auto"] = auto_would
+    return out
+
+
+def render(d: dict[str, Any]) -> str:
+    env = d["environment"]
+    lines = [f"hybridtune {env['hybridtune']} ({env['git_commit'] or 'no git'}) python {env['python']}"]
+    vers = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
+    missing = ", ".join(k for k, v in env["versions"].items() if not v)
+    lines.append(f"  installed: {vers}")
+    lines.append(f"  not installed: {missing or 'none'}")
+    gpu = env["gpu"]
+    if gpu["available"]:
+        for dev in gpu["devices"]:
+            lines.append(
+                f"  gpu {dev['index']}: {dev['name']} sm{dev['capability']} {dev['memory_gib']} GiB (CUDA {gpu['cuda']})"
+            )
+    else:
+        lines.append(f"  gpu: none ({gpu['reason']})")
+    if d.get("fla_hopper_guard_active"):
+        lines.append("  FLA Hopper guard: active (GDN backward refused until a layout passes the self-test)")
+    lines.append(f"packed attention: {d['attention']['packed_path']}")
+    if "model" not in d:
+        lines.append("(pass --model PRESET_OR_DIR for the per-mixer paths and the self-test)")
+        return "\n".join(lines)
+    m, prov = d["model"], d["provision"]
+    arch = prov["architecture"]
+    lines.append(
+        f"model: {m['source']} (model_type {m['model_type']}, modeling {arch['modeling_module']}, {arch['style']})"
+    )
+    lines.append(
+        f"  needs: {', '.join(arch['needs']) or 'nothing (no kernel gates or fallbacks in its modeling module)'}"
+    )
+    for u in arch["uses"]:
+        lines.append(f"    line {u['line']}: {u['via']}")
+    for name, st in prov["kernels"].items():
+        sub = f", covered by {st['substitute']} on hybridtune's path" if st.get("substitute") else ""
+        lines.append(f"  {name}: {st['state']}{' ' + st['version'] if st['version'] else ''}{sub}")
+        if not st["covered"]:
+            lines.append(f"    cost: {st['cost']}")
+    mix = d.get("mixers", {})
+    if "error" in mix:
+        lines.append(f"mixers: {mix['error']}")
+    else:
+        lines.append("mixers:")
+        for row in mix.get("mixers", []):
+            lines.append(f"  {row['count']:>3} x {row['cls']}: {row['path']}")
+    if not prov["selftest"]:
+        gpu_ok = env["gpu"]["available"]
+        lines.append("self-test: not run (" + ("no GDN layout or FLA missing" if gpu_ok else "no CUDA device") + ")")
+    else:
+        lines.append("self-test:")
+        for v in prov["selftest"]:
+            lines.append(
+                f"  {v['kernel']:<14} {v['layout']:<26} {v['verdict']}{' (cached)' if v.get('cached') else ''}"
+            )
+    for name, what in d.get("under_auto", {}).items():
+        lines.append(f"  under `kernels: auto`, {name}: {what}")
+    lines.append(f"fast path: {'yes' if prov['fast_path'] else 'NO'}")
+    for g in prov["gaps"]:
+        lines.append(f"  gap: {g}")
+    for f in prov["fixes"]:
+        lines.append(f"  fix: {f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="hybridtune doctor", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="preset name or local checkpoint directory")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    args = ap.parse_args(argv)
+    if args.json:  # keep stdout for the JSON object: log lines go to stderr
+        import logging
+
+        logging.getLogger("hybridtune").handlers[:] = [logging.StreamHandler(sys.stderr)]
+    d = diagnose(args.model)
+    if args.json:
+        json.dump(d, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(render(d))
+    return 0

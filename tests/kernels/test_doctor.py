@@ -1,0 +1,71 @@
+"""`hybridtune doctor`: the real CLI entry, JSON and text, presets and renamed checkpoint directories."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from hybridtune import cli  # noqa: E402
+from hybridtune.errors import ModelError  # noqa: E402
+from hybridtune.kernels import doctor  # noqa: E402
+
+
+def _json(capsys, argv):
+    assert doctor.main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope="module")
+def renamed_checkpoint(tmp_path_factory):
+    from hybridtune.models.presets import preset_config
+
+    path = tmp_path_factory.mktemp("ckpt") / "my-finetune-final"
+    preset_config("tiny-qwen3_next", vocab_size=256).save_pretrained(path)
+    return path
+
+
+def test_json_for_preset(capsys, monkeypatch):
+    monkeypatch.setenv("HYBRIDTUNE_KERNELS", "auto")  # doctor checks only, whatever the environment says
+    d = _json(capsys, ["--model", "tiny-qwen3_5", "--json"])
+    assert d["environment"]["versions"]["transformers"]
+    assert d["model"]["model_type"] == "qwen3_5_text"
+    assert d["model"]["gdn_layouts"] == ["H=2 HV=4 K=32 V=32"]
+    prov = d["provision"]
+    assert prov["policy"] == "check"
+    assert prov["architecture"]["needs"] == ["causal_conv1d", "fla"]
+    assert d["mixers"]["mixers"][0]["count"] == 3
+    assert "packed_path" in d["attention"]
+
+
+def test_renamed_checkpoint_matches_preset(capsys, renamed_checkpoint):
+    by_dir = _json(capsys, ["--model", str(renamed_checkpoint), "--json"])
+    by_preset = _json(capsys, ["--model", "tiny-qwen3_next", "--json"])
+    for key in ("needs", "modeling_module", "mixer_classes", "uses"):
+        assert by_dir["provision"]["architecture"][key] == by_preset["provision"]["architecture"][key]
+    assert by_dir["mixers"] == by_preset["mixers"]
+    assert by_dir["model"]["source"].startswith("checkpoint ")
+
+
+def test_text_output(capsys):
+    assert doctor.main(["--model", "tiny-qwen3_5"]) == 0
+    out = capsys.readouterr().out
+    assert "needs: causal_conv1d, fla" in out
+    assert "3 x Qwen3_5GatedDeltaNet" in out
+    assert "fast path:" in out
+
+
+def test_without_model(capsys):
+    assert doctor.main([]) == 0
+    out = capsys.readouterr().out
+    assert "packed attention:" in out and "--model" in out
+
+
+def test_bad_model_is_one_line_exit_2(capsys):
+    with pytest.raises(ModelError, match="neither a preset nor a local checkpoint"):
+        doctor.main(["--model", "tiny-qwen3.5"])
+    assert cli.main(["doctor", "--model", "no-such-model"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error:" in err

@@ -1,0 +1,157 @@
+"""Device self-test: layouts, error measure, cache and guard grants (CPU, with the device faked), and the
+real check on a GPU (`cuda` marker)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from hybridtune.kernels import selftest  # noqa: E402
+from hybridtune.kernels.selftest import Layout, layouts_from_config, verify  # noqa: E402
+from hybridtune.models.presets import preset_config  # noqa: E402
+
+fla_guard = pytest.importorskip("hybridtune.ops.fla_guard")
+
+SHAPES = {
+    "qwen3_5-0.8b": Layout(16, 16, 128, 128),
+    "qwen3_5-2b": Layout(16, 16, 128, 128),
+    "qwen3_5-9b": Layout(16, 32, 128, 128),
+    "tiny-qwen3_5": Layout(2, 4, 32, 32),
+    "tiny-qwen3_next": Layout(2, 4, 32, 32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_layouts_of_presets(name, tmp_path):
+    cfg = preset_config(name, vocab_size=256)
+    assert layouts_from_config(cfg) == [SHAPES[name]]
+    cfg.save_pretrained(tmp_path / "renamed")
+    assert layouts_from_config(str(tmp_path / "renamed")) == [SHAPES[name]]
+
+
+def test_no_layout_without_gdn():
+    from transformers import AutoConfig
+
+    assert layouts_from_config(AutoConfig.for_model("llama")) == []
+    assert layouts_from_config("qwen3_5_text") == []  # a bare model_type carries no head dims
+
+
+def test_layout_conv_dim():
+    assert Layout(16, 32, 128, 128).conv_dim == 2 * 16 * 128 + 32 * 128
+
+
+def test_rel_rms():
+    ref = torch.ones(10)
+    assert selftest.rel_rms(ref, ref) == 0.0
+    assert selftest.rel_rms(ref, ref * 1.01) == pytest.approx(0.01, rel=1e-6)
+    assert selftest.rel_rms(ref, torch.full((10,), float("nan"))) == float("inf")
+
+
+def test_checks_run_on_cpu_against_the_reference():
+    """The check code itself, on the CPU where the ops run the reference: errors are bf16 rounding only."""
+    lay = Layout(2, 4, 32, 32)
+    errs = selftest._check_gdn(lay, torch.device("cpu"), lengths=(7, 70))  # short: the CPU runs the reference
+    assert set(errs) == {"o", "dq", "dk", "dv", "dg", "dbeta"}
+    assert max(errs.values()) < selftest.TOLERANCE
+    conv = selftest._check_conv(lay, torch.device("cpu"), lengths=(7, 70))
+    assert set(conv) == {"y", "dx", "dweight"} and max(conv.values()) < selftest.TOLERANCE
+
+
+def test_without_cuda_nothing_runs_or_is_granted():
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    (v,) = verify([Layout(16, 32, 128, 128)])
+    assert v.passed is None and "no CUDA device" in v.verdict
+    assert not fla_guard.is_granted((16, 32, 128, 128))
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """Pretend to be a Hopper GPU with FLA: the checks are replaced by functions returning chosen errors."""
+    from hybridtune.ops import gdn
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Fake H200")
+    monkeypatch.setattr(gdn, "backend", lambda device: ("fla", "flash-linear-attention 0.6.0 (fake)"))
+    monkeypatch.setattr(selftest, "fingerprint", lambda kernel, lay, i=0: f"fake|{kernel}|{lay.key}")
+    monkeypatch.setattr(selftest, "_guard_active", lambda: True)
+    calls = {"gdn": 0, "conv": 0}
+    errors = {"gdn": 0.004}
+
+    def gdn_check(lay, device):
+        calls["gdn"] += 1
+        assert fla_guard.is_granted(lay.key)  # the trial runs with the guard lifted for this layout only
+        return {"o": 0.004, "dq": errors["gdn"]}
+
+    def conv_check(lay, device):
+        calls["conv"] += 1
+        return {"y": 0.003}
+
+    monkeypatch.setattr(selftest, "_check_gdn", gdn_check)
+    monkeypatch.setattr(selftest, "_check_conv", conv_check)
+    yield calls, errors
+    for key in list(fla_guard.granted()):
+        fla_guard.revoke(key)
+
+
+def test_pass_grants_and_is_cached(fake_device):
+    calls, _ = fake_device
+    lay = Layout(16, 32, 128, 128)
+    verdicts = verify([lay])
+    assert [(v.kernel, v.passed, v.cached) for v in verdicts] == [
+        ("gdn_chunk", True, False),
+        ("causal_conv1d", True, False),
+    ]
+    assert verdicts[0].granted and fla_guard.is_granted(lay.key)
+    assert "kernels.selftest" in fla_guard.granted()[lay.key]
+    assert not fla_guard.is_granted((16, 16, 128, 128))  # never wider than what was tested
+    fla_guard.revoke(lay.key)  # a new process: grants are per process, verdicts are cached on disk
+    again = verify([lay])
+    assert calls == {"gdn": 1, "conv": 1}
+    assert all(v.cached and v.passed for v in again) and fla_guard.is_granted(lay.key)
+    assert selftest._cache_path().is_file()
+
+
+def test_failure_revokes_and_names_the_fix(fake_device):
+    calls, errors = fake_device
+    errors["gdn"] = 0.9  # what a miscompiled backward looks like
+    lay = Layout(8, 8, 64, 64)
+    gdn_v, conv_v = verify([lay])
+    assert gdn_v.passed is False and not fla_guard.is_granted(lay.key)
+    assert "dq" in gdn_v.reason and "triton>=3.7.1" in gdn_v.fix and "tilelang" in gdn_v.fix
+    assert gdn_v.to_dict()["verdict"].startswith("FAIL")
+    assert conv_v.passed is True
+
+
+def test_kernel_that_raises_is_a_failed_verdict(fake_device, monkeypatch):
+    def boom(lay, device):
+        raise RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results (see #640)")
+
+    monkeypatch.setattr(selftest, "_check_gdn", boom)
+    v = verify([Layout(4, 4, 64, 64)])[0]
+    assert v.passed is False and "#640" in v.reason and not fla_guard.is_granted((4, 4, 64, 64))
+
+
+def test_prepare_runs_the_selftest_on_gpu(fake_device, monkeypatch):
+    from hybridtune.kernels import provision
+
+    monkeypatch.setattr(provision, "installed_version", lambda name: "0.6.0" if name == "fla" else None)
+    cfg = preset_config("qwen3_5-9b")
+    rep = provision.prepare("check", True, cfg, accelerator="cuda (Fake H200)", env={})
+    assert [v["kernel"] for v in rep.selftest] == ["gdn_chunk", "causal_conv1d"]
+    assert rep.fast_path and fla_guard.is_granted((16, 32, 128, 128))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["qwen3_5-2b", "qwen3_5-9b"])
+def test_selftest_on_device(name):
+    """On a GPU with FLA: the real kernels against the fp32 reference for the real head layouts."""
+    from hybridtune.ops import gdn
+
+    if gdn.backend("cuda")[0] != "fla":
+        pytest.skip("flash-linear-attention not installed")
+    verdicts = verify(layouts_from_config(preset_config(name)), use_cache=False)
+    for v in verdicts:
+        assert v.passed, v.to_dict()
