@@ -155,3 +155,19 @@ def test_selftest_on_device(name):
     verdicts = verify(layouts_from_config(preset_config(name)), use_cache=False)
     for v in verdicts:
         assert v.passed, v.to_dict()
+
+
+def test_ops_without_fla_on_gpu_is_a_gap(monkeypatch):
+    """FLA importable by name but unusable by the ops (a missing dependency): reported, never called fast."""
+    from hybridtune.kernels import provision
+    from hybridtune.ops import gdn
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Fake H200")
+    monkeypatch.setattr(
+        gdn, "backend", lambda d: ("reference", "flash-linear-attention is not importable: No module named 'einops'")
+    )
+    monkeypatch.setattr(provision, "installed_version", lambda name: "0.6.0" if name == "fla" else None)
+    rep = provision.prepare("check", False, preset_config("qwen3_5-2b"), accelerator="cuda (Fake H200)", env={})
+    assert not rep.fast_path
+    assert any("einops" in g for g in rep.gaps)

@@ -48,12 +48,15 @@ def _version(dist: str) -> str | None:
 
 
 def _git_commit() -> str | None:
+    """HEAD of the checkout this package runs from; on a copied tree without .git, `HYBRIDTUNE_GIT_COMMIT`."""
     here = Path(__file__).resolve().parent
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+        pass
+    return os.environ.get("HYBRIDTUNE_GIT_COMMIT") or None
 
 
 def gpu_info() -> dict[str, Any]:

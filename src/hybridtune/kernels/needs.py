@@ -211,7 +211,9 @@ def resolve_modeling_module(obj: Any) -> tuple[str | None, str | None]:
     """(model_type, dotted name of the modeling module) for a config, model, model_type, dict or local path."""
     if hasattr(obj, "config") and not isinstance(obj, (str, dict)) and hasattr(obj.config, "model_type"):
         obj = obj.config  # a model
-    if isinstance(obj, os.PathLike) or (isinstance(obj, str) and (os.sep in obj or os.path.exists(obj))):
+    if isinstance(obj, os.PathLike) or (
+        isinstance(obj, str) and (os.sep in obj or os.path.isdir(obj) or obj.endswith("config.json"))
+    ):
         obj = _read_config(Path(obj))
     if isinstance(obj, dict):
         if "model_type" not in obj:

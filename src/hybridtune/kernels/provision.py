@@ -246,7 +246,9 @@ class ProvisionReport:
         for v in self.selftest:
             if v.get("passed") is False:
                 out.append(f"self-test failed for {v.get('kernel')} {v.get('layout')}")
-        return out
+            elif v.get("passed") is None and v.get("backend") not in (None, "", "fla"):
+                out.append(f"hybridtune's ops cannot use FLA here: {v.get('reason')}")
+        return list(dict.fromkeys(out))
 
     @property
     def fast_path(self) -> bool:
@@ -257,6 +259,8 @@ class ProvisionReport:
         for v in self.selftest:
             if v.get("passed") is False and v.get("fix"):
                 out.append(v["fix"])
+            elif v.get("passed") is None and v.get("backend") not in (None, "", "fla"):
+                out.append("make `python -c 'import fla.ops.gated_delta_rule, fla.modules.causal_conv1d'` succeed")
         return list(dict.fromkeys(out))
 
     def to_dict(self) -> dict[str, Any]:
@@ -427,7 +431,7 @@ def prepare(
         sub = kernel_spec(st.name).substitute
         if not st.available and sub and report.kernels.get(sub) and report.kernels[sub].available:
             st.substitute = sub
-            st.detail = (st.detail + f" hybridtune's ops use {sub} instead").strip()
+            st.detail = "; ".join(x for x in (st.detail, f"hybridtune's ops use {sub} instead") if x)
     if any(st.state == "installed" for st in report.kernels.values()):
         gates_mod.clear_gate_caches()
         gates_mod.reset_lazy_kernels()
