@@ -22,8 +22,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "merge": ("hybridtune.train.merge", "merge a LoRA adapter into its base model and save safetensors"),
 }
 
-USAGE = "usage: hybridtune {" + ",".join(COMMANDS) + "} [options]\n\ncommands:\n" + "\n".join(
-    f"  {name:<9}{desc}" for name, (_, desc) in COMMANDS.items()
+USAGE = (
+    "usage: hybridtune {"
+    + ",".join(COMMANDS)
+    + "} [options]\n\ncommands:\n"
+    + "\n".join(f"  {name:<9}{desc}" for name, (_, desc) in COMMANDS.items())
 )
 
 

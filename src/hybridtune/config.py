@@ -75,7 +75,9 @@ class TrainConfig:
     excess_length_strategy: Literal["truncate", "drop"] = _f("truncate", "examples longer than sequence_len")
     train_on_inputs: bool = _f(False, "also train on prompt/user tokens (default: assistant/response only)")
     # adapter
-    adapter: Literal["lora", "full"] = _f("lora", "LoRA adapter (peft) or full fine-tune")
+    adapter: Literal["lora", "full"] = _f(
+        "full", "full fine-tune (default, as in Axolotl when no adapter is set) or a LoRA adapter through peft"
+    )
     lora_r: int = _f(16, "LoRA rank")
     lora_alpha: int = _f(32, "LoRA alpha (scale = alpha / r)")
     lora_dropout: float = _f(0.0, "LoRA dropout")
@@ -83,9 +85,9 @@ class TrainConfig:
     # optimisation
     micro_batch_size: int = _f(1, "packed bins per forward (laid end to end in one [1, T] row)")
     gradient_accumulation_steps: int = _f(1, "micro-batches per optimizer step")
-    num_epochs: float = _f(1.0, "passes over the training data (ignored when max_steps > 0)")
+    num_epochs: float = _f(2.0, "passes over the training data (ignored when max_steps > 0)")
     max_steps: int = _f(-1, "optimizer steps to run (-1: from num_epochs)")
-    learning_rate: float = _f(2e-3, "peak learning rate")
+    learning_rate: float = _f(1e-3, "peak learning rate")
     lr_scheduler: Literal["cosine", "linear", "constant"] = _f("cosine", "decay after warmup")
     warmup_steps: int = _f(10, "linear warmup steps")
     weight_decay: float = _f(0.0, "AdamW weight decay")
@@ -93,7 +95,7 @@ class TrainConfig:
     bf16: Literal["auto"] | bool = _f("auto", "bf16 autocast: auto = on a GPU that supports it, off on CPU")
     gradient_checkpointing: bool = _f(False, "recompute activations in backward to save memory")
     # evaluation, logging, checkpoints
-    eval_steps: int = _f(50, "evaluate every N steps (0: only at the end)")
+    eval_steps: int = _f(100, "evaluate every N steps (0: only at the end)")
     eval_max_examples: int = _f(200, "cap on held-out examples per eval")
     logging_steps: int = _f(10, "log every N steps")
     save_steps: int = _f(0, "checkpoint every N steps (0: only at the end)")
@@ -170,6 +172,12 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):
+            # YAML 1.1 reads `1e-3` (no dot) as a string; users mean the number.
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
         raise bad
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
@@ -225,7 +233,10 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
         except yaml.YAMLError:
             out[key] = raw
         # Paths and names stay strings even when they look like numbers or dates.
-        if key in ("base_model", "tokenizer", "dataset", "output_dir", "resume_from_checkpoint") and out[key] is not None:
+        if (
+            key in ("base_model", "tokenizer", "dataset", "output_dir", "resume_from_checkpoint")
+            and out[key] is not None
+        ):
             out[key] = str(raw)
         i += 1
     return out
@@ -271,7 +282,12 @@ def validate(cfg: TrainConfig) -> None:
     checks = [
         (cfg.sequence_len >= 2, "sequence_len", cfg.sequence_len, "must be at least 2"),
         (cfg.micro_batch_size >= 1, "micro_batch_size", cfg.micro_batch_size, "must be at least 1"),
-        (cfg.gradient_accumulation_steps >= 1, "gradient_accumulation_steps", cfg.gradient_accumulation_steps, "must be at least 1"),
+        (
+            cfg.gradient_accumulation_steps >= 1,
+            "gradient_accumulation_steps",
+            cfg.gradient_accumulation_steps,
+            "must be at least 1",
+        ),
         (cfg.lora_r >= 1, "lora_r", cfg.lora_r, "must be at least 1"),
         (0.0 <= cfg.lora_dropout < 1.0, "lora_dropout", cfg.lora_dropout, "must be in [0, 1)"),
         (cfg.learning_rate > 0, "learning_rate", cfg.learning_rate, "must be positive"),
@@ -307,7 +323,12 @@ def config_help() -> str:
     for f in dataclasses.fields(DatasetConfig):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         ds_rows.append(f"    {f.name} ({_type_name(ds_hints[f.name])}, default {default!r}): {f.metadata['help']}")
-    return "config keys (YAML file or --key value):\n" + "\n".join(rows) + "\n\n  each entry of `datasets`:\n" + "\n".join(ds_rows)
+    return (
+        "config keys (YAML file or --key value):\n"
+        + "\n".join(rows)
+        + "\n\n  each entry of `datasets`:\n"
+        + "\n".join(ds_rows)
+    )
 
 
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:

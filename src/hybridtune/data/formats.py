@@ -64,7 +64,9 @@ def read_rows(path: str) -> Iterator[tuple[str, dict]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"{p}:{lineno}: malformed JSON ({e.msg} at column {e.colno}); fix or remove the line") from None
+                raise DataError(
+                    f"{p}:{lineno}: malformed JSON ({e.msg} at column {e.colno}); fix or remove the line"
+                ) from None
             if not isinstance(row, dict):
                 raise DataError(f"{p}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
             yield f"{p}:{lineno}", row
@@ -126,7 +128,9 @@ def chat_spans(tokenizer, messages: list[dict], roles_to_train: list[str]) -> li
             raise ValueError("chat template is not prefix-stable; cannot locate turns")
         piece = cur[len(prev) :]
         if msg["role"] in roles_to_train:
-            header = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
+            header = (
+                tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
+            )
             if i and header.startswith(prev) and cur.startswith(header):
                 spans.append((header[len(prev) :], False))
                 spans.append((cur[len(header) :], True))
@@ -171,11 +175,15 @@ def to_example(row: dict, fmt: str, tokenizer, ds: DatasetConfig, train_on_input
         messages = []
         for j, m in enumerate(raw):
             if not isinstance(m, dict) or role_key not in m or content_key not in m:
-                raise DataError(f"{where}: message {j} of '{key}' needs '{role_key}' and '{content_key}' fields, got {m!r}")
+                raise DataError(
+                    f"{where}: message {j} of '{key}' needs '{role_key}' and '{content_key}' fields, got {m!r}"
+                )
             role = m[role_key]
             if fmt == "sharegpt":
                 if role not in SHAREGPT_ROLES:
-                    raise DataError(f"{where}: message {j} has unknown sharegpt role '{role}'; expected one of {sorted(SHAREGPT_ROLES)}")
+                    raise DataError(
+                        f"{where}: message {j} has unknown sharegpt role '{role}'; expected one of {sorted(SHAREGPT_ROLES)}"
+                    )
                 role = SHAREGPT_ROLES[role]
             messages.append({"role": role, "content": str(m[content_key])})
         if not tokenizer.chat_template:

@@ -47,23 +47,15 @@ def load_tokenizer(path: str | None, model_path: str | None):
     return bundled_tokenizer()
 
 
-def load_model(base_model: str, tokenizer_path: str | None = None, seed: int = 42, dtype=None) -> LoadedModel:
-    """Build a preset (seeded random init) or load a local checkpoint directory."""
-    from transformers import AutoModelForCausalLM
-
+def tokenizer_for(base_model: str, tokenizer_path: str | None = None):
+    """The tokenizer a run uses: `tokenizer_path`, else the checkpoint's own, else the bundled one for presets."""
     if base_model in PRESETS:
-        tok = load_tokenizer(tokenizer_path, None)
-        preset = PRESETS[base_model]
-        vocab = len(tok) if preset.uses_bundled_tokenizer else None
-        config = preset_config(base_model, vocab_size=vocab)
-        config.pad_token_id = tok.pad_token_id
-        config.eos_token_id = tok.eos_token_id
-        if len(tok) > config.vocab_size:
-            raise ModelError(f"tokenizer has {len(tok)} tokens but preset '{base_model}' has a vocabulary of {config.vocab_size}")
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        return LoadedModel(model, tok, "preset", base_model)
+        return load_tokenizer(tokenizer_path, None)
+    check_checkpoint_dir(base_model)
+    return load_tokenizer(tokenizer_path, str(Path(base_model).expanduser()))
+
+
+def check_checkpoint_dir(base_model: str) -> Path:
     path = Path(base_model).expanduser()
     if not path.is_dir():
         import difflib
@@ -73,7 +65,29 @@ def load_model(base_model: str, tokenizer_path: str | None = None, seed: int = 4
         raise ModelError(f"base_model '{base_model}' is neither a preset nor a local checkpoint directory.{hint}")
     if not (path / "config.json").is_file():
         raise ModelError(f"checkpoint directory '{path}' has no config.json; point base_model at a saved model")
-    tok = load_tokenizer(tokenizer_path, str(path))
+    return path
+
+
+def load_model(base_model: str, tokenizer=None, seed: int = 42, dtype=None) -> LoadedModel:
+    """Build a preset (seeded random init) or load a local checkpoint directory."""
+    from transformers import AutoModelForCausalLM
+
+    tok = tokenizer if tokenizer is not None else tokenizer_for(base_model)
+    if base_model in PRESETS:
+        preset = PRESETS[base_model]
+        vocab = len(tok) if preset.uses_bundled_tokenizer else None
+        config = preset_config(base_model, vocab_size=vocab)
+        config.pad_token_id = tok.pad_token_id
+        config.eos_token_id = tok.eos_token_id
+        if len(tok) > config.vocab_size:
+            raise ModelError(
+                f"tokenizer has {len(tok)} tokens but preset '{base_model}' has a vocabulary of {config.vocab_size}"
+            )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        return LoadedModel(model, tok, "preset", base_model)
+    path = check_checkpoint_dir(base_model)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     except (OSError, ValueError, KeyError) as e:

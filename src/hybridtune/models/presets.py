@@ -144,11 +144,27 @@ def _qwen3_5_9b(vocab_size: int):
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in [
-        Preset("tiny-qwen3_5", "qwen3_5_text", "4 layers (3 GDN + 1 attention), hidden 128; CPU demo", _tiny_qwen3_5, True),
-        Preset("tiny-qwen3_next", "qwen3_next", "4 layers (3 GDN + 1 attention), 4-expert MoE; CPU tests", _tiny_qwen3_next, True),
+        Preset(
+            "tiny-qwen3_5", "qwen3_5_text", "4 layers (3 GDN + 1 attention), hidden 128; CPU demo", _tiny_qwen3_5, True
+        ),
+        Preset(
+            "tiny-qwen3_next",
+            "qwen3_next",
+            "4 layers (3 GDN + 1 attention), 4-expert MoE; CPU tests",
+            _tiny_qwen3_next,
+            True,
+        ),
         Preset("qwen3_5-0.8b", "qwen3_5_text", "Qwen3.5-0.8B shape, random weights", _qwen3_5_0_8b, False),
-        Preset("qwen3_5-2b", "qwen3_5_text", "Qwen3.5-2B shape (18 GDN + 6 attention), random weights", _qwen3_5_2b, False),
-        Preset("qwen3_5-9b", "qwen3_5_text", "Qwen3.5-9B shape (24 GDN + 8 attention, HV = 2H), random weights", _qwen3_5_9b, False),
+        Preset(
+            "qwen3_5-2b", "qwen3_5_text", "Qwen3.5-2B shape (18 GDN + 6 attention), random weights", _qwen3_5_2b, False
+        ),
+        Preset(
+            "qwen3_5-9b",
+            "qwen3_5_text",
+            "Qwen3.5-9B shape (24 GDN + 8 attention, HV = 2H), random weights",
+            _qwen3_5_9b,
+            False,
+        ),
     ]
 }
 

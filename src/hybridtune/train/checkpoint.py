@@ -88,7 +88,9 @@ def save_checkpoint(
             },
             tmp / STATE_FILE,
         )
-        (tmp / META_FILE).write_text(json.dumps({"step": step, "data_position": data_position, **(extra or {})}, indent=2))
+        (tmp / META_FILE).write_text(
+            json.dumps({"step": step, "data_position": data_position, **(extra or {})}, indent=2)
+        )
 
     return atomic_dir(target, write)
 

@@ -55,7 +55,11 @@ class _Bar:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.p = Progress(
-            TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
+            TextColumn("train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TimeRemainingColumn(),
             transient=True,
         )
         self.task = self.p.add_task("train", total=total, completed=done, loss="-")

@@ -32,7 +32,15 @@ logger = logging.getLogger(__name__)
 RUN_FILE = "hybridtune_run.json"
 MODEL_KEYS = ("input_ids", "position_ids", "labels", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 # Keys that do not change what a run computes: a run may continue or resume under other values.
-NON_IDENTITY_KEYS = ("overwrite", "resume_from_checkpoint", "max_steps", "eval_steps", "save_steps", "logging_steps", "num_threads")
+NON_IDENTITY_KEYS = (
+    "overwrite",
+    "resume_from_checkpoint",
+    "max_steps",
+    "eval_steps",
+    "save_steps",
+    "logging_steps",
+    "num_threads",
+)
 
 
 @dataclass
@@ -212,12 +220,13 @@ class Trainer:
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
 
-        from hybridtune.models.loading import load_model
+        from hybridtune.models.loading import load_model, tokenizer_for
 
-        loaded = load_model(cfg.base_model, cfg.tokenizer, seed=cfg.seed)
-        self.loaded = loaded
-        self.tokenizer = loaded.tokenizer
+        # Data before the model: bad input fails in a second, not after a model load.
+        self.tokenizer = tokenizer_for(cfg.base_model, cfg.tokenizer)
         self.data: PreparedData = prepare(cfg, self.tokenizer)
+        loaded = load_model(cfg.base_model, self.tokenizer, seed=cfg.seed)
+        self.loaded = loaded
 
         model = loaded.model
         self.patch_report = self._patch(model)
@@ -244,7 +253,9 @@ class Trainer:
         self.step = 0
         if cfg.resume_from_checkpoint:
             self._resume(cfg.resume_from_checkpoint)
-        use_bf16 = cfg.bf16 is True or (cfg.bf16 == "auto" and self.device.type == "cuda" and torch.cuda.is_bf16_supported())
+        use_bf16 = cfg.bf16 is True or (
+            cfg.bf16 == "auto" and self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        )
         if cfg.bf16 is True and self.device.type == "cpu":
             logger.warning("bf16 on CPU autocasts matmuls only and is slow on most CPUs; fp32 is the CPU default")
         self.autocast = lambda: torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16)
@@ -315,7 +326,9 @@ class Trainer:
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         tied = set(getattr(self.model, "_tied_weights_keys", None) or [])
         if unexpected or [k for k in missing if k not in tied and "lm_head" not in k]:
-            raise ConfigError(f"checkpoint '{path}' does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+            raise ConfigError(
+                f"checkpoint '{path}' does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})"
+            )
 
     # -- steps -------------------------------------------------------------------------------------
 
@@ -337,7 +350,11 @@ class Trainer:
         if cfg.max_grad_norm > 0:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm))
         else:
-            grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.model.parameters() if p.grad is not None])))
+            grad_norm = float(
+                torch.linalg.vector_norm(
+                    torch.stack([p.grad.norm() for p in self.model.parameters() if p.grad is not None])
+                )
+            )
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
@@ -467,4 +484,3 @@ def train(cfg: TrainConfig, on_log: Callable[[dict], None] | None = None) -> Tra
     trainer = Trainer(cfg, on_log)
     trainer.setup()
     return trainer.train()
-

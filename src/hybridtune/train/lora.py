@@ -31,9 +31,18 @@ def apply_lora(model: torch.nn.Module, r: int, alpha: int, dropout: float, targe
         )
     if missing:
         logger.info("LoRA targets not in this model (skipped): %s", ", ".join(missing))
-    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=found, task_type="CAUSAL_LM", bias="none")
+    cfg = LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=found, task_type="CAUSAL_LM", bias="none"
+    )
     peft_model = get_peft_model(model, cfg)
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in peft_model.parameters())
-    logger.info("LoRA r=%d alpha=%d on %s: %s trainable of %s parameters", r, alpha, ",".join(found), f"{trainable:,}", f"{total:,}")
+    logger.info(
+        "LoRA r=%d alpha=%d on %s: %s trainable of %s parameters",
+        r,
+        alpha,
+        ",".join(found),
+        f"{trainable:,}",
+        f"{total:,}",
+    )
     return peft_model

@@ -24,9 +24,13 @@ def merge(adapter_dir: str | Path, out_dir: str | Path, overwrite: bool = False)
 
     adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
     if not (adapter_dir / "adapter_config.json").is_file():
-        raise ModelError(f"'{adapter_dir}' has no adapter_config.json; give the adapter directory (e.g. OUTPUT_DIR/final)")
+        raise ModelError(
+            f"'{adapter_dir}' has no adapter_config.json; give the adapter directory (e.g. OUTPUT_DIR/final)"
+        )
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise OutputDirError(f"'{out_dir}' already exists and is not empty; choose another directory or pass --overwrite")
+        raise OutputDirError(
+            f"'{out_dir}' already exists and is not empty; choose another directory or pass --overwrite"
+        )
     pcfg = PeftConfig.from_pretrained(str(adapter_dir))
     base_path = Path(pcfg.base_model_name_or_path or "")
     if not base_path.is_dir():
@@ -43,7 +47,9 @@ def merge(adapter_dir: str | Path, out_dir: str | Path, overwrite: bool = False)
         merged.save_pretrained(tmp, safe_serialization=True)
         if (tok_dir / "tokenizer_config.json").is_file():
             AutoTokenizer.from_pretrained(str(tok_dir)).save_pretrained(tmp)
-        (tmp / "hybridtune.json").write_text(json.dumps({"merged_from": str(adapter_dir), "base": str(base_path)}, indent=2))
+        (tmp / "hybridtune.json").write_text(
+            json.dumps({"merged_from": str(adapter_dir), "base": str(base_path)}, indent=2)
+        )
 
     atomic_dir(out_dir, write)
     logger.info("merged %s into %s -> %s", adapter_dir, base_path, out_dir)
