@@ -88,7 +88,8 @@ def test_idempotent_and_short_circuit(fake):
     g, modeling, iu = fake(installed=False)
     inst = FakeInstaller(g)
     first = _install(inst)
-    assert _install(FakeInstaller(g)) is first  # a second install is the same hooks, not a second layer
+    assert _install(inst) is first  # a second install is the same hooks, not a second layer
+    assert iu.is_flash_linear_attention_available.__wrapped__ is g.fn
     for _ in range(5):
         assert iu.is_flash_linear_attention_available() is True
         assert modeling.is_flash_linear_attention_available() is True
@@ -194,3 +195,13 @@ def test_real_gates_hooked_and_restored():
     assert calls == ["causal_conv1d"]
     gates.uninstall_gate_hooks()
     assert {name: getattr(iu, name) for name in originals} == originals
+
+
+def test_reinstall_replaces_the_policy(fake):
+    g, modeling, iu = fake(installed=False)
+    refuse = FakeInstaller(g, ok=False)
+    accept = FakeInstaller(g)
+    _install(refuse)
+    _install(accept)  # e.g. doctor hooked under `check`, then training under `auto`
+    assert iu.is_flash_linear_attention_available() is True
+    assert refuse.calls == [] and len(accept.calls) == 1

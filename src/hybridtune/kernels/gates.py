@@ -55,6 +55,7 @@ class GateHooks:
     wrappers: dict[str, Callable[..., Any]] = field(default_factory=dict)
     rebound: list[str] = field(default_factory=list)  # "module.name" of every rebinding
     events: list[GateEvent] = field(default_factory=list)
+    on_false: Callable[[str, str], bool] | None = None  # the policy asked on a gate's first False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -82,13 +83,7 @@ def _clear_cache(fn: Callable[..., Any]) -> None:
         clear()
 
 
-def _make_wrapper(
-    gate: str,
-    kernel: str,
-    original: Callable[..., Any],
-    on_false: Callable[[str, str], bool] | None,
-    hooks: GateHooks,
-) -> Callable[..., Any]:
+def _make_wrapper(gate: str, kernel: str, original: Callable[..., Any], hooks: GateHooks) -> Callable[..., Any]:
     state: dict[str, bool] = {}
 
     def wrapper(*args: Any, **kwargs: Any) -> bool:
@@ -97,9 +92,9 @@ def _make_wrapper(
         _clear_cache(original)
         first = bool(original(*args, **kwargs))
         answer, provisioned = first, False
-        if not first and on_false is not None:
+        if not first and hooks.on_false is not None:
             try:
-                provisioned = bool(on_false(kernel, gate))
+                provisioned = bool(hooks.on_false(kernel, gate))
             except Exception as e:  # a broken installer must not break the model import
                 logger.warning("provisioning %s for %s() failed: %s", kernel, gate, e)
             if provisioned:
@@ -149,26 +144,28 @@ def install_gate_hooks(
     """Wrap transformers' kernel gates (see module doc). Returns the hooks, or None when disabled/absent.
 
     `on_false(kernel, gate) -> bool` is called at most once per gate, on its first `False`; it returns whether
-    it installed the kernel. Calling this again while hooks are active returns the active hooks unchanged.
+    it installed the kernel. Calling this again while hooks are active adds no second layer: it returns the
+    active hooks with `on_false` replaced (a later `prepare` brings its own policy).
     """
     global _ACTIVE
     if disabled(env):
         logger.info("gate hooks disabled by %s", ENV_DISABLE)
         return None
     if _ACTIVE is not None:
+        _ACTIVE.on_false = on_false
         return _ACTIVE
     try:
         import_utils = importlib.import_module(_IMPORT_UTILS)
     except ImportError:
         return None  # no transformers: nothing to hook
-    hooks = GateHooks()
+    hooks = GateHooks(on_false=on_false)
     for gate, kernel in (GATES if gates is None else gates).items():
         original = getattr(import_utils, gate, None)
         if original is None or not callable(original):
             continue
         if getattr(original, _MARK, False):  # hooked by an earlier install that was not removed cleanly
             original = original.__wrapped__
-        wrapper = _make_wrapper(gate, kernel, original, on_false, hooks)
+        wrapper = _make_wrapper(gate, kernel, original, hooks)
         hooks.originals[gate] = original
         hooks.wrappers[gate] = wrapper
         hooks.rebound += _rebind(original, wrapper, gate, skip={__name__})

@@ -66,7 +66,7 @@ KERNELS: dict[str, KernelSpec] = {
         distributions=(),  # source only on the registry
         check_code="import mamba_ssm",
         accelerates="selective scan / SSD chunk scan of Mamba-family mixers",
-        fallback_cost="torch sequential scan: typically one to two orders of magnitude slower per mixer",
+        fallback_cost="torch scan path: not measured by hybridtune; transformers calls its torch paths 'significantly slower'",
         fix="pip install mamba-ssm --no-build-isolation  (builds from source with nvcc)",
     ),
 }
