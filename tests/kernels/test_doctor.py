@@ -37,6 +37,9 @@ def test_json_for_preset(capsys, monkeypatch):
     assert prov["policy"] == "check"
     assert prov["architecture"]["needs"] == ["causal_conv1d", "fla"]
     assert d["mixers"]["mixers"][0]["count"] == 3
+    (patched,) = d["mixers_hybridtune"]["mixers"]
+    assert patched["count"] == 3 and patched["path"].startswith("hybridtune op -> ")
+    assert d["mixers_hybridtune"]["attention"]
     assert "packed_path" in d["attention"]
 
 
@@ -54,6 +57,7 @@ def test_text_output(capsys):
     out = capsys.readouterr().out
     assert "needs: causal_conv1d, fla" in out
     assert "3 x Qwen3_5GatedDeltaNet" in out
+    assert "mixers, hybridtune train (patched):" in out
     assert "fast path:" in out
 
 

@@ -150,6 +150,24 @@ def _build_meta(config: Any) -> tuple[Any | None, str]:
     return None, "; ".join(errors)
 
 
+def _patched_paths(model: Any) -> dict[str, Any]:
+    """The per-mixer paths `hybridtune train` runs: the same model after `patch_model` (on meta, no weights)."""
+    try:
+        from hybridtune.models.patching import patch_model
+    except ImportError as e:
+        return {"error": f"hybridtune.models.patching unavailable ({e})"}
+    from hybridtune.kernels.paths import report
+
+    try:
+        patched = patch_model(model)
+    except Exception as e:  # doctor reports; a patching bug must not hide the rest of the diagnosis
+        return {"error": f"patch_model failed: {type(e).__name__}: {e}"}
+    d = report(model).to_dict()
+    d["attention"] = patched.attention
+    d["skipped"] = dict(patched.skipped)
+    return d
+
+
 def diagnose(model: str | None = None) -> dict[str, Any]:
     """Everything doctor reports, as one JSON-able dict."""
     from hybridtune.kernels.provision import ENV_POLICY, ENV_REQUIRE, prepare
@@ -178,6 +196,7 @@ def diagnose(model: str | None = None) -> dict[str, Any]:
         from hybridtune.kernels.paths import report
 
         out["mixers"] = report(built).to_dict()
+        out["mixers_hybridtune"] = _patched_paths(built)
     from hybridtune.kernels.needs import kernel_spec
 
     auto_would = {}
@@ -227,13 +246,18 @@ def render(d: dict[str, Any]) -> str:
         lines.append(f"  {name}: {st['state']}{' ' + st['version'] if st['version'] else ''}{sub}")
         if not st["covered"]:
             lines.append(f"    cost: {st['cost']}")
-    mix = d.get("mixers", {})
-    if "error" in mix:
-        lines.append(f"mixers: {mix['error']}")
-    else:
-        lines.append("mixers:")
+    for key, title in (("mixers", "stock transformers"), ("mixers_hybridtune", "hybridtune train (patched)")):
+        mix = d.get(key, {})
+        if "error" in mix:
+            lines.append(f"mixers, {title}: {mix['error']}")
+            continue
+        lines.append(f"mixers, {title}:")
         for row in mix.get("mixers", []):
             lines.append(f"  {row['count']:>3} x {row['cls']}: {row['path']}")
+        for name, why in mix.get("skipped", {}).items():
+            lines.append(f"  {name}: kept upstream ({why})")
+        if mix.get("attention"):
+            lines.append(f"  attention: {mix['attention']}")
     if not prov["selftest"]:
         gpu_ok = env["gpu"]["available"]
         lines.append("self-test: not run (" + ("no GDN layout or FLA missing" if gpu_ok else "no CUDA device") + ")")
