@@ -10,7 +10,7 @@ FLA 0.6.0 refuses the gated delta rule backward on Hopper with Triton < 3.7.1 (f
 the miscompile it guards. The trial grants the layout to `hybridtune.ops.fla_guard` for its own duration;
 a pass keeps the grant (with its numbers as the source), a failure revokes it and names the fix.
 
-Verdicts are cached per device, capability, torch/triton/FLA versions, kernel and head layout in
+Verdicts are cached per device, capability, torch/triton/FLA/tilelang versions, kernel and head layout in
 `$HYBRIDTUNE_CACHE_DIR` (default `$XDG_CACHE_HOME/hybridtune`, else `~/.cache/hybridtune`).
 
 `python -m hybridtune.kernels.selftest --preset qwen3_5-9b [--layout H,HV,K,V] [--no-cache] [--json FILE]`
@@ -187,7 +187,8 @@ def fingerprint(kernel: str, layout: Layout, device_index: int = 0) -> str:
 
     name = torch.cuda.get_device_name(device_index)
     cap = ".".join(map(str, torch.cuda.get_device_capability(device_index)))
-    versions = f"torch {torch.__version__}|triton {_version('triton')}|fla {_version('fla-core')}"
+    # tilelang is in the key because FLA dispatches the guarded backward to it when installed.
+    versions = f"torch {torch.__version__}|triton {_version('triton')}|fla {_version('fla-core')}|tilelang {_version('tilelang')}"
     shape = f"{layout.key}" if kernel == "gdn_chunk" else f"D={layout.conv_dim} W={layout.conv_kernel}"
     return f"v{SELFTEST_VERSION}|{name}|sm{cap}|{versions}|{kernel}|{shape}|bf16"
 
