@@ -54,11 +54,21 @@ def keywords(fn: Callable, **kwargs):
 @functools.cache
 def load() -> FLA:
     """Resolve FLA's raw GDN and conv functions, or raise `FLAUnavailable` saying why."""
+    from importlib import metadata
+
+    version = None
+    for dist in ("fla-core", "flash-linear-attention"):
+        try:
+            version = metadata.version(dist)
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    if version is None:
+        raise FLAUnavailable("flash-linear-attention is not installed (pip install flash-linear-attention fla-core)")
     try:
-        import fla  # noqa: F401  (import error is the message)
+        importlib.import_module("fla.ops.gated_delta_rule.chunk")
     except Exception as e:
-        raise FLAUnavailable(f"flash-linear-attention is not importable: {e}") from e
-    version = getattr(importlib.import_module("fla"), "__version__", "unknown")
+        raise FLAUnavailable(f"flash-linear-attention {version} is installed but does not import: {e}") from e
     if ".".join(version.split(".")[:2]) not in SUPPORTED:
         raise FLAUnavailable(
             f"flash-linear-attention {version} is outside the range hybridtune supports "
@@ -71,8 +81,12 @@ def load() -> FLA:
         gdn_bwd=chunk.chunk_gated_delta_rule_bwd,
         l2norm_fwd=_first("fla.modules.norm.l2norm.l2norm_fwd", "fla.modules.l2norm.l2norm_fwd"),
         l2norm_bwd=_first("fla.modules.norm.l2norm.l2norm_bwd", "fla.modules.l2norm.l2norm_bwd"),
-        conv_fwd=_first("fla.modules.causal_conv1d.ops.causal_conv1d_fwd", "fla.modules.conv.triton.ops.causal_conv1d_fwd"),
-        conv_bwd=_first("fla.modules.causal_conv1d.ops.causal_conv1d_bwd", "fla.modules.conv.triton.ops.causal_conv1d_bwd"),
+        conv_fwd=_first(
+            "fla.modules.causal_conv1d.ops.causal_conv1d_fwd", "fla.modules.conv.triton.ops.causal_conv1d_fwd"
+        ),
+        conv_bwd=_first(
+            "fla.modules.causal_conv1d.ops.causal_conv1d_bwd", "fla.modules.conv.triton.ops.causal_conv1d_bwd"
+        ),
     )
 
 

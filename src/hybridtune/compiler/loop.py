@@ -1,0 +1,193 @@
+"""Compile strategy "loop": the text model's forward (embeddings out, decoder loop, final norm) as one graph.
+
+`compile_loop(model)` finds the text model by structure (the outermost module owning `embed_tokens`
+and a `layers` ModuleList), routes its GDN mixers through hybridtune ops (`patch_model`) and replaces
+its forward, on this instance only, by a wrapper that:
+
+  - runs the embedding lookup eagerly, outside the graph. Hooks on the embedding run there, so
+    `enable_input_require_grads` (peft + gradient checkpointing) keeps working without its
+    `requires_grad_()` graph break;
+  - calls the function written in the class body (behind `capture_outputs`, `merge_with_config_defaults`
+    and the like, whose `warning_once` and output recording break graphs) through
+    `torch.compile(fullgraph=True)`;
+  - marks the pack-layout sizes dynamic (T, number of documents, number of chunks), so a new layout
+    does not recompile, and drops the python-int `max_length_q/k` that nothing compiled here reads
+    (kept when flash-attention is the implementation: it reads them);
+  - with a cache, or when hidden states / attentions are requested, calls the upstream forward.
+
+Gradient checkpointing is switched to non-reentrant `torch.utils.checkpoint` (the reentrant form does
+not trace). `handle.undo()` restores the forward.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+HANDLE_ATTR = "_hybridtune_loop"
+_INT_KWARGS = ("max_length_q", "max_length_k")
+_DYNAMIC_DIM0 = ("cu_seq_lens_q", "cu_seq_lens_k", "gdn_chunk_indices")
+
+
+@dataclass
+class LoopHandle:
+    """What `compile_loop` installed. `compiled` is the `torch.compile`d class-body forward."""
+
+    text_model: Any = field(repr=False)
+    compiled: Any = field(repr=False)
+    patch_report: Any = None
+    strategy: str = "loop"
+    calls: int = 0
+    eager_calls: int = 0
+
+    def undo(self) -> bool:
+        """Put the text model's forward back; True if it was ours."""
+        d = self.text_model.__dict__
+        if getattr(d.get("forward"), HANDLE_ATTR, None) is self:
+            del d["forward"]
+            return True
+        return False
+
+
+def find_text_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The outermost module owning `embed_tokens` and a `layers` ModuleList (the decoder stack)."""
+    for _, m in model.named_modules():
+        if hasattr(m, "embed_tokens") and isinstance(getattr(m, "layers", None), torch.nn.ModuleList):
+            return m
+    raise ValueError(
+        f"compile_loop: no decoder stack (a module with `embed_tokens` and a `layers` ModuleList) in {type(model).__name__}"
+    )
+
+
+def class_body_forward(cls: type):
+    """The `forward` written in `cls`, behind its decorators."""
+    attr = vars(cls).get("forward")
+    if attr is None:
+        raise ValueError(f"{cls.__qualname__} does not define forward itself")
+    fn = inspect.unwrap(attr)
+    if getattr(fn, "__qualname__", "") == f"{cls.__qualname__}.forward" and not _is_closure_wrapper(fn):
+        return fn
+    from hybridtune.compiler.introspect import resolve_method
+
+    fn = resolve_method(cls, "forward")
+    fn = inspect.unwrap(fn)
+    if getattr(fn, "__qualname__", "") != f"{cls.__qualname__}.forward":
+        raise ValueError(f"could not find the forward written in {cls.__qualname__} behind its decorators")
+    return fn
+
+
+def _is_closure_wrapper(fn) -> bool:
+    # A bare-closure decorator without functools.wraps (transformers 5.13-5.15) leaves a wrapper whose
+    # qualname is the decorator's, so a matching qualname already means the real function.
+    return False
+
+
+def _use_non_reentrant_checkpointing(model: torch.nn.Module) -> int:
+    """Re-point every gradient-checkpointing layer at non-reentrant checkpointing; returns how many."""
+    from torch.utils.checkpoint import checkpoint
+
+    n = 0
+    for m in model.modules():
+        if getattr(m, "gradient_checkpointing", False) and hasattr(m, "_gradient_checkpointing_func"):
+            m._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False)
+            n += 1
+    return n
+
+
+def _uses_flash(text_model) -> bool:
+    impl = getattr(getattr(text_model, "config", None), "_attn_implementation", "") or ""
+    return impl.startswith("flash_attention")
+
+
+def compile_loop(
+    model: torch.nn.Module,
+    *,
+    backend: str = "inductor",
+    mode: str | None = None,
+    fullgraph: bool = True,
+    patch: bool = True,
+) -> LoopHandle:
+    """Compile the decoder loop of `model` (a transformers model, peft-wrapped or not) as one graph.
+
+    Returns a `LoopHandle`; calling `model(**batch)` afterwards runs the compiled loop whenever no cache
+    is in use. Batch tensors: input_ids/position_ids [1, T], cu_seq_lens_q/k [N + 1],
+    gdn_chunk_indices [C, 2] (see `hybridtune.data.collator`).
+    """
+    from hybridtune.models.patching import is_patched, patch_model
+
+    report = None
+    if patch and not is_patched(model):
+        report = patch_model(model)
+    text = find_text_model(model)
+    existing = getattr(text.__dict__.get("forward"), HANDLE_ATTR, None)
+    if existing is not None:
+        return existing
+    fn = class_body_forward(type(text))
+    compiled = torch.compile(fn, fullgraph=fullgraph, backend=backend, mode=mode)
+    upstream = text.forward
+    handle = LoopHandle(text_model=text, compiled=compiled, patch_report=report)
+    keep_ints = _uses_flash(text)
+
+    def forward(
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        use_cache=None,
+        **kwargs,
+    ):
+        wants_extra = kwargs.get("output_hidden_states") or kwargs.get("output_attentions")
+        if past_key_values is not None or use_cache or wants_extra:
+            handle.eager_calls += 1
+            return upstream(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=past_key_values,
+                inputs_embeds=inputs_embeds,
+                use_cache=use_cache,
+                **kwargs,
+            )
+        if text.gradient_checkpointing or any(getattr(m, "gradient_checkpointing", False) for m in text.layers):
+            _use_non_reentrant_checkpointing(text)
+        if inputs_embeds is None:
+            inputs_embeds = text.embed_tokens(input_ids)  # eager: its hooks (requires_grad_) stay out of the graph
+        for k in ("output_hidden_states", "output_attentions", "return_dict"):
+            kwargs.pop(k, None)
+        if not keep_ints:
+            for k in _INT_KWARGS:
+                kwargs.pop(k, None)
+        torch._dynamo.maybe_mark_dynamic(inputs_embeds, 1)
+        if position_ids is not None:
+            torch._dynamo.maybe_mark_dynamic(position_ids, position_ids.dim() - 1)
+        if attention_mask is not None and isinstance(attention_mask, torch.Tensor):
+            torch._dynamo.maybe_mark_dynamic(attention_mask, attention_mask.dim() - 1)
+        for k in _DYNAMIC_DIM0:
+            if isinstance(kwargs.get(k), torch.Tensor):
+                torch._dynamo.maybe_mark_dynamic(kwargs[k], 0)
+        handle.calls += 1
+        return compiled(
+            text,
+            input_ids=None,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=None,
+            inputs_embeds=inputs_embeds,
+            use_cache=False,
+            **kwargs,
+        )
+
+    setattr(forward, HANDLE_ATTR, handle)
+    text.forward = forward
+    setattr(model, HANDLE_ATTR, handle)
+    logger.info(
+        "compile strategy 'loop': %s.forward compiled as one graph (fullgraph=%s)", type(text).__name__, fullgraph
+    )
+    return handle

@@ -1,0 +1,117 @@
+"""Attention for packed batches: the collator's varlen kwargs straight into a varlen kernel.
+
+Registered with transformers as the attention implementation `hybridtune_varlen`:
+    - packed CUDA batch (`cu_seq_lens_q/k` given): torch's `torch.nn.attention.varlen.varlen_attn`
+      (causal via `window_size=(-1, 0)`; grouped k/v repeated where the installed torch lacks
+      `enable_gqa`). `max_length_q/k` are not read: the row length T bounds every document and is
+      already a dynamic size, so a new longest document never recompiles the loop.
+    - anything else: transformers' SDPA path with the mask it was given; with no mask and restarting
+      `position_ids` (a packed row without varlen kwargs) a causal document mask built from them.
+Its mask function is transformers' flash-attention one on CUDA (no [T, T] mask for packed batches)
+and the SDPA one elsewhere (there transformers builds the document mask once per forward from the
+restarting `position_ids`: traceable, no host sync). flash-attn, when installed and chosen
+(`flash_attention_2`), already reads the same kwargs; `patch_model` keeps it.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+IMPLEMENTATION = "hybridtune_varlen"
+
+
+def _resolve_varlen_attn():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None, False
+    return varlen_attn, "enable_gqa" in inspect.signature(varlen_attn).parameters
+
+
+# Resolved at import, not inside the traced attention call.
+_VARLEN_ATTN, _VARLEN_GQA = _resolve_varlen_attn()
+
+
+def varlen_available() -> tuple[bool, str]:
+    if _VARLEN_ATTN is None:
+        return False, f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn"
+    return True, "torch.nn.attention.varlen.varlen_attn"
+
+
+def _sdpa_fallback(module, query, key, value, attention_mask, scaling, dropout, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    position_ids = kwargs.get("position_ids")
+    if attention_mask is None and position_ids is not None and query.shape[-2] > 1:
+        # Never let packed documents see each other: document id = number of position restarts so far.
+        pos = position_ids.reshape(-1, position_ids.shape[-1])
+        doc = (torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1) != 1).cumsum(-1)  # [B, T]
+        T = query.shape[-2]
+        causal = torch.ones(T, T, dtype=torch.bool, device=query.device).tril()
+        attention_mask = (causal[None] & (doc[:, :, None] == doc[:, None, :]))[:, None]
+    elif attention_mask is not None and attention_mask.dim() == 2:
+        # flash-style 2-D padding mask [B, T]: expand to a boolean causal & padding mask [B, 1, T, T].
+        T = query.shape[-2]
+        causal = torch.ones(T, T, dtype=torch.bool, device=query.device).tril()
+        attention_mask = causal[None, None] & attention_mask.bool()[:, None, None, :]
+    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+
+
+def varlen_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+):
+    """query [B, H, T, D], key/value [B, Hkv, T, D] -> (out [B, T, H, D], None)."""
+    cu_q = kwargs.get("cu_seq_lens_q")
+    fn, has_gqa = _VARLEN_ATTN, _VARLEN_GQA
+    if cu_q is None or fn is None or not query.is_cuda:
+        return _sdpa_fallback(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    if dropout:
+        raise ValueError(f"{IMPLEMENTATION} attention has no dropout; got attention dropout {dropout}")
+    B, H, T, D = query.shape
+    if B != 1:
+        raise ValueError(
+            f"packed batch (cu_seq_lens_q given) must have batch size 1, got query of shape {tuple(query.shape)}"
+        )
+    cu_k = kwargs.get("cu_seq_lens_k")
+    cu_k = cu_q if cu_k is None else cu_k
+    q = query[0].transpose(0, 1)  # [T, H, D]
+    k = key[0].transpose(0, 1)
+    v = value[0].transpose(0, 1)
+    extra = {}
+    if k.shape[1] != H:
+        if has_gqa:
+            extra["enable_gqa"] = True
+        else:
+            k = k.repeat_interleave(H // k.shape[1], dim=1)
+            v = v.repeat_interleave(H // v.shape[1], dim=1)
+    out = fn(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32), T, T, scale=scaling, window_size=(-1, 0), **extra)
+    return out[None], None
+
+
+def varlen_mask(*args, device: torch.device | str = "cpu", **kwargs):
+    """transformers mask function: flash-style (None or the 2-D padding mask) where the varlen kernel
+    runs (CUDA), SDPA's boolean mask elsewhere."""
+    from transformers.masking_utils import flash_attention_mask, sdpa_mask
+
+    if torch.device(device).type == "cuda" and _VARLEN_ATTN is not None:
+        return flash_attention_mask(*args, **kwargs)
+    return sdpa_mask(*args, device=device, **kwargs)
+
+
+def register() -> str:
+    """Register `hybridtune_varlen` with transformers (idempotent); returns its name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(IMPLEMENTATION, varlen_attention_forward)
+    AttentionMaskInterface.register(IMPLEMENTATION, varlen_mask)
+    return IMPLEMENTATION

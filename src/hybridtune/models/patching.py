@@ -1,0 +1,148 @@
+"""`patch_model(model) -> PatchReport`: route every supported mixer of a built transformers model
+through hybridtune ops.
+
+GatedDeltaNet mixers are found by structure (the adapters' `matches`), never by class or model name.
+Each matched mixer gets an instance-level `forward` that:
+    - with a cache (`cache_params` given: generation) calls the upstream forward unchanged;
+    - otherwise (training, or evaluation without a cache) runs `qwen3_5.gdn_core` on
+      `torch.ops.hybridtune.*`, reading the collator's packing metadata from the kwargs the decoder
+      layer already forwards (`cu_seq_lens_q`, `gdn_chunk_indices`).
+Full-attention layers keep their module; an SDPA/eager model's attention implementation becomes
+`hybridtune_varlen` (`attention.py`: varlen kernel for packed CUDA batches, SDPA with a document mask
+otherwise); flash-attention, when chosen, is kept. `config.use_cache` is turned off (the decoder would
+otherwise build a cache on every training forward); `generate()` still asks for one explicitly.
+`unpatch_model` restores everything.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+
+import torch
+
+from hybridtune.models import qwen3_5, qwen3_next
+
+ADAPTERS = (qwen3_5, qwen3_next)  # first match wins; each has NAME, matches(module), project(module, h)
+_ORIGINAL = "_hybridtune_original_forward"
+
+
+@dataclass
+class PatchReport:
+    """What `patch_model` did. `routed`/`skipped`: module name -> path or reason."""
+
+    routed: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    attention: str = ""
+    backend: str = ""
+
+    @property
+    def num_routed(self) -> int:
+        return len(self.routed)
+
+    def __str__(self) -> str:
+        lines = [f"hybridtune patch: {self.num_routed} GDN mixer(s) routed; ops backend: {self.backend}"]
+        lines += [f"  {name}: {path}" for name, path in self.routed.items()]
+        lines += [f"  {name}: kept upstream ({why})" for name, why in self.skipped.items()]
+        lines.append(f"  attention: {self.attention}")
+        return "\n".join(lines)
+
+
+def _patched_forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
+    if cache_params is not None:
+        return getattr(self, _ORIGINAL)(
+            hidden_states, cache_params=cache_params, attention_mask=attention_mask, **kwargs
+        )
+    return qwen3_5.gdn_core(
+        self,
+        hidden_states,
+        attention_mask,
+        self._hybridtune_project,
+        kwargs.get("cu_seq_lens_q"),
+        kwargs.get("gdn_chunk_indices"),
+    )
+
+
+def find_gdn_mixers(model: torch.nn.Module):
+    """Yield (name, module, adapter) for every module an adapter recognises."""
+    for name, module in model.named_modules():
+        for adapter in ADAPTERS:
+            if adapter.matches(module):
+                yield name, module, adapter
+                break
+
+
+def _configs(model: torch.nn.Module):
+    seen = set()
+    for m in model.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is not None and id(cfg) not in seen and hasattr(cfg, "_attn_implementation"):
+            seen.add(id(cfg))
+            yield cfg
+
+
+def _route_attention(model: torch.nn.Module) -> str:
+    from hybridtune.models import attention
+
+    impls = sorted({cfg._attn_implementation or "default" for cfg in _configs(model)})
+    if any(i.startswith("flash_attention") for i in impls):
+        return f"{'/'.join(impls)} (kept: flash-attention reads the varlen kwargs itself)"
+    if impls == [attention.IMPLEMENTATION]:
+        return f"{attention.IMPLEMENTATION} (already routed)"
+    if any(i not in ("sdpa", "eager", "default") for i in impls):
+        return f"{'/'.join(impls)} (kept: custom implementation)"
+    name = attention.register()
+    for cfg in _configs(model):
+        cfg._attn_implementation = name
+    ok, why = attention.varlen_available()
+    cuda = why if ok else f"SDPA with a document mask ({why})"
+    return f"{name}: packed CUDA batches -> {cuda}; otherwise SDPA with a document mask (was {'/'.join(impls)})"
+
+
+def patch_model(model: torch.nn.Module) -> PatchReport:
+    """Route the GDN mixers of `model` (any transformers model holding Qwen3.5- or Qwen3-Next-layout
+    GatedDeltaNet modules) through `torch.ops.hybridtune.*`. Idempotent. Returns a `PatchReport`."""
+    from hybridtune.ops import gdn as gdn_ops
+
+    report = PatchReport()
+    # The trainer patches before moving the model, so say what each device will run.
+    report.backend = "; ".join(f"{dev}: {gdn_ops.backend(dev)[1]}" for dev in ("cpu", "cuda"))
+    for mod_name, module, adapter in find_gdn_mixers(model):
+        reason = qwen3_5.core_unsupported(module)
+        if reason:
+            report.skipped[mod_name] = f"{type(module).__name__}: {reason}"
+            continue
+        if _ORIGINAL not in module.__dict__:
+            module.__dict__[_ORIGINAL] = module.forward
+            module._hybridtune_project = adapter.project
+            module.forward = types.MethodType(_patched_forward, module)
+        H, HV, K, V = module.num_k_heads, module.num_v_heads, module.head_k_dim, module.head_v_dim
+        report.routed[mod_name] = (
+            f"{adapter.NAME} -> hybridtune::causal_conv1d + hybridtune::gdn_chunk "
+            f"(H={H}, HV={HV}, K={K}, V={V}) without cache; upstream with cache"
+        )
+    report.attention = _route_attention(model)
+    if report.routed:
+        # The decoder builds a cache whenever use_cache is on, and with a cache the mixers take the upstream
+        # path; training never wants one. generate() passes use_cache explicitly, so generation still caches.
+        for cfg in _configs(model):
+            if getattr(cfg, "use_cache", False):
+                cfg.use_cache = False
+    model._hybridtune_patch_report = report
+    return report
+
+
+def is_patched(model: torch.nn.Module) -> bool:
+    return any(_ORIGINAL in m.__dict__ for _, m, _ in find_gdn_mixers(model))
+
+
+def unpatch_model(model: torch.nn.Module) -> int:
+    """Restore the upstream forwards; returns how many mixers were restored."""
+    n = 0
+    for m in model.modules():
+        if _ORIGINAL in m.__dict__:
+            m.__dict__.pop(_ORIGINAL)
+            m.__dict__.pop("forward", None)
+            m.__dict__.pop("_hybridtune_project", None)
+            n += 1
+    return n

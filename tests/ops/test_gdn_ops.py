@@ -1,0 +1,199 @@
+"""hybridtune:: custom ops: opcheck, output and every gradient against the reference, odd shapes,
+grouped values (HV = 2H), uneven packed documents, the B > 1 packed error; on CUDA, FLA against the
+fp32 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hybridtune.ops import fla_guard, gdn
+from hybridtune.ops.reference import causal_conv1d_ref, chunk_gated_delta_rule_ref
+
+
+def _cu(lens):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def _chunks(lens):
+    from hybridtune.data.collator import chunk_indices
+
+    return chunk_indices(lens)
+
+
+def _gdn_inputs(T, H, HV, K, V, dtype, device="cpu", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, T, H, K, generator=gen)
+    k = torch.randn(1, T, H, K, generator=gen)
+    v = torch.randn(1, T, HV, V, generator=gen)
+    g = F.logsigmoid(torch.randn(1, T, HV, generator=gen) + 2.0)  # fp32 log decay, as the models compute it
+    beta = torch.rand(1, T, HV, generator=gen)
+    qkvb = [t.to(device, dtype).requires_grad_() for t in (q, k, v, beta)]
+    g = g.to(device, torch.float32 if dtype != torch.float64 else dtype).requires_grad_()
+    q, k, v, beta = qkvb
+    return q, k, v, g, beta
+
+
+def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in fp64 (FLA's test metric)."""
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+CASES = [  # (doc lengths, H, HV, K, V)
+    ([63], 2, 2, 16, 16),
+    ([75], 2, 4, 16, 8),
+    ([10, 53, 1, 75, 2], 2, 4, 16, 8),
+    ([1500], 1, 2, 8, 8),
+    ([300, 13, 187], 1, 2, 8, 8),
+]
+
+
+@pytest.mark.parametrize("lens,H,HV,K,V", CASES)
+def test_gdn_op_matches_reference_fp64(lens, H, HV, K, V):
+    T = sum(lens)
+    packed = len(lens) > 1
+    cu, ci = (_cu(lens), _chunks(lens)) if packed else (None, None)
+    q, k, v, g, beta = _gdn_inputs(T, H, HV, K, V, torch.float64)
+    o = gdn.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, chunk_indices=ci)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v, g, beta), do)
+    o_ref = chunk_gated_delta_rule_ref(q, k, v, g, beta, cu_seqlens=cu)
+    grads_ref = torch.autograd.grad(o_ref, (q, k, v, g, beta), do)
+    torch.testing.assert_close(o, o_ref, rtol=1e-10, atol=1e-10)
+    for name, a, b in zip("q k v g beta".split(), grads, grads_ref):
+        assert a.shape == b.shape, name
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=f"d{name}")
+
+
+def test_gdn_op_gradcheck_packed():
+    lens = [2, 3]
+    q, k, v, g, beta = _gdn_inputs(sum(lens), 1, 2, 2, 2, torch.float64)
+    cu = _cu(lens)
+    fn = lambda *a: gdn.chunk_gated_delta_rule(*a, cu_seqlens=cu)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v, g, beta), eps=1e-6, atol=1e-6, fast_mode=True)
+
+
+@pytest.mark.parametrize("lens", [[63], [75], [10, 1, 64, 2], [1500]])
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_op_matches_reference_fp64(lens, bias):
+    T, D, W = sum(lens), 24, 4
+    cu, ci = (_cu(lens), _chunks(lens)) if len(lens) > 1 else (None, None)
+    x = torch.randn(1, T, D, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(D, W, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(D, dtype=torch.float64, requires_grad=True) if bias else None
+    inputs = [t for t in (x, w, b) if t is not None]
+    y = gdn.causal_conv1d(x, w, b, cu_seqlens=cu, chunk_indices=ci)
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, inputs, dy)
+    y_ref = causal_conv1d_ref(x, w, b, cu_seqlens=cu)
+    grads_ref = torch.autograd.grad(y_ref, inputs, dy)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    for a, r in zip(grads, grads_ref):
+        torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-10)
+
+
+def test_opcheck_all_ops():
+    lens = [10, 53, 12]
+    T = sum(lens)
+    cu, ci = _cu(lens), _chunks(lens)
+    q, k, v, g, beta = _gdn_inputs(T, 2, 4, 16, 8, torch.float32)
+    for args in [(q, k, v, g, beta, 0.25, cu, ci, True), (q, k, v, g, beta, 0.25, None, None, False)]:
+        torch.library.opcheck(torch.ops.hybridtune.gdn_chunk.default, args)
+    # Backward ops are not differentiable themselves (no double backward): check them on detached inputs.
+    qd, kd, vd, gd, bd = (t.detach() for t in (q, k, v, g, beta))
+    o, g_cum, A = torch.ops.hybridtune.gdn_chunk(qd, kd, vd, gd, bd, 0.25, cu, ci, True)
+    do = torch.randn_like(o)
+    torch.library.opcheck(
+        torch.ops.hybridtune.gdn_chunk_bwd.default, (do, qd, kd, vd, gd, bd, g_cum, A, 0.25, cu, ci, True)
+    )
+    x = torch.randn(1, T, 24, requires_grad=True)
+    w = torch.randn(24, 4, requires_grad=True)
+    b = torch.randn(24, requires_grad=True)
+    for args in [(x, w, b, cu, ci, True), (x, w, None, None, None, False)]:
+        torch.library.opcheck(torch.ops.hybridtune.causal_conv1d.default, args)
+        detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+        torch.library.opcheck(torch.ops.hybridtune.causal_conv1d_bwd.default, (torch.randn(1, T, 24), *detached))
+
+
+def test_packed_batch_gt_1_raises():
+    q, k, v, g, beta = _gdn_inputs(20, 1, 1, 8, 8, torch.float32)
+    q2, k2, v2, g2, b2 = (torch.cat([t, t]) for t in (q, k, v, g, beta))
+    cu = _cu([5, 15])
+    with pytest.raises(ValueError, match="batch size 1"):
+        gdn.chunk_gated_delta_rule(q2, k2, v2, g2, b2, cu_seqlens=cu)
+    with pytest.raises(ValueError, match="batch size 1"):
+        gdn.causal_conv1d(torch.randn(2, 20, 4), torch.randn(4, 4), cu_seqlens=cu)
+
+
+def test_zero_length_documents_are_dropped_before_a_kernel():
+    from hybridtune.ops.gdn import _varlen
+
+    cu, ci = _varlen(torch.tensor([0, 5, 5, 70], dtype=torch.int32), None, torch.device("cpu"))
+    assert cu.tolist() == [0, 5, 70]
+    assert ci.tolist() == [[0, 0], [1, 0], [1, 1]]
+
+
+def test_fla_guard_grants():
+    key = (3, 6, 64, 64)
+    assert not fla_guard.is_granted(key)
+    with pytest.raises(ValueError):
+        fla_guard.grant(key, "")
+    fla_guard.grant(key, "test: explicit")
+    try:
+        assert fla_guard.is_granted(key) and fla_guard.granted()[key] == "test: explicit"
+    finally:
+        fla_guard.revoke(key)
+    assert not fla_guard.is_granted(key)
+
+
+# ---------------------------------------------------------------- CUDA: FLA against the fp32 reference
+
+LAYOUTS = {  # (H, HV, K, V) of the Qwen3.5 checkpoints
+    "0.8b/2b": (16, 16, 128, 128),
+    "9b": (16, 32, 128, 128),
+    "tiny": (2, 4, 32, 32),
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("lens", [[63], [75], [10, 53, 1, 75, 2], [1500], [700, 13, 787]])
+def test_fla_gdn_matches_fp32_reference(layout, lens):
+    from hybridtune.ops import fla_adapter
+
+    ok, why = fla_adapter.available()
+    if not ok:
+        pytest.fail(f"CUDA run without FLA: {why}")
+    H, HV, K, V = LAYOUTS[layout]
+    if fla_guard.guard_active() and not fla_guard.is_granted((H, HV, K, V)):
+        pytest.skip(f"FLA backward not granted for {(H, HV, K, V)} on this device (needs the kernel self-test)")
+    T = sum(lens)
+    cu, ci = (_cu(lens).cuda(), _chunks(lens).cuda()) if len(lens) > 1 else (None, None)
+    q, k, v, g, beta = _gdn_inputs(T, H, HV, K, V, torch.bfloat16, device="cuda")
+    o = gdn.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, chunk_indices=ci)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v, g, beta), do)
+    ref_in = [t.detach().float().requires_grad_() for t in (q, k, v, g, beta)]
+    o_ref = chunk_gated_delta_rule_ref(*ref_in, cu_seqlens=cu)
+    grads_ref = torch.autograd.grad(o_ref, ref_in, do.float())
+    assert rel_rms(o, o_ref) < 0.01
+    for name, a, b in zip("q k v g beta".split(), grads, grads_ref):
+        assert rel_rms(a, b) < 0.02, (name, rel_rms(a, b))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("lens", [[63], [10, 1, 64, 2, 700]])
+def test_fla_conv_matches_fp32_reference(lens):
+    T, D = sum(lens), 256
+    cu, ci = (_cu(lens).cuda(), _chunks(lens).cuda()) if len(lens) > 1 else (None, None)
+    x = torch.randn(1, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(D, 4, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = gdn.causal_conv1d(x, w, None, cu_seqlens=cu, chunk_indices=ci)
+    dy = torch.randn_like(y)
+    gx, gw = torch.autograd.grad(y, (x, w), dy)
+    xr, wr = (t.detach().float().requires_grad_() for t in (x, w))
+    yr = causal_conv1d_ref(xr, wr, None, cu_seqlens=cu)
+    gxr, gwr = torch.autograd.grad(yr, (xr, wr), dy.float())
+    assert rel_rms(y, yr) < 0.01 and rel_rms(gx, gxr) < 0.01 and rel_rms(gw, gwr) < 0.01
