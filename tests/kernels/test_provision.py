@@ -193,20 +193,36 @@ def test_report_serialises_and_summarises(env):
     assert "qwen3_5_text needs causal_conv1d, fla" in rep.summary()
 
 
-def test_pip_installer_holds_torch_and_goes_wheels_only(monkeypatch):
-    seen = []
-
-    def fake_run(cmd, **kw):
+def _fake_pip(seen, install_rc=0, install_err=""):
+    def run(cmd, **kw):
+        if cmd[1] == "-c":  # the environment snapshot
+            return subprocess.CompletedProcess(cmd, 0, '{"torch": "2.11.0", "transformers": "5.17.0"}\n', "")
         seen.append(cmd)
         if "--constraint" in cmd:
             seen.append(open(cmd[cmd.index("--constraint") + 1]).read())
-        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for fla-core==0.6.0")
+        return subprocess.CompletedProcess(cmd, install_rc, "", install_err)
 
-    monkeypatch.setattr(subprocess, "run", fake_run)
+    return run
+
+
+def test_pip_installer_holds_torch_and_goes_wheels_only(monkeypatch):
+    seen = []
+    err = "ERROR: No matching distribution found for fla-core==0.6.0"
+    monkeypatch.setattr(subprocess, "run", _fake_pip(seen, 1, err))
     res = PipInstaller(env={}).install(["flash-linear-attention==0.6.0", "fla-core==0.6.0"])
     assert not res.ok and res.offline
     assert "--only-binary=:all:" in seen[0]
-    assert "torch==" in seen[1] and "transformers==" in seen[1]
+    assert seen[1].split() == ["torch==2.11.0", "transformers==5.17.0"]  # held at the target's own versions
+
+
+def test_pip_installer_wheelhouse(monkeypatch):
+    seen = []
+    monkeypatch.setattr(subprocess, "run", _fake_pip(seen))
+    inst = PipInstaller(python="py", env={"HYBRIDTUNE_WHEELHOUSE": "/wheels"})
+    assert inst.command(["fla-core==0.6.0"]) == [
+        "py", "-m", "pip", "install", "--only-binary=:all:", "--no-index", "--find-links", "/wheels", "fla-core==0.6.0"
+    ]  # fmt: skip
+    assert inst.install(["fla-core==0.6.0"]).ok
 
 
 def test_pip_installer_offline_switch_runs_nothing(monkeypatch):
@@ -217,14 +233,16 @@ def test_pip_installer_offline_switch_runs_nothing(monkeypatch):
 
 def test_pip_rollback_uninstalls_added_and_restores_moved(monkeypatch):
     seen = []
-    monkeypatch.setattr(
-        subprocess, "run", lambda cmd, **k: seen.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", "")
+    monkeypatch.setattr(subprocess, "run", _fake_pip(seen))
+    res = InstallResult(
+        True,
+        [],
+        changed={"flash-linear-attention": (None, "0.6.0"), "einops": ("0.7.0", "0.8.1"), "six": ("1.16.0", None)},
     )
-    res = InstallResult(True, [], changed={"flash-linear-attention": (None, "0.6.0"), "einops": ("0.7.0", "0.8.1")})
     ok, _ = PipInstaller(python="py", env={}).rollback(res)
     assert ok
     assert seen[0] == ["py", "-m", "pip", "uninstall", "-y", "flash-linear-attention"]
-    assert seen[1] == ["py", "-m", "pip", "install", "--no-deps", "einops==0.7.0"]
+    assert seen[1] == ["py", "-m", "pip", "install", "--no-deps", "einops==0.7.0", "six==1.16.0"]
 
 
 def test_gate_hook_provisions_under_policy(env, monkeypatch):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import json
 import logging
 import os
 import shlex
@@ -99,14 +100,11 @@ class Installer(Protocol):
     def rollback(self, result: InstallResult) -> tuple[bool, str]: ...
 
 
-def _distributions() -> dict[str, str]:
-    out = {}
-    for dist in importlib.metadata.distributions():
-        name = dist.metadata.get("Name")
-        if name:
-            out[name.lower().replace("_", "-")] = dist.version
-    return out
-
+_SNAPSHOT = (
+    "import importlib.metadata as m, json; "
+    "print(json.dumps({d.metadata['Name'].lower().replace('_', '-'): d.version "
+    "for d in m.distributions() if d.metadata['Name']}))"
+)
 
 _OFFLINE_HINTS = (
     "Could not find a version that satisfies",
@@ -120,73 +118,80 @@ _OFFLINE_HINTS = (
 
 
 class PipInstaller:
-    """`python -m pip install` into the running interpreter's environment, wheels only, held packages pinned."""
+    """`python -m pip install` into `python`'s environment (default: this interpreter), wheels only, with
+    torch/triton/transformers held at that environment's versions by a constraints file.
 
-    def __init__(self, python: str | None = None, timeout_s: float = 900.0, env: Mapping[str, str] | None = None):
+    `HYBRIDTUNE_WHEELHOUSE=DIR` (or `wheelhouse=`) installs from a local folder of wheels and nothing else
+    (`--no-index --find-links DIR`), for machines without a package index.
+    """
+
+    def __init__(
+        self,
+        python: str | None = None,
+        timeout_s: float = 900.0,
+        env: Mapping[str, str] | None = None,
+        wheelhouse: str | None = None,
+    ):
         self.python = python or sys.executable
         self.timeout_s = timeout_s
         self.env = os.environ if env is None else env
+        wheelhouse = wheelhouse or self.env.get("HYBRIDTUNE_WHEELHOUSE")
+        self.source_args = ["--no-index", "--find-links", wheelhouse] if wheelhouse else []
 
-    def _constraints(self) -> list[str]:
-        held = []
-        for name in HELD_PACKAGES:
-            try:
-                held.append(f"{name}=={importlib.metadata.version(name)}")
-            except importlib.metadata.PackageNotFoundError:
-                continue
-        return held
+    def _run(self, args: list[str], timeout: float | None = None) -> tuple[bool, str]:
+        try:
+            p = subprocess.run(args, capture_output=True, text=True, timeout=timeout or self.timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return False, f"{type(e).__name__}: {e}"
+        return p.returncode == 0, (p.stdout or "") + (p.stderr or "")
+
+    def distributions(self) -> dict[str, str]:
+        """{normalised distribution name: version} installed for `python`."""
+        ok, out = self._run([self.python, "-c", _SNAPSHOT], timeout=120)
+        if not ok:
+            return {}
+        try:
+            return json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {}
 
     def command(self, specs: list[str]) -> list[str]:
-        return [self.python, "-m", "pip", "install", "--only-binary=:all:", *specs]
+        return [self.python, "-m", "pip", "install", "--only-binary=:all:", *self.source_args, *specs]
 
     def install(self, specs: list[str]) -> InstallResult:
         cmd = self.command(specs)
         if self.env.get(ENV_OFFLINE, "").strip().lower() in _TRUE:
             return InstallResult(False, cmd, f"{ENV_OFFLINE} is set: not installing", offline=True)
-        before = _distributions()
+        before = self.distributions()
+        held = [f"{name}=={before[name]}" for name in HELD_PACKAGES if name in before]
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-            f.write("\n".join(self._constraints()) + "\n")
+            f.write("\n".join(held) + "\n")
             constraints = f.name
         try:
-            proc = subprocess.run(
-                [*cmd, "--constraint", constraints, "--disable-pip-version-check", "--no-input"],
-                capture_output=True,
-                text=True,
-                timeout=self.timeout_s,
-            )
-            output, ok = (proc.stdout or "") + (proc.stderr or ""), proc.returncode == 0
-        except (OSError, subprocess.TimeoutExpired) as e:
-            output, ok = f"{type(e).__name__}: {e}", False
+            ok, output = self._run([*cmd, "--constraint", constraints, "--disable-pip-version-check", "--no-input"])
         finally:
             os.unlink(constraints)
         importlib.invalidate_caches()
-        after = _distributions()
+        after = self.distributions()
         changed = {k: (before.get(k), after.get(k)) for k in set(before) | set(after) if before.get(k) != after.get(k)}
         offline = not ok and any(h in output for h in _OFFLINE_HINTS)
         return InstallResult(ok, cmd, output[-4000:], changed, offline)
 
     def check_import(self, code: str) -> tuple[bool, str]:
-        try:
-            proc = subprocess.run([self.python, "-c", code], capture_output=True, text=True, timeout=600)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return False, f"{type(e).__name__}: {e}"
-        return proc.returncode == 0, ((proc.stdout or "") + (proc.stderr or ""))[-2000:]
+        ok, out = self._run([self.python, "-c", code], timeout=600)
+        return ok, out[-2000:]
 
     def rollback(self, result: InstallResult) -> tuple[bool, str]:
-        added = [d for d, (old, _new) in result.changed.items() if old is None]
-        moved = [f"{d}=={old}" for d, (old, new) in result.changed.items() if old is not None and new is not None]
-        removed = [f"{d}=={old}" for d, (old, new) in result.changed.items() if old is not None and new is None]
+        """Uninstall what the install added, put back the versions it moved or removed."""
+        added = sorted(d for d, (old, _new) in result.changed.items() if old is None)
+        restore = sorted(f"{d}=={old}" for d, (old, _new) in result.changed.items() if old is not None)
         out, ok = [], True
         if added:
-            p = subprocess.run([self.python, "-m", "pip", "uninstall", "-y", *added], capture_output=True, text=True)
-            ok &= p.returncode == 0
-            out.append(p.stdout + p.stderr)
-        if moved or removed:
-            p = subprocess.run(
-                [self.python, "-m", "pip", "install", "--no-deps", *moved, *removed], capture_output=True, text=True
-            )
-            ok &= p.returncode == 0
-            out.append(p.stdout + p.stderr)
+            r_ok, r_out = self._run([self.python, "-m", "pip", "uninstall", "-y", *added])
+            ok, out = ok and r_ok, out + [r_out]
+        if restore:
+            r_ok, r_out = self._run([self.python, "-m", "pip", "install", "--no-deps", *self.source_args, *restore])
+            ok, out = ok and r_ok, out + [r_out]
         importlib.invalidate_caches()
         return ok, "".join(out)[-2000:]
 
