@@ -205,3 +205,29 @@ def test_reinstall_replaces_the_policy(fake):
     _install(accept)  # e.g. doctor hooked under `check`, then training under `auto`
     assert iu.is_flash_linear_attention_available() is True
     assert refuse.calls == [] and len(accept.calls) == 1
+
+
+def test_without_transformers_everything_degrades(tmp_path):
+    """A fresh interpreter where transformers cannot be imported: hooks are a no-op, needs() says why."""
+    import subprocess
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["transformers"] = None  # import transformers -> ImportError
+        from hybridtune.errors import ModelError
+        from hybridtune.kernels import gates, needs, provision, selftest, doctor  # noqa: F401
+        assert gates.install_gate_hooks(lambda k, g: True, env={}) is None
+        assert gates.clear_gate_caches() == [] and gates.reset_lazy_kernels() == []
+        try:
+            needs("qwen3_5_text")
+        except ModelError as e:
+            assert "needs transformers" in str(e), e
+        else:
+            raise AssertionError("no error")
+        print("ok")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
