@@ -157,7 +157,19 @@ LAYOUTS = {  # (H, HV, K, V) of the Qwen3.5 checkpoints
 }
 
 
+@pytest.fixture
+def grant_for_tests(request):
+    """On a Hopper + Triton < 3.7.1 GPU the FLA backward needs a grant. These tests ARE the numeric check;
+    they lift the guard only when the run says so explicitly (HYBRIDTUNE_FLA_GRANT_FOR_TESTS=1)."""
+    import os
+
+    if os.environ.get("HYBRIDTUNE_FLA_GRANT_FOR_TESTS") == "1":
+        for key in LAYOUTS.values():
+            fla_guard.grant(key, "tests/ops/test_gdn_ops.py: HYBRIDTUNE_FLA_GRANT_FOR_TESTS=1")
+
+
 @pytest.mark.cuda
+@pytest.mark.usefixtures("grant_for_tests")
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("lens", [[63], [75], [10, 53, 1, 75, 2], [1500], [700, 13, 787]])
 def test_fla_gdn_matches_fp32_reference(layout, lens):
