@@ -197,6 +197,11 @@ def diagnose(model: str | None = None) -> dict[str, Any]:
 
         out["mixers"] = report(built).to_dict()
         out["mixers_hybridtune"] = _patched_paths(built)
+    from hybridtune.kernels import gates
+
+    hooks = gates.active()
+    if hooks is not None:  # gate-style transformers: what each gate answered at the modeling import
+        out["gate_hooks"] = hooks.to_dict()
     from hybridtune.kernels.needs import kernel_spec
 
     auto_would = {}
@@ -258,6 +263,11 @@ def render(d: dict[str, Any]) -> str:
             lines.append(f"  {name}: kept upstream ({why})")
         if mix.get("attention"):
             lines.append(f"  attention: {mix['attention']}")
+    for ev in d.get("gate_hooks", {}).get("events", []):
+        what = "installed" if ev["provisioned"] else "not provisioned (policy check)"
+        lines.append(
+            f"  gate {ev['gate']}() at the modeling import: {ev['first']}" + ("" if ev["first"] else f", {what}")
+        )
     if not prov["selftest"]:
         gpu_ok = env["gpu"]["available"]
         lines.append("self-test: not run (" + ("no GDN layout or FLA missing" if gpu_ok else "no CUDA device") + ")")
