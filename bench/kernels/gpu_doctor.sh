@@ -81,6 +81,13 @@ for preset in tiny-qwen3_5 tiny-qwen3_next qwen3_5-2b; do
   wrap "$f" "python3 -m hybridtune doctor --model $preset --json"
 done
 
+# The GPU tests of tests/kernels (the same check through pytest), when pytest is there and time is left.
+if python3 -c "import pytest" 2>/dev/null; then
+  step pytest-cuda 150 python3 -m pytest tests/kernels/test_selftest.py -m cuda -q -p no:cacheprovider
+else
+  echo "== pytest-cuda: skipped, pytest not installed" | tee -a "$LOG"
+fi
+
 # The verdict table, last.
 python3 - "$OUT" <<'PY' 2>&1 | tee -a "$LOG"
 import glob, json, os, sys
