@@ -292,11 +292,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--model", help="preset name or local checkpoint directory")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = ap.parse_args(argv)
-    if args.json:  # keep stdout for the JSON object: log lines go to stderr
+    if args.json:  # keep stdout for the JSON object: log lines and anything a library prints go to stderr
+        import contextlib
         import logging
 
         logging.getLogger("hybridtune").handlers[:] = [logging.StreamHandler(sys.stderr)]
-    d = diagnose(args.model)
+        with contextlib.redirect_stdout(sys.stderr):
+            d = diagnose(args.model)
+    else:
+        d = diagnose(args.model)
     if args.json:
         json.dump(d, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
