@@ -191,3 +191,17 @@ def test_new_architecture_gate_style_with_aliases(tmp_path, monkeypatch):
     assert arch.mixer_classes["FlagUser"] == ("fla",)  # through the derived module-level flag
     assert arch.mixer_classes["ScanMixer"] == ("causal_conv1d", "mamba_ssm")
     assert "chunk_gated_delta_rule" in arch.symbols("fla")
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3_5", "tiny-qwen3_next", "qwen3_5-0.8b", "qwen3_5-2b", "qwen3_5-9b"])
+def test_presets_resolve_the_same_from_any_directory(preset, tmp_path):
+    from hybridtune.models.presets import PRESETS, preset_config
+
+    cfg = preset_config(preset, vocab_size=256)
+    saved = tmp_path / "checkpoint-0001"  # nothing in the name says what it is
+    cfg.save_pretrained(saved)
+    a, b = analyze(cfg).to_dict(), analyze(str(saved)).to_dict()
+    a.pop("reason"), b.pop("reason")
+    assert a == b
+    assert a["model_type"] == PRESETS[preset].model_type
+    assert set(a["needs"]) == GDN
