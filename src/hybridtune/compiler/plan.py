@@ -1,0 +1,232 @@
+"""The plan per module class: compile (fullgraph where safe), eager, routed to hybridtune ops, or left.
+
+Decided from the module's structure and identity, never from the model's name:
+
+- routed: its instances were patched by hybridtune (`models/patching.py` sets `_hybridtune_routed`
+  on each patched module instance); the compiler does not touch them.
+- left: no forward of its own, a forward behind a decorator whose method cannot be identified with
+  certainty, a torch.nn built-in, or anything else `standalone.method_source` refuses. Its
+  transformers forward stays as it is.
+- eager: a top-level model (`PreTrainedModel`: masks, caches and output capture break graphs; its
+  layers are compiled instead), or a forward that calls something `torch.compiler.disable` keeps out
+  of graphs, syncs with the host, loops a run-time number of times, or iterates over its submodules.
+  Its generated forward carries `torch.compiler.disable(recursive=False)`, so a compiled parent
+  steps around it instead of tracing into it.
+- compile: everything else; `fullgraph=True` only when nothing in the forward is in doubt and every
+  child module it calls is a torch.nn built-in or itself planned fullgraph.
+
+`overrides` (from the run config) map a class name to "compile", "fullgraph", "eager" or "off".
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridtune.compiler.analyze import Findings, scan_class
+from hybridtune.compiler.introspect import is_decorated
+from hybridtune.compiler.standalone import Decoration, NotGeneratable
+
+DECISIONS = ("compile", "eager", "routed", "left")
+OVERRIDES = ("compile", "fullgraph", "eager", "off")
+ROUTED_ATTR = "_hybridtune_routed"
+
+
+@dataclass
+class ClassPlan:
+    """What the compiler does with one module class, and why."""
+
+    cls: type
+    decision: str  # one of DECISIONS
+    reason: str = ""
+    fullgraph: bool = False
+    decorated: bool = False  # forward sits behind at least one decorator
+    instances: int = 0
+    routed_instances: int = 0
+    overridden: bool = False
+    findings: Findings | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.cls.__qualname__
+
+    def decoration(self, backend: str = "inductor", dynamic: bool | None = None, mode: str | None = None) -> Decoration:
+        """The decoration the generated forward carries under this plan."""
+        if self.decision == "compile":
+            return Decoration("compile", self.fullgraph, backend, dynamic, mode, self.reason)
+        if self.decision == "eager":
+            return Decoration("eager", reason=self.reason)
+        raise ValueError(f"{self.name} is planned '{self.decision}': nothing is generated for it")
+
+    def label(self) -> str:
+        if self.decision == "compile" and self.fullgraph:
+            return "compile (fullgraph)"
+        return self.decision
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "class": self.name,
+            "module": self.cls.__module__,
+            "decision": self.decision,
+            "fullgraph": self.fullgraph,
+            "reason": self.reason,
+            "decorated": self.decorated,
+            "instances": self.instances,
+            "routed_instances": self.routed_instances,
+            "overridden": self.overridden,
+        }
+
+    def __str__(self) -> str:
+        count = f" x{self.instances}" if self.instances else ""
+        reason = f"  ({self.reason})" if self.reason else ""
+        return f"{self.name}{count}: {self.label()}{reason}"
+
+
+def _is_pretrained_model(cls: type) -> bool:
+    try:
+        from transformers.modeling_utils import PreTrainedModel
+    except ImportError:  # transformers is a dependency; this only guards a partial install
+        return False
+    return issubclass(cls, PreTrainedModel)
+
+
+def _is_torch_builtin(cls: type) -> bool:
+    return cls.__module__ == "torch" or cls.__module__.startswith("torch.")
+
+
+def plan_class(cls: type) -> ClassPlan:
+    """The plan for a class read on its own (no instances: fullgraph only for leaf forwards)."""
+    decorated = "forward" in vars(cls) and is_decorated(cls)
+    if _is_torch_builtin(cls):
+        return ClassPlan(cls, "left", "torch.nn built-in module", decorated=decorated)
+    try:
+        findings = scan_class(cls)
+    except NotGeneratable as e:
+        return ClassPlan(cls, "left", str(e), decorated=decorated)
+    if _is_pretrained_model(cls):
+        return ClassPlan(
+            cls,
+            "eager",
+            "top-level model: masks, cache and output capture break graphs; its layers are planned instead",
+            decorated=decorated,
+            findings=findings,
+        )
+    if findings.eager:
+        return ClassPlan(cls, "eager", findings.eager[0], decorated=decorated, findings=findings)
+    fullgraph = not findings.doubts and not findings.child_calls
+    reason = findings.doubts[0] if findings.doubts else ""
+    return ClassPlan(cls, "compile", reason, fullgraph=fullgraph, decorated=decorated, findings=findings)
+
+
+def _apply_override(plan: ClassPlan, value: str) -> ClassPlan:
+    if value not in OVERRIDES:
+        raise ValueError(f"compile override for {plan.name} is {value!r}; expected one of {', '.join(OVERRIDES)}")
+    if plan.decision in ("left", "routed") and value != "off":
+        return plan  # nothing can be generated for it; the override cannot change that
+    plan.overridden = True
+    if value == "off":
+        plan.decision, plan.fullgraph, plan.reason = "left", False, "override: off"
+    elif value == "eager":
+        plan.decision, plan.fullgraph, plan.reason = "eager", False, "override: eager"
+    else:
+        plan.decision, plan.fullgraph, plan.reason = "compile", value == "fullgraph", f"override: {value}"
+    return plan
+
+
+def _override_for(cls: type, overrides: dict[str, str]) -> str | None:
+    for key in (f"{cls.__module__}.{cls.__qualname__}", cls.__qualname__, cls.__name__):
+        if key in overrides:
+            return overrides[key]
+    return None
+
+
+def plan_model(model: Any, overrides: dict[str, str] | None = None) -> list[ClassPlan]:
+    """One plan per module class found in `model`, in order of first appearance.
+
+    Refines `plan_class` with what only the instances tell: which instances hybridtune routed, and
+    whether the child modules a forward calls allow fullgraph. Printable (`str(plan)`) and
+    serialisable (`plan.to_dict()`); `hybridtune doctor` shows it.
+    """
+    import torch.nn as nn
+
+    overrides = dict(overrides or {})
+    plans: dict[type, ClassPlan] = {}
+    instances: dict[type, list[nn.Module]] = {}
+    for module in model.modules():
+        cls = type(module)
+        instances.setdefault(cls, []).append(module)
+    for cls, mods in instances.items():
+        if _is_torch_builtin(cls):
+            continue
+        plan = plan_class(cls)
+        plan.instances = len(mods)
+        plan.routed_instances = sum(1 for m in mods if getattr(m, ROUTED_ATTR, False))
+        if plan.routed_instances == plan.instances:
+            plan.decision, plan.fullgraph = "routed", False
+            plan.reason = "patched by hybridtune: runs hybridtune ops"
+        plans[cls] = plan
+    for cls, plan in plans.items():
+        value = _override_for(cls, overrides)
+        if value is not None:
+            _apply_override(plan, value)
+    memo: dict[type, bool] = {}
+    for cls, plan in plans.items():
+        if plan.decision == "compile" and plan.fullgraph is False and not plan.overridden:
+            plan.fullgraph = _fullgraph_safe(cls, plans, instances, memo, set())
+    return list(plans.values())
+
+
+def _fullgraph_safe(
+    cls: type,
+    plans: dict[type, ClassPlan],
+    instances: dict[type, list[Any]],
+    memo: dict[type, bool],
+    stack: set[type],
+) -> bool:
+    """True when cls's forward and every child module it calls can trace as one graph."""
+    import torch.nn as nn
+
+    if cls in memo:
+        return memo[cls]
+    if cls in stack:
+        return False
+    plan = plans.get(cls)
+    if plan is None:
+        ok = _is_torch_builtin(cls) and not issubclass(cls, nn.ModuleList | nn.ModuleDict)
+        memo[cls] = ok
+        return ok
+    if plan.decision != "compile" or plan.findings is None or plan.findings.doubts:
+        memo[cls] = plan.decision == "compile" and plan.fullgraph
+        return memo[cls]
+    stack.add(cls)
+    ok = True
+    for attr in sorted(plan.findings.child_calls):
+        for inst in instances.get(cls, []):
+            child = inst._modules.get(attr) if isinstance(inst, nn.Module) else None
+            if child is None:
+                value = getattr(inst, attr, None)
+                # A plain function stored on the instance is unknown code; a bound method was scanned.
+                ok = isinstance(value, types.MethodType) and value.__self__ is inst
+            elif getattr(child, ROUTED_ATTR, False):
+                ok = False  # hybridtune ops are traceable, but the plan does not vouch for the adapter code
+            else:
+                ok = _fullgraph_safe(type(child), plans, instances, memo, stack)
+            if not ok:
+                break
+        if not ok:
+            break
+    stack.discard(cls)
+    memo[cls] = ok
+    return ok
+
+
+def format_plan(plans: list[ClassPlan]) -> str:
+    """A plain-text table of plans, one class per line."""
+    if not plans:
+        return "(no module classes)"
+    width = max(len(p.name) for p in plans)
+    lines = [f"{'class':<{width}}  {'n':>3}  {'plan':<19}  reason"]
+    for p in plans:
+        lines.append(f"{p.name:<{width}}  {p.instances:>3}  {p.label():<19}  {p.reason}")
+    return "\n".join(lines)

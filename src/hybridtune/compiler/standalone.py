@@ -1,0 +1,699 @@
+"""Source-level generation of standalone per-class forwards, from the AST of the modeling file.
+
+For a class `C` the generated module holds
+
+- `C_forward`: the class's own `def forward` (found by `resolve_method`, never the decorator's
+  wrapper), renamed, with its own decorators (they move off the class method and still fire exactly
+  once) and, outermost, the decoration the plan chose (`torch.compile(...)` or
+  `torch.compiler.disable(recursive=False)`);
+- `C_standalone.forward`: the real signature, calling `C_forward`; `strategies.py` binds it to the
+  module instances of one model.
+
+Every global name the code reads is imported from the class's own module, so what runs is exactly
+what the text says, and a name the module does not define is refused at generation time instead of
+failing as a `NameError` in the first training step. The text is compiled in memory under a pseudo
+file name registered in `linecache`, so tracebacks and `inspect.getsource` show generated lines.
+After loading, each function is checked against the original: same bytecode for the body, same
+decorator wrappers in the same order. Nothing here matches code with regular expressions.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import copy
+import hashlib
+import linecache
+import os
+import symtable
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridtune.compiler.introspect import belongs_to, definition, resolve_method, wrapper_chain
+
+TORCH_ALIAS = "_hybridtune_torch"
+NAME_ALIAS = "_hybridtune_method_of"
+
+
+def method_of(qualname: str):
+    """Decorator used by generated code: give the function its method's `__qualname__`.
+
+    Applied innermost, before the real decorators run, because some of them read the qualified
+    name (transformers' `auto_docstring` tells methods from classes by the dot in it). Returns the
+    same function, so it adds no wrapper layer.
+    """
+
+    def set_name(func):
+        func.__qualname__ = qualname
+        return func
+
+    return set_name
+
+
+_FUTURE_ANNOTATIONS = "annotations"
+
+
+class NotGeneratable(Exception):
+    """The class is left alone (its transformers forward stays): generating it would be a guess."""
+
+
+class GenerationError(Exception):
+    """Generation was attempted and produced something wrong: a bug, reported by the sweep."""
+
+
+@dataclass(frozen=True)
+class Decoration:
+    """What the plan chose for one class: compile (with options), eager, or nothing (tests)."""
+
+    kind: str  # "compile" | "eager" | "none"
+    fullgraph: bool = False
+    backend: str = "inductor"
+    dynamic: bool | None = None
+    mode: str | None = None
+    reason: str = ""
+
+    def source(self) -> str | None:
+        if self.kind == "compile":
+            opts = [f"fullgraph={self.fullgraph!r}", f"dynamic={self.dynamic!r}", f"backend={self.backend!r}"]
+            if self.mode is not None:
+                opts.append(f"mode={self.mode!r}")
+            return f"{TORCH_ALIAS}.compile({', '.join(opts)})"
+        if self.kind == "eager":
+            # recursive=False: the frame itself is never traced, but what it calls still may be
+            # compiled (child modules with their own compiled forwards).
+            return f"{TORCH_ALIAS}.compiler.disable(recursive=False)"
+        if self.kind == "none":
+            return None
+        raise ValueError(f"unknown decoration kind {self.kind!r}; expected compile, eager or none")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the definition
+
+
+@dataclass
+class MethodSource:
+    """The `def` of one class's method, as written in its file."""
+
+    cls: type
+    name: str
+    func: types.FunctionType  # the function whose code object is that def
+    node: ast.FunctionDef
+    module: types.ModuleType
+    filename: str
+    future_annotations: bool
+
+
+# filename -> (the linecache line list it was parsed from, tree). linecache hands back the same list
+# object until the file changes, so identity of that list is the cheap validity check.
+_AST_CACHE: dict[str, tuple[list[str], ast.Module]] = {}
+
+
+def _parse_file(filename: str, module: types.ModuleType, fresh: bool = False) -> ast.Module:
+    """The AST of a source file: shared and read-only, or a `fresh` one the caller may change."""
+    lines = linecache.getlines(filename, module.__dict__)
+    if not lines:
+        raise NotGeneratable(f"source file {filename} cannot be read")
+    cached = _AST_CACHE.get(filename)
+    if cached is not None and cached[0] is lines and not fresh:
+        return cached[1]
+    tree = ast.parse("".join(lines), filename=filename)
+    if not fresh:
+        _AST_CACHE[filename] = (lines, tree)
+    return tree
+
+
+def _has_future_annotations(tree: ast.Module) -> bool:
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
+            if any(a.name == _FUTURE_ANNOTATIONS for a in stmt.names):
+                return True
+    return False
+
+
+def _first_line(node: ast.FunctionDef) -> int:
+    # A decorated function's code object starts at its first decorator line.
+    return node.decorator_list[0].lineno if node.decorator_list else node.lineno
+
+
+def method_source(cls: type, name: str = "forward", tree: ast.Module | None = None) -> MethodSource:
+    """Locate the `def` of `cls.<name>` in its file; raises NotGeneratable when it is not certain.
+
+    `tree` is the parsed file to find it in (default: the shared cached parse, not to be changed).
+    """
+    if name not in vars(cls):
+        raise NotGeneratable(f"{name} is inherited, not defined in {cls.__qualname__}")
+    func = definition(cls, name)
+    if func is None:
+        attr = vars(cls)[name]
+        if not isinstance(attr, types.FunctionType):
+            raise NotGeneratable(f"{name} is a {type(attr).__name__}, not a function")
+        raise NotGeneratable(f"{name} is behind a decorator whose wrapped method cannot be identified with certainty")
+    if "<locals>" in cls.__qualname__:
+        raise NotGeneratable(f"{cls.__qualname__} is defined inside a function")
+    module = sys.modules.get(cls.__module__)
+    if module is None:
+        raise NotGeneratable(f"module {cls.__module__} is not importable by name")
+    filename = func.__code__.co_filename
+    tree = tree if tree is not None else _parse_file(filename, module)
+    line = func.__code__.co_firstlineno
+    scope: list[ast.stmt] = tree.body
+    for part in cls.__qualname__.split("."):
+        # The class whose span holds the def's first line (a class may be defined under an `if`).
+        found = [n for n in _class_defs(scope) if n.name == part and n.lineno <= line <= (n.end_lineno or n.lineno)]
+        if len(found) != 1:
+            raise NotGeneratable(f"class {cls.__qualname__} not found exactly once in {filename}")
+        scope = found[0].body
+    nodes = [n for n in scope if isinstance(n, ast.FunctionDef) and n.name == func.__name__ and _first_line(n) == line]
+    if len(nodes) != 1:
+        raise NotGeneratable(f"def {func.__name__} of {cls.__qualname__} not found at line {line}")
+    return MethodSource(cls, name, func, nodes[0], module, filename, _has_future_annotations(tree))
+
+
+def _class_defs(stmts: list[ast.stmt]) -> list[ast.ClassDef]:
+    out: list[ast.ClassDef] = []
+    for n in stmts:
+        if isinstance(n, ast.ClassDef):
+            out.append(n)
+        elif isinstance(n, ast.If | ast.Try):
+            for block in (n.body, n.orelse, getattr(n, "finalbody", []), *[h.body for h in getattr(n, "handlers", [])]):
+                out.extend(_class_defs(block))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Building the text
+
+
+def _class_cell_edits(node: ast.FunctionDef, class_name: str, self_name: str) -> list[tuple[ast.AST, str]]:
+    """Spans to replace so the body needs no `__class__` cell: a module-level function has none.
+
+    `super()` becomes `super(Class, self)` and a bare `__class__` becomes `Class`.
+    """
+    edits: list[tuple[ast.AST, str]] = []
+    for n in (sub for stmt in node.body for sub in ast.walk(stmt)):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "super":
+            if not n.args and not n.keywords:
+                edits.append((n, f"super({class_name}, {self_name})"))
+        elif isinstance(n, ast.Name) and n.id == "__class__":
+            edits.append((n, class_name))
+    return edits
+
+
+def _body_text(ms: MethodSource, edits: list[tuple[ast.AST, str]]) -> str | None:
+    """The body of the def exactly as written (comments and line layout kept), with `edits` applied.
+
+    Kept at its original indentation: Python only needs a block to be consistent, and moving no
+    line means multi-line strings stay byte for byte and the compiler lays the code out as it did
+    for the original (its line-number NOPs and jump threading follow the lines). None when the body
+    does not start on a line of its own.
+    """
+    node = ms.node
+    first, last = node.body[0].lineno, node.end_lineno or node.body[-1].lineno
+    if first <= node.lineno:
+        return None
+    lines = [ln.encode() for ln in linecache.getlines(ms.filename)[first - 1 : last]]
+    # AST columns are UTF-8 byte offsets; apply from the last span backwards so earlier ones stay put.
+    for target, text in sorted(edits, key=lambda e: (e[0].lineno, e[0].col_offset), reverse=True):
+        if target.lineno != target.end_lineno:
+            raise NotGeneratable("super() spans several lines")
+        k = target.lineno - first
+        ln = lines[k]
+        lines[k] = ln[: target.col_offset] + text.encode() + ln[target.end_col_offset :]
+    body = b"".join(lines).decode()
+    return body if body.endswith("\n") else body + "\n"
+
+
+def _private_names(node: ast.AST) -> list[str]:
+    # Inside a class body `self.__x` is mangled to `self._C__x`; at module level it would not be.
+    out = set()
+    for n in ast.walk(node):
+        ident = (
+            n.attr
+            if isinstance(n, ast.Attribute)
+            else n.id
+            if isinstance(n, ast.Name)
+            else n.arg
+            if isinstance(n, ast.arg)
+            else None
+        )
+        if ident and ident.startswith("__") and not ident.endswith("__"):
+            out.add(ident)
+    return sorted(out)
+
+
+def _call_forwarding(args: ast.arguments) -> tuple[list[ast.expr], list[ast.keyword]]:
+    """Arguments that pass every parameter of `args` on unchanged (by position where it must)."""
+    pos: list[ast.expr] = []
+    kws: list[ast.keyword] = []
+    positional = args.posonlyargs + args.args
+    for i, a in enumerate(positional):
+        # self and positional-only parameters go by position; so does everything before a *args.
+        if i == 0 or i < len(args.posonlyargs) or args.vararg is not None:
+            pos.append(ast.Name(a.arg, ast.Load()))
+        else:
+            kws.append(ast.keyword(a.arg, ast.Name(a.arg, ast.Load())))
+    if args.vararg is not None:
+        pos.append(ast.Starred(ast.Name(args.vararg.arg, ast.Load()), ast.Load()))
+    for a in args.kwonlyargs:
+        kws.append(ast.keyword(a.arg, ast.Name(a.arg, ast.Load())))
+    if args.kwarg is not None:
+        kws.append(ast.keyword(None, ast.Name(args.kwarg.arg, ast.Load())))
+    return pos, kws
+
+
+@dataclass
+class ClassSection:
+    """The generated statements for one class, before imports are added."""
+
+    cls: type
+    function_name: str
+    holder_name: str
+    decoration: Decoration
+    text: str
+    rewritten: bool  # super()/__class__ rewritten: bytecode differs from the original by design
+    decorators: list[str]  # the real decorators, as source text
+    source: MethodSource
+
+
+def function_name(cls: type, name: str = "forward") -> str:
+    return f"{cls.__name__}_{name}"
+
+
+def holder_name(cls: type) -> str:
+    return f"{cls.__name__}_standalone"
+
+
+def build_section(cls: type, decoration: Decoration, name: str = "forward") -> ClassSection:
+    """The text of `C_forward` and `C_standalone` for one class; raises NotGeneratable.
+
+    The `def` line and decorators are built as AST and unparsed; the body is the original text,
+    taken by the AST's positions (see `_body_text`).
+    """
+    ms = method_source(cls, name)
+    node = ms.node
+    for n in ast.walk(node):
+        if isinstance(n, ast.Global | ast.Nonlocal):
+            raise NotGeneratable(
+                f"{name} declares global/nonlocal names; moved to another module it would bind elsewhere"
+            )
+    private = _private_names(node)
+    if private:
+        raise NotGeneratable(f"{name} uses class-private names {private} (name mangling)")
+    params = node.args.posonlyargs + node.args.args
+    if not params:
+        raise NotGeneratable(f"{name} has no positional self parameter")
+    edits = _class_cell_edits(node, cls.__name__, params[0].arg)
+    if edits and getattr(ms.module, cls.__name__, None) is not cls:
+        raise NotGeneratable(f"{name} uses super() and {cls.__name__} is not a top-level name of its module")
+    body = _body_text(ms, edits)
+    if body is None:
+        raise NotGeneratable(f"{name} has its body on the def line")
+    real_decorators = [ast.unparse(d) for d in node.decorator_list]
+    fname = function_name(cls, name)
+    decorators = [copy.deepcopy(d) for d in node.decorator_list]
+    if decorators:
+        qual = f"{cls.__qualname__}.{name}"
+        decorators.append(ast.parse(f"{NAME_ALIAS}({qual!r})", mode="eval").body)
+    deco_src = decoration.source()
+    if deco_src is not None:
+        decorators.insert(0, ast.parse(deco_src, mode="eval").body)
+    type_params = {"type_params": []} if sys.version_info >= (3, 12) else {}
+    header = ast.FunctionDef(
+        name=fname,
+        args=copy.deepcopy(node.args),
+        body=[ast.Expr(ast.Constant(...))],
+        decorator_list=decorators,
+        returns=copy.deepcopy(node.returns),
+        type_comment=None,
+        **type_params,
+    )
+    header_text = ast.unparse(ast.fix_missing_locations(header)).rsplit("\n", 1)[0]
+    wrapper_args = copy.deepcopy(node.args)
+    pos, kws = _call_forwarding(wrapper_args)
+    call = ast.Call(ast.Name(fname, ast.Load()), [ast.Name(params[0].arg, ast.Load()), *pos[1:]], kws)
+    wrapper = ast.FunctionDef(
+        name=name,
+        args=wrapper_args,
+        body=[ast.Return(call)],
+        decorator_list=[],
+        returns=copy.deepcopy(node.returns),
+        type_comment=None,
+        **type_params,
+    )
+    holder = ast.ClassDef(
+        name=holder_name(cls),
+        bases=[],
+        keywords=[],
+        body=[
+            ast.Expr(ast.Constant(f"Installed on {cls.__qualname__} instances: the real signature, calling {fname}.")),
+            wrapper,
+        ],
+        decorator_list=[],
+        **type_params,
+    )
+    text = header_text + "\n" + body + "\n\n" + ast.unparse(ast.fix_missing_locations(holder)) + "\n"
+    return ClassSection(cls, fname, holder.name, decoration, text, bool(edits), real_decorators, ms)
+
+
+def _strip_annotations(tree: ast.Module) -> ast.Module:
+    for n in ast.walk(tree):
+        if isinstance(n, ast.arg):
+            n.annotation = None
+        elif isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef):
+            n.returns = None
+        elif isinstance(n, ast.AnnAssign):
+            n.annotation = ast.Constant(None)
+    return tree
+
+
+def global_refs(text: str, future_annotations: bool) -> set[str]:
+    """Names read as globals anywhere in the code `text` and not bound at its module level."""
+    if future_annotations:
+        # Annotations are strings under `from __future__ import annotations`; never evaluated.
+        text = ast.unparse(ast.fix_missing_locations(_strip_annotations(ast.parse(text))))
+    top = symtable.symtable(text, "<generated>", "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    refs: set[str] = set()
+
+    def walk(table: symtable.SymbolTable) -> None:
+        for s in table.get_symbols():
+            if table.get_type() == "module":
+                if s.is_referenced():
+                    refs.add(s.get_name())
+            elif s.is_global() and (s.is_referenced() or s.is_assigned()):
+                refs.add(s.get_name())
+        for child in table.get_children():
+            walk(child)
+
+    walk(top)
+    return refs - bound
+
+
+def _import_lines(module: types.ModuleType, names: set[str]) -> list[str]:
+    plain: list[str] = []
+    from_names: list[str] = []
+    for n in sorted(names):
+        value = module.__dict__[n]
+        if isinstance(value, types.ModuleType) and sys.modules.get(value.__name__) is value:
+            plain.append(f"import {value.__name__}" if n == value.__name__ else f"import {value.__name__} as {n}")
+        else:
+            from_names.append(n)
+    lines = sorted(plain)
+    if from_names:
+        lines.append(f"from {module.__name__} import (")
+        lines.extend(f"    {n}," for n in from_names)
+        lines.append(")")
+    return lines
+
+
+def _source_version(module: types.ModuleType) -> str:
+    top = sys.modules.get(module.__name__.split(".")[0])
+    return getattr(top, "__version__", "") if top is not None else ""
+
+
+@dataclass
+class GeneratedModule:
+    """One generated module: the text, its hash, and what each class became."""
+
+    source_module: str
+    text: str
+    sha256: str
+    filename: str
+    sections: dict[str, ClassSection] = field(default_factory=dict)  # class qualname -> section
+    skipped: dict[str, str] = field(default_factory=dict)  # class qualname -> reason left alone
+    _module: types.ModuleType | None = None
+
+    @property
+    def basename(self) -> str:
+        return self.source_module.rsplit(".", 1)[-1] + "_hybridtune.py"
+
+    def load(self) -> types.ModuleType:
+        """Compile and execute the text in memory (once), then verify it against the originals."""
+        if self._module is None:
+            cached = _LOADED.get(self.sha256)
+            if cached is None:
+                cached = _exec_text(self.text, self.filename, self.sha256)
+                try:
+                    verify(self, cached)
+                except GenerationError:
+                    sys.modules.pop(cached.__name__, None)
+                    raise
+                _LOADED[self.sha256] = cached
+            self._module = cached
+        return self._module
+
+    def forward_for(self, cls: type) -> types.FunctionType:
+        """The `forward` to bind to instances of `cls`."""
+        section = self.sections[cls.__qualname__]
+        return vars(getattr(self.load(), section.holder_name))["forward"]
+
+
+_LOADED: dict[str, types.ModuleType] = {}
+
+
+def _exec_text(text: str, filename: str, sha256: str) -> types.ModuleType:
+    """Execute generated text as a fresh module whose lines tracebacks can show."""
+    # mtime None: linecache.checkcache never evicts it (there is no file to compare against).
+    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+    code = compile(text, filename, "exec", dont_inherit=True)
+    mod = types.ModuleType(f"hybridtune.compiler._generated_{sha256[:12]}")
+    mod.__file__ = filename
+    mod.__dict__["__hybridtune_sha256__"] = sha256
+    # Registered by name: dynamo imports a traced function's module by its __name__.
+    sys.modules[mod.__name__] = mod
+    try:
+        exec(code, mod.__dict__)
+    except BaseException:
+        del sys.modules[mod.__name__]
+        raise
+    return mod
+
+
+def generate(
+    source_module: types.ModuleType,
+    decorations: dict[type, Decoration],
+    name: str = "forward",
+) -> GeneratedModule:
+    """Generate the standalone module for the given classes of one modeling module.
+
+    Classes that cannot be generated with certainty are listed in `skipped` with the reason; any
+    other problem raises GenerationError naming the class.
+    """
+    sections: list[ClassSection] = []
+    texts: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    future = False
+    refs: set[str] = set()
+    for cls, deco in decorations.items():
+        if cls.__module__ != source_module.__name__:
+            raise ValueError(f"{cls.__qualname__} is defined in {cls.__module__}, not in {source_module.__name__}")
+        try:
+            section = build_section(cls, deco, name)
+            text = section.text
+            own = {section.function_name, section.holder_name, TORCH_ALIAS, NAME_ALIAS}
+            section_refs = global_refs(text, section.source.future_annotations) - own
+            missing = sorted(r for r in section_refs if r not in source_module.__dict__ and not hasattr(builtins, r))
+            if missing:
+                raise NotGeneratable(f"reads {', '.join(missing)}, which {source_module.__name__} does not define")
+        except NotGeneratable as e:
+            skipped[cls.__qualname__] = str(e)
+            continue
+        future = future or section.source.future_annotations
+        sections.append(section)
+        texts[cls.__qualname__] = text
+        refs |= section_refs
+
+    defined = {s.function_name for s in sections} | {s.holder_name for s in sections}
+    clash = sorted((defined | {TORCH_ALIAS, NAME_ALIAS}) & refs)
+    if clash:
+        raise GenerationError(f"generated names {clash} would shadow names the generated code reads")
+    imports = {r for r in refs - defined if r in source_module.__dict__}
+    uses_name_alias = any(s.decorators for s in sections)
+    header = [
+        f'"""Standalone forwards generated by hybridtune from {source_module.__name__}.',
+        "",
+        f"Source version: {_source_version(source_module) or 'unknown'}.",
+        "Each <Class>_forward is that class's own forward with its own decorators; <Class>_standalone.forward",
+        "keeps the real signature and calls it. Generated in memory on every run; this copy is for reading.",
+        '"""',
+        "",
+    ]
+    if future:
+        header += ["from __future__ import annotations", ""]
+    header += ["import torch as " + TORCH_ALIAS]
+    if uses_name_alias:
+        header += [f"from hybridtune.compiler.standalone import method_of as {NAME_ALIAS}"]
+    header += _import_lines(source_module, imports)
+    chunks = ["\n".join(header)]
+    for s in sections:
+        comment = f"# {s.cls.__qualname__}: {s.decoration.kind}" + (
+            f" ({s.decoration.reason})" if s.decoration.reason else ""
+        )
+        chunks.append(comment + "\n" + texts[s.cls.__qualname__])
+    text = "\n\n\n".join(chunks) + "\n"
+    try:
+        compile(text, "<generated>", "exec", dont_inherit=True)
+    except SyntaxError as e:  # our unparse produced something Python rejects: a bug here
+        raise GenerationError(f"generated text does not compile: {e}") from e
+    undefined = sorted(n for n in global_refs(text, future) if not hasattr(builtins, n))
+    if undefined:
+        raise GenerationError(f"generated module names undefined {undefined}")
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    # A path-like pseudo name: never a real file, but shaped like one for code that splits paths.
+    filename = f"<hybridtune-generated>/{source_module.__name__}/{sha[:12]}.py"
+    return GeneratedModule(
+        source_module.__name__, text, sha, filename, {s.cls.__qualname__: s for s in sections}, skipped
+    )
+
+
+def standalone_source(cls: type, decoration: Decoration | None = None, name: str = "forward") -> str:
+    """The generated module text for one class (the plan's decoration unless one is given).
+
+    Raises NotGeneratable (with the reason) when the class is left alone.
+    """
+    if decoration is None:
+        from hybridtune.compiler.plan import plan_class
+
+        decoration = plan_class(cls).decoration()
+    gm = generate_loaded(sys.modules[cls.__module__], {cls: decoration}) if name == "forward" else None
+    if gm is None:
+        gm = generate(sys.modules[cls.__module__], {cls: decoration}, name)
+    if cls.__qualname__ in gm.skipped:
+        raise NotGeneratable(gm.skipped[cls.__qualname__])
+    return gm.text
+
+
+# ---------------------------------------------------------------------------------------------
+# Verification after loading
+
+
+_LAYOUT_OPS = {"NOP", "EXTENDED_ARG", "CACHE", "PUSH_NULL"}
+# CPython calls `name.attr(...)` with LOAD_ATTR instead of LOAD_METHOD when `name` was bound by an
+# import in the same file; the generated module imports what the original defined. Same call.
+_SAME_OPS = {"LOAD_METHOD": "LOAD_ATTR"}
+
+
+def _instructions(code: types.CodeType) -> list[tuple[str, Any]]:
+    """The instructions of `code` without what depends on line layout only.
+
+    The compiler keeps a NOP where a line number must be seen; the generated text lays lines out
+    differently (one line per statement), so NOPs and the EXTENDED_ARGs of shifted offsets differ
+    while the program does not. Jump targets are compared as indices into the kept instructions.
+    """
+    import dis
+
+    kept = [i for i in dis.get_instructions(code) if i.opname not in _LAYOUT_OPS]
+    offsets = [i.offset for i in kept]
+    out: list[tuple[str, Any]] = []
+    for i in kept:
+        if i.opcode in dis.hasjrel or i.opcode in dis.hasjabs:
+            target = next((k for k, off in enumerate(offsets) if off >= i.argval), len(offsets))
+            out.append((i.opname, ("jump", target)))
+        elif isinstance(i.argval, types.CodeType):
+            out.append((i.opname, i.argval))
+        else:
+            op = _SAME_OPS.get(i.opname, i.opname)
+            out.append((op, i.argval if i.opname != "RESUME" else None))
+    return out
+
+
+def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
+    """Same program: instructions, names and constants, ignoring names of the function and lines."""
+    fields = ("co_names", "co_varnames", "co_freevars", "co_cellvars", "co_argcount", "co_posonlyargcount")
+    if any(getattr(a, f) != getattr(b, f) for f in fields) or a.co_kwonlyargcount != b.co_kwonlyargcount:
+        return False
+    if a.co_flags != b.co_flags:
+        return False
+    ia, ib = _instructions(a), _instructions(b)
+    if len(ia) != len(ib):
+        return False
+    for (opa, arga), (opb, argb) in zip(ia, ib):
+        if opa != opb:
+            return False
+        if isinstance(arga, types.CodeType) and isinstance(argb, types.CodeType):
+            if not _same_code(arga, argb):
+                return False
+        elif type(arga) is not type(argb) or arga != argb:
+            if not (isinstance(arga, float) and arga != arga and argb != argb):  # NaN constants
+                return False
+    return True
+
+
+def verify(gm: GeneratedModule, mod: types.ModuleType) -> None:
+    """Check each generated function against the class attribute it replaces.
+
+    The wrapper chain of `C_forward` must be the plan decoration's torch-owned layers, then the same
+    wrappers as the class attribute (same code objects, same order), then a def with the same
+    bytecode: the real body, behind the real decorators, each exactly once. A class whose attribute
+    is not what its def and decorators make (a class decorator or a patch replaced it) raises
+    ChainMismatch: generating it would drop that replacement, so it must be left alone. Anything
+    else raises GenerationError.
+    """
+    mismatched: dict[str, str] = {}
+    for qualname, s in gm.sections.items():
+        attr = vars(s.cls)[s.source.name]
+        original = wrapper_chain(attr)
+        generated = wrapper_chain(mod.__dict__[s.function_name])
+        n = len(original)
+        head, tail = generated[: len(generated) - n], generated[len(generated) - n :]
+        if (
+            len(generated) < n
+            or not all(_torch_owned_code(f) for f in head)
+            or any(o.__code__ is not g.__code__ for o, g in zip(original[:-1], tail[:-1]))
+        ):
+            mismatched[qualname] = (
+                "its forward attribute is not what its def and decorators make "
+                "(replaced after definition, e.g. by a class decorator)"
+            )
+            continue
+        if bool(head) != (s.decoration.source() is not None):
+            raise GenerationError(f"{qualname}: the plan decoration ({s.decoration.kind}) is not where it belongs")
+        if not belongs_to(resolve_method(s.cls, s.source.name), s.cls):
+            raise GenerationError(f"{qualname}: method no longer resolves")
+        if not s.rewritten and not _same_code(s.source.func.__code__, tail[-1].__code__):
+            raise GenerationError(f"{qualname}: generated body compiles to different bytecode than the original")
+    if mismatched:
+        raise ChainMismatch(mismatched)
+
+
+class ChainMismatch(GenerationError):
+    """Some classes' attributes differ from their definitions; they must be left alone."""
+
+    def __init__(self, classes: dict[str, str]):
+        super().__init__("; ".join(f"{k}: {v}" for k, v in classes.items()))
+        self.classes = classes
+
+
+def generate_loaded(source_module: types.ModuleType, decorations: dict[type, Decoration]) -> GeneratedModule:
+    """`generate` then `load`, leaving alone (in `skipped`) the classes verification rejects."""
+    decorations = dict(decorations)
+    skipped: dict[str, str] = {}
+    while True:
+        gm = generate(source_module, decorations)
+        try:
+            gm.load()
+        except ChainMismatch as e:
+            skipped.update(e.classes)
+            decorations = {c: d for c, d in decorations.items() if c.__qualname__ not in e.classes}
+            continue
+        gm.skipped.update(skipped)
+        return gm
+
+
+def _torch_owned_code(func: types.FunctionType) -> bool:
+    import torch
+
+    root = os.path.dirname(os.path.abspath(torch.__file__))
+    return os.path.abspath(func.__code__.co_filename).startswith(root + os.sep)
+
+
+def verify_text(text: str, sha256: str) -> bool:
+    """True when `text` hashes to `sha256` (the hash of what was generated)."""
+    return hashlib.sha256(text.encode()).hexdigest() == sha256
+
+
+def loaded_module(sha256: str) -> Any:
+    return _LOADED.get(sha256)
