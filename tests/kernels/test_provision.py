@@ -257,3 +257,13 @@ def test_gate_hook_provisions_under_policy(env, monkeypatch):
     rep.accelerator = None
     assert on_false("fla", "is_flash_linear_attention_available") is False  # no GPU: the gate would still say no
     assert hasattr(iu, "is_flash_linear_attention_available")
+
+
+def test_preset_name_and_checkpoint_dir(env, tmp_path):
+    from hybridtune.models.presets import preset_config
+
+    by_preset = _prepare("check", False, model="qwen3_5-9b", installer=FakeInstaller(env))
+    assert by_preset.architecture.model_type == "qwen3_5_text"
+    preset_config("qwen3_5-9b").save_pretrained(tmp_path / "run-42")
+    by_dir = _prepare("check", False, model=str(tmp_path / "run-42"), installer=FakeInstaller(env))
+    assert by_dir.to_dict()["kernels"] == by_preset.to_dict()["kernels"]

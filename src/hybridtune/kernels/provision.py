@@ -14,7 +14,7 @@ slow fallback: `prepare` raises `KernelUnavailableError` naming the gap and the 
 The training CLI calls `prepare(...)` before it imports the modeling module:
 
     from hybridtune.kernels.provision import prepare
-    report = prepare(cfg.kernels, cfg.require_fast_path, model_config)   # raises KernelUnavailableError
+    report = prepare(cfg.kernels, cfg.require_fast_path, cfg.base_model)  # preset, checkpoint dir or config
     log.info(report.summary())
 """
 
@@ -397,11 +397,12 @@ def prepare(
 ) -> ProvisionReport:
     """Resolve, provision and verify the kernels of one architecture. Call before importing its modeling module.
 
-    `model_type_or_config`: a transformers config (head dims enable the device self-test), a model_type, or a
-    local checkpoint directory. Raises `KernelUnavailableError` when `require_fast_path` and a gap remains,
+    `model_type_or_config`: a transformers config, a preset name or a local checkpoint directory (these carry
+    head dims, which the device self-test needs), or a bare model_type. Raises `KernelUnavailableError` when `require_fast_path` and a gap remains,
     `ConfigError` for a bad policy. Everything else (an installer crash, no network) ends up in the report.
     """
     policy, source, require = resolve_policy(policy, require_fast_path, env)
+    model_type_or_config = _preset_or_self(model_type_or_config)
     arch = analyze(model_type_or_config)
     accel = accelerator() if callable(accelerator) else accelerator
     report = ProvisionReport(policy, source, require, arch, accel)
@@ -461,6 +462,17 @@ def prepare(
     if report.gaps and log:
         logger.warning("slow path: %s (run `hybridtune doctor` for the fix)", "; ".join(report.gaps))
     return report
+
+
+def _preset_or_self(obj: Any) -> Any:
+    """A built-in preset name becomes its config (head dims for the self-test); anything else is unchanged."""
+    if isinstance(obj, str):
+        from hybridtune.models.presets import PRESETS, preset_config
+
+        if obj in PRESETS:
+            # The vocabulary changes no kernel decision; a fixed size keeps this off the tokenizer.
+            return preset_config(obj, vocab_size=256 if PRESETS[obj].uses_bundled_tokenizer else None)
+    return obj
 
 
 def _gate_provisioner(policy: str, installer: Installer, report: ProvisionReport) -> Callable[[str, str], bool]:
