@@ -15,7 +15,10 @@ The training CLI calls `prepare(...)` before it imports the modeling module:
 
     from hybridtune.kernels.provision import prepare
     report = prepare(cfg.kernels, cfg.require_fast_path, cfg.base_model)  # preset, checkpoint dir or config
-    log.info(report.summary())
+
+It logs its summary (and one warning naming the gaps); `report.to_dict()` is JSON for run records.
+Environment: `HYBRIDTUNE_KERNELS`, `HYBRIDTUNE_REQUIRE_FAST_PATH`, `HYBRIDTUNE_OFFLINE=1` (never run pip),
+`HYBRIDTUNE_WHEELHOUSE=DIR` (install from local wheels only), `HYBRIDTUNE_NO_GATE_HOOKS=1`.
 """
 
 from __future__ import annotations
