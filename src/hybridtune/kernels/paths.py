@@ -114,15 +114,15 @@ def _hybridtune_owned(module: Any) -> bool:
 
 
 def _hybridtune_plan(module: Any) -> str | None:
-    """What hybridtune's adapters would route this mixer through (structure-matched), if anything."""
-    for adapter in ("hybridtune.models.qwen3_5", "hybridtune.models.qwen3_next"):
-        try:
-            mod = __import__(adapter, fromlist=["matches"])
-        except ImportError:
-            continue
-        if getattr(mod, "matches", lambda m: False)(module):
-            why = getattr(sys.modules.get("hybridtune.models.qwen3_5"), "core_unsupported", lambda m: None)(module)
-            return None if why else getattr(mod, "NAME", adapter)
+    """What `patch_model` would route this mixer through (its adapters match by structure), if anything."""
+    try:
+        from hybridtune.models import patching
+    except ImportError:
+        return None
+    for adapter in patching.ADAPTERS:
+        if adapter.matches(module):
+            unsupported = getattr(patching.qwen3_5, "core_unsupported", lambda m: None)(module)
+            return None if unsupported else adapter.NAME
     return None
 
 
