@@ -214,7 +214,13 @@ def _body_text(ms: MethodSource, edits: list[tuple[ast.AST, str]]) -> str | None
     first, last = node.body[0].lineno, node.end_lineno or node.body[-1].lineno
     if first <= node.lineno:
         return None
-    lines = [ln.encode() for ln in linecache.getlines(ms.filename)[first - 1 : last]]
+    source_lines = linecache.getlines(ms.filename)
+    # Comment lines right above the first statement belong to the body as written.
+    start = first
+    while start - 1 > node.lineno and source_lines[start - 2].strip().startswith("#"):
+        start -= 1
+    lines = [ln.encode() for ln in source_lines[start - 1 : last]]
+    first = start
     # AST columns are UTF-8 byte offsets; apply from the last span backwards so earlier ones stay put.
     for target, text in sorted(edits, key=lambda e: (e[0].lineno, e[0].col_offset), reverse=True):
         if target.lineno != target.end_lineno:
@@ -532,7 +538,7 @@ def generate(
         comment = f"# {s.cls.__qualname__}: {s.decoration.kind}" + (
             f" ({s.decoration.reason})" if s.decoration.reason else ""
         )
-        chunks.append(comment + "\n" + texts[s.cls.__qualname__])
+        chunks.append(comment + "\n" + texts[s.cls.__qualname__].rstrip("\n"))
     text = "\n\n\n".join(chunks) + "\n"
     try:
         compile(text, "<generated>", "exec", dont_inherit=True)
