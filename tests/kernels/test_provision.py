@@ -267,3 +267,14 @@ def test_preset_name_and_checkpoint_dir(env, tmp_path):
     preset_config("qwen3_5-9b").save_pretrained(tmp_path / "run-42")
     by_dir = _prepare("check", False, model=str(tmp_path / "run-42"), installer=FakeInstaller(env))
     assert by_dir.to_dict()["kernels"] == by_preset.to_dict()["kernels"]
+
+
+def test_another_rank_installed_it_meanwhile(monkeypatch):
+    """Ranks of one run all call prepare: under the install lock the second finds the kernel there."""
+    from hybridtune.kernels.needs import KERNELS
+
+    monkeypatch.setattr(provision, "installed_version", lambda name: "0.6.0")
+    inst = FakeInstaller({})
+    state, version, detail = provision.provision_kernel(KERNELS["fla"], "auto", inst)
+    assert (state, version) == ("present", "0.6.0") and inst.installs == []
+    assert "another process" in detail

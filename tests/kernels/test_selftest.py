@@ -74,6 +74,7 @@ def fake_device(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Fake H200")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(gdn, "backend", lambda device: ("fla", "flash-linear-attention 0.6.0 (fake)"))
     monkeypatch.setattr(selftest, "fingerprint", lambda kernel, lay, i=0: f"fake|{kernel}|{lay.key}")
     monkeypatch.setattr(selftest, "_guard_active", lambda: True)
@@ -164,6 +165,7 @@ def test_ops_without_fla_on_gpu_is_a_gap(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Fake H200")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(
         gdn, "backend", lambda d: ("reference", "flash-linear-attention is not importable: No module named 'einops'")
     )

@@ -23,6 +23,7 @@ Environment: `HYBRIDTUNE_KERNELS`, `HYBRIDTUNE_REQUIRE_FAST_PATH`, `HYBRIDTUNE_O
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -350,11 +351,45 @@ def provision_kernel(spec: KernelSpec, policy: str, installer: Installer) -> tup
         return "missing", None, f"policy {policy}: not installing; run: {cmd}"
     if not spec.distributions:
         return "no-wheel", None, f"no pinned wheel to install automatically; run: {spec.fix}"
-    logger.info("installing %s for the fast path: %s", spec.name, cmd)
+    with _install_lock():
+        # Another process (a second rank of the same run) may have installed it while this one waited.
+        version = installed_version(spec.name)
+        if version is not None:
+            return "present", version, "installed meanwhile by another process"
+        logger.info("installing %s for the fast path: %s", spec.name, cmd)
+        try:
+            result = installer.install(list(spec.distributions))
+        except Exception as e:  # an installer that raises is an install that failed, never a crashed run
+            return "install-failed", None, f"installer raised {type(e).__name__}: {e}; run: {cmd}"
+        return _verify_install(spec, installer, result, cmd)
+
+
+@contextlib.contextmanager
+def _install_lock():
+    """One installer at a time per user (the ranks of one machine all call `prepare`)."""
+    from hybridtune.kernels.selftest import cache_dir
+
     try:
-        result = installer.install(list(spec.distributions))
-    except Exception as e:  # an installer that raises is an install that failed, never a crashed run
-        return "install-failed", None, f"installer raised {type(e).__name__}: {e}; run: {cmd}"
+        import fcntl
+
+        path = cache_dir() / "install.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "w")  # noqa: SIM115 (held for the duration of the install)
+    except (ImportError, OSError):  # no fcntl (Windows) or no writable cache: proceed unlocked
+        yield
+        return
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+
+
+def _verify_install(
+    spec: KernelSpec, installer: Installer, result: InstallResult, cmd: str
+) -> tuple[str, str | None, str]:
+    """After pip ran: roll back a failed install, prove a successful one imports in a child process."""
     if not result.ok:
         if result.changed:
             try:
@@ -489,7 +524,7 @@ def _gate_provisioner(policy: str, installer: Installer, report: ProvisionReport
             return False  # already decided by prepare (installed, failed, or no wheel): do not retry
         state, _version, detail = provision_kernel(kernel_spec(kernel), policy, installer)
         logger.info("%s() said False: %s %s", gate, state, detail)
-        return state == "installed"
+        return state in ("installed", "present")
 
     return on_false
 

@@ -274,8 +274,9 @@ def _guard_active() -> bool:
     return fla_guard.guard_active()
 
 
-def verify(layouts: Iterable[Layout], *, use_cache: bool = True, device_index: int = 0) -> list[Verdict]:
-    """Self-test the GDN op and the conv op for each layout on CUDA device `device_index`.
+def verify(layouts: Iterable[Layout], *, use_cache: bool = True, device_index: int | None = None) -> list[Verdict]:
+    """Self-test the GDN op and the conv op for each layout on CUDA device `device_index` (default: the current
+    device, so each rank of a multi-GPU run tests its own GPU).
 
     A GDN layout that passes is granted to `hybridtune.ops.fla_guard` (its backward may then bypass FLA's Hopper
     guard); one that fails is revoked. Never raises for a kernel failure: the verdict carries it.
@@ -291,6 +292,8 @@ def verify(layouts: Iterable[Layout], *, use_cache: bool = True, device_index: i
         from hybridtune.ops import fla_guard, gdn
     except ImportError as e:
         return [Verdict("gdn_chunk", lay, None, reason=f"hybridtune.ops unavailable ({e})") for lay in layouts]
+    if device_index is None:
+        device_index = torch.cuda.current_device()
     device = torch.device("cuda", device_index)
     backend, why = gdn.backend(device)
     dev_name = torch.cuda.get_device_name(device_index)
