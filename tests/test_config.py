@@ -63,3 +63,12 @@ def test_help_lists_every_key_with_default():
     for f in dataclasses.fields(TrainConfig):
         assert f"--{f.name} (" in text
     assert "default 16" in text  # lora_r
+
+
+def test_shipped_configs_load():
+    from pathlib import Path
+
+    files = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+    assert files
+    for f in files:
+        load_config(f)

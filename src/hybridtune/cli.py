@@ -16,7 +16,6 @@ from hybridtune.errors import UserError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("hybridtune.train.command", "fine-tune a model (LoRA or full) on packed data"),
-    "bench": ("hybridtune.bench.command", "benchmark training modes side by side"),
     "doctor": ("hybridtune.kernels.doctor", "report versions, GPU, kernel paths and how to fix gaps"),
     "compile": ("hybridtune.compiler.command", "generate standalone per-class forwards (--family, --sweep)"),
     "merge": ("hybridtune.train.merge", "merge a LoRA adapter into its base model and save safetensors"),

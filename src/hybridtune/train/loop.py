@@ -30,7 +30,16 @@ from hybridtune.train.metrics import MetricsLog, Throughput, format_step, memory
 logger = logging.getLogger(__name__)
 
 RUN_FILE = "hybridtune_run.json"
-MODEL_KEYS = ("input_ids", "position_ids", "labels", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+MODEL_KEYS = (
+    "input_ids",
+    "position_ids",
+    "labels",
+    "cu_seq_lens_q",
+    "cu_seq_lens_k",
+    "max_length_q",
+    "max_length_k",
+    "gdn_chunk_indices",  # read by patched GDN mixers; transformers' own layers ignore it
+)
 # Keys that do not change what a run computes: a run may continue or resume under other values.
 NON_IDENTITY_KEYS = (
     "overwrite",
