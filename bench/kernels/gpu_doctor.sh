@@ -108,6 +108,9 @@ for path in sorted(glob.glob(os.path.join(out, "*-doctor-*.json"))):
     prov = d.get("provision", {})
     mix = d.get("mixers", {}).get("mixers", [])
     paths = "; ".join(f"{m['count']}x {m['path']}" for m in mix)
-    print(f"doctor {d['model']['spec']}: fast_path={prov.get('fast_path')} gaps={prov.get('gaps')} mixers: {paths}")
+    patched = "; ".join(f"{m['count']}x {m['path']}" for m in d.get("mixers_hybridtune", {}).get("mixers", []))
+    tests = "; ".join(f"{v['kernel']} {v['layout']}: {v['verdict']}" for v in prov.get("selftest", []))
+    print(f"doctor {d['model']['spec']}: fast_path={prov.get('fast_path')} gaps={prov.get('gaps')}")
+    print(f"  stock: {paths}\n  hybridtune: {patched}\n  self-test: {tests or 'none'}")
 PY
 echo "outputs in $OUT; copy *-selftest-*.json and *-doctor-*.json to bench/results/" | tee -a "$LOG"
