@@ -289,6 +289,18 @@ def _function_node(func: types.FunctionType) -> ast.FunctionDef | None:
     return node
 
 
+def scan_callable(obj: Any, label: str) -> Findings:
+    """Findings for a callable found at run time (a function stored on a module instance)."""
+    f = Findings()
+    if _disabled(obj):
+        f.eager.append(f"calls {label}, which torch.compiler.disable keeps out of graphs")
+    elif isinstance(obj, types.FunctionType):
+        _scan_python_function(obj, label, f, 0, set())
+    elif not _is_torch_owned(obj):
+        f.doubts.append(f"calls {label} ({type(obj).__name__})")
+    return f
+
+
 def scan_class(cls: type, name: str = "forward") -> Findings:
     """Findings for `cls.<name>`, read from the real def (raises NotGeneratable when not certain)."""
     ms = method_source(cls, name)

@@ -24,7 +24,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridtune.compiler.analyze import Findings, scan_class
+from hybridtune.compiler.analyze import Findings, scan_callable, scan_class
 from hybridtune.compiler.introspect import is_decorated
 from hybridtune.compiler.standalone import Decoration, NotGeneratable
 
@@ -167,6 +167,9 @@ def plan_model(model: Any, overrides: dict[str, str] | None = None) -> list[Clas
             plan.reason = "patched by hybridtune: runs hybridtune ops"
         plans[cls] = plan
     for cls, plan in plans.items():
+        if plan.decision == "compile" and plan.findings is not None:
+            _refine_with_instance_callables(plan, instances[cls])
+    for cls, plan in plans.items():
         value = _override_for(cls, overrides)
         if value is not None:
             _apply_override(plan, value)
@@ -175,6 +178,33 @@ def plan_model(model: Any, overrides: dict[str, str] | None = None) -> list[Clas
         if plan.decision == "compile" and plan.fullgraph is False and not plan.overridden:
             plan.fullgraph = _fullgraph_safe(cls, plans, instances, memo, set())
     return list(plans.values())
+
+
+def _refine_with_instance_callables(plan: ClassPlan, mods: list[Any]) -> None:
+    """Judge `self.<attr>(...)` calls that are functions stored on the instances, not child modules.
+
+    transformers 5.14 picks kernels in `__init__` (`self.chunk_gated_delta_rule = ...`): what runs is
+    only known from the instance.
+    """
+    import torch.nn as nn
+
+    assert plan.findings is not None
+    for attr in sorted(plan.findings.child_calls):
+        seen: set[int] = set()
+        for inst in mods:
+            if attr in inst._modules:
+                continue
+            value = getattr(inst, attr, None)
+            if value is None or isinstance(value, nn.Module) or id(value) in seen:
+                continue
+            seen.add(id(value))
+            if isinstance(value, types.MethodType) and value.__self__ is inst:
+                continue  # a method of the class: already scanned with the forward
+            found = scan_callable(value, f"self.{attr}")
+            plan.findings.eager += [r for r in found.eager if r not in plan.findings.eager]
+            plan.findings.doubts += [r for r in found.doubts if r not in plan.findings.doubts]
+    if plan.findings.eager:
+        plan.decision, plan.fullgraph, plan.reason = "eager", False, plan.findings.eager[0]
 
 
 def _fullgraph_safe(

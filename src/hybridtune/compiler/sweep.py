@@ -42,6 +42,7 @@ class ModuleResult:
     bare_closure: list[str] = field(default_factory=list)  # ... behind one that hides the method's name
     bare_closure_generated: list[str] = field(default_factory=list)  # ... and generated all the same
     left: dict[str, str] = field(default_factory=dict)  # class -> reason it is left alone
+    unbound: dict[str, list[str]] = field(default_factory=dict)  # class -> names its module lacks too
     failures: dict[str, str] = field(default_factory=dict)  # class (or "<module>") -> reason
     import_error: str = ""
     generated_module: GeneratedModule | None = field(default=None, repr=False)
@@ -121,6 +122,7 @@ def sweep_module(family: str, modname: str, backend: str = "eager") -> ModuleRes
     res.left.update(gm.skipped)
     res.generated = len(gm.sections)
     res.bare_closure_generated = [c for c in res.bare_closure if c in gm.sections]
+    res.unbound = {q: sec.unbound for q, sec in gm.sections.items() if sec.unbound}
     res.generated_module = gm
     return res
 
@@ -142,6 +144,7 @@ class SweepReport:
             "classes": sum(r.classes for r in ok),
             "generated": sum(r.generated for r in ok),
             "left_alone": sum(len(r.left) for r in ok),
+            "generated_with_names_unbound_in_source_too": sum(len(r.unbound) for r in ok),
             "decorated_forwards": sum(len(r.decorated) for r in ok),
             "bare_closure_forwards": sum(len(r.bare_closure) for r in ok),
             "bare_closure_generated": sum(len(r.bare_closure_generated) for r in ok),
@@ -237,6 +240,7 @@ def format_report(report: SweepReport, verbose: bool = False) -> str:
         ("nn.Module classes", t["classes"]),
         ("generated", t["generated"]),
         ("left alone (with reason)", t["left_alone"]),
+        ("names unbound in source too", t["generated_with_names_unbound_in_source_too"]),
         ("decorated forwards found", t["decorated_forwards"]),
         ("  behind a bare closure", t["bare_closure_forwards"]),
         ("  ... of which generated", t["bare_closure_generated"]),
@@ -256,6 +260,8 @@ def format_report(report: SweepReport, verbose: bool = False) -> str:
         lines.append("")
         lines.append("left alone, by reason:")
         lines += [f"  {n:>5}  {why}" for why, n in report.left_reasons().most_common()]
+        lines.append("generated, reading names their own module does not define either (optional kernels):")
+        lines += [f"  {r.module}.{c}: {', '.join(n)}" for r in report.results for c, n in r.unbound.items()]
         lines.append("forwards behind a bare closure:")
         lines += [f"  {r.module}.{c}" for r in report.results for c in r.bare_closure]
         lines.append("modules not importable:")
