@@ -16,7 +16,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-LAYOUTS = {"qwen3_5-0.8b": (16, 16, 128, 128), "qwen3_5-2b": (16, 16, 128, 128), "qwen3_5-9b": (16, 32, 128, 128)}
+# 0.8B and 2B share one head layout, so it is measured once and reported for both.
+LAYOUTS = {"qwen3_5-0.8b/2b": (16, 16, 128, 128), "qwen3_5-9b": (16, 32, 128, 128)}
 LENS = [700, 13, 1, 1500, 64, 1818]  # 4096 tokens
 
 
@@ -69,6 +70,10 @@ def main():
         row.update(conv_y=rel(y, yr), conv_dx=rel(gx, gxr), conv_dw=rel(gw, gwr))
         rows[name] = {"layout_H_HV_K_V": [H, HV, K, V], **row}
         print(name, " ".join(f"{k}={v:.4f}" for k, v in row.items()), flush=True)
+        write(args.out, rows, fla, triton, fla_guard)
+
+
+def write(path, rows, fla, triton, fla_guard):
     out = {
         "what": "relative error (||x - ref|| / ||ref||) of hybridtune ops on CUDA (FLA, bf16 in) vs fp32 reference",
         "command": " ".join([sys.executable, *sys.argv]),
@@ -79,7 +84,7 @@ def main():
         "fla_guard_grants": {str(k): v for k, v in fla_guard.granted().items()},
         "rows": rows,
     }
-    with open(args.out, "w") as f:
+    with open(path, "w") as f:
         json.dump(out, f, indent=2)
 
 
