@@ -118,3 +118,23 @@ def test_unknown_and_loop_strategies():
     if loop is None or not hasattr(loop, "compile_loop"):
         with pytest.raises(CompileStrategyError, match="compile_loop"):
             compile_model(model, "loop")
+
+
+def test_patched_mixers_count_as_routed_and_foreign_forwards_are_kept():
+    model = _tiny()
+    mixers = [layer.linear_attn for layer in model.model.layers if hasattr(layer, "linear_attn")]
+    for m in mixers:
+        # What models/patching.py leaves on each mixer it routes.
+        m.__dict__["_hybridtune_original_forward"] = m.forward
+    mlp = model.model.layers[0].mlp
+    foreign = mlp.forward  # as accelerate's hooks do: the instance forward replaced by other code
+    mlp.__dict__["forward"] = foreign
+    plans = {p.name: p for p in plan_model(model)}
+    assert plans["Qwen3_5GatedDeltaNet"].decision == "routed"
+    assert plans["Qwen3_5MLP"].foreign_instances == 1
+    handle = compile_model(model, "modules", compile=False)
+    touched = {id(m) for m, _, _ in handle.installed}
+    assert not any(id(m) in touched for m in mixers)
+    assert id(mlp) not in touched and mlp.__dict__["forward"] is foreign
+    assert id(model.model.layers[1].mlp) in touched
+    handle.undo()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridtune.compiler.introspect import resolve_method, wrapper_chain
-from hybridtune.compiler.standalone import NotGeneratable, method_source
+from hybridtune.compiler.source import NotGeneratable, method_source
 
 # Tensor methods that copy a value to the host or give a data-dependent shape: a graph break and,
 # for .item()/.tolist(), a recompile per value.

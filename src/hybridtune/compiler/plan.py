@@ -2,8 +2,9 @@
 
 Decided from the module's structure and identity, never from the model's name:
 
-- routed: its instances were patched by hybridtune (`models/patching.py` sets `_hybridtune_routed`
-  on each patched module instance); the compiler does not touch them.
+- routed: its instances were patched by hybridtune (`models/patching.py` keeps the upstream forward
+  under `_hybridtune_original_forward` in the instance; `_hybridtune_routed = True` on an instance is
+  also honoured); the compiler does not touch them.
 - left: no forward of its own, a forward behind a decorator whose method cannot be identified with
   certainty, a torch.nn built-in, or anything else `standalone.method_source` refuses. Its
   transformers forward stays as it is.
@@ -31,6 +32,20 @@ from hybridtune.compiler.standalone import Decoration, NotGeneratable
 DECISIONS = ("compile", "eager", "routed", "left")
 OVERRIDES = ("compile", "fullgraph", "eager", "off")
 ROUTED_ATTR = "_hybridtune_routed"
+# models/patching.py keeps the upstream forward of each mixer it routes under this instance key.
+PATCHED_KEY = "_hybridtune_original_forward"
+
+
+def is_routed(module: Any) -> bool:
+    """True when hybridtune routed this module instance to its own ops (`patch_model`)."""
+    return bool(getattr(module, ROUTED_ATTR, False)) or PATCHED_KEY in getattr(module, "__dict__", {})
+
+
+def has_foreign_forward(module: Any) -> bool:
+    """True when something other than the module compiler replaced this instance's forward
+    (accelerate's offload hooks, another library): installing over it would bypass that code."""
+    fwd = getattr(module, "__dict__", {}).get("forward")
+    return fwd is not None and not getattr(fwd, "_hybridtune_modules", False)
 
 
 @dataclass
@@ -44,6 +59,7 @@ class ClassPlan:
     decorated: bool = False  # forward sits behind at least one decorator
     instances: int = 0
     routed_instances: int = 0
+    foreign_instances: int = 0  # instances whose forward something else replaced: not touched
     overridden: bool = False
     findings: Findings | None = field(default=None, repr=False)
 
@@ -74,6 +90,7 @@ class ClassPlan:
             "decorated": self.decorated,
             "instances": self.instances,
             "routed_instances": self.routed_instances,
+            "foreign_instances": self.foreign_instances,
             "overridden": self.overridden,
         }
 
@@ -161,7 +178,8 @@ def plan_model(model: Any, overrides: dict[str, str] | None = None) -> list[Clas
             continue
         plan = plan_class(cls)
         plan.instances = len(mods)
-        plan.routed_instances = sum(1 for m in mods if getattr(m, ROUTED_ATTR, False))
+        plan.routed_instances = sum(1 for m in mods if is_routed(m))
+        plan.foreign_instances = sum(1 for m in mods if not is_routed(m) and has_foreign_forward(m))
         if plan.routed_instances == plan.instances:
             plan.decision, plan.fullgraph = "routed", False
             plan.reason = "patched by hybridtune: runs hybridtune ops"
@@ -238,7 +256,7 @@ def _fullgraph_safe(
                 value = getattr(inst, attr, None)
                 # A plain function stored on the instance is unknown code; a bound method was scanned.
                 ok = isinstance(value, types.MethodType) and value.__self__ is inst
-            elif getattr(child, ROUTED_ATTR, False):
+            elif is_routed(child):
                 ok = False  # hybridtune ops are traceable, but the plan does not vouch for the adapter code
             else:
                 ok = _fullgraph_safe(type(child), plans, instances, memo, stack)

@@ -24,14 +24,13 @@ import builtins
 import copy
 import hashlib
 import linecache
-import os
 import symtable
 import sys
 import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridtune.compiler.introspect import belongs_to, definition, resolve_method, wrapper_chain
+from hybridtune.compiler.source import MethodSource, NotGeneratable, method_source
 
 TORCH_ALIAS = "_hybridtune_torch"
 NAME_ALIAS = "_hybridtune_method_of"
@@ -50,13 +49,6 @@ def method_of(qualname: str):
         return func
 
     return set_name
-
-
-_FUTURE_ANNOTATIONS = "annotations"
-
-
-class NotGeneratable(Exception):
-    """The class is left alone (its transformers forward stays): generating it would be a guess."""
 
 
 class GenerationError(Exception):
@@ -87,100 +79,6 @@ class Decoration:
         if self.kind == "none":
             return None
         raise ValueError(f"unknown decoration kind {self.kind!r}; expected compile, eager or none")
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading the definition
-
-
-@dataclass
-class MethodSource:
-    """The `def` of one class's method, as written in its file."""
-
-    cls: type
-    name: str
-    func: types.FunctionType  # the function whose code object is that def
-    node: ast.FunctionDef
-    module: types.ModuleType
-    filename: str
-    future_annotations: bool
-
-
-# filename -> (the linecache line list it was parsed from, tree). linecache hands back the same list
-# object until the file changes, so identity of that list is the cheap validity check.
-_AST_CACHE: dict[str, tuple[list[str], ast.Module]] = {}
-
-
-def _parse_file(filename: str, module: types.ModuleType, fresh: bool = False) -> ast.Module:
-    """The AST of a source file: shared and read-only, or a `fresh` one the caller may change."""
-    lines = linecache.getlines(filename, module.__dict__)
-    if not lines:
-        raise NotGeneratable(f"source file {filename} cannot be read")
-    cached = _AST_CACHE.get(filename)
-    if cached is not None and cached[0] is lines and not fresh:
-        return cached[1]
-    tree = ast.parse("".join(lines), filename=filename)
-    if not fresh:
-        _AST_CACHE[filename] = (lines, tree)
-    return tree
-
-
-def _has_future_annotations(tree: ast.Module) -> bool:
-    for stmt in tree.body:
-        if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
-            if any(a.name == _FUTURE_ANNOTATIONS for a in stmt.names):
-                return True
-    return False
-
-
-def _first_line(node: ast.FunctionDef) -> int:
-    # A decorated function's code object starts at its first decorator line.
-    return node.decorator_list[0].lineno if node.decorator_list else node.lineno
-
-
-def method_source(cls: type, name: str = "forward", tree: ast.Module | None = None) -> MethodSource:
-    """Locate the `def` of `cls.<name>` in its file; raises NotGeneratable when it is not certain.
-
-    `tree` is the parsed file to find it in (default: the shared cached parse, not to be changed).
-    """
-    if name not in vars(cls):
-        raise NotGeneratable(f"{name} is inherited, not defined in {cls.__qualname__}")
-    func = definition(cls, name)
-    if func is None:
-        attr = vars(cls)[name]
-        if not isinstance(attr, types.FunctionType):
-            raise NotGeneratable(f"{name} is a {type(attr).__name__}, not a function")
-        raise NotGeneratable(f"{name} is behind a decorator whose wrapped method cannot be identified with certainty")
-    if "<locals>" in cls.__qualname__:
-        raise NotGeneratable(f"{cls.__qualname__} is defined inside a function")
-    module = sys.modules.get(cls.__module__)
-    if module is None:
-        raise NotGeneratable(f"module {cls.__module__} is not importable by name")
-    filename = func.__code__.co_filename
-    tree = tree if tree is not None else _parse_file(filename, module)
-    line = func.__code__.co_firstlineno
-    scope: list[ast.stmt] = tree.body
-    for part in cls.__qualname__.split("."):
-        # The class whose span holds the def's first line (a class may be defined under an `if`).
-        found = [n for n in _class_defs(scope) if n.name == part and n.lineno <= line <= (n.end_lineno or n.lineno)]
-        if len(found) != 1:
-            raise NotGeneratable(f"class {cls.__qualname__} not found exactly once in {filename}")
-        scope = found[0].body
-    nodes = [n for n in scope if isinstance(n, ast.FunctionDef) and n.name == func.__name__ and _first_line(n) == line]
-    if len(nodes) != 1:
-        raise NotGeneratable(f"def {func.__name__} of {cls.__qualname__} not found at line {line}")
-    return MethodSource(cls, name, func, nodes[0], module, filename, _has_future_annotations(tree))
-
-
-def _class_defs(stmts: list[ast.stmt]) -> list[ast.ClassDef]:
-    out: list[ast.ClassDef] = []
-    for n in stmts:
-        if isinstance(n, ast.ClassDef):
-            out.append(n)
-        elif isinstance(n, ast.If | ast.Try):
-            for block in (n.body, n.orelse, getattr(n, "finalbody", []), *[h.body for h in getattr(n, "handlers", [])]):
-                out.extend(_class_defs(block))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -443,6 +341,8 @@ class GeneratedModule:
             cached = _LOADED.get(self.sha256)
             if cached is None:
                 cached = _exec_text(self.text, self.filename, self.sha256)
+                from hybridtune.compiler.verify import verify
+
                 try:
                     verify(self, cached)
                 except GenerationError:
@@ -582,109 +482,10 @@ def standalone_source(cls: type, decoration: Decoration | None = None, name: str
     return gm.text
 
 
-# ---------------------------------------------------------------------------------------------
-# Verification after loading
-
-
-_LAYOUT_OPS = {"NOP", "EXTENDED_ARG", "CACHE", "PUSH_NULL"}
-# CPython calls `name.attr(...)` with LOAD_ATTR instead of LOAD_METHOD when `name` was bound by an
-# import in the same file; the generated module imports what the original defined. Same call.
-_SAME_OPS = {"LOAD_METHOD": "LOAD_ATTR"}
-
-
-def _instructions(code: types.CodeType) -> list[tuple[str, Any]]:
-    """The instructions of `code` without what depends on line layout only.
-
-    The compiler keeps a NOP where a line number must be seen; the generated text lays lines out
-    differently (one line per statement), so NOPs and the EXTENDED_ARGs of shifted offsets differ
-    while the program does not. Jump targets are compared as indices into the kept instructions.
-    """
-    import dis
-
-    kept = [i for i in dis.get_instructions(code) if i.opname not in _LAYOUT_OPS]
-    offsets = [i.offset for i in kept]
-    out: list[tuple[str, Any]] = []
-    for i in kept:
-        if i.opcode in dis.hasjrel or i.opcode in dis.hasjabs:
-            target = next((k for k, off in enumerate(offsets) if off >= i.argval), len(offsets))
-            out.append((i.opname, ("jump", target)))
-        elif isinstance(i.argval, types.CodeType):
-            out.append((i.opname, i.argval))
-        else:
-            op = _SAME_OPS.get(i.opname, i.opname)
-            out.append((op, i.argval if i.opname != "RESUME" else None))
-    return out
-
-
-def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
-    """Same program: instructions, names and constants, ignoring names of the function and lines."""
-    fields = ("co_names", "co_varnames", "co_freevars", "co_cellvars", "co_argcount", "co_posonlyargcount")
-    if any(getattr(a, f) != getattr(b, f) for f in fields) or a.co_kwonlyargcount != b.co_kwonlyargcount:
-        return False
-    if a.co_flags != b.co_flags:
-        return False
-    ia, ib = _instructions(a), _instructions(b)
-    if len(ia) != len(ib):
-        return False
-    for (opa, arga), (opb, argb) in zip(ia, ib):
-        if opa != opb:
-            return False
-        if isinstance(arga, types.CodeType) and isinstance(argb, types.CodeType):
-            if not _same_code(arga, argb):
-                return False
-        elif type(arga) is not type(argb) or arga != argb:
-            if not (isinstance(arga, float) and arga != arga and argb != argb):  # NaN constants
-                return False
-    return True
-
-
-def verify(gm: GeneratedModule, mod: types.ModuleType) -> None:
-    """Check each generated function against the class attribute it replaces.
-
-    The wrapper chain of `C_forward` must be the plan decoration's torch-owned layers, then the same
-    wrappers as the class attribute (same code objects, same order), then a def with the same
-    bytecode: the real body, behind the real decorators, each exactly once. A class whose attribute
-    is not what its def and decorators make (a class decorator or a patch replaced it) raises
-    ChainMismatch: generating it would drop that replacement, so it must be left alone. Anything
-    else raises GenerationError.
-    """
-    mismatched: dict[str, str] = {}
-    for qualname, s in gm.sections.items():
-        attr = vars(s.cls)[s.source.name]
-        original = wrapper_chain(attr)
-        generated = wrapper_chain(mod.__dict__[s.function_name])
-        n = len(original)
-        head, tail = generated[: len(generated) - n], generated[len(generated) - n :]
-        if (
-            len(generated) < n
-            or not all(_torch_owned_code(f) for f in head)
-            or any(o.__code__ is not g.__code__ for o, g in zip(original[:-1], tail[:-1]))
-        ):
-            mismatched[qualname] = (
-                "its forward attribute is not what its def and decorators make "
-                "(replaced after definition, e.g. by a class decorator)"
-            )
-            continue
-        if bool(head) != (s.decoration.source() is not None):
-            raise GenerationError(f"{qualname}: the plan decoration ({s.decoration.kind}) is not where it belongs")
-        if not belongs_to(resolve_method(s.cls, s.source.name), s.cls):
-            raise GenerationError(f"{qualname}: method no longer resolves")
-        if not s.rewritten and not _same_code(s.source.func.__code__, tail[-1].__code__):
-            raise GenerationError(f"{qualname}: generated body compiles to different bytecode than the original")
-    if mismatched:
-        raise ChainMismatch(mismatched)
-
-
-class ChainMismatch(GenerationError):
-    """Some classes' attributes differ from their definitions; they must be left alone."""
-
-    def __init__(self, classes: dict[str, str]):
-        super().__init__("; ".join(f"{k}: {v}" for k, v in classes.items()))
-        self.classes = classes
-
-
 def generate_loaded(source_module: types.ModuleType, decorations: dict[type, Decoration]) -> GeneratedModule:
     """`generate` then `load`, leaving alone (in `skipped`) the classes verification rejects."""
+    from hybridtune.compiler.verify import ChainMismatch
+
     decorations = dict(decorations)
     skipped: dict[str, str] = {}
     while True:
@@ -697,13 +498,6 @@ def generate_loaded(source_module: types.ModuleType, decorations: dict[type, Dec
             continue
         gm.skipped.update(skipped)
         return gm
-
-
-def _torch_owned_code(func: types.FunctionType) -> bool:
-    import torch
-
-    root = os.path.dirname(os.path.abspath(torch.__file__))
-    return os.path.abspath(func.__code__.co_filename).startswith(root + os.sep)
 
 
 def verify_text(text: str, sha256: str) -> bool:

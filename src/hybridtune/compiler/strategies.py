@@ -17,7 +17,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridtune.compiler.plan import ClassPlan, plan_model
+from hybridtune.compiler.plan import ClassPlan, has_foreign_forward, is_routed, plan_model
 from hybridtune.compiler.standalone import Decoration, GeneratedModule, generate_loaded
 from hybridtune.errors import UserError
 
@@ -131,7 +131,12 @@ def _compile_modules(
             compiled_ancestor.add(id(module))
         elif under_compiled:
             compiled_ancestor.add(id(module))
-        if plan is None or getattr(module, "_hybridtune_routed", False):
+        if plan is None or is_routed(module):
+            continue
+        if has_foreign_forward(module):
+            logger.info(
+                "module compiler leaves %s alone: its forward was replaced by %r", name or "<root>", module.forward
+            )
             continue
         if plan.decision == "compile" or (plan.decision == "eager" and under_compiled):
             wanted[id(module)] = module
@@ -154,7 +159,9 @@ def _compile_modules(
         gm = handle.generated[cls.__module__]
         if cls.__qualname__ not in gm.sections:
             continue
-        ours = types.MethodType(gm.forward_for(cls), module)
+        func = gm.forward_for(cls)
+        func._hybridtune_modules = True  # lets has_foreign_forward tell our forwards from others'
+        ours = types.MethodType(func, module)
         handle.installed.append((module, ours, module.__dict__.get("forward")))
         module.__dict__["forward"] = ours
     model.__dict__[HANDLE_ATTR] = handle
