@@ -105,6 +105,10 @@ class TrainConfig:
     resume_from_checkpoint: str | None = _f(None, "checkpoint directory, or 'latest' for the newest in output_dir")
     seed: int = _f(42, "random seed (data order, init of LoRA, dropout)")
     # speed
+    kernels: Literal["auto", "check", "off"] = _f(
+        "auto", "fast kernels: auto = install missing ones (pinned wheels, GPU only), check = report only, off = skip"
+    )
+    require_fast_path: bool = _f(False, "refuse to train when a mixer would run on a slow fallback")
     device: Literal["auto", "cpu", "cuda"] = _f("auto", "where to train")
     num_threads: int = _f(0, "CPU threads for torch (0: torch's default)")
 

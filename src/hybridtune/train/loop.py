@@ -229,11 +229,15 @@ class Trainer:
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
 
+        from hybridtune.kernels.provision import prepare as prepare_kernels
         from hybridtune.models.loading import load_model, tokenizer_for
 
         # Data before the model: bad input fails in a second, not after a model load.
         self.tokenizer = tokenizer_for(cfg.base_model, cfg.tokenizer)
         self.data: PreparedData = prepare(cfg, self.tokenizer)
+        # Kernels are provisioned and verified before anything imports the modeling module, which is
+        # where transformers picks its fast or slow path.
+        self.kernel_report = prepare_kernels(cfg.kernels, cfg.require_fast_path, cfg.base_model)
         loaded = load_model(cfg.base_model, self.tokenizer, seed=cfg.seed)
         self.loaded = loaded
 
