@@ -51,7 +51,9 @@ def test_patched_equals_upstream_unpacked(name):
         got = model(input_ids=ids, use_cache=False).logits
     assert report.num_routed == 3 and not report.skipped
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    attn = model.config._attn_implementation
     assert unpatch_model(model) == 3
+    assert model.config._attn_implementation != attn == "hybridtune_varlen"
 
 
 @pytest.mark.parametrize("device", _devices())

@@ -70,9 +70,10 @@ def class_body_forward(cls: type):
     attr = vars(cls).get("forward")
     if attr is None:
         raise ValueError(f"{cls.__qualname__} does not define forward itself")
-    fn = inspect.unwrap(attr)
-    if getattr(fn, "__qualname__", "") == f"{cls.__qualname__}.forward" and not _is_closure_wrapper(fn):
+    fn = inspect.unwrap(attr)  # functools.wraps chains (capture_outputs, merge_with_config_defaults, ...)
+    if getattr(fn, "__qualname__", "") == f"{cls.__qualname__}.forward":
         return fn
+    # A bare-closure decorator somewhere in the stack: let the module compiler's resolver find the function.
     from hybridtune.compiler.introspect import resolve_method
 
     fn = resolve_method(cls, "forward")
@@ -82,12 +83,6 @@ def class_body_forward(cls: type):
     return fn
 
 
-def _is_closure_wrapper(fn) -> bool:
-    # A bare-closure decorator without functools.wraps (transformers 5.13-5.15) leaves a wrapper whose
-    # qualname is the decorator's, so a matching qualname already means the real function.
-    return False
-
-
 def _use_non_reentrant_checkpointing(model: torch.nn.Module) -> int:
     """Re-point every gradient-checkpointing layer at non-reentrant checkpointing; returns how many."""
     from torch.utils.checkpoint import checkpoint
@@ -95,8 +90,13 @@ def _use_non_reentrant_checkpointing(model: torch.nn.Module) -> int:
     n = 0
     for m in model.modules():
         if getattr(m, "gradient_checkpointing", False) and hasattr(m, "_gradient_checkpointing_func"):
+            func = m._gradient_checkpointing_func
+            if getattr(func, "func", None) is checkpoint and func.keywords.get("use_reentrant") is False:
+                continue
             m._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False)
             n += 1
+    if n:
+        logger.info("compile strategy 'loop': %d checkpointed layer(s) switched to non-reentrant checkpointing", n)
     return n
 
 

@@ -93,6 +93,7 @@ def _route_attention(model: torch.nn.Module) -> str:
         return f"{'/'.join(impls)} (kept: custom implementation)"
     name = attention.register()
     for cfg in _configs(model):
+        _remember(model, cfg, "_attn_implementation")
         cfg._attn_implementation = name
     ok, why = attention.varlen_available()
     cuda = why if ok else f"SDPA with a document mask ({why})"
@@ -127,9 +128,16 @@ def patch_model(model: torch.nn.Module) -> PatchReport:
         # path; training never wants one. generate() passes use_cache explicitly, so generation still caches.
         for cfg in _configs(model):
             if getattr(cfg, "use_cache", False):
+                _remember(model, cfg, "use_cache")
                 cfg.use_cache = False
     model._hybridtune_patch_report = report
     return report
+
+
+def _remember(model: torch.nn.Module, cfg, attr: str) -> None:
+    saved = model.__dict__.setdefault("_hybridtune_saved_config", [])
+    if not any(c is cfg and a == attr for c, a, _ in saved):
+        saved.append((cfg, attr, getattr(cfg, attr)))
 
 
 def is_patched(model: torch.nn.Module) -> bool:
@@ -137,7 +145,10 @@ def is_patched(model: torch.nn.Module) -> bool:
 
 
 def unpatch_model(model: torch.nn.Module) -> int:
-    """Restore the upstream forwards; returns how many mixers were restored."""
+    """Restore the upstream forwards and the config fields patch_model changed; returns how many mixers
+    were restored."""
+    for cfg, attr, old in model.__dict__.pop("_hybridtune_saved_config", []):
+        setattr(cfg, attr, old)
     n = 0
     for m in model.modules():
         if _ORIGINAL in m.__dict__:

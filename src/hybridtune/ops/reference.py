@@ -93,7 +93,7 @@ def l2norm(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def _gdn_document(
+def _gdn_chunked(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -102,20 +102,21 @@ def _gdn_document(
     h0: torch.Tensor | None,
     chunk: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One document, chunked WY form. q, k [HV, L, K] (normalised, scaled q), v [HV, L, V],
-    g, beta [HV, L]; h0 [HV, K, V] or None. Returns o [HV, L, V] and the final state [HV, K, V]."""
-    HV, L, K = k.shape
+    """Independent sequences of one length L, chunked WY form, any leading dims `*S`:
+    q, k [*S, L, K] (normalised, scaled q), v [*S, L, V], g, beta [*S, L]; h0 [*S, K, V] or None.
+    Returns o [*S, L, V] and the final state [*S, K, V]. Rows past a sequence's end must carry
+    k = v = beta = g = 0: they then change neither the state nor the earlier outputs."""
+    *lead, L, K = k.shape
     V = v.shape[-1]
     pad = (-L) % chunk
     if pad:
-        # Zero k, v, beta and g in the padding: those rows change neither the state nor the outputs.
         q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
         g, beta = (F.pad(t, (0, pad)) for t in (g, beta))
     n = (L + pad) // chunk
-    q, k, v = (t.reshape(HV, n, chunk, -1) for t in (q, k, v))
-    g, beta = g.reshape(HV, n, chunk), beta.reshape(HV, n, chunk)
+    q, k, v = (t.reshape(*lead, n, chunk, t.shape[-1]) for t in (q, k, v))
+    g, beta = g.reshape(*lead, n, chunk), beta.reshape(*lead, n, chunk)
 
-    gc = g.cumsum(-1)  # [HV, n, C] log decay from the chunk start
+    gc = g.cumsum(-1)  # [*S, n, C] log decay from the chunk start
     causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
     # exp(gc_i - gc_j) for j <= i; masked to -inf first so that exp never overflows above the diagonal.
     diff = gc[..., :, None] - gc[..., None, :]
@@ -125,20 +126,20 @@ def _gdn_document(
     eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
     # WY representation: T = (I + strictly-lower(beta k k^T decay))^-1
     tri = torch.linalg.solve_triangular(eye + strict, eye.expand_as(strict), upper=False, unitriangular=True)
-    u = tri @ (v * beta[..., None])  # [HV, n, C, V]
-    w = tri @ (k_beta * gc.exp()[..., None])  # [HV, n, C, K]
+    u = tri @ (v * beta[..., None])  # [*S, n, C, V]
+    w = tri @ (k_beta * gc.exp()[..., None])  # [*S, n, C, K]
     qk = (q @ k.transpose(-1, -2)) * decay  # causal mask already in decay (zeros above diagonal)
     q_decay = q * gc.exp()[..., None]
-    last = gc[..., -1]  # [HV, n]
+    last = gc[..., -1]  # [*S, n]
     k_to_end = k * (last[..., None] - gc).exp()[..., None]
 
-    state = h0 if h0 is not None else q.new_zeros(HV, K, V)
+    state = h0 if h0 is not None else q.new_zeros(*lead, K, V)
     outs = []
     for i in range(n):
-        v_new = u[:, i] - w[:, i] @ state
-        outs.append(q_decay[:, i] @ state + qk[:, i] @ v_new)
-        state = state * last[:, i].exp()[:, None, None] + k_to_end[:, i].transpose(-1, -2) @ v_new
-    o = torch.stack(outs, 1).reshape(HV, n * chunk, V)[:, :L]
+        v_new = u[..., i, :, :] - w[..., i, :, :] @ state
+        outs.append(q_decay[..., i, :, :] @ state + qk[..., i, :, :] @ v_new)
+        state = state * last[..., i].exp()[..., None, None] + k_to_end[..., i, :, :].transpose(-1, -2) @ v_new
+    o = torch.stack(outs, -3).reshape(*lead, n * chunk, V)[..., :L, :]
     return o, state
 
 
@@ -155,14 +156,15 @@ def chunk_gated_delta_rule_ref(
     output_final_state: bool = False,
     chunk_size: int = CHUNK_SIZE,
 ):
-    """Gated delta rule, chunked, per document.
+    """Gated delta rule, chunked; the documents of a packed row run side by side (padded to the longest).
 
     q, k [B, T, H, K]; v [B, T, HV, V]; g [B, T, HV] (log decay, <= 0); beta [B, T, HV];
     scale defaults to K ** -0.5; cu_seqlens [N + 1] (needs B == 1); initial_state [N, HV, K, V]
     (N = B when not packed). Recurrence per value head, token t:
         S = exp(g_t) S;  S = S + k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T (scale q_t)
     with q, k l2-normalised first when `use_qk_l2norm`. Returns o [B, T, HV, V] in v.dtype, and
-    with `output_final_state` also the final state [N, HV, K, V] in the compute dtype.
+    with `output_final_state` also the final state [N, HV, K, V] in the compute dtype (an empty
+    document's final state is its initial state).
     """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -182,39 +184,46 @@ def chunk_gated_delta_rule_ref(
         qf = qf.repeat_interleave(HV // H, dim=2)
         kf = kf.repeat_interleave(HV // H, dim=2)
     qf = qf * scale
-    # head-major per batch row: [B, HV, T, .]
-    qf, kf, vf = (t.transpose(1, 2) for t in (qf, kf, v.to(dt)))
-    gf, bf = g.to(dt).transpose(1, 2), beta.to(dt).transpose(1, 2)
-
-    if cu_seqlens is None:
-        spans = [(b, 0, T) for b in range(B)]
-    else:
-        bounds = cu_seqlens.tolist()  # opaque op / eager only: the host copy is fine here
-        spans = [(0, s, e) for s, e in zip(bounds[:-1], bounds[1:]) if e > s]
-        if bounds[0] != 0 or bounds[-1] != T:
-            raise ValueError(f"cu_seqlens must start at 0 and end at T={T}, got {bounds[0]}..{bounds[-1]}")
-    n_states = B if cu_seqlens is None else len(cu_seqlens) - 1
+    vf, gf, bf = v.to(dt), g.to(dt), beta.to(dt)
+    n_states = B if cu_seqlens is None else cu_seqlens.numel() - 1
     if initial_state is not None and initial_state.shape != (n_states, HV, K, V):
         raise ValueError(f"initial_state must be {(n_states, HV, K, V)}, got {tuple(initial_state.shape)}")
+    h0 = initial_state.to(dt) if initial_state is not None else None
 
-    outs, finals = [], [None] * n_states
-    for idx, (b, s, e) in enumerate(spans):
-        n = b if cu_seqlens is None else idx
-        h0 = initial_state[n].to(dt) if initial_state is not None else None
-        o, state = _gdn_document(
-            qf[b, :, s:e], kf[b, :, s:e], vf[b, :, s:e], gf[b, :, s:e], bf[b, :, s:e], h0, chunk_size
-        )
-        outs.append(o)
-        finals[n] = state
     if cu_seqlens is None:
-        o = torch.stack(outs, 0)  # [B, HV, T, V]
+        # [B, HV, T, .]: every row is one sequence
+        o, final = _gdn_chunked(*(t.transpose(1, 2) for t in (qf, kf, vf, gf, bf)), h0, min(chunk_size, max(T, 1)))
+        o = o.transpose(1, 2)
     else:
-        o = torch.cat(outs, 1)[None]
-    o = o.transpose(1, 2).to(v.dtype)
+        bounds = cu_seqlens.tolist()  # opaque op / eager only: the host copy is fine here
+        if bounds[0] != 0 or bounds[-1] != T:
+            raise ValueError(f"cu_seqlens must start at 0 and end at T={T}, got {bounds[0]}..{bounds[-1]}")
+        docs = [n for n in range(n_states) if bounds[n + 1] > bounds[n]]
+        lens = torch.tensor([bounds[n + 1] - bounds[n] for n in docs], device=q.device)
+        starts = torch.tensor([bounds[n] for n in docs], device=q.device)
+        L = int(lens.max())
+        ar = torch.arange(L, device=q.device)
+        valid = ar[None] < lens[:, None]  # [N', L]
+        idx = (starts[:, None] + ar[None]).clamp_max(T - 1)  # [N', L] token index of (document, position)
+
+        def gather(t):  # [1, T, HV, ...] -> [N', HV, L, ...], zero past each document's end
+            x = t[0][idx]  # [N', L, HV, ...]
+            m = valid.reshape(*valid.shape, *([1] * (x.dim() - 2))).to(x.dtype)
+            return (x * m).transpose(1, 2)
+
+        h0_docs = h0[docs] if h0 is not None else None
+        o_pad, final_docs = _gdn_chunked(
+            gather(qf), gather(kf), gather(vf), gather(gf), gather(bf), h0_docs, min(chunk_size, L)
+        )
+        # back to the packed row: token t sits at (its document, its position in it)
+        doc_of = torch.searchsorted(starts, torch.arange(T, device=q.device), right=True) - 1
+        pos = torch.arange(T, device=q.device) - starts[doc_of]
+        o = o_pad[doc_of, :, pos][None]  # [1, T, HV, V]
+        final = h0.clone() if h0 is not None else qf.new_zeros(n_states, HV, K, V)
+        final = final.index_copy(0, torch.tensor(docs, device=q.device), final_docs)
+    o = o.to(v.dtype)
     if not output_final_state:
         return o
-    zeros = qf.new_zeros(HV, K, V)
-    final = torch.stack([f if f is not None else zeros for f in finals], 0)
     return o, final
 
 
