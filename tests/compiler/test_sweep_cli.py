@@ -32,17 +32,17 @@ def _cli(*args):
 
 def test_cli_family_dump_and_check(tmp_path):
     dump = tmp_path / "gen"
-    r = _cli("--family", "qwen3_5", "--dump", str(dump))
+    r = _cli("--family", "qwen3_5", "--backend", "eager", "--dump", str(dump))
     assert r.returncode == 0, r.stderr
     assert "Qwen3_5GatedDeltaNet" in r.stdout and "eager" in r.stdout
     files = json.loads((dump / "MANIFEST.json").read_text())
     assert "modeling_qwen3_5_hybridtune.py" in files
     text = (dump / "modeling_qwen3_5_hybridtune.py").read_text()
     assert "def Qwen3_5GatedDeltaNet_forward(" in text and "def wrapped" not in text
-    r = _cli("--family", "qwen3_5", "--check", str(dump))
+    r = _cli("--family", "qwen3_5", "--backend", "eager", "--check", str(dump))
     assert r.returncode == 0, r.stderr
     (dump / "modeling_qwen3_5_hybridtune.py").write_text(text + "\nprint('edited')\n")
-    r = _cli("--family", "qwen3_5", "--check", str(dump))
+    r = _cli("--family", "qwen3_5", "--backend", "eager", "--check", str(dump))
     assert r.returncode == 2 and "does not match" in r.stderr
 
 

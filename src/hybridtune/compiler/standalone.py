@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import copy
 import hashlib
 import linecache
 import symtable
@@ -218,7 +217,8 @@ def build_section(cls: type, decoration: Decoration, name: str = "forward") -> C
         raise NotGeneratable(f"{name} has its body on the def line")
     real_decorators = [ast.unparse(d) for d in node.decorator_list]
     fname = function_name(cls, name)
-    decorators = [copy.deepcopy(d) for d in node.decorator_list]
+    # The original nodes are shared, not copied: unparse reads them and they already have locations.
+    decorators = list(node.decorator_list)
     if decorators:
         qual = f"{cls.__qualname__}.{name}"
         decorators.append(ast.parse(f"{NAME_ALIAS}({qual!r})", mode="eval").body)
@@ -228,15 +228,15 @@ def build_section(cls: type, decoration: Decoration, name: str = "forward") -> C
     type_params = {"type_params": []} if sys.version_info >= (3, 12) else {}
     header = ast.FunctionDef(
         name=fname,
-        args=copy.deepcopy(node.args),
+        args=node.args,
         body=[ast.Expr(ast.Constant(...))],
         decorator_list=decorators,
-        returns=copy.deepcopy(node.returns),
+        returns=node.returns,
         type_comment=None,
         **type_params,
     )
     header_text = ast.unparse(ast.fix_missing_locations(header)).rsplit("\n", 1)[0]
-    wrapper_args = copy.deepcopy(node.args)
+    wrapper_args = node.args
     pos, kws = _call_forwarding(wrapper_args)
     call = ast.Call(ast.Name(fname, ast.Load()), [ast.Name(params[0].arg, ast.Load()), *pos[1:]], kws)
     wrapper = ast.FunctionDef(
@@ -244,7 +244,7 @@ def build_section(cls: type, decoration: Decoration, name: str = "forward") -> C
         args=wrapper_args,
         body=[ast.Return(call)],
         decorator_list=[],
-        returns=copy.deepcopy(node.returns),
+        returns=node.returns,
         type_comment=None,
         **type_params,
     )
@@ -330,6 +330,7 @@ class GeneratedModule:
     sections: dict[str, ClassSection] = field(default_factory=dict)  # class qualname -> section
     skipped: dict[str, str] = field(default_factory=dict)  # class qualname -> reason left alone
     _module: types.ModuleType | None = None
+    _code: types.CodeType | None = None  # compiled once by `generate`
 
     @property
     def basename(self) -> str:
@@ -340,7 +341,7 @@ class GeneratedModule:
         if self._module is None:
             cached = _LOADED.get(self.sha256)
             if cached is None:
-                cached = _exec_text(self.text, self.filename, self.sha256)
+                cached = _exec_text(self.text, self.filename, self.sha256, self._code)
                 from hybridtune.compiler.verify import verify
 
                 try:
@@ -361,11 +362,12 @@ class GeneratedModule:
 _LOADED: dict[str, types.ModuleType] = {}
 
 
-def _exec_text(text: str, filename: str, sha256: str) -> types.ModuleType:
+def _exec_text(text: str, filename: str, sha256: str, code: types.CodeType | None = None) -> types.ModuleType:
     """Execute generated text as a fresh module whose lines tracebacks can show."""
     # mtime None: linecache.checkcache never evicts it (there is no file to compare against).
     linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
-    code = compile(text, filename, "exec", dont_inherit=True)
+    if code is None:
+        code = compile(text, filename, "exec", dont_inherit=True)
     mod = types.ModuleType(f"hybridtune.compiler._generated_{sha256[:12]}")
     mod.__file__ = filename
     mod.__dict__["__hybridtune_sha256__"] = sha256
@@ -449,20 +451,22 @@ def generate(
             )
         chunks.append(comment + "\n" + texts[s.cls.__qualname__].rstrip("\n"))
     text = "\n\n\n".join(chunks) + "\n"
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    # A path-like pseudo name: never a real file, but shaped like one for code that splits paths.
+    filename = f"<hybridtune-generated>/{source_module.__name__}/{sha[:12]}.py"
     try:
-        compile(text, "<generated>", "exec", dont_inherit=True)
+        code = compile(text, filename, "exec", dont_inherit=True)
     except SyntaxError as e:  # our unparse produced something Python rejects: a bug here
         raise GenerationError(f"generated text does not compile: {e}") from e
     allowed = {n for s in sections for n in s.unbound}
     undefined = sorted(n for n in global_refs(text, future) if not hasattr(builtins, n) and n not in allowed)
     if undefined:
         raise GenerationError(f"generated module names undefined {undefined}")
-    sha = hashlib.sha256(text.encode()).hexdigest()
-    # A path-like pseudo name: never a real file, but shaped like one for code that splits paths.
-    filename = f"<hybridtune-generated>/{source_module.__name__}/{sha[:12]}.py"
-    return GeneratedModule(
+    gm = GeneratedModule(
         source_module.__name__, text, sha, filename, {s.cls.__qualname__: s for s in sections}, skipped
     )
+    gm._code = code
+    return gm
 
 
 def standalone_source(cls: type, decoration: Decoration | None = None, name: str = "forward") -> str:
