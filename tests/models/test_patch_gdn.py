@@ -121,3 +121,24 @@ def test_report_names_every_mixer_and_attention():
     assert "hybridtune_varlen" in report.attention
     assert "H=2, HV=4" in str(report)
     assert patch_model(model).num_routed == 3  # idempotent
+
+
+def test_varlen_attention_fallback_keeps_documents_apart():
+    """Without a mask (a packed row on CPU, or CUDA without varlen kwargs) the attention function builds
+    the causal document mask from the restarting position_ids."""
+    from hybridtune.models.attention import varlen_attention_forward
+
+    torch.manual_seed(0)
+    lens = [5, 1, 9]
+    T = sum(lens)
+    q, k, v = (torch.randn(1, 4, T, 8) for _ in range(3))
+    pos = torch.cat([torch.arange(n) for n in lens])[None]
+    module = torch.nn.Module()
+    module.is_causal = True
+    out, _ = varlen_attention_forward(module, q, k, v, None, scaling=8**-0.5, position_ids=pos)
+    start = 0
+    for n in lens:
+        s = slice(start, start + n)
+        want = torch.nn.functional.scaled_dot_product_attention(q[:, :, s], k[:, :, s], v[:, :, s], is_causal=True)
+        torch.testing.assert_close(out[:, s], want.transpose(1, 2), rtol=1e-5, atol=1e-5)
+        start += n

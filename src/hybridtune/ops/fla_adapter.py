@@ -43,12 +43,21 @@ def _first(*paths: str):
     raise FLAUnavailable(f"none of {paths} found in the installed FLA: {err}")
 
 
-def keywords(fn: Callable, **kwargs):
-    """Call `fn` with only the keyword arguments its signature accepts (names differ across releases)."""
+@functools.cache
+def _accepted(fn: Callable) -> frozenset | None:
+    """Keyword names `fn` accepts, or None when it takes **kwargs (cached: signature() is slow per call)."""
     params = inspect.signature(inspect.unwrap(fn)).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return frozenset(params)
+
+
+def keywords(fn: Callable, **kwargs):
+    """Call `fn` with only the keyword arguments its signature accepts (names differ across releases)."""
+    names = _accepted(fn)
+    if names is None:
         return fn(**kwargs)
-    return fn(**{k: v for k, v in kwargs.items() if k in params})
+    return fn(**{k: v for k, v in kwargs.items() if k in names})
 
 
 @functools.cache
