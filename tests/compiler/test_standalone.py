@@ -93,7 +93,7 @@ import torch as _hybridtune_torch
 import torch
 
 
-# PlainMLP: compile
+# PlainMLP: compile (fullgraph: decided on a model, from its child modules)
 @_hybridtune_torch.compile(fullgraph=False, dynamic=None, backend='inductor')
 def PlainMLP_forward(self, x):
         # An undecorated forward: generated exactly as written.

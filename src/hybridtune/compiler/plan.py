@@ -132,7 +132,12 @@ def plan_class(cls: type) -> ClassPlan:
     if findings.eager:
         return ClassPlan(cls, "eager", findings.eager[0], decorated=decorated, findings=findings)
     fullgraph = not findings.doubts and not findings.child_calls
-    reason = findings.doubts[0] if findings.doubts else ""
+    if findings.doubts:
+        reason = f"not fullgraph: {findings.doubts[0]}"
+    elif findings.child_calls:
+        reason = "fullgraph: decided on a model, from its child modules"
+    else:
+        reason = ""
     return ClassPlan(cls, "compile", reason, fullgraph=fullgraph, decorated=decorated, findings=findings)
 
 
@@ -195,6 +200,8 @@ def plan_model(model: Any, overrides: dict[str, str] | None = None) -> list[Clas
     for cls, plan in plans.items():
         if plan.decision == "compile" and plan.fullgraph is False and not plan.overridden:
             plan.fullgraph = _fullgraph_safe(cls, plans, instances, memo, set())
+            if plan.reason.startswith("fullgraph: decided on a model"):
+                plan.reason = "" if plan.fullgraph else "not fullgraph: a child module it calls is not fullgraph-safe"
     return list(plans.values())
 
 
@@ -276,5 +283,6 @@ def format_plan(plans: list[ClassPlan]) -> str:
     width = max(len(p.name) for p in plans)
     lines = [f"{'class':<{width}}  {'n':>3}  {'plan':<19}  reason"]
     for p in plans:
-        lines.append(f"{p.name:<{width}}  {p.instances:>3}  {p.label():<19}  {p.reason}")
+        count = str(p.instances) if p.instances else "-"  # "-": planned from the class alone
+        lines.append(f"{p.name:<{width}}  {count:>3}  {p.label():<19}  {p.reason}")
     return "\n".join(lines)
