@@ -23,7 +23,8 @@ def _step(model, ids):
     model.zero_grad(set_to_none=True)
     out = model(input_ids=ids, labels=ids)
     out.loss.backward()
-    return out.logits.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.logits.detach(), grads
 
 
 def _instance_forwards(model):
@@ -139,4 +140,22 @@ def test_patched_mixers_count_as_routed_and_foreign_forwards_are_kept():
     assert not any(id(m) in touched for m in mixers)
     assert id(mlp) not in touched and mlp.__dict__["forward"] is foreign
     assert id(model.model.layers[1].mlp) in touched
+    handle.undo()
+
+
+def test_peft_wrapped_model():
+    peft = pytest.importorskip("peft")
+    model = _tiny()
+    lora = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj", "in_proj_qkv", "down_proj"], lora_dropout=0.0)
+    model = peft.get_peft_model(model, lora)
+    plans = {p.name: p for p in plan_model(model)}
+    assert plans["PeftModel"].decision == "eager"  # a wrapper of the whole model: its layers are planned
+    assert plans["Linear"].decision == "left"  # peft's LoRA layer: traced inside its compiled parent
+    ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(2))
+    ref_logits, ref_grads = _step(model, ids)
+    handle = compile_model(model, "modules", compile=False)
+    logits, grads = _step(model, ids)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    for name in ref_grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-5, atol=1e-5, msg=name)
     handle.undo()

@@ -108,6 +108,16 @@ def _is_pretrained_model(cls: type) -> bool:
     return issubclass(cls, PreTrainedModel)
 
 
+def _is_adapter_layer(cls: type) -> bool:
+    # peft's tuner layers (LoRA Linear, ...) wrap a base layer; peft writes their forward to be traced
+    # by torch.compile, so a compiled parent traces into them rather than around them.
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:  # peft is a dependency; this only guards a partial install
+        return False
+    return issubclass(cls, BaseTunerLayer)
+
+
 def _is_torch_builtin(cls: type) -> bool:
     return cls.__module__ == "torch" or cls.__module__.startswith("torch.")
 
@@ -117,6 +127,8 @@ def plan_class(cls: type) -> ClassPlan:
     decorated = "forward" in vars(cls) and is_decorated(cls)
     if _is_torch_builtin(cls):
         return ClassPlan(cls, "left", "torch.nn built-in module", decorated=decorated)
+    if _is_adapter_layer(cls):
+        return ClassPlan(cls, "left", "peft adapter layer: traced as part of its compiled parent", decorated=decorated)
     try:
         findings = scan_class(cls)
     except NotGeneratable as e:
@@ -163,6 +175,10 @@ def _override_for(cls: type, overrides: dict[str, str]) -> str | None:
     return None
 
 
+def _wraps_a_model(module: Any) -> bool:
+    return any(_is_pretrained_model(type(m)) for m in module.modules() if m is not module)
+
+
 def plan_model(model: Any, overrides: dict[str, str] | None = None) -> list[ClassPlan]:
     """One plan per module class found in `model`, in order of first appearance.
 
@@ -185,6 +201,9 @@ def plan_model(model: Any, overrides: dict[str, str] | None = None) -> list[Clas
         plan.instances = len(mods)
         plan.routed_instances = sum(1 for m in mods if is_routed(m))
         plan.foreign_instances = sum(1 for m in mods if not is_routed(m) and has_foreign_forward(m))
+        if plan.decision == "compile" and any(_wraps_a_model(m) for m in mods):
+            plan.decision, plan.fullgraph = "eager", False
+            plan.reason = "wraps a whole model (e.g. peft's PeftModel): its layers are planned instead"
         if plan.routed_instances == plan.instances:
             plan.decision, plan.fullgraph = "routed", False
             plan.reason = "patched by hybridtune: runs hybridtune ops"
