@@ -2,9 +2,10 @@
 
     python scripts/make_sample_data.py   # -> src/hybridtune/data/sample/arithmetic.jsonl
 
-Each row is a chat (`messages` with user/assistant roles). The task mixes single- and two-digit
-addition and subtraction so a 1M-parameter model visibly learns within a few hundred steps: the
-loss falls and exact-match on held-out prompts rises from zero. Deterministic (fixed seed).
+Each row is a chat (`messages` with user/assistant roles): half single-digit addition, 30%
+single-digit subtraction, 20% two-digit plus one-digit addition. A 1M-parameter model learns the
+single-digit facts within a few hundred steps on a CPU (loss falls, exact match on held-out rows
+rises from zero); the two-digit share shows how far it gets with carrying. Deterministic (fixed seed).
 """
 
 from __future__ import annotations
@@ -19,14 +20,17 @@ SEED = 1234
 
 
 def make_row(rng: random.Random) -> dict:
-    digits = rng.choice([1, 1, 2])  # more one-digit problems: they are learned first
-    a = rng.randrange(10**digits)
-    b = rng.randrange(10**digits)
-    if rng.random() < 0.5:
+    kind = rng.random()
+    if kind < 0.5:  # single-digit addition: 100 facts, learned first
+        a, b = rng.randrange(10), rng.randrange(10)
         q, ans = f"{a}+{b}", a + b
-    else:
+    elif kind < 0.8:  # single-digit subtraction without negatives: 55 facts
+        a, b = rng.randrange(10), rng.randrange(10)
         a, b = max(a, b), min(a, b)
         q, ans = f"{a}-{b}", a - b
+    else:  # two digits plus one: 900 problems, mostly unseen in held-out rows; needs carrying
+        a, b = rng.randrange(10, 100), rng.randrange(10)
+        q, ans = f"{a}+{b}", a + b
     return {"messages": [{"role": "user", "content": f"{q}="}, {"role": "assistant", "content": str(ans)}]}
 
 

@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # Keep thread counts small and deterministic on the 2-core CI machine.
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny tensors: threads cost more than they save
 
 
 def pytest_collection_modifyitems(config, items):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2", "PYTHONWARNINGS": "ignore"}
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
