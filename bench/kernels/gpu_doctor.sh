@@ -16,7 +16,7 @@ BUDGET=${BUDGET:-570}
 DATE=$(date -u +%Y-%m-%d)
 export HYBRIDTUNE_GIT_COMMIT=${HYBRIDTUNE_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 # Verdicts of this run only: a fresh cache, kept with the outputs.
-export HYBRIDTUNE_CACHE_DIR="$OUT/cache"
+export HYBRIDTUNE_CACHE_DIR="${HYBRIDTUNE_CACHE_DIR:-/tmp/hybridtune-cache-$$}"  # not under $OUT: only 8 files come back
 
 {
   echo "== install wheels from .whl into /tmp/site"
