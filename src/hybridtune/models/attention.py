@@ -16,10 +16,13 @@ restarting `position_ids`: traceable, no host sync). flash-attn, when installed 
 from __future__ import annotations
 
 import inspect
+import logging
 
 import torch
 
 IMPLEMENTATION = "hybridtune_varlen"
+
+logger = logging.getLogger(__name__)
 
 
 def _resolve_varlen_attn():
@@ -59,6 +62,31 @@ def _sdpa_fallback(module, query, key, value, attention_mask, scaling, dropout, 
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
 
 
+_warned_fp32 = False
+
+
+def _half_dtype(query: torch.Tensor, value: torch.Tensor) -> torch.dtype | None:
+    """The 16-bit dtype the varlen kernel should run in, or None (fp32 without autocast).
+
+    Under autocast, v is a projection's output and already 16-bit; q and k pass through fp32 norms and
+    rotary. Reading v's dtype (not the autocast state) keeps this traceable in a fullgraph region.
+    """
+    for t in (query, value):
+        if t.dtype in (torch.float16, torch.bfloat16):
+            return t.dtype
+    return None
+
+
+def _warn_fp32_once() -> None:
+    global _warned_fp32
+    if not _warned_fp32 and not torch.compiler.is_compiling():
+        _warned_fp32 = True
+        logger.warning(
+            "packed attention in fp32 without autocast: the varlen kernel needs fp16/bf16, so SDPA with a "
+            "[T, T] document mask runs instead (slower, more memory); train with bf16 for the fast path"
+        )
+
+
 def varlen_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -74,6 +102,13 @@ def varlen_attention_forward(
     fn, has_gqa = _VARLEN_ATTN, _VARLEN_GQA
     if cu_q is None or fn is None or not query.is_cuda:
         return _sdpa_fallback(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    half = _half_dtype(query, value)
+    if half is None:
+        _warn_fp32_once()
+        return _sdpa_fallback(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    # q/k come out of fp32 norms and rotary even under autocast; the flash kernel takes fp16/bf16 only,
+    # so cast to the autocast dtype as autocast itself would for a matmul.
+    query, key, value = query.to(half), key.to(half), value.to(half)
     if dropout:
         raise ValueError(f"{IMPLEMENTATION} attention has no dropout; got attention dropout {dropout}")
     B, H, T, D = query.shape
