@@ -84,12 +84,17 @@ def test_bad_data_is_one_line(tmp_path, content, needles):
 
 
 def test_bad_config_is_one_line(tmp_path):
-    one_line_error(cli("train", "--lora_rnk", "4"), "did you mean 'lora_r'")
-    one_line_error(cli("train", "--sequence_len", "1"), "sequence_len", "at least 2")
-    one_line_error(cli("train", "--micro_batch_size", "two"), "micro_batch_size", "expected int")
-    one_line_error(cli("train", "--base_model", "tiny-qwen35"), "Did you mean preset 'tiny-qwen3_5'")
-    one_line_error(cli("train", str(tmp_path / "nope.yaml")), "nope.yaml", "does not exist")
-    one_line_error(cli("trian"), "Did you mean 'train'")
+    # In an empty directory, so the default output_dir holds no earlier run.
+    def run(*args):
+        return cli(*args, cwd=tmp_path)
+
+    one_line_error(run("train", "--lora_rnk", "4"), "did you mean 'lora_r'")
+    one_line_error(run("train", "--sequence_len", "1"), "sequence_len", "at least 2")
+    one_line_error(run("train", "--micro_batch_size", "two"), "micro_batch_size", "expected int")
+    one_line_error(run("train", "--base_model", "tiny-qwen35"), "Did you mean preset 'tiny-qwen3_5'")
+    one_line_error(run("train", str(tmp_path / "nope.yaml")), "nope.yaml", "does not exist")
+    one_line_error(run("trian"), "Did you mean 'train'")
+    assert not os.listdir(tmp_path)  # a refused run writes nothing
 
 
 def test_foreign_output_dir_is_refused(tmp_path, small_data):
