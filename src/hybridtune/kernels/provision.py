@@ -490,7 +490,8 @@ def prepare(
 
     if log:
         for line in report.summary().splitlines():
-            logger.info(line)
+            if not line.startswith("  slow path: "):  # said once, as the warning below
+                logger.info(line)
     if require and not report.fast_path:
         raise KernelUnavailableError(
             f"require_fast_path is set but {arch.model_type or 'this model'} would run a slow path: "
