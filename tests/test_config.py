@@ -58,6 +58,17 @@ def test_ill_typed_and_out_of_range(tmp_path):
         load_config(tmp_path / "missing.yaml")
 
 
+def test_compile_overrides():
+    from hybridtune.config import compile_overrides
+
+    cfg = load_config(
+        None, parse_overrides(["--compile", "modules", "--compile_overrides", "Qwen3_5MLP=eager,Foo=fullgraph"])
+    )
+    assert compile_overrides(cfg) == {"Qwen3_5MLP": "eager", "Foo": "fullgraph"}
+    with pytest.raises(ConfigError, match="Class=compile|fullgraph|eager|off"):
+        load_config(None, {"compile_overrides": ["Qwen3_5MLP:eager"]})
+
+
 def test_help_lists_every_key_with_default():
     text = config_help()
     for f in dataclasses.fields(TrainConfig):

@@ -113,6 +113,9 @@ class TrainConfig:
         "torch.compile strategy: loop = the whole decoder loop as one graph, modules = per-class forwards; "
         "auto = loop on a GPU, off on CPU (inductor's C++ build costs minutes there)",
     )
+    compile_overrides: list[str] = _f(
+        [], "per-class plan overrides for compile: modules, as Class=compile|fullgraph|eager|off (see doctor)"
+    )
     require_fast_path: bool = _f(False, "refuse to train when a mixer would run on a slow fallback")
     device: Literal["auto", "cpu", "cuda"] = _f("auto", "where to train")
     num_threads: int = _f(
@@ -313,6 +316,13 @@ def validate(cfg: TrainConfig) -> None:
     for ok, key, value, what in checks:
         if not ok:
             raise ConfigError(f"config key '{key}' = {value!r} {what}")
+    for item in cfg.compile_overrides:
+        cls, eq, decision = item.partition("=")
+        if not eq or not cls or decision not in ("compile", "fullgraph", "eager", "off"):
+            raise ConfigError(
+                f"config key 'compile_overrides' entry {item!r} must look like Class=compile|fullgraph|eager|off "
+                "(e.g. Qwen3_5MLP=eager)"
+            )
     if cfg.adapter == "lora" and not cfg.lora_target_modules:
         raise ConfigError("config key 'lora_target_modules' is empty; name at least one module (e.g. q_proj)")
     for i, ds in enumerate(cfg.resolved_datasets()):
@@ -340,6 +350,11 @@ def config_help() -> str:
         + "\n\n  each entry of `datasets`:\n"
         + "\n".join(ds_rows)
     )
+
+
+def compile_overrides(cfg: TrainConfig) -> dict[str, str]:
+    """`compile_overrides` as the class -> decision mapping `compile_model(..., overrides=)` takes."""
+    return dict(item.split("=", 1) for item in cfg.compile_overrides)
 
 
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:

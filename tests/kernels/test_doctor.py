@@ -73,3 +73,12 @@ def test_bad_model_is_one_line_exit_2(capsys):
     assert cli.main(["doctor", "--model", "no-such-model"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "error:" in err
+
+
+def test_compile_plan_is_reported(capsys):
+    d = _json(capsys, ["--model", "tiny-qwen3_5", "--json"])
+    plan = {p["class"]: p for p in d["compile_plan"]}
+    assert plan["Qwen3_5GatedDeltaNet"]["decision"] == "routed"  # patched mixers run hybridtune ops
+    assert plan["Qwen3_5ForCausalLM"]["decision"] == "eager"
+    assert doctor.main(["--model", "tiny-qwen3_5"]) == 0
+    assert "compile plan (`compile: modules`)" in capsys.readouterr().out

@@ -168,6 +168,16 @@ def _patched_paths(model: Any) -> dict[str, Any]:
     return d
 
 
+def _compile_plan(model: Any) -> list[dict[str, Any]] | dict[str, str]:
+    """What `compile: modules` would do per class of the patched model (compile, eager, routed, left)."""
+    try:
+        from hybridtune.compiler.plan import plan_model
+
+        return [p.to_dict() for p in plan_model(model)]
+    except Exception as e:  # doctor reports; a planning bug must not hide the rest of the diagnosis
+        return {"error": f"plan_model failed: {type(e).__name__}: {e}"}
+
+
 def diagnose(model: str | None = None) -> dict[str, Any]:
     """Everything doctor reports, as one JSON-able dict."""
     from hybridtune.kernels.provision import ENV_POLICY, ENV_REQUIRE, prepare
@@ -197,6 +207,7 @@ def diagnose(model: str | None = None) -> dict[str, Any]:
 
         out["mixers"] = report(built).to_dict()
         out["mixers_hybridtune"] = _patched_paths(built)
+        out["compile_plan"] = _compile_plan(built)
     from hybridtune.kernels import gates
 
     hooks = gates.active()
@@ -279,6 +290,15 @@ def render(d: dict[str, Any]) -> str:
             )
     for name, what in d.get("under_auto", {}).items():
         lines.append(f"  under `kernels: auto`, {name}: {what}")
+    plan = d.get("compile_plan")
+    if isinstance(plan, list) and plan:
+        lines.append("compile plan (`compile: modules`), per class:")
+        width = max(len(p["class"]) for p in plan)
+        for p in plan:
+            full = " fullgraph" if p.get("fullgraph") else ""
+            lines.append(f"  {p['class']:<{width}}  {p['decision'] + full:<18} {p['reason']}")
+    elif isinstance(plan, dict):
+        lines.append(f"compile plan: {plan['error']}")
     lines.append(f"fast path: {'yes' if prov['fast_path'] else 'NO'}")
     for g in prov["gaps"]:
         lines.append(f"  gap: {g}")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from hybridtune.config import TrainConfig, to_dict
+from hybridtune.config import TrainConfig, compile_overrides, to_dict
 from hybridtune.data import IGNORE_INDEX, PackedCollator
 from hybridtune.data.build import PreparedData, prepare
 from hybridtune.data.packing import Example
@@ -312,7 +312,10 @@ class Trainer:
             return None
         from hybridtune.compiler.strategies import compile_model
 
-        handle = compile_model(model, strategy)
+        opts = (
+            {"overrides": compile_overrides(self.cfg)} if strategy == "modules" and self.cfg.compile_overrides else {}
+        )
+        handle = compile_model(model, strategy, **opts)
         logger.info("compile: strategy '%s' (the first step includes compilation)", strategy)
         return handle
 
