@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 
-from hybridtune.errors import UserError
+from hybridtune.errors import UserError, did_you_mean
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("hybridtune.train.command", "fine-tune a model (LoRA or full) on packed data"),
@@ -58,10 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        import difflib
-
-        near = difflib.get_close_matches(name, COMMANDS, n=1)
-        hint = f" Did you mean '{near[0]}'?" if near else ""
+        hint = did_you_mean(name, COMMANDS)
         print(f"error: unknown command '{name}'.{hint} Commands: {', '.join(COMMANDS)}.", file=sys.stderr)
         return 2
     _setup_logging()

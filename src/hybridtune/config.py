@@ -280,10 +280,6 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         lines = _key_lines(text)
         where = str(p)
     cli = overrides or {}
-    names = [f.name for f in dataclasses.fields(TrainConfig)]
-    for key in cli:
-        if key not in names:
-            raise _unknown_key(key, names, "command line")
     _build(TrainConfig, data, where, lines)  # errors in the file name the file and line
     _build(TrainConfig, cli, "command line", {})  # errors in overrides name the command line
     cfg = _build(TrainConfig, {**data, **cli}, where, lines)

@@ -8,6 +8,14 @@ the bad value, where it came from (file, line, key) and what to do.
 from __future__ import annotations
 
 
+def did_you_mean(word: str, choices, what: str = "") -> str:
+    """ " Did you mean <what>'<nearest>'?" for the closest of `choices`, or "" when none is close."""
+    import difflib
+
+    near = difflib.get_close_matches(word, list(choices), n=1)
+    return f" Did you mean {what}'{near[0]}'?" if near else ""
+
+
 class UserError(Exception):
     """Bad input: printed as one line by the CLI, exit code 2."""
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hybridtune.errors import ModelError
+from hybridtune.errors import ModelError, did_you_mean
 
 # Distributions whose versions decide the fast path (and the self-test cache key).
 VERSIONED = (
@@ -127,12 +127,8 @@ def resolve_model(spec: str) -> tuple[str, Any]:
         from hybridtune.kernels.needs import _read_config
 
         return f"checkpoint {path}", _read_config(path)
-    import difflib
-
-    near = difflib.get_close_matches(spec, PRESETS, n=1)
-    hint = f" Did you mean '{near[0]}'?" if near else ""
     raise ModelError(
-        f"--model '{spec}' is neither a preset nor a local checkpoint directory.{hint} Presets: {', '.join(PRESETS)}."
+        f"--model '{spec}' is neither a preset nor a local checkpoint directory.{did_you_mean(spec, PRESETS)} Presets: {', '.join(PRESETS)}."
     )
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from hybridtune.errors import ModelError
+from hybridtune.errors import ModelError, did_you_mean
 from hybridtune.models.presets import PRESETS, preset_config
 
 logger = logging.getLogger(__name__)
@@ -58,10 +58,7 @@ def tokenizer_for(base_model: str, tokenizer_path: str | None = None):
 def check_checkpoint_dir(base_model: str) -> Path:
     path = Path(base_model).expanduser()
     if not path.is_dir():
-        import difflib
-
-        near = difflib.get_close_matches(base_model, PRESETS, n=1)
-        hint = f" Did you mean preset '{near[0]}'?" if near else f" Presets: {', '.join(PRESETS)}."
+        hint = did_you_mean(base_model, PRESETS, what="preset ") or f" Presets: {', '.join(PRESETS)}."
         raise ModelError(f"base_model '{base_model}' is neither a preset nor a local checkpoint directory.{hint}")
     if not (path / "config.json").is_file():
         raise ModelError(f"checkpoint directory '{path}' has no config.json; point base_model at a saved model")

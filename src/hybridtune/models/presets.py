@@ -171,14 +171,10 @@ PRESETS: dict[str, Preset] = {
 
 def preset_config(name: str, vocab_size: int | None = None):
     """The transformers config of preset `name` (random-weight model; nothing downloaded)."""
-    from hybridtune.errors import ModelError
+    from hybridtune.errors import ModelError, did_you_mean
 
     if name not in PRESETS:
-        import difflib
-
-        near = difflib.get_close_matches(name, PRESETS, n=1)
-        hint = f" Did you mean '{near[0]}'?" if near else ""
-        raise ModelError(f"unknown preset '{name}'.{hint} Presets: {', '.join(PRESETS)}.")
+        raise ModelError(f"unknown preset '{name}'.{did_you_mean(name, PRESETS)} Presets: {', '.join(PRESETS)}.")
     preset = PRESETS[name]
     if vocab_size is None:
         if preset.uses_bundled_tokenizer:

@@ -86,11 +86,9 @@ def lr_lambda(kind: str, warmup: int, total: int) -> Callable[[int], float]:
     return f
 
 
-def identity(cfg: TrainConfig) -> dict:
-    d = to_dict(cfg)
-    for k in NON_IDENTITY_KEYS:
-        d.pop(k, None)
-    return d
+def identity(config: dict) -> dict:
+    """What a run computes: its config (as a dict) without the keys that do not change it."""
+    return {k: v for k, v in config.items() if k not in NON_IDENTITY_KEYS}
 
 
 def check_output_dir(cfg: TrainConfig) -> bool:
@@ -106,7 +104,7 @@ def check_output_dir(cfg: TrainConfig) -> bool:
             held = json.loads(run_file.read_text()).get("config", {})
         except json.JSONDecodeError:
             held = None
-        if held is not None and {k: v for k, v in held.items() if k not in NON_IDENTITY_KEYS} == identity(cfg):
+        if held is not None and identity(held) == identity(to_dict(cfg)):
             logger.info("output_dir %s holds an earlier run of the same config; starting it again", out)
             return True
     if cfg.overwrite:
@@ -232,6 +230,7 @@ class Trainer:
 
         from hybridtune.kernels.provision import prepare as prepare_kernels
         from hybridtune.models.loading import load_model, tokenizer_for
+        from hybridtune.models.patching import patch_model
 
         # Data before the model: bad input fails in a second, not after a model load.
         self.tokenizer = tokenizer_for(cfg.base_model, cfg.tokenizer)
@@ -244,7 +243,8 @@ class Trainer:
 
         model = loaded.model
         self._choose_threads(model)
-        self.patch_report = self._patch(model)
+        self.patch_report = patch_model(model)
+        logger.info("%s", self.patch_report)
         if cfg.gradient_checkpointing:
             # Non-reentrant checkpointing needs no `enable_input_require_grads` hook for frozen embeddings.
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -319,20 +319,6 @@ class Trainer:
         logger.info("compile: strategy '%s' (the first step includes compilation)", strategy)
         return handle
 
-    def _patch(self, model):
-        """Route hybrid mixers through hybridtune ops (leak-free packing); None if that layer is absent."""
-        try:
-            from hybridtune.models.patching import patch_model
-        except ImportError:
-            logger.warning(
-                "hybridtune.models.patching is not available: GDN layers run transformers' own path, "
-                "which does not keep packed documents apart"
-            )
-            return None
-        report = patch_model(model)
-        logger.info("%s", report)
-        return report
-
     def _write_run_file(self) -> None:
         data = {"config": to_dict(self.cfg), "hybridtune_version": __import__("hybridtune").__version__}
         tmp = self.out / f".{RUN_FILE}.tmp"
@@ -392,14 +378,11 @@ class Trainer:
                 out = self.model(**{k: b[k] for k in MODEL_KEYS}, num_items_in_batch=max(n_tokens, 1))
             out.loss.backward()
             total += float(out.loss.detach())
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)
         if cfg.max_grad_norm > 0:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm))
-        else:
-            grad_norm = float(
-                torch.linalg.vector_norm(
-                    torch.stack([p.grad.norm() for p in self.model.parameters() if p.grad is not None])
-                )
-            )
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), cfg.max_grad_norm, norm)
+        grad_norm = float(norm)
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
@@ -475,16 +458,15 @@ class Trainer:
             path = self.save()
             logger.warning("interrupted: saved %s; continue with --resume_from_checkpoint latest", path)
             result.interrupted = True
-            result.steps = self.step
+        else:
+            ev = self.run_eval()
+            if ev:
+                result.evals.append(ev)
+            self.save()
+            result.final_dir = str(self.save_final())
+        finally:
             self.metrics.close()
-            return result
-        ev = self.run_eval()
-        if ev:
-            result.evals.append(ev)
-        self.save()
-        result.final_dir = str(self.save_final())
         result.steps = self.step
-        self.metrics.close()
         return result
 
     def save_final(self) -> Path:
