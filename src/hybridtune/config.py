@@ -94,6 +94,11 @@ class TrainConfig:
     max_grad_norm: float = _f(1.0, "gradient clipping (0: off)")
     bf16: Literal["auto"] | bool = _f("auto", "bf16 autocast: auto = on a GPU that supports it, off on CPU")
     gradient_checkpointing: bool = _f(False, "recompute activations in backward to save memory")
+    loss: Literal["auto", "fused", "plain"] = _f(
+        "auto",
+        "cross-entropy: fused = chunked against lm_head, never holding [tokens, vocab] logits; plain = "
+        "transformers' own; auto = fused where the model's head allows it (plain Linear, no soft-capping)",
+    )
     # evaluation, logging, checkpoints
     eval_steps: int = _f(100, "evaluate every N steps (0: only at the end)")
     eval_max_examples: int = _f(200, "cap on held-out examples per eval")

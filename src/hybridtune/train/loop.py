@@ -26,21 +26,12 @@ from hybridtune.data.packing import Example
 from hybridtune.errors import ConfigError, OutputDirError
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train.metrics import MetricsLog, Throughput, format_step, memory_gib
+from hybridtune.train.step import MODEL_KEYS, forward_loss, fused_loss_blocker
 
 logger = logging.getLogger(__name__)
 
 RUN_FILE = "hybridtune_run.json"
 SMALL_MODEL_PARAMS = 50_000_000
-MODEL_KEYS = (
-    "input_ids",
-    "position_ids",
-    "labels",
-    "cu_seq_lens_q",
-    "cu_seq_lens_k",
-    "max_length_q",
-    "max_length_k",
-    "gdn_chunk_indices",  # read by patched GDN mixers; transformers' own layers ignore it
-)
 # Keys that do not change what a run computes: a run may continue or resume under other values.
 NON_IDENTITY_KEYS = (
     "overwrite",
@@ -256,6 +247,7 @@ class Trainer:
         model.train()
         self.model = model
         self.compile_handle = self._compile(model)
+        self.fused_loss = self._choose_loss(model)
 
         params = [p for p in model.parameters() if p.requires_grad]
         fused = self.device.type == "cuda"
@@ -302,6 +294,18 @@ class Trainer:
         if n_params < SMALL_MODEL_PARAMS:
             torch.set_num_threads(1)
             logger.info("CPU: 1 thread for a %.1fM-parameter model (set num_threads to override)", n_params / 1e6)
+
+    def _choose_loss(self, model) -> bool:
+        blocker = fused_loss_blocker(model)
+        if self.cfg.loss == "plain":
+            return False
+        if blocker is None:
+            logger.info("loss: fused chunked cross-entropy against lm_head (no [tokens, vocab] logits kept)")
+            return True
+        if self.cfg.loss == "fused":
+            raise ConfigError(f"loss 'fused' cannot stand in for this model's loss: {blocker}; use loss: auto or plain")
+        logger.warning("loss: transformers' own ([tokens, vocab] logits kept): %s", blocker)
+        return False
 
     def _compile(self, model):
         """Compile after patching, LoRA and checkpointing are in place (the graph must see all three)."""
@@ -375,9 +379,9 @@ class Trainer:
         for b in batches:
             b = to_device(b, self.device)
             with self.autocast():
-                out = self.model(**{k: b[k] for k in MODEL_KEYS}, num_items_in_batch=max(n_tokens, 1))
-            out.loss.backward()
-            total += float(out.loss.detach())
+                loss = forward_loss(self.model, b, n_tokens, self.fused_loss)
+            loss.backward()
+            total += float(loss.detach())
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads)
         if cfg.max_grad_norm > 0:

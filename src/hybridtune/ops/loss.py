@@ -1,0 +1,101 @@
+"""Fused linear cross-entropy: the loss of `hidden @ weight.T` without keeping `[N, vocab]` logits.
+
+`linear_cross_entropy(hidden [N, H], weight [V, H], targets [N])` returns the *sum* of the per-token
+cross-entropy over tokens whose target is not `ignore_index` (an fp32 scalar; fp64 for fp64 inputs). It walks the tokens in
+chunks; for each chunk it forms the logits, takes their log-sum-exp in fp32, and, when gradients are
+wanted, turns the same buffer into d(loss)/d(logits) = softmax - one_hot right away and folds it into
+d(hidden) (`g @ W`) and d(weight) (`g.T @ h`, accumulated in fp32). So the forward costs the one
+logits GEMM plus the two gradient GEMMs a plain loss would run in its backward, and nothing is
+recomputed; the backward only scales the stored gradients by the incoming scalar. Peak extra memory is
+one fp32 chunk of logits (chunk x vocab x 4 bytes, about 1 GiB by default) plus `d(hidden)`.
+
+Matmuls run in the autocast dtype when autocast is on (what `lm_head` would run in), else in
+`hidden`'s dtype; the gradients come back in each input's own dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Elements of one fp32 logits chunk: 2**28 = 1 GiB (1081 tokens at a 248k vocabulary, rounded to 1024).
+CHUNK_ELEMENTS = 2**28
+
+
+def default_chunk(vocab: int) -> int:
+    return max(64, (CHUNK_ELEMENTS // max(vocab, 1)) // 64 * 64)
+
+
+def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
+    dev = hidden.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return hidden.dtype
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, ignore_index, chunk, dtype):
+        need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        with torch.autocast(hidden.device.type, enabled=False):
+            h = hidden.to(dtype)
+            w = weight.to(dtype)
+            acc = torch.promote_types(dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
+            total = torch.zeros((), dtype=acc, device=hidden.device)
+            dh = torch.empty_like(h) if need_dh else None
+            dw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_dw else None
+            for s in range(0, h.shape[0], chunk):
+                hc, tc = h[s : s + chunk], targets[s : s + chunk]
+                valid = tc != ignore_index
+                tgt = torch.where(valid, tc, 0).unsqueeze(1)
+                logits = (hc @ w.t()).to(acc)
+                lse = torch.logsumexp(logits, dim=-1)
+                picked = logits.gather(1, tgt).squeeze(1)
+                total += torch.where(valid, lse - picked, 0.0).sum()
+                if not (need_dh or need_dw):
+                    continue
+                g = logits.sub_(lse.unsqueeze(1)).exp_()  # softmax, in place
+                g.scatter_add_(1, tgt, torch.full_like(picked, -1.0).unsqueeze(1))
+                g.mul_(valid.unsqueeze(1))
+                g = g.to(dtype)
+                if need_dh:
+                    dh[s : s + chunk] = g @ w
+                if need_dw:
+                    if dtype == acc:
+                        dw.addmm_(g.t(), hc)
+                    else:
+                        dw.add_(g.t() @ hc)
+        ctx.save_for_backward(*(t for t in (dh, dw) if t is not None))
+        ctx.has = (need_dh, need_dw)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        saved = list(ctx.saved_tensors)
+        dh = saved.pop(0) if ctx.has[0] else None
+        dw = saved.pop(0) if ctx.has[1] else None
+        if dh is not None:
+            dh = (dh * grad_out.to(dh.dtype)).to(ctx.dtypes[0])
+        if dw is not None:
+            dw = (dw * grad_out).to(ctx.dtypes[1])
+        return dh, dw, None, None, None, None
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    ignore_index: int = -100,
+    chunk: int | None = None,
+) -> torch.Tensor:
+    """Sum over non-ignored tokens of cross_entropy(hidden @ weight.T, targets); see the module docstring."""
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"linear_cross_entropy: hidden [N, H] and weight [V, H] expected, got "
+            f"{tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
+    if targets.shape != hidden.shape[:1]:
+        raise ValueError(f"linear_cross_entropy: targets must be [N] = {hidden.shape[0]}, got {tuple(targets.shape)}")
+    chunk = chunk or default_chunk(weight.shape[0])
+    return _LinearCrossEntropy.apply(hidden, weight, targets, ignore_index, chunk, _compute_dtype(hidden))
