@@ -1,0 +1,253 @@
+"""`hybridtune bench`: several training modes side by side on the same model, data and seeds.
+
+Each mode runs in a fresh subprocess (`hybridtune.bench.worker`), so one mode's compiled graphs,
+patched classes, allocator state or crash never touch the next. A mode that has not finished its first
+step within `--startup-timeout` seconds is stopped and reported as "no first step within N s"; a mode
+that crashes is reported with its error. The matmul peak used for FLOP utilisation is measured first,
+in its own process, on the same device.
+
+Output in `--out-dir`: bench.json (command, commit, versions, device, settings, every mode's raw
+numbers), bench.md (the table), bench.png (bar chart), logs/<mode>.log (each worker's output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from hybridtune.bench.modes import parse_mode
+from hybridtune.bench.worker import FIRST_STEP_MARKER
+from hybridtune.config import DEFAULT_LORA_TARGETS
+from hybridtune.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+GPU_MODES = "hf-eager,hf-compile,hf-liger,ht-eager,ht-loop,ht-modules"
+CPU_MODES = "hf-eager,ht-eager,ht-loop"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="hybridtune bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default=None, help="model preset (default: qwen3_5-2b on a GPU, tiny-qwen3_5 on CPU)")
+    ap.add_argument(
+        "--modes",
+        default=None,
+        help=f"comma-separated MODE[:gc=on|off,loss=plain|fused] (default GPU: {GPU_MODES}; CPU: {CPU_MODES})",
+    )
+    ap.add_argument("--seq-len", type=int, default=None, help="tokens per pack (default 4096 on a GPU, 256 on CPU)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps after warm-up (default 20 GPU, 3 CPU)")
+    ap.add_argument("--warmup", type=int, default=None, help="warm-up steps, not timed (default 3 GPU, 1 CPU)")
+    ap.add_argument("--layouts", type=int, default=8, help="distinct pack layouts, cycled through the steps")
+    ap.add_argument("--adapter", choices=("lora", "full"), default="lora")
+    ap.add_argument("--lora-r", type=int, default=16)
+    ap.add_argument("--lora-targets", default=",".join(DEFAULT_LORA_TARGETS), help="comma-separated module names")
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--startup-timeout", type=float, default=600.0, help="seconds a mode may take to its first step")
+    ap.add_argument("--mode-timeout", type=float, default=1800.0, help="seconds a whole mode may take")
+    ap.add_argument(
+        "--compile-backend", default="inductor", help="torch.compile backend (aot_eager for a quick CPU check)"
+    )
+    ap.add_argument("--out-dir", default="outputs/bench")
+    ap.add_argument("--title", default=None, help="title of the markdown table and the chart")
+    return ap.parse_args(argv)
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+
+    import torch
+
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("transformers", "peft", "triton", "flash-linear-attention", "fla-core", "liger-kernel", "flash-attn"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    from hybridtune import __version__
+
+    out["hybridtune"] = __version__
+    if torch.cuda.is_available():
+        out["cuda"] = torch.version.cuda
+    return out
+
+
+def device_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def git_commit() -> str:
+    env = os.environ.get("HYBRIDTUNE_GIT_COMMIT")
+    if env:
+        return env
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, cwd=Path(__file__).parent
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def run_worker(spec: dict, log_path: Path, startup_timeout: float, timeout: float) -> dict:
+    """Run one worker process; stop it at the time limits; return its result dict."""
+    with tempfile.TemporaryDirectory(prefix="hybridtune-bench-") as tmp:
+        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        spec_path.write_text(json.dumps(spec))
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        cmd = [sys.executable, "-m", "hybridtune.bench.worker", str(spec_path), str(out_path)]
+        started = threading.Event()
+        t0 = time.monotonic()
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+            )
+
+            def pump() -> None:
+                for line in proc.stdout:
+                    log.write(line)
+                    log.flush()
+                    if line.startswith(FIRST_STEP_MARKER):
+                        started.set()
+
+            reader = threading.Thread(target=pump, daemon=True)
+            reader.start()
+            stopped = None
+            while proc.poll() is None:
+                elapsed = time.monotonic() - t0
+                if not started.is_set() and elapsed > startup_timeout:
+                    stopped = f"no first step within {startup_timeout:.0f} s"
+                elif elapsed > timeout:
+                    stopped = f"not finished within {timeout:.0f} s"
+                if stopped:
+                    _kill(proc)
+                    break
+                time.sleep(0.5)
+            proc.wait()
+            reader.join(timeout=10)
+        wall = time.monotonic() - t0
+        if stopped:
+            return {"error": stopped, "stopped": True, "wall_s": wall}
+        if not out_path.is_file():
+            return {
+                "error": f"worker exited with code {proc.returncode} and no result (see {log_path})",
+                "wall_s": wall,
+            }
+        result = json.loads(out_path.read_text())
+        result["wall_s"] = wall
+        return result
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    from hybridtune.bench import report
+    from hybridtune.models.presets import PRESETS
+
+    args = parse_args(argv)
+    gpu = torch.cuda.is_available()
+    preset = args.preset or ("qwen3_5-2b" if gpu else "tiny-qwen3_5")
+    if preset not in PRESETS:
+        from hybridtune.errors import did_you_mean
+
+        raise ConfigError(
+            f"--preset '{preset}' is not a preset.{did_you_mean(preset, PRESETS)} Presets: {', '.join(PRESETS)}."
+        )
+    modes = [parse_mode(s) for s in (args.modes or (GPU_MODES if gpu else CPU_MODES)).split(",") if s.strip()]
+    labels = [m.label for m in modes]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"--modes names a mode twice: {','.join(labels)}")
+    settings = {
+        "preset": preset,
+        "seq_len": args.seq_len or (4096 if gpu else 256),
+        "steps": args.steps if args.steps is not None else (20 if gpu else 3),
+        "warmup": args.warmup if args.warmup is not None else (3 if gpu else 1),
+        "layouts": args.layouts,
+        "adapter": args.adapter,
+        "lora_r": args.lora_r,
+        "lora_targets": [t for t in args.lora_targets.split(",") if t],
+        "lr": args.lr,
+        "seed": args.seed,
+        "compile_backend": args.compile_backend,
+        "dtype": "bf16 weights + bf16 autocast" if gpu else "fp32",
+    }
+    if settings["steps"] < 1 or settings["warmup"] < 1:
+        raise ConfigError("--steps and --warmup must be at least 1")
+    out = Path(args.out_dir)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    from hybridtune.bench.data import pack_layouts
+
+    lay = pack_layouts(settings["seq_len"], settings["layouts"], settings["seed"])
+    doc = {
+        "what": "hybridtune bench: training step per mode, same model, data and seeds, each mode in a fresh process",
+        "command": "hybridtune bench " + " ".join(argv),
+        "git_commit": git_commit(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": device_name(),
+        "versions": versions(),
+        "settings": settings,
+        "data": {
+            "layouts": lay,
+            "docs_per_pack_mean": sum(map(len, lay)) / len(lay),
+            "distribution": "log-normal document lengths, median 400, sigma 0.9, packs filled exactly",
+        },
+        "modes": {},
+    }
+    logger.info(
+        "bench: %s on %s, %d-token packs, modes %s", preset, doc["device"], settings["seq_len"], ", ".join(labels)
+    )
+    peak = run_worker({"kind": "peak"}, out / "logs" / "peak.log", args.startup_timeout, args.mode_timeout)
+    doc["peak"] = peak
+    for mode in modes:
+        spec = {"kind": "mode", "mode": mode.label, **settings, "peak_flops_per_s": peak.get("flops_per_s")}
+        logger.info("bench: running %s", mode.label)
+        res = run_worker(
+            spec,
+            out / "logs" / f"{mode.label.replace(':', '_').replace('=', '-')}.log",
+            args.startup_timeout,
+            args.mode_timeout,
+        )
+        doc["modes"][mode.label] = res
+        logger.info("bench: %s", report.one_line(mode.label, res))
+        _write_json(out / "bench.json", doc)
+    table = report.markdown(doc, title=args.title)
+    (out / "bench.md").write_text(table)
+    try:
+        report.chart(doc, out / "bench.png", title=args.title)
+    except ImportError as e:
+        logger.warning("no chart: %s", e)
+    print(table)
+    logger.info("bench: wrote %s, %s, %s", out / "bench.json", out / "bench.md", out / "bench.png")
+    return 0
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    os.replace(tmp, path)

@@ -1,0 +1,103 @@
+"""The benchmark's modes: what a user would run instead, and hybridtune's own paths.
+
+A mode spec is `NAME` or `NAME:key=value,...` (for example `ht-loop:gc=off`), so one run can hold a
+mode at identical settings beside the same mode at its best settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+from hybridtune.errors import ConfigError, did_you_mean
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    what: str
+    patch: bool  # route the GDN mixers through hybridtune's ops (patch_model)
+    compile: str  # "off" | "torch" (plain torch.compile of the model) | "loop" | "modules"
+    loss: str  # "plain" (transformers' loss over [T, vocab] logits) | "fused" (hybridtune.ops.loss)
+    liger: bool = False
+    gc: bool = True  # gradient checkpointing
+    input_require_grads: bool = False  # peft + checkpointing as users run it (`enable_input_require_grads`)
+    options: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        if not self.options:
+            return self.name
+        return self.name + ":" + ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"label": self.label}
+
+
+MODES: dict[str, Mode] = {
+    m.name: m
+    for m in [
+        Mode(
+            "hf-eager",
+            "plain transformers + peft, eager, FLA installed",
+            patch=False,
+            compile="off",
+            loss="plain",
+            input_require_grads=True,
+        ),
+        Mode(
+            "hf-compile",
+            "plain transformers + peft under torch.compile(model)",
+            patch=False,
+            compile="torch",
+            loss="plain",
+            input_require_grads=True,
+        ),
+        Mode(
+            "hf-liger",
+            "transformers + peft with liger-kernel's Qwen3.5 patches (fused linear cross-entropy)",
+            patch=False,
+            compile="off",
+            loss="plain",
+            liger=True,
+            input_require_grads=True,
+        ),
+        Mode("ht-eager", "hybridtune ops + fused loss, eager", patch=True, compile="off", loss="fused"),
+        Mode(
+            "ht-loop",
+            "hybridtune ops + fused loss, decoder loop as one graph",
+            patch=True,
+            compile="loop",
+            loss="fused",
+        ),
+        Mode(
+            "ht-modules",
+            "hybridtune ops + fused loss, generated per-class forwards compiled",
+            patch=True,
+            compile="modules",
+            loss="fused",
+        ),
+    ]
+}
+
+OPTION_KEYS = {"gc": ("on", "off"), "loss": ("plain", "fused")}
+
+
+def parse_mode(spec: str) -> Mode:
+    """`NAME[:key=value,...]` -> Mode; unknown names or keys raise a one-line ConfigError."""
+    name, _, opts = spec.strip().partition(":")
+    if name not in MODES:
+        raise ConfigError(f"unknown bench mode '{name}'.{did_you_mean(name, MODES)} Modes: {', '.join(MODES)}.")
+    mode = MODES[name]
+    options: dict[str, str] = {}
+    for item in filter(None, opts.split(",")):
+        key, eq, value = item.partition("=")
+        if key not in OPTION_KEYS or not eq or value not in OPTION_KEYS[key]:
+            allowed = "; ".join(f"{k}={'|'.join(v)}" for k, v in OPTION_KEYS.items())
+            raise ConfigError(f"bench mode option '{item}' in '{spec}' is not one of: {allowed}")
+        options[key] = value
+    changes: dict = {"options": options}
+    if "gc" in options:
+        changes["gc"] = options["gc"] == "on"
+    if "loss" in options:
+        changes["loss"] = options["loss"]
+    return replace(mode, **changes)

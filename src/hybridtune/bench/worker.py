@@ -1,0 +1,249 @@
+"""One benchmark mode (or the matmul peak) in a fresh process.
+
+`python -m hybridtune.bench.worker SPEC.json RESULT.json`, started by `hybridtune bench`. The worker
+prints `FIRST_STEP_MARKER` once its first step has finished, so the parent can stop a mode that does
+not start within its time limit, and writes its result (or its error) as JSON.
+
+A step is what the trainer does per optimizer step: forward and loss under bf16 autocast (GPU),
+backward, global-norm clipping at 1.0, AdamW (fused on GPU), zero_grad. It is timed with the device
+synchronised on both sides; the loss is read after the timer stops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+FIRST_STEP_MARKER = "HYBRIDTUNE_BENCH_FIRST_STEP"
+HF_GUARD_NOTE = (
+    "FLA's Hopper guard (fla #640) bypassed for this whole process (fla.ops.common.chunk_o.IS_NVIDIA_HOPPER = "
+    "False): plain transformers has no per-shape hook, and without the bypass its GDN backward refuses to run"
+)
+
+
+def triton_cache_state() -> str:
+    d = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+    return "warm" if d.is_dir() and any(d.iterdir()) else "cold"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_peak(device: torch.device) -> dict:
+    """Dense matmul throughput: bf16 8192^3 on a GPU, fp32 1024^3 on CPU (median of timed repeats)."""
+    n, dtype, reps = (8192, torch.bfloat16, 30) if device.type == "cuda" else (1024, torch.float32, 5)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        a @ b
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    return {"matmul": f"{n}^3 {str(dtype).removeprefix('torch.')}", "flops_per_s": 2 * n**3 / med, "median_s": med}
+
+
+def _apply_liger(model_type: str) -> str:
+    from liger_kernel import transformers as liger  # ImportError: mode skipped by the caller
+
+    fn = getattr(liger, f"apply_liger_kernel_to_{model_type.removesuffix('_text')}", None)
+    if fn is None:
+        raise RuntimeError(f"liger-kernel has no patch for model type '{model_type}'")
+    fn()
+    return fn.__name__
+
+
+def _kernels(mode, cfg, device: torch.device, result: dict) -> None:
+    """hybridtune modes lift FLA's guard through the kernel self-test; plain modes can only bypass it."""
+    if device.type != "cuda":
+        return
+    from hybridtune.ops import fla_guard
+
+    if mode.patch:
+        from hybridtune.kernels.provision import prepare
+
+        t0 = time.perf_counter()
+        report = prepare("check", False, cfg, log=False)
+        result["kernel_selftest"] = report.selftest
+        result["kernel_selftest_s"] = time.perf_counter() - t0
+        result["fla_guard"] = {str(k): v for k, v in fla_guard.granted().items()} or "no grant"
+        return
+    if fla_guard.guard_active():
+        import importlib
+
+        setattr(importlib.import_module(fla_guard.GUARD_MODULE), fla_guard.GUARD_FLAG, False)
+        result["fla_guard"] = HF_GUARD_NOTE
+
+
+def build_model(spec: dict, mode, device: torch.device, result: dict):
+    from transformers import AutoModelForCausalLM
+
+    from hybridtune.models.presets import preset_config
+
+    cfg = preset_config(spec["preset"])
+    _kernels(mode, cfg, device, result)
+    if mode.liger:
+        result["liger"] = _apply_liger(cfg.model_type)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(spec["seed"])
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    if mode.patch:
+        from hybridtune.models.patching import patch_model
+
+        result["patch_report"] = str(patch_model(model))
+    if mode.gc:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if mode.input_require_grads:
+            model.enable_input_require_grads()
+    if spec["adapter"] == "lora":
+        from hybridtune.train.lora import apply_lora
+
+        torch.manual_seed(spec["seed"] + 1)
+        model = apply_lora(model, spec["lora_r"], 2 * spec["lora_r"], 0.0, spec["lora_targets"])
+    model.train()
+    backend = spec.get("compile_backend", "inductor")
+    if mode.compile == "torch":
+        model = torch.compile(model, backend=backend)
+    elif mode.compile in ("loop", "modules"):
+        from hybridtune.compiler.strategies import compile_model
+
+        compile_model(model, mode.compile, backend=backend)
+    return cfg, model
+
+
+def run_mode(spec: dict) -> dict:
+    from torch._dynamo.utils import counters
+
+    from hybridtune.bench.data import make_batches, pack_layouts
+    from hybridtune.bench.modes import parse_mode
+    from hybridtune.train.loop import to_device
+    from hybridtune.train.step import forward_loss
+
+    mode = parse_mode(spec["mode"])
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cpu":
+        torch.set_num_threads(spec.get("num_threads") or 1)
+    result: dict = {"mode": mode.to_dict(), "device": str(device), "triton_cache": triton_cache_state()}
+    t0 = time.perf_counter()
+    cfg, model = build_model(spec, mode, device, result)
+    layouts = pack_layouts(spec["seq_len"], spec["layouts"], spec["seed"])
+    batches = [to_device(b, device) for b in make_batches(layouts, cfg.vocab_size, spec["seed"])]
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=spec["lr"], fused=device.type == "cuda")
+    result["setup_s"] = time.perf_counter() - t0
+    result["trainable_params"] = sum(p.numel() for p in params)
+    result["total_params"] = sum(p.numel() for p in model.parameters())
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    counters.clear()
+    times, losses, graphs_after_warmup = [], [], 0
+    total = spec["warmup"] + spec["steps"]
+    for i in range(total):
+        b = batches[i % len(batches)]
+        sync(device)
+        start = time.perf_counter()
+        with autocast:
+            loss = forward_loss(model, b, b["num_loss_tokens"], fused=mode.loss == "fused")
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync(device)
+        times.append(time.perf_counter() - start)
+        losses.append(float(loss))
+        del loss
+        if i == 0:
+            print(FIRST_STEP_MARKER, f"{times[0]:.2f}", flush=True)
+        if i == spec["warmup"] - 1:
+            graphs_after_warmup = counters["stats"]["unique_graphs"]
+        print(f"step {i + 1}/{total} {times[-1] * 1e3:.1f} ms loss {losses[-1]:.5f}", flush=True)
+    timed = times[spec["warmup"] :]
+    med = statistics.median(timed)
+    tokens = [b["input_ids"].shape[1] for b in batches]
+    timed_tokens = [tokens[i % len(batches)] for i in range(spec["warmup"], total)]
+    result.update(
+        first_step_s=times[0],
+        step_times_s=times,
+        median_step_s=med,
+        tokens_per_s=statistics.median(n / t for n, t in zip(timed_tokens, timed)),
+        losses=losses,
+        loss_step1=losses[0],
+        loss_last10_mean=statistics.fmean(losses[-10:]),
+        graph_breaks=sum(counters["graph_break"].values()),
+        graph_break_reasons=[r for r, _ in counters["graph_break"].most_common(5)],
+        graphs=counters["stats"]["unique_graphs"],
+        recompiles_after_warmup=counters["stats"]["unique_graphs"] - graphs_after_warmup,
+    )
+    if device.type == "cuda":
+        result["peak_alloc_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        result["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
+    else:
+        import resource
+
+        result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    _flops(spec, mode, cfg, batches, timed, result)
+    return result
+
+
+def _flops(spec, mode, cfg, batches, timed, result) -> None:
+    from hybridtune.bench.flops import step_flops
+
+    n = len(batches)
+    steps = [batches[i % n]["doc_lens"] for i in range(spec["warmup"], spec["warmup"] + spec["steps"])]
+    per = [
+        step_flops(
+            cfg,
+            lens,
+            adapter=spec["adapter"],
+            lora_r=spec["lora_r"],
+            lora_targets=spec["lora_targets"],
+            gradient_checkpointing=mode.gc,
+        )
+        for lens in steps
+    ]
+    model_f, hw_f = sum(f.model for f in per), sum(f.hardware for f in per)
+    result["model_flops_per_step"] = model_f / len(per)
+    result["hardware_flops_per_step"] = hw_f / len(per)
+    peak = spec.get("peak_flops_per_s")
+    if peak:
+        result["mfu"] = model_f / sum(timed) / peak
+        result["hfu"] = hw_f / sum(timed) / peak
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    out = Path(argv[1])
+    try:
+        if spec["kind"] == "peak":
+            dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+            result = measure_peak(dev)
+        else:
+            result = run_mode(spec)
+    except ImportError as e:
+        result = {"skipped": f"{e}"}
+    except Exception as e:  # reported in the table, never a hang or a lost run
+        result = {"error": f"{type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-6000:]}
+        print(result["traceback"], file=sys.stderr, flush=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=str))
+    os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,104 @@
+"""`hybridtune bench` on CPU (tiny preset): every mode runs in its own process and reports what it must."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hybridtune.bench.data import make_batches, pack_layouts
+from hybridtune.bench.modes import parse_mode
+from hybridtune.cli import main
+from hybridtune.errors import ConfigError
+
+
+def test_packs_are_full_and_spread():
+    layouts = pack_layouts(4096, 20, seed=3)
+    assert all(sum(lens) == 4096 for lens in layouts)
+    flat = [n for lens in layouts for n in lens]
+    assert min(flat) >= 16 and max(flat) > 1500 and len(set(flat)) > 50  # a spread, not one fixed length
+    assert pack_layouts(4096, 20, seed=3) == layouts  # deterministic: every mode sees the same packs
+    b = make_batches(layouts[:1], 1000, seed=0)[0]
+    assert b["input_ids"].shape == (1, 4096) and b["doc_lens"] == layouts[0]
+    assert 0.6 < b["num_loss_tokens"] / 4096 < 0.8  # prompts (first quarter of each document) untrained
+
+
+def test_mode_specs():
+    m = parse_mode("ht-loop:gc=off")
+    assert m.label == "ht-loop:gc=off" and m.gc is False and m.compile == "loop"
+    assert parse_mode("hf-eager").input_require_grads and not parse_mode("ht-eager").input_require_grads
+    with pytest.raises(ConfigError, match="Did you mean 'ht-loop'"):
+        parse_mode("ht-lop")
+    with pytest.raises(ConfigError, match=r"gc=on\|off"):
+        parse_mode("ht-loop:gc=maybe")
+
+
+def test_bench_cpu_smoke(tmp_path, capsys):
+    out = tmp_path / "bench"
+    rc = main(
+        [
+            "bench",
+            "--modes",
+            "hf-eager,ht-eager,ht-loop",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--layouts",
+            "2",
+            "--compile-backend",
+            "aot_eager",
+            "--out-dir",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["settings"]["preset"] == "tiny-qwen3_5" and doc["peak"]["flops_per_s"] > 0
+    assert set(doc["modes"]) == {"hf-eager", "ht-eager", "ht-loop"}
+    for label, r in doc["modes"].items():
+        assert "error" not in r, (label, r.get("error"))
+        assert r["tokens_per_s"] > 0 and len(r["step_times_s"]) == 3 and r["first_step_s"] > 0
+        assert r["model_flops_per_step"] > 0 and r["hardware_flops_per_step"] > r["model_flops_per_step"]  # GC on
+        assert 0 < r["mfu"] < r["hfu"] < 1
+    base = doc["modes"]["hf-eager"]
+    for label in ("ht-eager", "ht-loop"):
+        r = doc["modes"][label]
+        # Same weights, data and seeds; fused vs plain loss: equal to fp32 rounding.
+        assert r["loss_step1"] == pytest.approx(base["loss_step1"], rel=1e-5)
+        assert r["losses"] == pytest.approx(base["losses"], rel=1e-4)
+    assert doc["modes"]["ht-loop"]["graph_breaks"] == 0 and doc["modes"]["ht-loop"]["graphs"] >= 1
+    assert doc["modes"]["ht-loop"]["recompiles_after_warmup"] == 0
+    table = (out / "bench.md").read_text()
+    assert "| ht-loop | on |" in table and "1.00x" in table
+    assert (out / "bench.png").stat().st_size > 1000
+    assert "| hf-eager |" in capsys.readouterr().out
+
+
+def test_mode_that_does_not_start_is_stopped(tmp_path):
+    out = tmp_path / "bench"
+    rc = main(
+        [
+            "bench",
+            "--modes",
+            "ht-eager",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--startup-timeout",
+            "0.5",
+            "--out-dir",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    r = json.loads((out / "bench.json").read_text())["modes"]["ht-eager"]
+    assert r["error"] == "no first step within 0 s" and r["stopped"]  # 0.5 s, printed with no decimals
+    assert "no first step within" in (out / "bench.md").read_text()
+
+
+def test_bad_preset_is_one_line(capsys):
+    assert main(["bench", "--preset", "qwen3_5-2c"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --preset 'qwen3_5-2c'") and "qwen3_5-2b" in err and "\n" not in err
