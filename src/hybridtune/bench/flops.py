@@ -1,0 +1,261 @@
+"""FLOPs per training step of a hybrid GDN / attention model, for MFU and HFU.
+
+What is counted (T = sum(doc_lens) tokens in the step; every matmul costs 2 FLOPs per multiply-add):
+
+* Linear weights (every `nn.Linear` weight of the decoder layers, plus the MoE router and the routed
+  experts' 3-D weights; only the *active* experts per token: top-k routed + shared expert + shared
+  expert gate + router). A weight of P parameters costs per token:
+  forward 2P; full fine-tune 6P (forward, input gradient, weight gradient);
+  frozen under LoRA 4P (forward, input gradient; no weight gradient).
+  Biases are not counted (Qwen3.5 / Qwen3-Next have none by default).
+* LM head (vocab x hidden): like any linear, 4 under LoRA (frozen) and 6 under full fine-tune, counted
+  even when tied to the embedding. The embedding lookup is not counted (a gather, no matmul).
+* LoRA adapters on the targeted `nn.Linear` modules (peft-style match: module path == target or ends
+  with "." + target): r * (in + out) trained parameters each, 6 FLOPs per parameter per token.
+  The routed experts are 3-D parameters, not `nn.Linear`, so `target_modules` never reaches them.
+  Caveat (peft 0.21): for model_type qwen3_next, peft's v4->v5 MoE shim rewrites the targets gate_proj /
+  up_proj / down_proj into `target_parameters` on the routed experts (rank 2r on the fused gate_up_proj)
+  and drops them from `target_modules`, so the shared expert's MLP gets no adapter. That layout is not
+  modelled here; for Qwen3-Next with MLP targets the `lora` term is the nn.Linear reading above.
+* Attention core of the full-attention layers, causal, per document of length L (documents packed in a
+  step do not attend to each other): Q K^T and P V each cost 2 * L^2 * head_dim * num_heads FLOPs for the
+  full square, halved for the causal mask, so forward = 2 * L^2 * head_dim * num_heads (the L/2 diagonal
+  term is dropped), backward = 2 x forward, forward + backward = 6 * L^2 * head_dim * num_heads, summed
+  over documents (sum of squared document lengths). GQA does not reduce it: every query head does the
+  work. FlashAttention's recompute of Q K^T inside its backward is not counted, in either figure.
+* GDN core (chunked gated delta rule), per linear-attention layer and token, as Megatron-LM counts it in
+  `gdn_layer_flops` (megatron/training/training.py, nested in `num_floating_point_operations`, NVIDIA/
+  Megatron-LM commit d98e8a64ddf3): forward 2 * 4 * num_v_heads * v_head_dim^2, the four terms being
+  K K^T, V K^T, S (a (I - b K K^T)) and S Q; the whole layer forward is multiplied by 3 for forward +
+  backward. Megatron writes `v_head_dim ** 2`; we write key_head_dim * value_head_dim (the state is
+  dk x dv per value head), which is the same for every Qwen3.5 / Qwen3-Next shape (dk = dv = 128).
+* GDN depthwise causal conv1d (kernel K over 2 * key_dim + value_dim channels), as Megatron counts it too:
+  forward 2 * K * conv_dim per token, and like a weight of K * conv_dim parameters for the backward
+  (4 frozen, 6 full fine-tune).
+* Not counted: RMSNorms, rotary, softmax, activations (SiLU / SwiGLU products), the output gates, the
+  GDN gating (a, b, softplus, exp), the L2 norm of q/k, the loss, the optimizer step. All are O(hidden)
+  per token, under 1 % of the total for the real shapes.
+
+Two figures per step:
+
+* `model` (for MFU): the work the step needs, without recompute.
+* `hardware` (for HFU): `model` plus, under gradient checkpointing (transformers checkpoints each decoder
+  layer), one more forward of every decoder layer: +2 per frozen or trained linear/conv parameter per
+  token (LoRA adapters in the decoder layers included), plus the attention and GDN core forwards again.
+  The LM head is not recomputed.
+
+Under LoRA every decoder linear is charged the input gradient, even the first layer's (whose input
+needs no gradient when the embedding is frozen); the overcount is one layer's projections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+ADAPTERS = ("lora", "full")
+
+
+@dataclass
+class StepFlops:
+    model: float  # model FLOPs per step (for MFU): no recompute
+    hardware: float  # hardware FLOPs per step (for HFU): recompute included when gradient checkpointing
+    breakdown: dict[str, float] = field(default_factory=dict)
+    # keys: linear_frozen, linear_trained, lm_head, lora, attention, gdn_core, gdn_conv, recompute.
+    # model = sum of every key but `recompute`; hardware = model + recompute.
+
+
+@dataclass(frozen=True)
+class LinearTerm:
+    """One weight matrix kind of the model, as it sits in the transformers module tree."""
+
+    path: str  # module path, e.g. "model.layers.3.linear_attn.in_proj_qkv", "lm_head"
+    in_features: int
+    out_features: int
+    stored: int = 1  # copies held in the model (num_experts for routed experts)
+    active: int = 1  # copies each token goes through (top-k for routed experts)
+    is_linear: bool = True  # an nn.Linear that peft target_modules can wrap
+    in_decoder: bool = True  # inside a (checkpointed) decoder layer
+
+    @property
+    def params(self) -> int:
+        return self.in_features * self.out_features * self.stored
+
+    @property
+    def active_params(self) -> int:
+        return self.in_features * self.out_features * self.active
+
+
+def text_config(config):
+    """The text config of a composite (vision-language) config, or `config` itself."""
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def _head_dim(c) -> int:
+    return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+
+
+def _gdn_dims(c) -> tuple[int, int, int, int]:
+    """(num_k_heads, num_v_heads, key_head_dim, value_head_dim) of the GDN layers."""
+    return c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
+
+
+def _is_moe_layer(c, i: int) -> bool:
+    # Qwen3-Next: mlp_only_layers / decoder_sparse_step; Qwen3.5-MoE has neither and every layer is sparse.
+    if not getattr(c, "num_experts", 0):
+        return False
+    if i in (getattr(c, "mlp_only_layers", None) or []):
+        return False
+    return (i + 1) % (getattr(c, "decoder_sparse_step", None) or 1) == 0
+
+
+def linear_terms(config) -> list[LinearTerm]:
+    """Every weight matrix the FLOP count charges, with its shape, copies stored and copies active per token.
+
+    Mirrors the modeling code of transformers' qwen3_5, qwen3_5_moe and qwen3_next (5.x).
+    """
+    c = text_config(config)
+    h = c.hidden_size
+    qwen3_next = c.model_type == "qwen3_next"  # fused in_proj_qkvz / in_proj_ba
+    terms: list[LinearTerm] = []
+    for i, kind in enumerate(c.layer_types):
+        p = f"model.layers.{i}."
+        if kind == "full_attention":
+            d, nq, nkv = _head_dim(c), c.num_attention_heads, c.num_key_value_heads
+            terms += [
+                LinearTerm(p + "self_attn.q_proj", h, nq * d * 2),  # query and its output gate
+                LinearTerm(p + "self_attn.k_proj", h, nkv * d),
+                LinearTerm(p + "self_attn.v_proj", h, nkv * d),
+                LinearTerm(p + "self_attn.o_proj", nq * d, h),
+            ]
+        elif kind == "linear_attention":
+            hk, hv, dk, dv = _gdn_dims(c)
+            key_dim, value_dim = hk * dk, hv * dv
+            if qwen3_next:
+                terms += [
+                    LinearTerm(p + "linear_attn.in_proj_qkvz", h, 2 * key_dim + 2 * value_dim),
+                    LinearTerm(p + "linear_attn.in_proj_ba", h, 2 * hv),
+                ]
+            else:
+                terms += [
+                    LinearTerm(p + "linear_attn.in_proj_qkv", h, 2 * key_dim + value_dim),
+                    LinearTerm(p + "linear_attn.in_proj_z", h, value_dim),
+                    LinearTerm(p + "linear_attn.in_proj_b", h, hv),
+                    LinearTerm(p + "linear_attn.in_proj_a", h, hv),
+                ]
+            terms.append(LinearTerm(p + "linear_attn.out_proj", value_dim, h))
+        else:
+            raise ValueError(f"layer {i}: unknown layer type '{kind}' (expected linear_attention or full_attention)")
+        if _is_moe_layer(c, i):
+            e, k, mi, si = (
+                c.num_experts,
+                c.num_experts_per_tok,
+                c.moe_intermediate_size,
+                c.shared_expert_intermediate_size,
+            )
+            terms += [
+                LinearTerm(p + "mlp.gate", h, e, is_linear=False),  # router: every token, all experts' logits
+                LinearTerm(p + "mlp.experts.gate_up_proj", h, 2 * mi, stored=e, active=k, is_linear=False),
+                LinearTerm(p + "mlp.experts.down_proj", mi, h, stored=e, active=k, is_linear=False),
+                LinearTerm(p + "mlp.shared_expert.gate_proj", h, si),
+                LinearTerm(p + "mlp.shared_expert.up_proj", h, si),
+                LinearTerm(p + "mlp.shared_expert.down_proj", si, h),
+                LinearTerm(p + "mlp.shared_expert_gate", h, 1),
+            ]
+        else:
+            mi = c.intermediate_size
+            terms += [
+                LinearTerm(p + "mlp.gate_proj", h, mi),
+                LinearTerm(p + "mlp.up_proj", h, mi),
+                LinearTerm(p + "mlp.down_proj", mi, h),
+            ]
+    terms.append(LinearTerm("lm_head", h, c.vocab_size, in_decoder=False))
+    return terms
+
+
+def parameter_counts(config) -> dict[str, int]:
+    """Weights the count charges: `total` stored (all experts) and `active` per token; `lm_head` included in both."""
+    terms = linear_terms(config)
+    return {
+        "total": sum(t.params for t in terms),
+        "active": sum(t.active_params for t in terms),
+        "lm_head": sum(t.params for t in terms if not t.in_decoder),
+    }
+
+
+def _targeted(path: str, targets: Iterable[str]) -> bool:
+    return any(path == t or path.endswith("." + t) for t in targets)
+
+
+def step_flops(
+    config,
+    doc_lens: Sequence[int],
+    *,
+    adapter: str = "lora",
+    lora_r: int = 0,
+    lora_targets: Iterable[str] = (),
+    gradient_checkpointing: bool = False,
+) -> StepFlops:
+    """FLOPs of one optimizer step over the packed documents `doc_lens` (see the module docstring)."""
+    if adapter not in ADAPTERS:
+        raise ValueError(f"adapter must be one of {ADAPTERS}, not '{adapter}'")
+    lens = [int(n) for n in doc_lens]
+    if any(n < 0 for n in lens):
+        raise ValueError(f"document lengths must be >= 0: {lens}")
+    if lora_r < 0:
+        raise ValueError(f"lora_r must be >= 0, not {lora_r}")
+    c = text_config(config)
+    tokens = float(sum(lens))
+    sq = float(sum(n * n for n in lens))
+    full = adapter == "full"
+    base = 6.0 if full else 4.0  # per weight parameter per token: fwd (2) + dgrad (2) [+ wgrad (2)]
+
+    terms = linear_terms(c)
+    decoder_params = sum(t.active_params for t in terms if t.in_decoder)
+    head_params = sum(t.active_params for t in terms if not t.in_decoder)
+
+    targets = tuple(lora_targets)
+    lora_dec = lora_head = 0
+    if not full and lora_r > 0 and targets:
+        hit = [t for t in terms if t.is_linear and _targeted(t.path, targets)]
+        if not hit:
+            raise ValueError(f"none of lora_targets {list(targets)} names a Linear module of this model")
+        lora_dec = sum(lora_r * (t.in_features + t.out_features) * t.active for t in hit if t.in_decoder)
+        lora_head = sum(lora_r * (t.in_features + t.out_features) * t.active for t in hit if not t.in_decoder)
+
+    n_attn = sum(1 for k in c.layer_types if k == "full_attention")
+    n_gdn = sum(1 for k in c.layer_types if k == "linear_attention")
+    # Causal attention forward per layer: (Q K^T + P V) = 2 * (2 L^2 d H) / 2 per document.
+    attn_fwd = n_attn * 2.0 * sq * _head_dim(c) * c.num_attention_heads
+    if n_gdn:
+        hk, hv, dk, dv = _gdn_dims(c)
+        # Megatron-LM gdn_layer_flops: 2 * tokens * (num_v_heads * v_head_dim**2 * 4), forward.
+        gdn_fwd = n_gdn * tokens * 2.0 * 4 * hv * dk * dv
+        conv_params = n_gdn * c.linear_conv_kernel_dim * (2 * hk * dk + hv * dv)
+    else:
+        gdn_fwd = 0.0
+        conv_params = 0
+
+    breakdown = {
+        "linear_frozen": 0.0 if full else 4.0 * decoder_params * tokens,
+        "linear_trained": 6.0 * decoder_params * tokens if full else 0.0,
+        "lm_head": base * head_params * tokens,
+        "lora": 6.0 * (lora_dec + lora_head) * tokens,
+        "attention": 3.0 * attn_fwd,
+        "gdn_core": 3.0 * gdn_fwd,
+        "gdn_conv": base * conv_params * tokens,
+    }
+    recompute = 0.0
+    if gradient_checkpointing:
+        recompute = 2.0 * (decoder_params + conv_params + lora_dec) * tokens + attn_fwd + gdn_fwd
+    breakdown["recompute"] = recompute
+    model = sum(v for k, v in breakdown.items() if k != "recompute")
+    return StepFlops(model=model, hardware=model + recompute, breakdown=breakdown)
+
+
+def mfu(flops_per_step: float, step_seconds: float, peak_flops: float) -> float:
+    """Utilisation: achieved FLOP/s over the peak. Pass `model` FLOPs for MFU, `hardware` FLOPs for HFU."""
+    if step_seconds <= 0 or peak_flops <= 0:
+        raise ValueError(f"step_seconds and peak_flops must be > 0 (got {step_seconds}, {peak_flops})")
+    return flops_per_step / step_seconds / peak_flops
