@@ -58,6 +58,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument(
         "--compile-backend", default="inductor", help="torch.compile backend (aot_eager for a quick CPU check)"
     )
+    ap.add_argument("--profile", action="store_true", help="GPU: also profile 3 steps per mode (kernel time table)")
     ap.add_argument("--out-dir", default="outputs/bench")
     ap.add_argument("--title", default=None, help="title of the markdown table and the chart")
     return ap.parse_args(argv)
@@ -196,6 +197,7 @@ def main(argv: list[str]) -> int:
         "seed": args.seed,
         "compile_backend": args.compile_backend,
         "dtype": "bf16 weights + bf16 autocast" if gpu else "fp32",
+        "profile": args.profile,
     }
     if settings["steps"] < 1 or settings["warmup"] < 1:
         raise ConfigError("--steps and --warmup must be at least 1")

@@ -29,8 +29,10 @@ HF_GUARD_NOTE = (
 
 
 def triton_cache_state() -> str:
+    """ "cold" when the Triton cache is empty at start (every kernel compiled and autotuned in this run)."""
     d = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
-    return "warm" if d.is_dir() and any(d.iterdir()) else "cold"
+    n = sum(1 for _ in d.iterdir()) if d.is_dir() else 0
+    return f"warm ({n} entries)" if n else "cold"
 
 
 def sync(device: torch.device) -> None:
@@ -151,22 +153,25 @@ def run_mode(spec: dict) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     counters.clear()
-    times, losses, graphs_after_warmup = [], [], 0
-    total = spec["warmup"] + spec["steps"]
-    for i in range(total):
-        b = batches[i % len(batches)]
-        sync(device)
-        start = time.perf_counter()
+
+    def step(b: dict) -> torch.Tensor:
         with autocast:
             loss = forward_loss(model, b, b["num_loss_tokens"], fused=mode.loss == "fused")
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    times, losses, graphs_after_warmup = [], [], 0
+    total = spec["warmup"] + spec["steps"]
+    for i in range(total):
+        sync(device)
+        start = time.perf_counter()
+        loss = step(batches[i % len(batches)])
         sync(device)
         times.append(time.perf_counter() - start)
         losses.append(float(loss))
-        del loss
         if i == 0:
             print(FIRST_STEP_MARKER, f"{times[0]:.2f}", flush=True)
         if i == spec["warmup"] - 1:
@@ -197,7 +202,34 @@ def run_mode(spec: dict) -> dict:
 
         result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     _flops(spec, mode, cfg, batches, timed, result)
+    if spec.get("profile") and device.type == "cuda":
+        result["profile"] = profile_steps(lambda i: step(batches[i % len(batches)]), 3)
     return result
+
+
+def profile_steps(run_step, n: int) -> dict:
+    """GPU time by kernel over `n` steps (torch.profiler), and the share of wall time the GPU was busy."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for i in range(n):
+            run_step(i)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA" or e.self_device_time_total > 0]
+    kernels = sorted(
+        ((e.key, e.self_device_time_total / 1e3 / n, e.count // n) for e in events if e.self_device_time_total > 0),
+        key=lambda x: -x[1],
+    )
+    busy = sum(ms for _, ms, _ in kernels)
+    return {
+        "steps": n,
+        "wall_ms_per_step": wall * 1e3 / n,
+        "gpu_ms_per_step": busy,
+        "kernels_ms_per_step": [[k[:120], round(ms, 3), c] for k, ms, c in kernels[:60]],
+    }
 
 
 def _flops(spec, mode, cfg, batches, timed, result) -> None:
