@@ -123,6 +123,11 @@ class TrainConfig:
     )
     require_fast_path: bool = _f(False, "refuse to train when a mixer would run on a slow fallback")
     device: Literal["auto", "cpu", "cuda"] = _f("auto", "where to train")
+    distributed: Literal["auto", "ddp", "fsdp"] = _f(
+        "auto",
+        "engine under torchrun / --nproc N: ddp = whole model on every rank, gradients averaged; fsdp = FSDP2 "
+        "(fully_shard per decoder layer); auto = ddp for LoRA, fsdp for a full fine-tune (one process: unused)",
+    )
     num_threads: int = _f(
         0, "CPU threads for torch; 0 = auto: 1 for models under 50M parameters on CPU (measured faster), else torch's"
     )

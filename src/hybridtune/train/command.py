@@ -1,20 +1,55 @@
-"""`hybridtune train [CONFIG.yaml] [--key value ...]`."""
+"""`hybridtune train [CONFIG.yaml] [--key value ...] [--nproc N]`."""
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 
 from hybridtune.config import config_help, load_config, parse_overrides
+from hybridtune.errors import ConfigError, UserError
 
 logger = logging.getLogger(__name__)
 
-USAGE = """usage: hybridtune train [CONFIG.yaml] [--key value ...]
+USAGE = """usage: hybridtune train [CONFIG.yaml] [--key value ...] [--nproc N]
 
 Fine-tune a model. With no arguments: LoRA on the tiny Qwen3.5 preset with the bundled arithmetic
 chats (a few minutes on a CPU). A YAML file sets keys; --key value (or --key=value) overrides them.
 --dataset FILE is the shorthand for one data file (format detected, or --dataset_type).
+
+--nproc N trains with N processes on this machine (one per GPU) through torchrun; the same as
+`torchrun --nproc-per-node N -m hybridtune train ...`. The engine is the `distributed` key (DDP for
+LoRA, FSDP2 for a full fine-tune); the global batch and the schedule do not depend on N.
 """
+
+
+class TrainingFailed(UserError):
+    """A rank of a multi-process run failed; the message names it."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _take_nproc(argv: list[str]) -> tuple[int, list[str]]:
+    """Remove `--nproc N` / `--nproc=N` from argv (a launcher flag, not a config key)."""
+    rest, n, i = [], 1, 0
+    while i < len(argv):
+        a = argv[i]
+        key, eq, raw = a.partition("=")
+        if key in ("--nproc", "--nproc-per-node", "--nproc_per_node"):
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ConfigError("command line: --nproc needs a number of processes, e.g. --nproc 2")
+                raw, i = argv[i + 1], i + 1
+            if not raw.isdigit() or int(raw) < 1:
+                raise ConfigError(f"command line: --nproc {raw!r} must be a positive number of processes")
+            n = int(raw)
+        else:
+            rest.append(a)
+        i += 1
+    return n, rest
 
 
 def main(argv: list[str]) -> int:
@@ -22,25 +57,48 @@ def main(argv: list[str]) -> int:
         print(USAGE)
         print(config_help())
         return 0
+    nproc, argv = _take_nproc(argv)
+    config_args = argv
     path = None
     if argv and not argv[0].startswith("--"):
         path, argv = argv[0], argv[1:]
     cfg = load_config(path, parse_overrides(argv))
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        return launch(nproc, config_args, cfg.gradient_accumulation_steps)
+    if "TORCHELASTIC_ERROR_FILE" in os.environ:
+        from torch.distributed.elastic.multiprocessing.errors import record
 
+        # A rank's unexpected exception goes to the file torchrun reads; the launcher's one line quotes it.
+        return record(_train)(cfg)
+    return _train(cfg)
+
+
+def _train(cfg) -> int:
+    from hybridtune.train import distributed
     from hybridtune.train.loop import Trainer
 
     trainer = Trainer(cfg)
-    trainer.setup()
-    progress = _progress(trainer.total_steps, trainer.step)
-    if progress is not None:
-        trainer.on_log = lambda rec: progress.update(rec)
     try:
-        result = trainer.train()
+        try:
+            trainer.setup()
+            progress = _progress(trainer.total_steps, trainer.step) if trainer.dist.is_main else None
+            if progress is not None:
+                trainer.on_log = lambda rec: progress.update(rec)
+            try:
+                result = trainer.train()
+            finally:
+                if progress is not None:
+                    progress.stop()
+        except UserError as e:
+            if trainer.dist.is_main:
+                raise
+            return e.exit_code  # every rank raised it; rank 0 alone says it
     finally:
-        if progress is not None:
-            progress.stop()
+        distributed.shutdown(trainer.dist)
     if result.interrupted:
         return 130
+    if not trainer.dist.is_main:
+        return 0
     first, last = (result.losses[0], result.losses[-1]) if result.losses else (float("nan"), float("nan"))
     summary = f"done: {result.steps} steps, loss {first:.4f} -> {last:.4f}"
     if len(result.evals) >= 2:
@@ -77,3 +135,48 @@ def _progress(total: int, done: int):
     if not sys.stderr.isatty():
         return None
     return _Bar(total, done)
+
+
+def launch(nproc: int, argv: list[str], gradient_accumulation_steps: int) -> int:
+    """Run `hybridtune train ARGV` in `nproc` processes on this machine through torchrun's own launcher.
+
+    A failed rank ends the whole run (torchrun stops the others); this turns its report into one line
+    naming each failed rank and its exit code or signal, and the first line of its error when it left one.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    from hybridtune.train.distributed import GPU_ENV_DEFAULTS, Dist, check_window
+
+    check_window(Dist(world=nproc), gradient_accumulation_steps)  # before starting N model loads
+    for k, v in GPU_ENV_DEFAULTS.items():
+        os.environ.setdefault(k, v)
+    args = get_args_parser().parse_args(
+        ["--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0", "-m", "hybridtune", "train", *argv]
+    )
+    logger.info("launching %d processes through torchrun", nproc)
+    try:
+        run(args)
+    except ChildFailedError as e:
+        failures = sorted(e.failures.items())
+        if all(f.exitcode == UserError.exit_code for _, f in failures):
+            # A mistake in the input: rank 0 has already said which, in one line.
+            raise SystemExit(UserError.exit_code) from None
+        raise TrainingFailed("; ".join(_describe(rank, f) for rank, f in failures)) from None
+    return 0
+
+
+def _describe(rank: int, failure) -> str:
+    code = failure.exitcode
+    if code < 0:
+        try:
+            what = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            what = f"was killed by signal {-code}"
+    else:
+        what = f"exited with code {code}"
+    text = f"rank {rank} (pid {failure.pid}) {what}"
+    message = (failure.message or "").strip()
+    if message and not message.startswith("To enable traceback"):
+        text += f": {message.splitlines()[0][:300]}"
+    return text

@@ -4,6 +4,10 @@ accumulation, clipping, eval on a held-out split, atomic checkpoints and exact r
 The loss of an optimizer step is the mean over every trained token of all its micro-batches (the
 token count of the whole accumulation window is known before the first forward), so accumulation
 over k micro-batches equals one batch k times as large.
+
+Under torchrun the same window is split over the ranks (`train/distributed.py`): each rank runs its
+share of the micro-batches with the same whole-window token count, the engine sums the gradients, and
+the loss, the schedule and the global batch are those of one process.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from hybridtune.data.build import PreparedData, prepare
 from hybridtune.data.packing import Example
 from hybridtune.errors import ConfigError, OutputDirError
 from hybridtune.train import checkpoint as ckpt
+from hybridtune.train import distributed
 from hybridtune.train.metrics import MetricsLog, Throughput, format_step, memory_gib
-from hybridtune.train.step import MODEL_KEYS, forward_loss, fused_loss_blocker
+from hybridtune.train.step import fused_loss_blocker
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +46,7 @@ NON_IDENTITY_KEYS = (
     "save_steps",
     "logging_steps",
     "num_threads",
+    "distributed",
 )
 
 
@@ -167,7 +173,7 @@ def eval_batches(examples: list[Example], seq_len: int) -> Iterator[list[Example
 
 @torch.no_grad()
 def evaluate(model, examples: list[Example], seq_len: int, device: torch.device, autocast) -> dict:
-    """Held-out loss and exact match.
+    """Held-out loss and exact match. `model(batch)` returns the logits `[1, T, vocab]` (a `LossModule`).
 
     Exact match: an example counts when the argmax prediction at every trained position (the whole
     response, end-of-turn included) equals the target. Under teacher forcing this is exactly the
@@ -180,7 +186,7 @@ def evaluate(model, examples: list[Example], seq_len: int, device: torch.device,
     for docs in eval_batches(examples, seq_len):
         batch = to_device(collate(docs), device)
         with autocast():
-            logits = model(**{k: batch[k] for k in MODEL_KEYS if k != "labels"}).logits
+            logits = model(batch)
         logits = logits[0, :-1].float()
         targets = batch["labels"][0, 1:]
         mask = targets != IGNORE_INDEX
@@ -206,6 +212,8 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, on_log: Callable[[dict], None] | None = None):
         self.cfg = cfg
         self.on_log = on_log
+        # Before pick_device: under torchrun on CUDA this selects the rank's GPU.
+        self.dist = distributed.init(cfg.distributed, cfg.adapter, cfg.device)
         self.device = pick_device(cfg.device)
         self.out = Path(cfg.output_dir)
 
@@ -213,7 +221,9 @@ class Trainer:
 
     def setup(self) -> None:
         cfg = self.cfg
-        fresh_metrics = check_output_dir(cfg)
+        d = self.dist
+        distributed.check_window(d, cfg.gradient_accumulation_steps)
+        fresh_metrics = distributed.main_only(d, lambda: check_output_dir(cfg))
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         random.seed(cfg.seed)
@@ -248,8 +258,16 @@ class Trainer:
         self.model = model
         self.compile_handle = self._compile(model)
         self.fused_loss = self._choose_loss(model)
+        use_bf16 = cfg.bf16 is True or (
+            cfg.bf16 == "auto" and self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        )
+        # What steps and saves: the model itself in one process, DDP- or FSDP2-wrapped under torchrun.
+        self.engine = distributed.wrap(distributed.LossModule(model), d, self.device, use_bf16)
+        # Eval runs the forward alone: DDP's copy needs no engine; FSDP2's shards must gather (all ranks).
+        self.eval_model = self.engine.module if d.engine == "ddp" else self.engine
 
-        params = [p for p in model.parameters() if p.requires_grad]
+        params = [p for p in self.engine.parameters() if p.requires_grad]
+        self.params = params
         fused = self.device.type == "cuda"
         self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, fused=fused)
         self.stream = BatchStream(self.data.bins, cfg.micro_batch_size, cfg.seed)
@@ -261,20 +279,22 @@ class Trainer:
         self.step = 0
         if cfg.resume_from_checkpoint:
             self._resume(cfg.resume_from_checkpoint)
-        use_bf16 = cfg.bf16 is True or (
-            cfg.bf16 == "auto" and self.device.type == "cuda" and torch.cuda.is_bf16_supported()
-        )
+        if d.enabled:
+            # Dropout differs per rank (the model init above was the same everywhere: FSDP2 does not broadcast).
+            torch.manual_seed(cfg.seed + d.rank)
         if cfg.bf16 is True and self.device.type == "cpu":
             logger.warning("bf16 on CPU autocasts matmuls only and is slow on most CPUs; fp32 is the CPU default")
         self.autocast = lambda: torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16)
-        self.out.mkdir(parents=True, exist_ok=True)
-        self._write_run_file()
-        self.metrics = MetricsLog(self.out / "metrics.jsonl", truncate=fresh_metrics)
+        if d.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self._write_run_file()
+        self.metrics = MetricsLog(self.out / "metrics.jsonl", truncate=fresh_metrics) if d.is_main else None
         logger.info(
-            "training %s (%s) on %s: %d steps, %d bins/step of %d tokens, lr %.1e %s",
+            "training %s (%s) on %s%s: %d steps, %d bins/step of %d tokens, lr %.1e %s",
             loaded.name,
             cfg.adapter,
             self.device,
+            f" x {d.world} processes ({d.engine})" if d.enabled else "",
             self.total_steps,
             cfg.micro_batch_size * cfg.gradient_accumulation_steps,
             cfg.sequence_len,
@@ -338,32 +358,13 @@ class Trainer:
             path = found[-1]
         if not (path / ckpt.META_FILE).is_file():
             raise ConfigError(f"resume_from_checkpoint '{where}' is not a complete hybridtune checkpoint directory")
-        self._load_weights(path)
-        state = ckpt.load_trainer_state(path)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        ckpt.set_rng_state(state["rng"])
+        state = ckpt.load_checkpoint(
+            path, self.engine, self.optimizer, self.scheduler, self.dist, trainable_only=self.cfg.adapter == "lora"
+        )
         self.stream.seek(state["data_position"])
         self.step = state["step"]
-        logger.info("resumed from %s at step %d", path, self.step)
-
-    def _load_weights(self, path: Path) -> None:
-        from safetensors.torch import load_file
-
-        if self.cfg.adapter == "lora":
-            from peft import set_peft_model_state_dict
-
-            set_peft_model_state_dict(self.model, load_file(str(path / "adapter_model.safetensors")))
-            return
-        state = {}
-        for f in sorted(path.glob("*.safetensors")):
-            state.update(load_file(str(f)))
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
-        tied = set(getattr(self.model, "_tied_weights_keys", None) or [])
-        if unexpected or [k for k in missing if k not in tied and "lm_head" not in k]:
-            raise ConfigError(
-                f"checkpoint '{path}' does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})"
-            )
+        written = f" (written by {state['world']} process(es))" if state.get("world", 1) != self.dist.world else ""
+        logger.info("resumed from %s at step %d%s", path, self.step, written)
 
     # -- steps -------------------------------------------------------------------------------------
 
@@ -373,19 +374,24 @@ class Trainer:
 
     def train_step(self) -> dict:
         cfg = self.cfg
-        batches = self._window()
+        d = self.dist
+        batches = self._window()  # every rank collates the whole window: the token count needs no collective
         n_tokens = sum(b["num_loss_tokens"] for b in batches)
+        mine = distributed.my_share(d, batches)
         total = 0.0
-        for b in batches:
+        for i, b in enumerate(mine):
             b = to_device(b, self.device)
-            with self.autocast():
-                loss = forward_loss(self.model, b, n_tokens, self.fused_loss)
-            loss.backward()
+            with distributed.accumulation(self.engine, d, last=i == len(mine) - 1):
+                with self.autocast():
+                    loss = self.engine(b, n_tokens, self.fused_loss)
+                # DDP and FSDP2 average over ranks; times N, that average is the sum the window's loss needs.
+                (loss * d.world if d.enabled else loss).backward()
             total += float(loss.detach())
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads)
+        if d.enabled:
+            (total,) = distributed.all_sum([total], d)
+        norm = distributed.total_grad_norm(self.params)
         if cfg.max_grad_norm > 0:
-            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), cfg.max_grad_norm, norm)
+            torch.nn.utils.clip_grads_with_norm_(self.params, cfg.max_grad_norm, norm)
         grad_norm = float(norm)
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
@@ -404,23 +410,27 @@ class Trainer:
     def save(self) -> Path:
         path = ckpt.save_checkpoint(
             self.out / f"checkpoint-{self.step}",
-            self.model,
+            self.engine,
             self.optimizer,
             self.scheduler,
             self.step,
             self.stream.position(),
             {"base_model": self.loaded.name},
+            self.dist,
+            trainable_only=self.cfg.adapter == "lora",
         )
-        ckpt.prune_checkpoints(self.out, self.cfg.save_total_limit)
+        if self.dist.is_main:
+            ckpt.prune_checkpoints(self.out, self.cfg.save_total_limit)
         return path
 
     def run_eval(self) -> dict | None:
         if not self.data.eval_examples:
             return None
         ex = self.data.eval_examples[: self.cfg.eval_max_examples]
-        res = evaluate(self.model, ex, self.cfg.sequence_len, self.device, self.autocast)
+        res = evaluate(self.eval_model, ex, self.cfg.sequence_len, self.device, self.autocast)
         res["step"] = self.step
-        self.metrics.write({"type": "eval", **res})
+        if self.metrics is not None:
+            self.metrics.write({"type": "eval", **res})
         logger.info(
             "eval  step %d  eval_loss %.4f  exact_match %.3f (%d held-out examples)",
             self.step,
@@ -446,7 +456,8 @@ class Trainer:
                 result.losses.append(rec["loss"])
                 if self.step % cfg.logging_steps == 0 or self.step == self.total_steps or self.step == 1:
                     rec.update(tokens_per_s=tput.take(), mem_gib=memory_gib(self.device), type="train")
-                    self.metrics.write(rec)
+                    if self.metrics is not None:
+                        self.metrics.write(rec)
                     logger.info("%s", format_step(rec))
                 if self.on_log:
                     self.on_log(rec)
@@ -457,11 +468,16 @@ class Trainer:
                 if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < self.total_steps:
                     self.save()
         except KeyboardInterrupt:
-            # The step in flight is dropped (its gradients were never applied); the checkpoint holds the
-            # state after the last complete step, and its data position points at the dropped batch.
-            path = self.save()
-            logger.warning("interrupted: saved %s; continue with --resume_from_checkpoint latest", path)
             result.interrupted = True
+            if self.dist.enabled:
+                # Saving is a collective and the other ranks stopped at other points: the last complete
+                # checkpoint is the one to continue from (torchrun ends every rank on Ctrl-C).
+                logger.warning("interrupted: continue from the last checkpoint with --resume_from_checkpoint latest")
+            else:
+                # The step in flight is dropped (its gradients were never applied); the checkpoint holds the
+                # state after the last complete step, and its data position points at the dropped batch.
+                path = self.save()
+                logger.warning("interrupted: saved %s; continue with --resume_from_checkpoint latest", path)
         else:
             ev = self.run_eval()
             if ev:
@@ -469,12 +485,28 @@ class Trainer:
             self.save()
             result.final_dir = str(self.save_final())
         finally:
-            self.metrics.close()
+            if self.metrics is not None:
+                self.metrics.close()
         result.steps = self.step
         return result
 
+    def _gathered_state(self) -> dict | None:
+        """Under FSDP2: the whole model's state dict on rank 0, on the CPU (a collective; empty on other
+        ranks). Otherwise None: the model in memory is whole."""
+        if self.dist.engine != "fsdp":
+            return None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(self.engine, options=opts)
+        return {k.removeprefix("model."): v for k, v in state.items()}  # LossModule's prefix
+
     def save_final(self) -> Path:
-        """The final model (adapter or full) with tokenizer, loadable by peft / transformers."""
+        """The final model (adapter or full) with tokenizer, loadable by peft / transformers. Rank 0 writes it."""
+        full = self._gathered_state()
+        if not self.dist.is_main:
+            distributed.barrier(self.dist)
+            return self.out / "final"
         base_dir = None
         if self.cfg.adapter == "lora" and self.loaded.source == "preset":
             # A preset's base weights exist only in memory: save them so the adapter can be loaded and merged.
@@ -482,7 +514,7 @@ class Trainer:
             base = self.model.get_base_model()
 
             def write_base(tmp: Path) -> None:
-                _save_unwrapped_base(base, tmp)
+                _save_unwrapped_base(base, tmp, full)
                 self.tokenizer.save_pretrained(tmp)
 
             ckpt.atomic_dir(base_dir, write_base)
@@ -490,7 +522,8 @@ class Trainer:
         def write(tmp: Path) -> None:
             if base_dir is not None:
                 self.model.peft_config["default"].base_model_name_or_path = str(base_dir.resolve())
-            self.model.save_pretrained(tmp, safe_serialization=True)
+            kw = {"state_dict": full} if full is not None else {}
+            self.model.save_pretrained(tmp, safe_serialization=True, **kw)
             self.tokenizer.save_pretrained(tmp)
             (tmp / "hybridtune.json").write_text(
                 json.dumps({"base_model": self.loaded.name, "adapter": self.cfg.adapter, "steps": self.step}, indent=2)
@@ -498,13 +531,22 @@ class Trainer:
 
         final = ckpt.atomic_dir(self.out / "final", write)
         logger.info("saved final %s to %s", "adapter" if self.cfg.adapter == "lora" else "model", final)
+        distributed.barrier(self.dist)
         return final
 
 
-def _save_unwrapped_base(base, tmp: Path) -> None:
-    """Save the frozen base weights without LoRA layers: peft keeps the original Linear as `base_layer`."""
+def _save_unwrapped_base(base, tmp: Path, peft_state: dict | None = None) -> None:
+    """Save the frozen base weights without LoRA layers: peft keeps the original Linear as `base_layer`.
+
+    `peft_state`: the gathered state dict of the whole peft model (FSDP2), in place of `base`'s own.
+    """
+    prefix = "base_model.model."
+    if peft_state is None:
+        items = base.state_dict().items()
+    else:
+        items = ((k.removeprefix(prefix), v) for k, v in peft_state.items() if k.startswith(prefix))
     state = {}
-    for name, tensor in base.state_dict().items():
+    for name, tensor in items:
         if "lora_" in name:
             continue
         state[name.replace(".base_layer.", ".")] = tensor

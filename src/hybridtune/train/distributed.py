@@ -1,0 +1,266 @@
+"""Multi-process training through PyTorch's own engine: torchrun starts the ranks, DDP or FSDP2 wraps the model.
+
+Nothing here moves tensors between ranks by itself: `torch.distributed` (process group, DDP,
+`fully_shard`, `torch.distributed.checkpoint`) does all of it. This module only decides how to use it:
+
+- one process (no torchrun environment): no process group is created and nothing is wrapped beyond
+  `LossModule`, so a single-process run computes what it always did;
+- `distributed: ddp` (the default for LoRA): every rank holds the whole model, gradients are averaged
+  by DDP once per optimizer step (`no_sync` for the earlier micro-batches of the window);
+- `distributed: fsdp` (the default for a full fine-tune): `fully_shard` on every decoder layer, then on
+  the root (`LossModule`, so the embeddings, final norm and `lm_head` are gathered by the root's hook
+  even where the fused loss reads `lm_head.weight` directly). On a GPU with bf16 the parameters are
+  gathered in bf16 and gradients reduced in fp32.
+
+Both engines average gradients over ranks; each rank's loss is multiplied by the world size before
+backward, so the averaged gradient is the gradient of the global loss (sum over all trained tokens of
+the window / their count). With a power-of-two world size the scaling is exact in floating point.
+
+The rank's share of a window: micro-batches `rank, rank + N, rank + 2N, ...` of the
+`gradient_accumulation_steps` micro-batches, so the global batch and the schedule do not depend on N.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from hybridtune.errors import ConfigError, UserError
+
+logger = logging.getLogger(__name__)
+
+# NVLink SHARP (NVLS) multicast hangs or fails on machines whose fabric manager does not grant it; the
+# plain NVLink ring / tree paths lose little for data parallelism. Set unless the user set them.
+GPU_ENV_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+TIMEOUT_ENV = "HYBRIDTUNE_DIST_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 600  # a collective that waits longer than this ends the run (a stuck rank, not a slow step)
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Where this process stands: rank, world size, local rank (GPU index on its host)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    engine: str = "none"  # "none" (one process), "ddp" or "fsdp"
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+ONE = Dist()  # a single process
+
+
+def from_env() -> Dist:
+    """The ranks torchrun announced in the environment (RANK, WORLD_SIZE, LOCAL_RANK); one process without them."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return ONE
+    return Dist(rank=int(os.environ["RANK"]), world=world, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def timeout() -> datetime.timedelta:
+    raw = os.environ.get(TIMEOUT_ENV, str(DEFAULT_TIMEOUT_S))
+    try:
+        return datetime.timedelta(seconds=float(raw))
+    except ValueError:
+        raise ConfigError(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+
+
+def choose_engine(setting: str, adapter: str) -> str:
+    """`distributed: auto` is DDP for LoRA (small gradients, whole model fits) and FSDP2 for a full fine-tune."""
+    if setting != "auto":
+        return setting
+    return "ddp" if adapter == "lora" else "fsdp"
+
+
+def init(setting: str, adapter: str, device_kind: str) -> Dist:
+    """Join the process group torchrun set up (nccl on CUDA, gloo on CPU); a no-op in one process.
+
+    Must run before anything touches the GPU: on CUDA it selects device `cuda:LOCAL_RANK`.
+    """
+    d = from_env()
+    if not d.enabled:
+        return d
+    d = Dist(d.rank, d.world, d.local_rank, choose_engine(setting, adapter))
+    if torch.distributed.is_initialized():
+        return d
+    cuda = device_kind == "cuda" or (device_kind == "auto" and torch.cuda.is_available())
+    kw: dict = {"timeout": timeout()}
+    if cuda:
+        for k, v in GPU_ENV_DEFAULTS.items():
+            os.environ.setdefault(k, v)  # read by NCCL when the communicator is created, below
+        if d.local_rank >= torch.cuda.device_count():
+            raise ConfigError(
+                f"rank {d.rank} has LOCAL_RANK {d.local_rank} but only {torch.cuda.device_count()} GPU(s) are "
+                "visible; use --nproc-per-node <= the GPU count"
+            )
+        torch.cuda.set_device(d.local_rank)
+        kw.update(backend="nccl", device_id=torch.device("cuda", d.local_rank))
+    else:
+        kw.update(backend="gloo")
+    torch.distributed.init_process_group(**kw)
+    if not d.is_main:
+        # One voice: rank 0 logs (its warnings are the same on every rank); the others speak only to fail.
+        logging.getLogger("hybridtune").setLevel(logging.ERROR)
+    logger.info(
+        "distributed: %d processes (%s, %s), engine %s", d.world, kw["backend"], "cuda" if cuda else "cpu", d.engine
+    )
+    return d
+
+
+def shutdown(d: Dist) -> None:
+    if d.enabled and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def check_window(d: Dist, gradient_accumulation_steps: int) -> None:
+    if gradient_accumulation_steps % d.world:
+        raise ConfigError(
+            f"config key 'gradient_accumulation_steps' = {gradient_accumulation_steps} is not a multiple of the "
+            f"{d.world} processes: the micro-batches of an optimizer step are split evenly over the ranks, so the "
+            f"global batch stays what the config says; use a multiple of {d.world} (e.g. "
+            f"{gradient_accumulation_steps + (-gradient_accumulation_steps) % d.world})"
+        )
+
+
+def my_share(d: Dist, items: list) -> list:
+    """This rank's micro-batches of a window: items rank, rank + N, ..."""
+    return items[d.rank :: d.world]
+
+
+class LossModule(torch.nn.Module):
+    """The unit DDP / FSDP2 wrap: its forward is the micro-batch loss (or the logits for eval).
+
+    `forward_loss` with the fused loss calls the decoder stack and reads `lm_head.weight` itself, bypassing
+    the model's own forward; wrapping this module instead makes every engine see the real computation.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: dict, num_items: int | None = None, fused: bool = False):
+        from hybridtune.train.step import MODEL_KEYS, forward_loss
+
+        if num_items is None:  # eval: the logits [1, T, vocab]
+            return self.model(**{k: batch[k] for k in MODEL_KEYS if k != "labels" and k in batch}).logits
+        return forward_loss(self.model, batch, num_items, fused)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    from hybridtune.compiler.loop import find_text_model
+
+    return list(find_text_model(model).layers)
+
+
+def wrap(runner: LossModule, d: Dist, device: torch.device, bf16: bool) -> torch.nn.Module:
+    """`runner` as the engine of `d` sees it: itself in one process, DDP- or FSDP2-wrapped otherwise."""
+    if not d.enabled:
+        return runner
+    if d.engine == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [device.index] if device.type == "cuda" else None
+        # Every trainable parameter takes part in every step; buffers (rotary tables) are the same on all ranks,
+        # so none is broadcast per forward. (Newer torch renames the flag; the old name keeps torch 2.9-2.11.)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated")
+            return DDP(runner, device_ids=ids, broadcast_buffers=False)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
+    kw = {"mp_policy": mp} if mp is not None else {}
+    layers = decoder_layers(runner.model)
+    for layer in layers:
+        fully_shard(layer, **kw)
+    fully_shard(runner, **kw)
+    logger.info(
+        "FSDP2: %d decoder layers sharded over %d ranks%s",
+        len(layers),
+        d.world,
+        " (bf16 params, fp32 reduce)" if mp else "",
+    )
+    return runner
+
+
+def accumulation(engine: torch.nn.Module, d: Dist, last: bool):
+    """Context for one micro-batch's forward + backward: DDP syncs gradients on the window's last one only.
+
+    FSDP2 reduce-scatters every micro-batch: keeping unsharded gradients across the window would undo
+    the memory FSDP is chosen for.
+    """
+    if d.engine == "ddp" and not last:
+        return engine.no_sync()
+    return contextlib.nullcontext()
+
+
+def all_sum(values: list[float], d: Dist) -> list[float]:
+    """Sum of `values` over ranks (float64), element-wise; the values themselves in one process."""
+    if not d.enabled:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device(d))
+    torch.distributed.all_reduce(t)
+    return t.tolist()
+
+
+def _comm_device(d: Dist) -> torch.device:
+    backend = torch.distributed.get_backend()
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
+def total_grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """L2 norm of all gradients, over every rank's shard (FSDP2 gradients are DTensors)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads)
+    full = getattr(norm, "full_tensor", None)
+    return full() if callable(full) else norm
+
+
+def broadcast_object(obj, d: Dist):
+    """Rank 0's `obj` on every rank."""
+    if not d.enabled:
+        return obj
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(d: Dist) -> None:
+    if d.enabled:
+        torch.distributed.barrier()
+
+
+def main_only(d: Dist, fn):
+    """`fn()` on rank 0; its result, or its exception, on every rank.
+
+    Without this, rank 0 would exit with (say) an output_dir error while the others wait at the next
+    collective; now every rank raises the same error and the run ends with one message.
+    """
+    if not d.enabled:
+        return fn()
+    result, error, sent = None, None, None
+    if d.is_main:
+        try:
+            result = fn()
+        except Exception as e:  # re-raised below, on every rank
+            error = e
+            sent = e if isinstance(e, UserError) else RuntimeError(f"rank 0: {type(e).__name__}: {e}")
+    result, sent = broadcast_object((result, sent), d)
+    if error is not None:
+        raise error
+    if sent is not None:
+        raise sent
+    return result
