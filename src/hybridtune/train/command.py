@@ -162,7 +162,13 @@ def launch(nproc: int, argv: list[str], gradient_accumulation_steps: int) -> int
         if all(f.exitcode == UserError.exit_code for _, f in failures):
             # A mistake in the input: rank 0 has already said which, in one line.
             raise SystemExit(UserError.exit_code) from None
-        raise TrainingFailed("; ".join(_describe(rank, f) for rank, f in failures)) from None
+        # torchrun ends the surviving ranks with SIGTERM once one fails: those are not the cause.
+        cause = [(r, f) for r, f in failures if f.exitcode != -signal.SIGTERM] or failures
+        stopped = [str(r) for r, f in failures if (r, f) not in cause]
+        line = "; ".join(_describe(rank, f) for rank, f in cause)
+        if stopped:
+            line += f"; torchrun then stopped rank{'s' if len(stopped) > 1 else ''} {', '.join(stopped)}"
+        raise TrainingFailed(line) from None
     return 0
 
 
@@ -176,7 +182,11 @@ def _describe(rank: int, failure) -> str:
     else:
         what = f"exited with code {code}"
     text = f"rank {rank} (pid {failure.pid}) {what}"
-    message = (failure.message or "").strip()
-    if message and not message.startswith("To enable traceback"):
+    message = failure.message or ""
+    if isinstance(message, dict):  # the JSON error file `record` wrote: {"message": ..., "extraInfo": ...}
+        message = str(message.get("message", ""))
+    message = message.strip()
+    # torchrun's placeholders ("To enable traceback...", "Signal 9 (SIGKILL) received by PID ...") add nothing.
+    if message and not message.startswith(("To enable traceback", "Signal ")):
         text += f": {message.splitlines()[0][:300]}"
     return text

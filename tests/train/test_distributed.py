@@ -1,0 +1,174 @@
+"""Two processes (torchrun, gloo, CPU) train what one process trains; their checkpoints resume in one process;
+a rank that dies ends the run with one line and leaves the last checkpoint loadable.
+
+Tolerances. The 2-process run computes the same micro-batches as the 1-process run with the same global
+batch (gradient_accumulation_steps 4 = 2 per rank); only the order of fp32 sums differs: rank partial sums
+of the loss and the gradients, DDP's all-reduce, FSDP2's reduce-scatter and the sharded grad-norm. Measured
+differences are ~1e-7 relative on the loss and ~2e-6 on the grad norm after 4 AdamW steps; the bounds below
+(1e-5 and 1e-4) leave room for other CPUs while any real error is orders larger: a wrong token count or a
+missing rank share changes the loss by percent, a gradient scaled by the world size doubles the grad norm
+(the loss alone would not show it: AdamW and clipping are scale-invariant).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hybridtune.config import load_config
+from hybridtune.train import checkpoint as ckpt
+from hybridtune.train.loop import Trainer
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+LOSS_RTOL = 1e-5
+GRAD_NORM_RTOL = 1e-4
+STEPS = 4
+
+
+def settings(data: str, adapter: str, **kw) -> dict:
+    s = dict(
+        dataset=data,
+        adapter=adapter,
+        sequence_len=64,
+        max_steps=STEPS,
+        eval_steps=0,
+        logging_steps=1,
+        val_set_size=8,
+        warmup_steps=2,
+        gradient_accumulation_steps=4,
+        save_steps=2,
+    )
+    s.update({k: str(v) if isinstance(v, Path) else v for k, v in kw.items()})
+    return s
+
+
+def args(s: dict) -> list[str]:
+    return [x for k, v in s.items() for x in (f"--{k}", str(v))]
+
+
+def train_here(s: dict) -> list[dict]:
+    """One process, in this one: the train records of metrics.jsonl."""
+    t = Trainer(load_config(None, s))
+    t.setup()
+    t.train()
+    return records(Path(s["output_dir"]))
+
+
+def records(out: Path) -> list[dict]:
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["type"] == "train"]
+
+
+@pytest.fixture
+def launch():
+    """`hybridtune train --nproc 2 ARGS` in the background; whatever is left of it is ended after the test."""
+    started = []
+
+    def start(*argv: str) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hybridtune", "train", "--nproc", "2", *argv],
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its own process group: the launcher and its ranks
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
+def assert_same_curve(got: list[dict], want: list[dict]) -> None:
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    for g, w in zip(got, want):
+        assert g["loss"] == pytest.approx(w["loss"], rel=LOSS_RTOL), (g["step"], got, want)
+        assert g["grad_norm"] == pytest.approx(w["grad_norm"], rel=GRAD_NORM_RTOL), (g["step"], got, want)
+        assert g["tokens"] == w["tokens"] and g["loss_tokens"] == w["loss_tokens"]  # the same global batch
+
+
+@pytest.mark.parametrize("adapter,engine", [("lora", "ddp"), ("full", "fsdp")])
+def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch, adapter, engine):
+    two = tmp_path / "two"
+    proc = launch(*args(settings(small_data, adapter, output_dir=two)))  # distributed: auto picks `engine`
+    one = train_here(settings(small_data, adapter, output_dir=tmp_path / "one"))  # while the ranks start
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert f"x 2 processes ({engine})" in err
+    assert_same_curve(records(two), one)
+    assert len(one) == STEPS
+
+    # The 2-process checkpoint at step 2 continues in one process along the same curve.
+    assert (two / "checkpoint-2" / "rng-1.pt").is_file()
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(two / "checkpoint-2", resumed / "checkpoint-2")
+    rest = train_here(settings(small_data, adapter, output_dir=resumed, resume_from_checkpoint="latest"))
+    assert_same_curve(rest, one[2:])
+
+    # The final export is whole (gathered from the shards under FSDP2) and loads in transformers / peft.
+    final = two / "final"
+    weights = "adapter_model.safetensors" if adapter == "lora" else "model.safetensors"
+    assert (final / weights).is_file() and (final / "tokenizer.json").is_file()
+    if adapter == "full":
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(final)
+        assert model.num_parameters() == pytest.approx(0.9e6, rel=0.2)  # the tiny preset, not one shard of it
+
+
+def worker_pids(root: int) -> dict[int, int]:
+    """rank -> pid of the torchrun workers under process `root` (Linux /proc)."""
+    found, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+        try:
+            env = dict(
+                kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if "=" in kv
+            )
+        except OSError:
+            continue
+        if pid != root and "RANK" in env and "TORCHELASTIC_RUN_ID" in env:
+            found[int(env["RANK"])] = pid
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the rank processes through Linux /proc")
+def test_dead_rank_ends_the_run_with_one_line(tmp_path, small_data, launch):
+    out = tmp_path / "run"
+    s = settings(small_data, "lora", output_dir=out, max_steps=10_000)
+    proc = launch(*args(s))
+    deadline = time.monotonic() + 240
+    while not ckpt.list_checkpoints(out):
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "no checkpoint within 240 s"
+        time.sleep(0.2)
+    pids = worker_pids(proc.pid)
+    assert sorted(pids) == [0, 1], pids
+    os.kill(pids[1], signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)  # never a hang: torchrun stops rank 0
+    assert proc.returncode == 1, err
+    last = [x for x in err.splitlines() if x.strip()][-1]
+    assert last.startswith("error: ") and "rank 1" in last and "SIGKILL" in last, err
+
+    # The last complete checkpoint resumes in one process.
+    done = ckpt.list_checkpoints(out)[-1]
+    step = int(done.name.split("-")[1])
+    rest = train_here({**s, "resume_from_checkpoint": str(done), "max_steps": step + 1, "save_steps": 0})
+    assert rest[-1]["step"] == step + 1  # metrics.jsonl continues the killed run's
