@@ -7,13 +7,16 @@ wanted, turns the same buffer into d(loss)/d(logits) = softmax - one_hot right a
 d(hidden) (`g @ W`) and d(weight) (`g.T @ h`, accumulated in fp32). So the forward costs the one
 logits GEMM plus the two gradient GEMMs a plain loss would run in its backward, and nothing is
 recomputed; the backward only scales the stored gradients by the incoming scalar. Peak extra memory is
-one fp32 chunk of logits (chunk x vocab x 4 bytes, about 1 GiB by default) plus `d(hidden)`.
+one chunk of logits and its gradient (chunk x vocab, about 1 GiB in fp32 by default) plus `d(hidden)`.
+On CUDA the per-chunk softmax, loss and gradient run as one compiled (inductor) kernel pair.
 
 Matmuls run in the autocast dtype when autocast is on (what `lm_head` would run in), else in
 `hidden`'s dtype; the gradients come back in each input's own dtype.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -32,6 +35,30 @@ def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
     return hidden.dtype
 
 
+def _chunk_loss(logits: torch.Tensor, tgt: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    lse = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(1, tgt).squeeze(1)
+    return torch.where(valid, lse - picked, 0.0).sum()
+
+
+def _chunk_loss_and_grad(logits: torch.Tensor, tgt: torch.Tensor, valid: torch.Tensor, acc: torch.dtype):
+    """Summed loss of one chunk and d(loss)/d(logits) = (softmax - one_hot) at valid rows, in the logits' dtype."""
+    x = logits.to(acc)
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)
+    picked = x.gather(1, tgt)
+    loss = torch.where(valid, (lse - picked).squeeze(1), 0.0).sum()
+    cols = torch.arange(x.shape[1], device=x.device)
+    g = torch.exp(x - lse) - (cols == tgt).to(acc)
+    return loss, (g * valid.unsqueeze(1)).to(logits.dtype)
+
+
+@functools.cache
+def _chunk_loss_and_grad_compiled():
+    """On CUDA the chunk's elementwise work is one fused pass (inductor): it reads the 16-bit logits once for
+    the log-sum-exp and once for the gradient, instead of six fp32 passes over [chunk, vocab]."""
+    return torch.compile(_chunk_loss_and_grad)  # a second chunk length (the last chunk) makes it dynamic
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, ignore_index, chunk, dtype):
@@ -47,16 +74,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 hc, tc = h[s : s + chunk], targets[s : s + chunk]
                 valid = tc != ignore_index
                 tgt = torch.where(valid, tc, 0).unsqueeze(1)
-                logits = (hc @ w.t()).to(acc)
-                lse = torch.logsumexp(logits, dim=-1)
-                picked = logits.gather(1, tgt).squeeze(1)
-                total += torch.where(valid, lse - picked, 0.0).sum()
+                logits = hc @ w.t()
                 if not (need_dh or need_dw):
+                    total += _chunk_loss(logits.to(acc), tgt, valid)
                     continue
-                g = logits.sub_(lse.unsqueeze(1)).exp_()  # softmax, in place
-                g.scatter_add_(1, tgt, torch.full_like(picked, -1.0).unsqueeze(1))
-                g.mul_(valid.unsqueeze(1))
-                g = g.to(dtype)
+                step = _chunk_loss_and_grad_compiled() if logits.is_cuda else _chunk_loss_and_grad
+                loss, g = step(logits, tgt, valid, acc)
+                total += loss
                 if need_dh:
                     dh[s : s + chunk] = g @ w
                 if need_dw:
