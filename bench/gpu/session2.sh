@@ -32,7 +32,7 @@ T0=${T0:-540}
 ) &
 wait
 tar czf "$OUT/results.tar.gz" -C "$R" .
-tar czf - -C / tmp/tcache tmp/icache 2>/dev/null | split -b 15M - "$OUT/cache.tar.gz.part-"
+[ "${SAVE_CACHE:-1}" = 1 ] && tar czf - -C / tmp/tcache tmp/icache 2>/dev/null | split -b 15M - "$OUT/cache.tar.gz.part-"
 ls -la "$OUT"; du -sh /tmp/tcache /tmp/icache
 for f in "$R"/bench*/bench.md; do cat "$f"; done
-tail -5 "$R/pytest_cuda.log" "$R/train_smoke.log"
+tail -n 5 "$R/pytest_cuda.log" "$R/train_smoke.log"

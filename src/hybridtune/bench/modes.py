@@ -20,6 +20,7 @@ class Mode:
     loss: str  # "plain" (transformers' loss over [T, vocab] logits) | "fused" (hybridtune.ops.loss)
     liger: bool = False
     gc: bool = True  # gradient checkpointing
+    cudagraphs: bool = False  # torch.compile mode "reduce-overhead" (CUDA graphs) for the compiled modes
     input_require_grads: bool = False  # peft + checkpointing as users run it (`enable_input_require_grads`)
     options: dict = field(default_factory=dict)
 
@@ -79,7 +80,7 @@ MODES: dict[str, Mode] = {
     ]
 }
 
-OPTION_KEYS = {"gc": ("on", "off"), "loss": ("plain", "fused")}
+OPTION_KEYS = {"gc": ("on", "off"), "loss": ("plain", "fused"), "cg": ("on", "off")}
 
 
 def parse_mode(spec: str) -> Mode:
@@ -100,4 +101,8 @@ def parse_mode(spec: str) -> Mode:
         changes["gc"] = options["gc"] == "on"
     if "loss" in options:
         changes["loss"] = options["loss"]
+    if "cg" in options:
+        if mode.compile == "off" and options["cg"] == "on":
+            raise ConfigError(f"bench mode '{spec}': cg=on (CUDA graphs) needs a compiled mode")
+        changes["cudagraphs"] = options["cg"] == "on"
     return replace(mode, **changes)

@@ -118,12 +118,13 @@ def build_model(spec: dict, mode, device: torch.device, result: dict):
         model = apply_lora(model, spec["lora_r"], 2 * spec["lora_r"], 0.0, spec["lora_targets"])
     model.train()
     backend = spec.get("compile_backend", "inductor")
+    cmode = "reduce-overhead" if mode.cudagraphs else None
     if mode.compile == "torch":
-        model = torch.compile(model, backend=backend)
+        model = torch.compile(model, backend=backend, mode=cmode)
     elif mode.compile in ("loop", "modules"):
         from hybridtune.compiler.strategies import compile_model
 
-        compile_model(model, mode.compile, backend=backend)
+        compile_model(model, mode.compile, backend=backend, mode=cmode)
     return cfg, model
 
 
@@ -155,6 +156,8 @@ def run_mode(spec: dict) -> dict:
     counters.clear()
 
     def step(b: dict) -> torch.Tensor:
+        if mode.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with autocast:
             loss = forward_loss(model, b, b["num_loss_tokens"], fused=mode.loss == "fused")
         loss.backward()
@@ -204,7 +207,51 @@ def run_mode(spec: dict) -> dict:
     _flops(spec, mode, cfg, batches, timed, result)
     if spec.get("profile") and device.type == "cuda":
         result["profile"] = profile_steps(lambda i: step(batches[i % len(batches)]), 3)
+        result["host_syncs"] = find_syncs(lambda: step(batches[0]))
     return result
+
+
+def find_syncs(run_step) -> dict:
+    """Run one step with CUDA sync debugging on: every host-device synchronisation it makes, by source line.
+
+    A sync inside the step stalls the CPU until the GPU drains, which exposes every kernel launch's latency."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run_step()
+            torch.cuda.synchronize()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    where: dict[str, int] = {}
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            key = f"{w.filename}:{w.lineno}"
+            where[key] = where.get(key, 0) + 1
+    return {"count": sum(where.values()), "by_line": dict(sorted(where.items(), key=lambda kv: -kv[1])[:15])}
+
+
+KERNEL_GROUPS = (
+    ("gemm", ("nvjet", "gemm", "cutlass", "xmma", "sm90_", "cublas")),
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("gdn (fla)", ("chunk_", "gated_delta", "causal_conv1d", "l2norm", "recompute_w_u", "solve_tril", "kkt")),
+    ("inductor fused", ("triton_",)),
+    ("optimizer", ("adam", "multi_tensor")),
+    ("reduction", ("reduce", "logsumexp", "norm")),
+    ("copy / cast", ("copy", "cast", "to_copy")),
+    ("elementwise (eager)", ("elementwise", "vectorized", "unrolled")),
+)
+
+
+def kernel_group(name: str) -> str:
+    low = name.lower()
+    for group, keys in KERNEL_GROUPS:
+        if any(k in low for k in keys):
+            return group
+    return "other"
 
 
 def profile_steps(run_step, n: int) -> dict:
@@ -218,17 +265,35 @@ def profile_steps(run_step, n: int) -> dict:
             run_step(i)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA" or e.self_device_time_total > 0]
     kernels = sorted(
-        ((e.key, e.self_device_time_total / 1e3 / n, e.count // n) for e in events if e.self_device_time_total > 0),
+        (
+            (e.key, e.self_device_time_total / 1e3 / n, e.count // n)
+            for e in prof.key_averages()
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0
+        ),
+        key=lambda x: -x[1],
+    )
+    cpu_ops = sorted(
+        (
+            (e.key, e.self_cpu_time_total / 1e3 / n, e.count // n)
+            for e in prof.key_averages()
+            if e.device_type == torch.autograd.DeviceType.CPU and e.self_cpu_time_total > 0
+        ),
         key=lambda x: -x[1],
     )
     busy = sum(ms for _, ms, _ in kernels)
+    groups: dict[str, float] = {}
+    for name, ms, _ in kernels:
+        groups[kernel_group(name)] = groups.get(kernel_group(name), 0.0) + ms
     return {
         "steps": n,
         "wall_ms_per_step": wall * 1e3 / n,
         "gpu_ms_per_step": busy,
+        "gpu_idle_share": max(0.0, 1 - busy / (wall * 1e3 / n)),
+        "groups_ms_per_step": dict(sorted(groups.items(), key=lambda kv: -kv[1])),
         "kernels_ms_per_step": [[k[:120], round(ms, 3), c] for k, ms, c in kernels[:60]],
+        "cpu_self_ms_per_step": [[k[:120], round(ms, 3), c] for k, ms, c in cpu_ops[:30]],
+        "cpu_self_ms_total_per_step": sum(ms for _, ms, _ in cpu_ops),
     }
 
 
