@@ -128,6 +128,69 @@ def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch,
         assert model.num_parameters() == pytest.approx(0.9e6, rel=0.2)  # the tiny preset, not one shard of it
 
 
+COMPILED_LOOP_RANK = """
+import dataclasses, json, sys, torch
+from hybridtune.compiler.loop import compile_loop
+from hybridtune.data import PackedCollator
+from hybridtune.data.packing import Example
+from hybridtune.models.loading import load_model
+from hybridtune.models.patching import patch_model
+from hybridtune.train import distributed
+
+BACKEND = sys.argv[1]
+
+def run(d):
+    torch.manual_seed(0)
+    model = load_model("tiny-qwen3_5").model
+    patch_model(model)
+    # The compiled loop is one graph over every layer: FSDP2 shards the model as one unit under it.
+    wrapped = distributed.wrap(distributed.LossModule(model), d, torch.device("cpu"), False, per_layer=False)
+    mine = [(65, 23), (40, 23, 9), (90, 30), (12, 7, 50)][d.rank :: d.world]  # a new pack layout every step
+
+    def step(sizes):
+        batch = PackedCollator()([Example(list(range(5, 5 + n)), [1] * n) for n in sizes])
+        loss = wrapped(batch, 100, True)
+        (loss * d.world).backward()
+        norm = distributed.total_grad_norm(list(wrapped.parameters()))
+        for p in wrapped.parameters():
+            p.grad = None
+        return float(loss), float(norm)
+
+    eager = [step(s) for s in mine]
+    handle = compile_loop(model, backend=BACKEND, fullgraph=True)  # the loop strategy, minus inductor
+    torch._dynamo.reset()  # the other engine's model compiled the same code object
+    torch._dynamo.utils.counters.clear()
+    compiled = [step(s) for s in mine]
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    return {"eager": eager, "compiled": compiled, "graphs": graphs, "compiled_calls": handle.calls}
+
+d = distributed.init("fsdp", "full", "cpu")
+res = {engine: run(dataclasses.replace(d, engine=engine)) for engine in ("fsdp", "ddp")}
+if d.is_main:
+    print(json.dumps(res), flush=True)
+distributed.shutdown(d)
+"""
+
+
+def test_compiled_loop_inside_fsdp2_and_ddp(tmp_path):
+    """The compiled `loop` strategy (one graph, patched GDN ops) runs under FSDP2 and DDP as eager does.
+
+    Dynamo's `eager` backend: the capture (one graph, no break at FSDP2's hooks, no recompile across pack
+    layouts) is what the engines could disturb; inductor's CPU build would cost minutes. `aot_eager` gives
+    the same numbers (checked by hand with this script: 2 processes, both engines, ~55 s).
+    """
+    script = tmp_path / "rank.py"
+    script.write_text(COMPILED_LOOP_RANK)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), "eager"]
+    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    results = json.loads([x for x in r.stdout.splitlines() if x.startswith("{")][-1])
+    for engine, res in results.items():
+        for (le, ne), (lc, nc) in zip(res["eager"], res["compiled"]):
+            assert lc == pytest.approx(le, rel=LOSS_RTOL) and nc == pytest.approx(ne, rel=GRAD_NORM_RTOL), engine
+        assert res["graphs"] == 1 and res["compiled_calls"] == 2, (engine, res)  # no break, no recompile
+
+
 def worker_pids(root: int) -> dict[int, int]:
     """rank -> pid of the torchrun workers under process `root` (Linux /proc)."""
     found, todo = {}, [root]

@@ -166,8 +166,14 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(find_text_model(model).layers)
 
 
-def wrap(runner: LossModule, d: Dist, device: torch.device, bf16: bool) -> torch.nn.Module:
-    """`runner` as the engine of `d` sees it: itself in one process, DDP- or FSDP2-wrapped otherwise."""
+def wrap(runner: LossModule, d: Dist, device: torch.device, bf16: bool, per_layer: bool = True) -> torch.nn.Module:
+    """`runner` as the engine of `d` sees it: itself in one process, DDP- or FSDP2-wrapped otherwise.
+
+    FSDP2 `per_layer=False` shards the root alone: parameters, gradients and optimizer state stay sharded
+    between steps, and the whole model is gathered once per forward and once per backward. That is what
+    the compiled `loop` needs: FSDP2's per-module hooks are `torch._dynamo.disable`d, so a layer sharded
+    on its own would break the one graph of the decoder loop.
+    """
     if not d.enabled:
         return runner
     if d.engine == "ddp":
@@ -183,16 +189,12 @@ def wrap(runner: LossModule, d: Dist, device: torch.device, bf16: bool) -> torch
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
     kw = {"mp_policy": mp} if mp is not None else {}
-    layers = decoder_layers(runner.model)
+    layers = decoder_layers(runner.model) if per_layer else []
     for layer in layers:
         fully_shard(layer, **kw)
     fully_shard(runner, **kw)
-    logger.info(
-        "FSDP2: %d decoder layers sharded over %d ranks%s",
-        len(layers),
-        d.world,
-        " (bf16 params, fp32 reduce)" if mp else "",
-    )
+    unit = f"{len(layers)} decoder layers + the rest" if per_layer else "the whole model as one unit (compiled loop)"
+    logger.info("FSDP2: %s sharded over %d ranks%s", unit, d.world, " (bf16 params, fp32 reduce)" if mp else "")
     return runner
 
 

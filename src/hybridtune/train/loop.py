@@ -261,8 +261,10 @@ class Trainer:
         use_bf16 = cfg.bf16 is True or (
             cfg.bf16 == "auto" and self.device.type == "cuda" and torch.cuda.is_bf16_supported()
         )
-        # What steps and saves: the model itself in one process, DDP- or FSDP2-wrapped under torchrun.
-        self.engine = distributed.wrap(distributed.LossModule(model), d, self.device, use_bf16)
+        # What steps and saves: the model itself in one process, DDP- or FSDP2-wrapped under torchrun. The
+        # compiled loop is one graph over all layers, so FSDP2 shards the model as one unit under it.
+        loop = getattr(self.compile_handle, "strategy", None) == "loop"
+        self.engine = distributed.wrap(distributed.LossModule(model), d, self.device, use_bf16, per_layer=not loop)
         # Eval runs the forward alone: DDP's copy needs no engine; FSDP2's shards must gather (all ranks).
         self.eval_model = self.engine.module if d.engine == "ddp" else self.engine
 
