@@ -501,7 +501,15 @@ class Trainer:
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(self.engine, options=opts)
-        return {k.removeprefix("model."): v for k, v in state.items()}  # LossModule's prefix
+        # Tied weights (lm_head = embed_tokens) come back as two tensors; keep the first name, as the model's
+        # own state_dict + save_pretrained would.
+        seen, tied = set(), set()
+        for name, p in self.model.named_parameters(remove_duplicate=False):
+            if id(p) in seen:
+                tied.add(name)
+            seen.add(id(p))
+        state = {k.removeprefix("model."): v for k, v in state.items()}  # LossModule's prefix
+        return {k: v for k, v in state.items() if k not in tied}
 
     def save_final(self) -> Path:
         """The final model (adapter or full) with tokenizer, loadable by peft / transformers. Rank 0 writes it."""
