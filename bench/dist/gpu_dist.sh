@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# tokens/s of `hybridtune train` on 1 and 2 GPUs for the qwen3_5-2b preset (random weights, real shapes),
+# 4096-token packs, the same global batch (2 packs per optimizer step) on every GPU count:
+#   DDP + LoRA (distributed: auto -> ddp)  and  FSDP2 + full fine-tune (distributed: auto -> fsdp).
+# Run from the repo root on nvidia-h200-x2 with .whl/ carried (FLA wheels, as bench/gpu/session2.sh).
+# Phases fit the 10-minute command limit; run them in order on one warm machine (caches and data stay in /tmp):
+#   bash bench/dist/gpu_dist.sh one        # 1 GPU: LoRA on GPU 0 and full on GPU 1, side by side
+#   bash bench/dist/gpu_dist.sh two-lora   # 2 GPUs: DDP + LoRA
+#   bash bench/dist/gpu_dist.sh two-full   # 2 GPUs: FSDP2 + full
+#   bash bench/dist/gpu_dist.sh table      # the table of all runs so far (also printed after each phase)
+# Optional: TWO_FULL_ARGS="--compile modules" shards FSDP2 per decoder layer (the compiled loop shards the
+# model as one unit); STEPS (default 40) optimizer steps, tok/s is the median of the logged windows after step 10.
+# A CPU rehearsal of the whole flow (gloo): BASE=tiny-qwen3_5 SEQ=256 STEPS=12 PY=/work/venv/bin/python R=/tmp/d bash ...
+set -o pipefail
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tcache TORCHINDUCTOR_CACHE_DIR=/tmp/icache
+if [ ! -d /tmp/site ] && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD/src
+STEPS=${STEPS:-40} BASE=${BASE:-qwen3_5-2b} SEQ=${SEQ:-4096} PY=${PY:-python3}
+R=${R:-/tmp/dist}; mkdir -p "$R"
+DATA=$R/long.jsonl
+[ -f "$DATA" ] || $PY bench/dist/make_long_text.py "$DATA" --docs 200 || exit 1
+COMMON="--base_model $BASE --dataset $DATA --dataset_type text --sequence_len $SEQ --micro_batch_size 1
+  --gradient_accumulation_steps 2 --max_steps $STEPS --warmup_steps 5 --logging_steps 5 --val_set_size 0
+  --eval_steps 0 --save_total_limit 1 --overwrite"
+
+run() {  # name gpus extra-args...
+  local name=$1 gpus=$2; shift 2
+  local nproc=""; [ "$gpus" = "0,1" ] && nproc="--nproc 2"
+  rm -rf "/tmp/out-$name"
+  CUDA_VISIBLE_DEVICES=$gpus timeout 560 $PY -m hybridtune train $COMMON --output_dir "/tmp/out-$name" $nproc "$@" \
+    > "$R/$name.log" 2>&1
+  echo "rc $?" >> "$R/$name.log"
+  cp "/tmp/out-$name/metrics.jsonl" "$R/$name.metrics.jsonl" 2>/dev/null
+  rm -rf "/tmp/out-$name"  # full fine-tune checkpoints are ~24 GB each
+}
+
+table() {
+  $PY - "$R" <<'PY'
+import json, statistics, sys
+from pathlib import Path
+r = Path(sys.argv[1])
+print(f"| run | GPUs | engine | tok/s (median, global) | per GPU | peak mem GiB (rank 0) | loss first -> last | rc |")
+print("|---|---|---|---|---|---|---|---|")
+for name in ("lora-1", "lora-2", "full-1", "full-2"):
+    m = r / f"{name}.metrics.jsonl"
+    log = r / f"{name}.log"
+    rc = log.read_text().strip().splitlines()[-1] if log.exists() else "not run"
+    if not m.exists():
+        print(f"| {name} | | | | | | | {rc} |"); continue
+    recs = [x for x in map(json.loads, m.read_text().splitlines()) if x.get("type") == "train"]
+    late = [x["tokens_per_s"] for x in recs if x["step"] > 10 and "tokens_per_s" in x]
+    n = 2 if name.endswith("2") else 1
+    engine = "-" if n == 1 else ("ddp" if name.startswith("lora") else "fsdp")
+    tps = statistics.median(late) if late else float("nan")
+    mem = max(x.get("mem_gib", 0) for x in recs)
+    print(f"| {name} | {n} | {engine} | {tps:,.0f} | {tps / n:,.0f} | {mem:.1f} | {recs[0]['loss']:.3f} -> {recs[-1]['loss']:.3f} | {rc} |")
+PY
+}
+
+case "${1:-}" in
+  one)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
+    $PY -c "import torch, transformers, peft; print(torch.__version__, transformers.__version__, peft.__version__)" > "$R/versions.txt"
+    run lora-1 0 --adapter lora & run full-1 1 --adapter full & wait ;;
+  two-lora) run lora-2 0,1 --adapter lora ;;
+  two-full) run full-2 0,1 --adapter full ${TWO_FULL_ARGS:-} ;;
+  table) ;;
+  *) echo "usage: $0 one|two-lora|two-full|table"; exit 2 ;;
+esac
+table | tee "$R/table.md"
+if [ -n "${OUT:-}" ]; then cp "$R"/*.log "$R"/*.metrics.jsonl "$R"/*.md "$R"/*.txt "$OUT"/ 2>/dev/null; fi
+tail -n 3 "$R"/*.log
