@@ -9,8 +9,9 @@ Nothing here moves tensors between ranks by itself: `torch.distributed` (process
   by DDP once per optimizer step (`no_sync` for the earlier micro-batches of the window);
 - `distributed: fsdp` (the default for a full fine-tune): `fully_shard` on every decoder layer, then on
   the root (`LossModule`, so the embeddings, final norm and `lm_head` are gathered by the root's hook
-  even where the fused loss reads `lm_head.weight` directly). On a GPU with bf16 the parameters are
-  gathered in bf16 and gradients reduced in fp32.
+  even where the fused loss reads `lm_head.weight` directly). Under the compiled `loop` strategy the
+  root alone is sharded (see `wrap`). On a GPU with bf16 the parameters are gathered in bf16 and
+  gradients reduced in fp32.
 
 Both engines average gradients over ranks; each rank's loss is multiplied by the world size before
 backward, so the averaged gradient is the gradient of the global loss (sum over all trained tokens of
@@ -39,7 +40,9 @@ logger = logging.getLogger(__name__)
 # plain NVLink ring / tree paths lose little for data parallelism. Set unless the user set them.
 GPU_ENV_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 TIMEOUT_ENV = "HYBRIDTUNE_DIST_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 600  # a collective that waits longer than this ends the run (a stuck rank, not a slow step)
+# A collective that waits longer than this ends the run (a stuck rank, not a slow step). The first
+# collectives wait for every rank's model load, so this also bounds how unequal those may be.
+DEFAULT_TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)
@@ -213,12 +216,12 @@ def all_sum(values: list[float], d: Dist) -> list[float]:
     """Sum of `values` over ranks (float64), element-wise; the values themselves in one process."""
     if not d.enabled:
         return values
-    t = torch.tensor(values, dtype=torch.float64, device=_comm_device(d))
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
     torch.distributed.all_reduce(t)
     return t.tolist()
 
 
-def _comm_device(d: Dist) -> torch.device:
+def _comm_device() -> torch.device:
     backend = torch.distributed.get_backend()
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 

@@ -279,11 +279,12 @@ class Trainer:
             self.optimizer, lr_lambda(cfg.lr_scheduler, cfg.warmup_steps, self.total_steps)
         )
         self.step = 0
-        if cfg.resume_from_checkpoint:
-            self._resume(cfg.resume_from_checkpoint)
         if d.enabled:
             # Dropout differs per rank (the model init above was the same everywhere: FSDP2 does not broadcast).
+            # A resumed run then restores each rank's own RNG state.
             torch.manual_seed(cfg.seed + d.rank)
+        if cfg.resume_from_checkpoint:
+            self._resume(cfg.resume_from_checkpoint)
         if cfg.bf16 is True and self.device.type == "cpu":
             logger.warning("bf16 on CPU autocasts matmuls only and is slow on most CPUs; fp32 is the CPU default")
         self.autocast = lambda: torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16)
