@@ -23,7 +23,7 @@ import logging
 import torch
 
 from hybridtune.ops import fla_adapter, fla_guard
-from hybridtune.ops.reference import CHUNK_SIZE, causal_conv1d_ref, chunk_gated_delta_rule_ref
+from hybridtune.ops.reference import CHUNK_SIZE, causal_conv1d_ref, chunk_gated_delta_rule_ref, l2norm
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -337,11 +337,24 @@ def causal_conv1d(
     chunk_indices: torch.Tensor | None = None,
     activation: str | None = "silu",
 ) -> torch.Tensor:
-    """Depthwise causal conv, documents kept apart. x [B, T, D], weight [D, W] -> y [B, T, D]."""
+    """Depthwise causal conv, documents kept apart. x [B, T, D], weight [D, W] -> y [B, T, D].
+
+    Inside a compiled region the conv is the reference's plain tensor code (shifted copies masked by
+    each token's position in its document, from `cu_seqlens` with `searchsorted`: no host sync), which
+    inductor fuses with its neighbours into one pointwise kernel, forward and backward. Eager calls the
+    opaque op (FLA's kernel on CUDA): there each launch from Python costs more than the kernel, and
+    inside a graph the op's Python launch path was the largest CPU cost of a step (bench profile)."""
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"causal_conv1d supports activation 'silu' or None, got {activation!r}")
     _check_packed(x.shape[0], cu_seqlens)
+    if torch.compiler.is_compiling():
+        return causal_conv1d_ref(x, weight, bias, cu_seqlens, activation)
     return torch.ops.hybridtune.causal_conv1d(x, weight, bias, cu_seqlens, chunk_indices, activation is not None)
+
+
+def qk_l2norm(x: torch.Tensor) -> torch.Tensor:
+    """l2norm over the head dim in fp32, returned in x's dtype (what FLA's l2norm_fwd computes)."""
+    return l2norm(x.float()).to(x.dtype)
 
 
 def chunk_gated_delta_rule(
@@ -361,5 +374,11 @@ def chunk_gated_delta_rule(
         raise ValueError(f"value heads ({v.shape[2]}) must be a multiple of key heads ({q.shape[2]})")
     _check_packed(q.shape[0], cu_seqlens)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if use_qk_l2norm and torch.compiler.is_compiling():
+        # In a graph the q/k l2norm fuses into the kernels that produce q and k (and its backward into
+        # theirs), instead of four more Python-launched kernels inside the op. Same math: fp32, eps 1e-6,
+        # result in the input dtype, as FLA's l2norm kernel.
+        q, k = qk_l2norm(q), qk_l2norm(k)
+        use_qk_l2norm = False
     o, _, _ = torch.ops.hybridtune.gdn_chunk(q, k, v, g, beta, scale, cu_seqlens, chunk_indices, use_qk_l2norm)
     return o

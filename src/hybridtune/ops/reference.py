@@ -45,7 +45,9 @@ def position_in_document(cu_seqlens: torch.Tensor, seq_len: int, device: torch.d
     """
     cu = cu_seqlens.to(device=device, dtype=torch.int64)
     t = torch.arange(seq_len, device=device, dtype=torch.int64)
-    doc = torch.searchsorted(cu[1:], t, right=True).clamp_max(cu.numel() - 2)
+    # cu[0] = 0 <= t < T = cu[-1], so doc lies in [0, N - 1]; empty documents (repeated entries) are skipped.
+    # No slice of cu: a traced slice would specialise on N == 1 and recompile for single-document packs.
+    doc = torch.searchsorted(cu, t, right=True) - 1
     return t - cu[doc]
 
 
