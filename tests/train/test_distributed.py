@@ -240,3 +240,13 @@ def test_dead_rank_ends_the_run_with_one_line(tmp_path, small_data, launch):
     step = int(done.name.split("-")[1])
     rest = train_here({**s, "resume_from_checkpoint": str(done), "max_steps": step + 1, "save_steps": 0})
     assert rest[-1]["step"] == step + 1  # metrics.jsonl continues the killed run's
+
+
+def test_window_must_split_evenly_before_any_launch(tmp_path):
+    """3 micro-batches cannot split over 2 ranks without changing the global batch: refused up front."""
+    from hybridtune.errors import ConfigError
+    from hybridtune.train.command import main
+
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps' = 3 is not a multiple of the 2 processes"):
+        main(["--nproc", "2", "--gradient_accumulation_steps", "3", "--output_dir", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
