@@ -126,7 +126,8 @@ class TrainConfig:
     distributed: Literal["auto", "ddp", "fsdp"] = _f(
         "auto",
         "engine under torchrun / --nproc N: ddp = whole model on every rank, gradients averaged; fsdp = FSDP2 "
-        "(fully_shard per decoder layer); auto = ddp for LoRA, fsdp for a full fine-tune (one process: unused)",
+        "(fully_shard per decoder layer; one unit under compile: loop); auto = ddp for LoRA, fsdp for a full "
+        "fine-tune (one process: unused)",
     )
     num_threads: int = _f(
         0, "CPU threads for torch; 0 = auto: 1 for models under 50M parameters on CPU (measured faster), else torch's"
