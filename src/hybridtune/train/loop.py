@@ -239,7 +239,13 @@ class Trainer:
         # Kernels are provisioned and verified before anything imports the modeling module, which is
         # where transformers picks its fast or slow path.
         self.kernel_report = prepare_kernels(cfg.kernels, cfg.require_fast_path, cfg.base_model)
-        loaded = load_model(cfg.base_model, self.tokenizer, seed=cfg.seed)
+        use_bf16 = cfg.bf16 is True or (
+            cfg.bf16 == "auto" and self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        )
+        # LoRA trains adapters only: the frozen base is held in bf16 (half the memory, no per-step casts of
+        # its weights under autocast); peft keeps the adapters in fp32. A full fine-tune keeps fp32 masters.
+        base_dtype = torch.bfloat16 if use_bf16 and cfg.adapter == "lora" else None
+        loaded = load_model(cfg.base_model, self.tokenizer, seed=cfg.seed, dtype=base_dtype)
         self.loaded = loaded
 
         model = loaded.model
@@ -258,9 +264,6 @@ class Trainer:
         self.model = model
         self.compile_handle = self._compile(model)
         self.fused_loss = self._choose_loss(model)
-        use_bf16 = cfg.bf16 is True or (
-            cfg.bf16 == "auto" and self.device.type == "cuda" and torch.cuda.is_bf16_supported()
-        )
         # What steps and saves: the model itself in one process, DDP- or FSDP2-wrapped under torchrun. The
         # compiled loop is one graph over all layers, so FSDP2 shards the model as one unit under it.
         loop = getattr(self.compile_handle, "strategy", None) == "loop"
