@@ -209,3 +209,20 @@ def test_fla_conv_matches_fp32_reference(lens):
     yr = causal_conv1d_ref(xr, wr, None, cu_seqlens=cu)
     gxr, gwr = torch.autograd.grad(yr, (xr, wr), dy.float())
     assert rel_rms(y, yr) < 0.01 and rel_rms(gx, gxr) < 0.01 and rel_rms(gw, gwr) < 0.01
+
+
+def test_fla_tensor_cache_switch(monkeypatch):
+    """disable_tensor_cache flips the attribute FLA reads at call time, and is a no-op without FLA."""
+    import sys
+    import types
+
+    from hybridtune.ops import fla_adapter
+
+    monkeypatch.setitem(sys.modules, "fla.utils", None)  # import fails: FLA absent
+    assert fla_adapter.disable_tensor_cache() is False
+    fake = types.ModuleType("fla.utils")
+    fake.FLA_DISABLE_TENSOR_CACHE = False
+    monkeypatch.setitem(sys.modules, "fla.utils", fake)
+    assert fla_adapter.disable_tensor_cache() is True and fake.FLA_DISABLE_TENSOR_CACHE is True
+    monkeypatch.setitem(sys.modules, "fla.utils", types.ModuleType("fla.utils"))  # a release without the switch
+    assert fla_adapter.disable_tensor_cache() is False

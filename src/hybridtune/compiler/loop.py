@@ -129,6 +129,12 @@ def compile_loop(
     if existing is not None:
         return existing
     fn = class_body_forward(type(text))
+    if mode in ("reduce-overhead", "max-autotune") and torch.cuda.is_available():
+        # CUDA graphs: FLA's identity cache would keep pool tensors alive across replays (see fla_adapter).
+        from hybridtune.ops import fla_adapter
+
+        if fla_adapter.disable_tensor_cache():
+            logger.info("compile strategy 'loop' with CUDA graphs: FLA's tensor cache switched off")
     compiled = torch.compile(fn, fullgraph=fullgraph, backend=backend, mode=mode)
     upstream = text.forward
     handle = LoopHandle(text_model=text, compiled=compiled, patch_report=report)
