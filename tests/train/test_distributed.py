@@ -22,8 +22,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from hybridtune.config import load_config
+from hybridtune.errors import ConfigError
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train.loop import Trainer
 
@@ -250,3 +252,31 @@ def test_window_must_split_evenly_before_any_launch(tmp_path):
     with pytest.raises(ConfigError, match="gradient_accumulation_steps' = 3 is not a multiple of the 2 processes"):
         main(["--nproc", "2", "--gradient_accumulation_steps", "3", "--output_dir", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()
+
+
+def test_cuda_without_gpus_is_refused_before_any_launch(tmp_path, monkeypatch):
+    from hybridtune.train.command import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="no CUDA GPU is visible"):
+        main(["--nproc", "2", "--gradient_accumulation_steps", "2", "--device", "cuda", "--output_dir", str(tmp_path)])
+
+
+def test_more_ranks_than_gpus_is_refused_before_any_launch(tmp_path, monkeypatch):
+    from hybridtune.train.command import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=r"--nproc 2 needs 2 GPUs but 1 are visible"):
+        main(["--nproc", "2", "--gradient_accumulation_steps", "2", "--output_dir", str(tmp_path)])
+
+
+def test_rng_state_round_trip(tmp_path):
+    from hybridtune.train import checkpoint as ckpt
+
+    torch.manual_seed(3)
+    state = ckpt.rng_state()
+    want = torch.rand(4)
+    torch.manual_seed(99)
+    ckpt.set_rng_state(state)
+    assert torch.equal(torch.rand(4), want)

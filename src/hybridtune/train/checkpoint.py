@@ -110,16 +110,22 @@ def shared_atomic_dir(target: Path, write_all: Callable[[Path], None], write_mai
 
 
 def rng_state() -> dict:
+    """This process's RNG states: Python, torch CPU, and the CUDA generator of the device it trains on
+    (one per rank, so a checkpoint restores on any number of visible GPUs)."""
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda_device"] = torch.cuda.get_rng_state(torch.cuda.current_device())
     return state
 
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
+    if not torch.cuda.is_available():
+        return
+    if "cuda_device" in state:
+        torch.cuda.set_rng_state(state["cuda_device"], torch.cuda.current_device())
+    elif "cuda" in state and len(state["cuda"]) <= torch.cuda.device_count():  # older: every visible GPU's
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
@@ -200,10 +206,14 @@ def load_checkpoint(
     trainer = load_trainer_state(path)
     scheduler.load_state_dict(trainer["scheduler"])
     rng = path / RNG_FILE.format(rank=d.rank)
-    if not rng.is_file():
-        # Resumed on more ranks than wrote it: the extra ranks start from rank 0's RNG (only dropout reads it).
-        rng = path / RNG_FILE.format(rank=0)
-    set_rng_state(torch.load(rng, map_location="cpu", weights_only=False))
+    if rng.is_file():
+        set_rng_state(torch.load(rng, map_location="cpu", weights_only=False))
+    else:
+        # Resumed on more ranks than wrote it: a rank without its own state gets a fresh stream of its own
+        # (only dropout reads it), seeded by rank and step so that the resume is still reproducible.
+        seed = d.rank * 1_000_003 + int(trainer["step"])
+        random.seed(seed)
+        torch.manual_seed(seed)
     return trainer
 
 

@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
         path, argv = argv[0], argv[1:]
     cfg = load_config(path, parse_overrides(argv))
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
-        return launch(nproc, config_args, cfg.gradient_accumulation_steps)
+        return launch(nproc, config_args, cfg)
     if "TORCHELASTIC_ERROR_FILE" in os.environ:
         from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -77,9 +77,11 @@ def _train(cfg) -> int:
     from hybridtune.train import distributed
     from hybridtune.train.loop import Trainer
 
-    trainer = Trainer(cfg)
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    trainer = None
     try:
         try:
+            trainer = Trainer(cfg)  # joins the process group under torchrun: errors here are per rank too
             trainer.setup()
             progress = _progress(trainer.total_steps, trainer.step) if trainer.dist.is_main else None
             if progress is not None:
@@ -90,11 +92,12 @@ def _train(cfg) -> int:
                 if progress is not None:
                     progress.stop()
         except UserError as e:
-            if trainer.dist.is_main:
+            if is_main:
                 raise
             return e.exit_code  # every rank raised it; rank 0 alone says it
     finally:
-        distributed.shutdown(trainer.dist)
+        if trainer is not None:
+            distributed.shutdown(trainer.dist)
     if result.interrupted:
         return 130
     if not trainer.dist.is_main:
@@ -137,18 +140,31 @@ def _progress(total: int, done: int):
     return _Bar(total, done)
 
 
-def launch(nproc: int, argv: list[str], gradient_accumulation_steps: int) -> int:
+def launch(nproc: int, argv: list[str], cfg) -> int:
     """Run `hybridtune train ARGV` in `nproc` processes on this machine through torchrun's own launcher.
 
     A failed rank ends the whole run (torchrun stops the others); this turns its report into one line
     naming each failed rank and its exit code or signal, and the first line of its error when it left one.
     """
+    import torch
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     from hybridtune.train.distributed import GPU_ENV_DEFAULTS, Dist, check_window
 
-    check_window(Dist(world=nproc), gradient_accumulation_steps)  # before starting N model loads
+    # Input mistakes are found here, once, before N processes each load a model and say it N times.
+    check_window(Dist(world=nproc), cfg.gradient_accumulation_steps)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if cfg.device == "cuda" and gpus == 0:
+        raise ConfigError(
+            "device 'cuda' asked for but no CUDA GPU is visible; use --device cpu (gloo) or a GPU machine"
+        )
+    if cfg.device != "cpu" and gpus and nproc > gpus:
+        raise ConfigError(
+            f"--nproc {nproc} needs {nproc} GPUs but {gpus} are visible (CUDA_VISIBLE_DEVICES); "
+            f"use --nproc {gpus} or fewer, or --device cpu"
+        )
     for k, v in GPU_ENV_DEFAULTS.items():
         os.environ.setdefault(k, v)
     args = get_args_parser().parse_args(
@@ -157,9 +173,17 @@ def launch(nproc: int, argv: list[str], gradient_accumulation_steps: int) -> int
     logger.info("launching %d processes through torchrun", nproc)
     try:
         run(args)
+    except SignalException as e:
+        # Ctrl-C (or a SIGTERM to the launcher): torchrun has stopped every rank. A step in flight is lost;
+        # the newest complete checkpoint, if any was written, is where to continue.
+        logger.warning(
+            "interrupted (%s): every rank stopped; continue with --resume_from_checkpoint latest", e.sigval.name
+        )
+        raise KeyboardInterrupt from None
     except ChildFailedError as e:
         failures = sorted(e.failures.items())
-        if all(f.exitcode == UserError.exit_code for _, f in failures):
+        codes = {f.exitcode for _, f in failures}
+        if UserError.exit_code in codes and codes <= {UserError.exit_code, -signal.SIGTERM}:
             # A mistake in the input: rank 0 has already said which, in one line.
             raise SystemExit(UserError.exit_code) from None
         # torchrun ends the surviving ranks with SIGTERM once one fails: those are not the cause.

@@ -183,6 +183,9 @@ def wrap(runner: LossModule, d: Dist, device: torch.device, bf16: bool, per_laye
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [device.index] if device.type == "cuda" else None
+        # DDPOptimizer would split a compiled graph at bucket boundaries to overlap all-reduce with backward;
+        # gradients here are synced once per window (no_sync on the others), so keep the loop one graph.
+        torch._dynamo.config.optimize_ddp = False
         # Every trainable parameter takes part in every step; buffers (rotary tables) are the same on all ranks,
         # so none is broadcast per forward. (Newer torch renames the flag; the old name keeps torch 2.9-2.11.)
         with warnings.catch_warnings():
