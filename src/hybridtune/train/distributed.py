@@ -98,6 +98,13 @@ def init(setting: str, adapter: str, device_kind: str) -> Dist:
     if not d.enabled:
         return d
     d = Dist(d.rank, d.world, d.local_rank, choose_engine(setting, adapter))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", d.world))
+    if local_world != d.world:
+        # Checkpoints are committed by rank 0 renaming a directory every rank wrote into: one filesystem.
+        raise ConfigError(
+            f"{d.world} ranks over several machines ({local_world} on this one): hybridtune trains on one machine's "
+            "GPUs; launch with --standalone on one node"
+        )
     if torch.distributed.is_initialized():
         return d
     cuda = device_kind == "cuda" or (device_kind == "auto" and torch.cuda.is_available())
