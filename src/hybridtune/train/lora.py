@@ -37,12 +37,32 @@ def apply_lora(model: torch.nn.Module, r: int, alpha: int, dropout: float, targe
     peft_model = get_peft_model(model, cfg)
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in peft_model.parameters())
+    applied, params = applied_targets(peft_model)
     logger.info(
         "LoRA r=%d alpha=%d on %s: %s trainable of %s parameters",
         r,
         alpha,
-        ",".join(found),
+        ",".join(applied + [f"{p} (expert parameter)" for p in params]),
         f"{trainable:,}",
         f"{total:,}",
     )
+    rewritten = [t for t in found if t not in applied]
+    if rewritten:
+        # peft maps MLP names onto the fused 3-D expert weights of MoE models (e.g. Qwen3-Next) and then no
+        # longer targets the Linear layers of those names (the shared expert's): say so, never silently.
+        logger.warning(
+            "peft adapted %s as expert parameters %s, not as the Linear layers of those names (e.g. a shared "
+            "expert's MLP gets no LoRA); name the modules in lora_target_modules to adapt them",
+            ",".join(rewritten),
+            ",".join(params) or "(none)",
+        )
     return peft_model
+
+
+def applied_targets(peft_model) -> tuple[list[str], list[str]]:
+    """(module names, parameter names) the adapter really targets, as peft recorded them."""
+    cfg = peft_model.peft_config["default"]
+    modules = cfg.target_modules
+    modules = sorted(modules) if isinstance(modules, (set, list, tuple)) else [str(modules)]
+    params = sorted(getattr(cfg, "target_parameters", None) or [])
+    return modules, params
