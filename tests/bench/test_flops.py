@@ -7,21 +7,12 @@ import pytest
 import torch
 
 from hybridtune.bench.flops import StepFlops, linear_terms, mfu, parameter_counts, step_flops
+from hybridtune.config import DEFAULT_LORA_TARGETS
+from hybridtune.models.presets import PRESETS as PRESET_TABLE
 from hybridtune.models.presets import preset_config
 
-LORA_TARGETS = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "in_proj_qkv",
-    "in_proj_z",
-    "out_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-)
-PRESETS = ["tiny-qwen3_5", "tiny-qwen3_next", "qwen3_5-0.8b", "qwen3_5-2b", "qwen3_5-9b"]
+LORA_TARGETS = tuple(DEFAULT_LORA_TARGETS)
+PRESETS = list(PRESET_TABLE)
 
 
 def hand_config():

@@ -64,22 +64,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def versions() -> dict:
-    import importlib.metadata as md
-
-    import torch
-
-    out = {"python": platform.python_version(), "torch": torch.__version__}
-    for name in ("transformers", "peft", "triton", "flash-linear-attention", "fla-core", "liger-kernel", "flash-attn"):
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            pass
-    from hybridtune import __version__
-
-    out["hybridtune"] = __version__
-    if torch.cuda.is_available():
-        out["cuda"] = torch.version.cuda
+def versions(env: dict) -> dict:
+    """Python, hybridtune and every installed distribution the doctor tracks, from `doctor.environment()`."""
+    out = {"python": env["python"], "hybridtune": env["hybridtune"]}
+    out.update({name: v for name, v in env["versions"].items() if v})
+    if env["gpu"].get("cuda"):
+        out["cuda"] = env["gpu"]["cuda"]
     return out
 
 
@@ -89,19 +79,6 @@ def device_name() -> str:
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
     return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
-
-
-def git_commit() -> str:
-    env = os.environ.get("HYBRIDTUNE_GIT_COMMIT")
-    if env:
-        return env
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, cwd=Path(__file__).parent
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
 
 
 def run_worker(spec: dict, log_path: Path, startup_timeout: float, timeout: float) -> dict:
@@ -204,15 +181,17 @@ def main(argv: list[str]) -> int:
     out = Path(args.out_dir)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     from hybridtune.bench.data import pack_layouts
+    from hybridtune.kernels.doctor import environment
 
     lay = pack_layouts(settings["seq_len"], settings["layouts"], settings["seed"])
+    env = environment()
     doc = {
         "what": "hybridtune bench: training step per mode, same model, data and seeds, each mode in a fresh process",
         "command": "hybridtune bench " + " ".join(argv),
-        "git_commit": git_commit(),
+        "git_commit": env["git_commit"] or "unknown",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device": device_name(),
-        "versions": versions(),
+        "versions": versions(env),
         "settings": settings,
         "data": {
             "layouts": lay,
@@ -250,6 +229,6 @@ def main(argv: list[str]) -> int:
 
 
 def _write_json(path: Path, doc: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str))
-    os.replace(tmp, path)
+    from hybridtune.train.checkpoint import atomic_write_text
+
+    atomic_write_text(path, json.dumps(doc, indent=1, default=str))

@@ -134,6 +134,7 @@ def run_mode(spec: dict) -> dict:
     from hybridtune.bench.data import make_batches, pack_layouts
     from hybridtune.bench.modes import parse_mode
     from hybridtune.train.loop import to_device
+    from hybridtune.train.metrics import memory_gib
     from hybridtune.train.step import forward_loss
 
     mode = parse_mode(spec["mode"])
@@ -198,12 +199,10 @@ def run_mode(spec: dict) -> dict:
         recompiles_after_warmup=counters["stats"]["unique_graphs"] - graphs_after_warmup,
     )
     if device.type == "cuda":
-        result["peak_alloc_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        result["peak_alloc_gib"] = memory_gib(device)
         result["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
     else:
-        import resource
-
-        result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        result["peak_rss_gib"] = memory_gib(device)
     _flops(spec, mode, cfg, batches, timed, result)
     if spec.get("profile") and device.type == "cuda":
         result["profile"] = profile_steps(lambda i: step(batches[i % len(batches)]), 3)
@@ -336,9 +335,9 @@ def main(argv: list[str]) -> int:
     except Exception as e:  # reported in the table, never a hang or a lost run
         result = {"error": f"{type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-6000:]}
         print(result["traceback"], file=sys.stderr, flush=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1, default=str))
-    os.replace(tmp, out)
+    from hybridtune.train.checkpoint import atomic_write_text
+
+    atomic_write_text(out, json.dumps(result, indent=1, default=str))
     return 0
 
 

@@ -69,6 +69,14 @@ def atomic_dir(target: Path, write: Callable[[Path], None]) -> Path:
     return target
 
 
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a small file so that a reader sees the old content or the new, never a half-written file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def _commit(tmp: Path, target: Path) -> None:
     _fsync_tree(tmp)
     if target.exists():
@@ -121,12 +129,8 @@ def rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
-    if not torch.cuda.is_available():
-        return
-    if "cuda_device" in state:
+    if "cuda_device" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda_device"], torch.cuda.current_device())
-    elif "cuda" in state and len(state["cuda"]) <= torch.cuda.device_count():  # older: every visible GPU's
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 @contextmanager

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -351,9 +350,7 @@ class Trainer:
 
     def _write_run_file(self) -> None:
         data = {"config": to_dict(self.cfg), "hybridtune_version": __import__("hybridtune").__version__}
-        tmp = self.out / f".{RUN_FILE}.tmp"
-        tmp.write_text(json.dumps(data, indent=2))
-        os.replace(tmp, self.out / RUN_FILE)
+        ckpt.atomic_write_text(self.out / RUN_FILE, json.dumps(data, indent=2))
 
     def _resume(self, where: str) -> None:
         path = Path(where)
