@@ -8,6 +8,11 @@ differences are ~1e-7 relative on the loss and ~2e-6 on the grad norm after 4 Ad
 (1e-5 and 1e-4) leave room for other CPUs while any real error is orders larger: a wrong token count or a
 missing rank share changes the loss by percent, a gradient scaled by the world size doubles the grad norm
 (the loss alone would not show it: AdamW and clipping are scale-invariant).
+
+Eval is sharded over the ranks and its sums all-reduced. Before the first step the weights are the same
+bits on every rank and in one process, so the eval loss differs only by the order of float64 sums
+(EVAL_RTOL_STEP0 = 1e-9; measured ~1e-16); after training it inherits the weights' rounding (LOSS_RTOL).
+Counts (examples, exact matches) are integers and must be equal; a missing or doubled shard changes them.
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ import torch
 from hybridtune.config import load_config
 from hybridtune.errors import ConfigError
 from hybridtune.train import checkpoint as ckpt
+from hybridtune.train import distributed
 from hybridtune.train.loop import Trainer
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 LOSS_RTOL = 1e-5
+EVAL_RTOL_STEP0 = 1e-9
 GRAD_NORM_RTOL = 1e-4
 STEPS = 4
 
@@ -64,8 +71,19 @@ def train_here(s: dict) -> list[dict]:
     return records(Path(s["output_dir"]))
 
 
-def records(out: Path) -> list[dict]:
-    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["type"] == "train"]
+def records(out: Path, kind: str = "train") -> list[dict]:
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["type"] == kind]
+
+
+def eval_packs(data: str) -> int:
+    """The number of eval packs of `settings(data, ...)` (the held-out examples packed as `evaluate` packs them)."""
+    from hybridtune.data.build import prepare
+    from hybridtune.models.loading import tokenizer_for
+    from hybridtune.train.loop import eval_batches
+
+    cfg = load_config(None, settings(data, "lora", output_dir="unused"))
+    examples = prepare(cfg, tokenizer_for(cfg.base_model, cfg.tokenizer)).eval_examples
+    return len(list(eval_batches(examples[: cfg.eval_max_examples], cfg.sequence_len)))
 
 
 @pytest.fixture
@@ -110,6 +128,16 @@ def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch,
     assert f"x 2 processes ({engine})" in err
     assert_same_curve(records(two), one)
     assert len(one) == STEPS
+    assert all(r["mem_gib"] > 0 for r in records(two))
+
+    # Eval (before the first step and at the end), each rank on its share of an odd number of packs.
+    assert eval_packs(small_data) % 2 == 1
+    got, want = records(two, "eval"), records(tmp_path / "one", "eval")
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [0, STEPS]
+    for g, w, rtol in zip(got, want, (EVAL_RTOL_STEP0, LOSS_RTOL)):
+        assert g["eval_examples"] == w["eval_examples"] == 8, (got, want)
+        assert g["exact_match"] == w["exact_match"], (got, want)
+        assert g["eval_loss"] == pytest.approx(w["eval_loss"], rel=rtol), (got, want)
 
     # The 2-process checkpoint at step 2 continues in one process along the same curve.
     assert (two / "checkpoint-2" / "rng-1.pt").is_file()
@@ -280,3 +308,84 @@ def test_rng_state_round_trip(tmp_path):
     torch.manual_seed(99)
     ckpt.set_rng_state(state)
     assert torch.equal(torch.rand(4), want)
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+def test_eval_shares_are_disjoint_and_cover_every_pack(engine):
+    for world in (1, 2, 3, 4):
+        for n in range(8):
+            shares = [distributed.eval_share(n, distributed.Dist(r, world, engine=engine)) for r in range(world)]
+            assert sorted(i for s in shares for i, counts in s if counts) == list(range(n)), (world, n, shares)
+            assert all(0 <= i < n for s in shares for i, _ in s)
+            if engine == "fsdp":  # every rank runs ceil(n / world) forwards: FSDP2's forward is a collective
+                assert {len(s) for s in shares} == {-(-n // world)}, (world, n, shares)
+            else:
+                assert all(counts for s in shares for _, counts in s)
+
+
+class CountingModel(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner, self.calls = inner, 0
+
+    def forward(self, batch):
+        self.calls += 1
+        return self.inner(batch)
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+def test_eval_rank_sums_add_up_to_one_process(monkeypatch, engine):
+    """Each rank's eval sums (loss, tokens, exact matches, examples), added up, are the 1-process sums; a rank
+    short of a pack under FSDP2 runs a forward that counts nothing. Ranks are simulated in this process: the
+    all-reduce is replaced by recording each rank's own sums (the real one runs in the 2-process test above)."""
+    import contextlib
+
+    from hybridtune.data.packing import Example
+    from hybridtune.models.loading import load_model
+    from hybridtune.train.loop import eval_batches, evaluate
+
+    model = CountingModel(distributed.LossModule(load_model("tiny-qwen3_5").model))
+    lengths = [30, 30, 40, 20, 50, 10, 60, 33, 17]  # 5 packs of <= 64 tokens
+    examples = [
+        Example(list(range(3 + i, 3 + i + n)), [0] * (n // 2) + [1] * (n - n // 2)) for i, n in enumerate(lengths)
+    ]
+    assert len(list(eval_batches(examples, 64))) == 5
+    sums = []
+    monkeypatch.setattr(distributed, "all_sum", lambda values, d: sums.append(values) or values)
+
+    def run(d):
+        model.calls = 0
+        res = evaluate(model, examples, 64, torch.device("cpu"), contextlib.nullcontext, d)
+        return sums.pop(), model.calls, res
+
+    (want, calls, res), *ranks = [
+        run(d) for d in (distributed.ONE, *(distributed.Dist(r, 2, engine=engine) for r in (0, 1)))
+    ]
+    assert calls == 5 and res["eval_examples"] == len(lengths)
+    assert [c for _, c, _ in ranks] == ([3, 3] if engine == "fsdp" else [3, 2])
+    got = [sum(col) for col in zip(*(s for s, _, _ in ranks))]
+    assert got[0] == pytest.approx(want[0], rel=1e-12)  # the same per-pack float sums, added in another order
+    assert got[1:] == want[1:]  # tokens, exact matches, examples
+    assert all(0 < s[3] < want[3] for s, _, _ in ranks)  # each rank evaluated a part, not the whole
+
+
+COLLECTIVES_RANK = """
+import json
+from hybridtune.train import distributed
+
+d = distributed.init("ddp", "lora", "cpu")
+print(json.dumps({"rank": d.rank, "max": distributed.all_max(0.25 + d.rank, d),
+                  "sum": distributed.all_sum([1.5, d.rank], d)}), flush=True)
+distributed.shutdown(d)
+"""
+
+
+def test_all_max_and_all_sum_over_two_processes(tmp_path):
+    """`mem_gib` is logged as the max over ranks: the one all-reduce it takes, over real gloo ranks."""
+    script = tmp_path / "rank.py"
+    script.write_text(COLLECTIVES_RANK)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-4000:]
+    got = sorted((json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")), key=lambda x: x["rank"])
+    assert got == [{"rank": k, "max": 1.25, "sum": [3.0, 1.0]} for k in (0, 1)], got

@@ -19,6 +19,8 @@ the window / their count). With a power-of-two world size the scaling is exact i
 
 The rank's share of a window: micro-batches `rank, rank + N, rank + 2N, ...` of the
 `gradient_accumulation_steps` micro-batches, so the global batch and the schedule do not depend on N.
+Eval is split the same way, pack by pack (`eval_share`), and its sums are all-reduced; the memory a
+logged step reports is the peak over ranks (`all_max`).
 """
 
 from __future__ import annotations
@@ -151,6 +153,23 @@ def my_share(d: Dist, items: list) -> list:
     return items[d.rank :: d.world]
 
 
+def eval_share(n: int, d: Dist) -> list[tuple[int, bool]]:
+    """This rank's packs of an `n`-pack evaluation, as `(index, counted)`: indices rank, rank + N, ...
+
+    The shares are disjoint and cover every pack once. Under FSDP2 the forward is a collective (each
+    layer's parameters are all-gathered), so every rank must run the same number of forwards, ceil(n / N):
+    a rank short of one runs a pack again (its first, or pack 0) with `counted` False, i.e. weight 0.
+    DDP evaluates the unwrapped module (no collective in its forward), so short ranks just stop.
+
+    >>> eval_share(3, Dist(rank=1, world=2, engine="fsdp"))
+    [(1, True), (1, False)]
+    """
+    mine = [(i, True) for i in range(d.rank, n, d.world)]
+    if d.engine == "fsdp" and n:
+        mine += [(mine[0][0] if mine else 0, False)] * (-(-n // d.world) - len(mine))
+    return mine
+
+
 class LossModule(torch.nn.Module):
     """The unit DDP / FSDP2 wrap: its forward is the micro-batch loss (or the logits for eval).
 
@@ -229,6 +248,15 @@ def all_sum(values: list[float], d: Dist) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
     torch.distributed.all_reduce(t)
     return t.tolist()
+
+
+def all_max(value: float, d: Dist) -> float:
+    """The largest `value` over ranks (one all-reduce of a scalar); `value` itself in one process."""
+    if not d.enabled:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=_comm_device())
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return float(t.item())
 
 
 def _comm_device() -> torch.device:

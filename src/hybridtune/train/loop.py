@@ -171,8 +171,13 @@ def eval_batches(examples: list[Example], seq_len: int) -> Iterator[list[Example
 
 
 @torch.no_grad()
-def evaluate(model, examples: list[Example], seq_len: int, device: torch.device, autocast) -> dict:
+def evaluate(
+    model, examples: list[Example], seq_len: int, device: torch.device, autocast, d: distributed.Dist = distributed.ONE
+) -> dict:
     """Held-out loss and exact match. `model(batch)` returns the logits `[1, T, vocab]` (a `LossModule`).
+
+    Under torchrun each rank evaluates its share of the packs (`distributed.eval_share`) and the sums are
+    all-reduced: every rank returns the metrics of one process, up to the order of float64 sums.
 
     Exact match: an example counts when the argmax prediction at every trained position (the whole
     response, end-of-turn included) equals the target. Under teacher forcing this is exactly the
@@ -182,10 +187,13 @@ def evaluate(model, examples: list[Example], seq_len: int, device: torch.device,
     model.eval()
     collate = PackedCollator()
     total_loss, total_tokens, correct, counted = 0.0, 0, 0, 0
-    for docs in eval_batches(examples, seq_len):
-        batch = to_device(collate(docs), device)
+    packs = list(eval_batches(examples, seq_len))
+    for i, counts in distributed.eval_share(len(packs), d):
+        batch = to_device(collate(packs[i]), device)
         with autocast():
             logits = model(batch)
+        if not counts:
+            continue  # FSDP2: a rank short of packs takes part in the forward's collectives, counting nothing
         logits = logits[0, :-1].float()
         targets = batch["labels"][0, 1:]
         mask = targets != IGNORE_INDEX
@@ -200,6 +208,8 @@ def evaluate(model, examples: list[Example], seq_len: int, device: torch.device,
                 counted += 1
                 correct += int(ok[a : b - 1].all())
     model.train(was_training)
+    total_loss, total_tokens, correct, counted = distributed.all_sum([total_loss, total_tokens, correct, counted], d)
+    counted = int(counted)  # float64 holds these counts exactly
     return {
         "eval_loss": total_loss / max(total_tokens, 1),
         "exact_match": correct / max(counted, 1),
@@ -430,7 +440,7 @@ class Trainer:
         if not self.data.eval_examples:
             return None
         ex = self.data.eval_examples[: self.cfg.eval_max_examples]
-        res = evaluate(self.eval_model, ex, self.cfg.sequence_len, self.device, self.autocast)
+        res = evaluate(self.eval_model, ex, self.cfg.sequence_len, self.device, self.autocast, self.dist)
         res["step"] = self.step
         if self.metrics is not None:
             self.metrics.write({"type": "eval", **res})
@@ -458,7 +468,9 @@ class Trainer:
                 tput.add(rec["tokens"])
                 result.losses.append(rec["loss"])
                 if self.step % cfg.logging_steps == 0 or self.step == self.total_steps or self.step == 1:
-                    rec.update(tokens_per_s=tput.take(), mem_gib=memory_gib(self.device), type="train")
+                    # The peak over ranks (one scalar all-reduce, on logged steps only): ranks differ under FSDP2.
+                    mem = distributed.all_max(memory_gib(self.device), self.dist)
+                    rec.update(tokens_per_s=tput.take(), mem_gib=mem, type="train")
                     if self.metrics is not None:
                         self.metrics.write(rec)
                     logger.info("%s", format_step(rec))
