@@ -29,7 +29,7 @@ run() {  # name gpus extra-args...
   local name=$1 gpus=$2; shift 2
   local nproc=""; [ "$gpus" = "0,1" ] && nproc="--nproc 2"
   rm -rf "/tmp/out-$name"
-  CUDA_VISIBLE_DEVICES=$gpus timeout 560 $PY -m hybridtune train $COMMON --output_dir "/tmp/out-$name" $nproc "$@" \
+  CUDA_VISIBLE_DEVICES=$gpus timeout ${RUN_T:-560} $PY -m hybridtune train $COMMON --output_dir "/tmp/out-$name" $nproc "$@" \
     > "$R/$name.log" 2>&1
   echo "rc $?" >> "$R/$name.log"
   cp "/tmp/out-$name/metrics.jsonl" "$R/$name.metrics.jsonl" 2>/dev/null
