@@ -270,6 +270,7 @@ def test_dead_rank_ends_the_run_with_one_line(tmp_path, small_data, launch):
     step = int(done.name.split("-")[1])
     rest = train_here({**s, "resume_from_checkpoint": str(done), "max_steps": step + 1, "save_steps": 0})
     assert rest[-1]["step"] == step + 1  # metrics.jsonl continues the killed run's
+    assert not list(out.glob(".tmp-*"))  # whatever the killed ranks left half-written is gone
 
 
 def test_window_must_split_evenly_before_any_launch(tmp_path):

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from hybridtune.errors import ConfigError
+from hybridtune.errors import ConfigError, OutputDirError
 from hybridtune.train import distributed
 from hybridtune.train.distributed import ONE, Dist
 
@@ -38,6 +38,10 @@ STATE_DIR = "state"
 STATE_FILE = "trainer_state.pt"
 META_FILE = "checkpoint.json"
 RNG_FILE = "rng-{rank}.pt"
+FINAL_DIR = "final"  # the final export; FINAL_META inside it records the step it was taken at
+FINAL_META = "hybridtune.json"
+TMP_PREFIX = ".tmp-"  # atomic_dir's directory before its commit
+OLD_PREFIX = ".old-"  # the replaced directory during a commit
 
 
 def _fsync_tree(path: Path) -> None:
@@ -59,7 +63,7 @@ def atomic_dir(target: Path, write: Callable[[Path], None]) -> Path:
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent))
     try:
         write(tmp)
         _commit(tmp, target)
@@ -80,7 +84,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 def _commit(tmp: Path, target: Path) -> None:
     _fsync_tree(tmp)
     if target.exists():
-        old = target.parent / f".old-{target.name}-{os.getpid()}"
+        old = target.parent / f"{OLD_PREFIX}{target.name}-{os.getpid()}"
         os.replace(target, old)
         os.replace(tmp, target)
         shutil.rmtree(old, ignore_errors=True)
@@ -101,7 +105,7 @@ def shared_atomic_dir(target: Path, write_all: Callable[[Path], None], write_mai
     tmp = None
     if d.is_main:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent)
+        tmp = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent)
     tmp = Path(distributed.broadcast_object(tmp, d))
     try:
         write_all(tmp)
@@ -233,6 +237,92 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
 def prune_checkpoints(output_dir: Path, keep: int) -> None:
     for p in list_checkpoints(output_dir)[:-keep]:
         shutil.rmtree(p, ignore_errors=True)
+
+
+def _step(path: Path) -> int:
+    return int(path.name.split("-", 1)[1])
+
+
+def _finished(output_dir: Path, newest: Path) -> bool:
+    """The run that wrote `newest` also wrote its final model: `final/` says it ran to that same step."""
+    try:
+        return json.loads((Path(output_dir) / FINAL_DIR / FINAL_META).read_text())["steps"] == _step(newest)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def check_restart(output_dir: Path) -> None:
+    """A fresh run of the same config may start over a finished run, not over an unfinished one's checkpoints.
+
+    Starting again removes them (see `tidy_output_dir`); without --overwrite that is almost always a
+    forgotten `--resume_from_checkpoint latest` after a crash or Ctrl-C, so it is refused.
+    """
+    found = list_checkpoints(output_dir)
+    if found and not _finished(output_dir, found[-1]):
+        raise OutputDirError(
+            f"output_dir '{output_dir}' holds an unfinished run of this config (newest {found[-1].name}, no final "
+            "model after it); continue it with --resume_from_checkpoint latest, or pass --overwrite to start over "
+            "(its checkpoints are removed)"
+        )
+
+
+def tidy_output_dir(output_dir: Path, fresh: bool, resume_from: str | None, overwrite: bool) -> str | None:
+    """Before training, on rank 0: remove what earlier processes left in `output_dir` that would mislead this run.
+
+    - Always: temporary directories of writes that never committed (`.tmp-*`: a process or rank died
+      mid-save), and `.old-X-*` copies whose replacement `X` was committed. (An `.old-X` without `X`, a crash
+      between the two renames of a commit, is the last committed copy of `X`: left alone.)
+    - A fresh run (`fresh`: the caller has allowed it, i.e. an empty directory, a restart of a finished run
+      of the same config, or --overwrite): every `checkpoint-N/` of the earlier run. Left there, their higher
+      step numbers would make pruning delete this run's new checkpoints first and `latest` resume the old run.
+    - A run resumed from step S: checkpoints of `output_dir` past S are another continuation that this run
+      would replace; removed under --overwrite, refused otherwise (nothing is touched then).
+
+    Returns the one line that says what was removed, or None when nothing was.
+    """
+    out = Path(output_dir)
+    if not out.is_dir():
+        return None
+    stale = [p for p in sorted(out.iterdir()) if p.is_dir() and _is_stale(p)]
+    start = None
+    if fresh:
+        checkpoints = [p for p in out.glob("checkpoint-*") if p.is_dir() and p.name.split("-", 1)[1].isdigit()]
+    else:
+        start = _resume_step(resume_from)
+        checkpoints = [p for p in list_checkpoints(out) if start is not None and _step(p) > start]
+        if checkpoints and not overwrite:
+            raise OutputDirError(
+                f"resume_from_checkpoint '{resume_from}' is at step {start} but output_dir '{out}' holds later "
+                f"checkpoints ({', '.join(p.name for p in checkpoints)}) that this run would replace and that "
+                "'latest' would pick; pass --overwrite to remove them, or resume into another --output_dir"
+            )
+    checkpoints.sort(key=_step)
+    for p in stale + checkpoints:
+        shutil.rmtree(p)
+    done = []
+    if checkpoints:
+        why = "of the earlier run" if fresh else f"past the resumed step {start}"
+        done.append(f"{len(checkpoints)} checkpoint(s) {why} ({', '.join(p.name for p in checkpoints)})")
+    if stale:
+        done.append(f"{len(stale)} stale temporary dir(s) ({', '.join(p.name for p in stale)})")
+    return f"output_dir {out}: removed " + " and ".join(done) if done else None
+
+
+def _is_stale(path: Path) -> bool:
+    if path.name.startswith(TMP_PREFIX):
+        return True
+    committed = path.parent / path.name[len(OLD_PREFIX) :].rsplit("-", 1)[0]  # .old-<name>-<pid>
+    return path.name.startswith(OLD_PREFIX) and committed.exists()
+
+
+def _resume_step(resume_from: str | None) -> int | None:
+    """The step a run resumes from, when that is a complete checkpoint (`latest`: none is past it)."""
+    if not resume_from or resume_from == "latest":
+        return None
+    try:
+        return int(json.loads((Path(resume_from) / META_FILE).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not a complete checkpoint: the resume itself says so, after the model is built
 
 
 def load_trainer_state(ckpt: Path) -> dict:

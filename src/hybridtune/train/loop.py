@@ -101,6 +101,8 @@ def check_output_dir(cfg: TrainConfig) -> bool:
         except json.JSONDecodeError:
             held = None
         if held is not None and identity(held) == identity(to_dict(cfg)):
+            if not cfg.overwrite:
+                ckpt.check_restart(out)  # an unfinished run's checkpoints: resume it, or --overwrite
             logger.info("output_dir %s holds an earlier run of the same config; starting it again", out)
             return True
     if cfg.overwrite:
@@ -111,6 +113,15 @@ def check_output_dir(cfg: TrainConfig) -> bool:
         f"output_dir '{out}' already holds {what}; choose another --output_dir, resume with "
         f"--resume_from_checkpoint latest, or pass --overwrite"
     )
+
+
+def claim_output_dir(cfg: TrainConfig) -> bool:
+    """`check_output_dir`, then remove what earlier processes left there that would mislead this run (rank 0)."""
+    fresh = check_output_dir(cfg)
+    done = ckpt.tidy_output_dir(Path(cfg.output_dir), fresh, cfg.resume_from_checkpoint, cfg.overwrite)
+    if done:
+        logger.info("%s", done)
+    return fresh
 
 
 class BatchStream:
@@ -232,7 +243,7 @@ class Trainer:
         cfg = self.cfg
         d = self.dist
         distributed.check_window(d, cfg.gradient_accumulation_steps)
-        fresh_metrics = distributed.main_only(d, lambda: check_output_dir(cfg))
+        fresh_metrics = distributed.main_only(d, lambda: claim_output_dir(cfg))
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         random.seed(cfg.seed)

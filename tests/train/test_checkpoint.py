@@ -1,0 +1,127 @@
+"""What a run finds in its output_dir before training: stale temp dirs of a dead writer are removed; an earlier
+run's checkpoints never mislead pruning or `resume latest`, and are never removed without a reason the user gave.
+
+The contract, as `hybridtune train` reads an existing output_dir:
+- another run's files: refused unless --overwrite (unchanged; tests/train/test_cli.py);
+- an earlier, finished run of the same config: started again; its checkpoints are removed first;
+- an earlier, unfinished run of the same config (checkpoints, no final model after them): refused with the
+  way to resume it, unless --overwrite (then started again, its checkpoints removed);
+- a resume from step S while checkpoints past S exist: refused unless --overwrite (then they are removed);
+- at the start of every run, `.tmp-*` dirs (writes that never committed) are removed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from test_resume import make_cfg, run
+
+from hybridtune.errors import OutputDirError
+from hybridtune.train import checkpoint as ckpt
+from hybridtune.train.loop import claim_output_dir
+
+
+def fake_checkpoint(out: Path, step: int) -> Path:
+    p = out / f"checkpoint-{step}"
+    p.mkdir(parents=True)
+    (p / ckpt.META_FILE).write_text(json.dumps({"step": step}))
+    return p
+
+
+def fake_final(out: Path, steps: int) -> None:
+    (out / "final").mkdir(parents=True, exist_ok=True)
+    (out / "final" / "hybridtune.json").write_text(json.dumps({"steps": steps}))
+
+
+def names(out: Path) -> list[str]:
+    return sorted(os.listdir(out))
+
+
+def test_fresh_run_removes_the_earlier_runs_checkpoints_and_stale_temp_dirs(tmp_path):
+    for step in (2, 10):
+        fake_checkpoint(tmp_path, step)
+    (tmp_path / "checkpoint-7").mkdir()  # incomplete (no checkpoint.json): also the earlier run's
+    (tmp_path / ".tmp-checkpoint-12-abcd1234").mkdir()  # a rank died mid-save
+    (tmp_path / ".tmp-checkpoint-12-abcd1234" / "__1_0.distcp").write_bytes(b"\0" * 10)
+    fake_final(tmp_path, 10)
+    (tmp_path / ".old-final-4242").mkdir()  # a commit replaced final/ but died before removing the old copy
+    (tmp_path / ".old-checkpoint-3-77").mkdir()  # died between the renames: the only copy, kept
+    (tmp_path / "notes.txt").write_text("kept")
+    line = ckpt.tidy_output_dir(tmp_path, fresh=True, resume_from=None, overwrite=False)
+    assert names(tmp_path) == [".old-checkpoint-3-77", "final", "notes.txt"]
+    assert line == (
+        f"output_dir {tmp_path}: removed 3 checkpoint(s) of the earlier run (checkpoint-2, checkpoint-7, "
+        "checkpoint-10) and 2 stale temporary dir(s) (.old-final-4242, .tmp-checkpoint-12-abcd1234)"
+    )
+    assert ckpt.tidy_output_dir(tmp_path, fresh=True, resume_from=None, overwrite=False) is None  # nothing left
+    assert ckpt.tidy_output_dir(tmp_path / "absent", fresh=True, resume_from=None, overwrite=False) is None
+
+
+def test_resume_keeps_checkpoints_up_to_its_step_and_refuses_later_ones_without_overwrite(tmp_path):
+    for step in (2, 4, 6, 8):
+        fake_checkpoint(tmp_path, step)
+    (tmp_path / ".tmp-checkpoint-10-x").mkdir()
+    before = names(tmp_path)
+    # `latest`: nothing is past it; only the temp dir goes.
+    line = ckpt.tidy_output_dir(tmp_path, fresh=False, resume_from="latest", overwrite=False)
+    assert line == f"output_dir {tmp_path}: removed 1 stale temporary dir(s) (.tmp-checkpoint-10-x)"
+    assert names(tmp_path) == before[1:]
+
+    (tmp_path / ".tmp-checkpoint-10-x").mkdir()
+    at4 = str(tmp_path / "checkpoint-4")
+    with pytest.raises(OutputDirError, match=r"at step 4 but .* later checkpoints \(checkpoint-6, checkpoint-8\)"):
+        ckpt.tidy_output_dir(tmp_path, fresh=False, resume_from=at4, overwrite=False)
+    assert names(tmp_path) == before  # a refusal touches nothing
+    line = ckpt.tidy_output_dir(tmp_path, fresh=False, resume_from=at4, overwrite=True)
+    assert "removed 2 checkpoint(s) past the resumed step 4 (checkpoint-6, checkpoint-8)" in line
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-4"]
+    assert names(tmp_path) == ["checkpoint-2", "checkpoint-4"]
+
+
+def test_restart_is_refused_over_an_unfinished_run_only(tmp_path):
+    fake_checkpoint(tmp_path, 4)
+    with pytest.raises(OutputDirError, match="unfinished run .*newest checkpoint-4.*--resume_from_checkpoint latest"):
+        ckpt.check_restart(tmp_path)
+    fake_final(tmp_path, 4)
+    ckpt.check_restart(tmp_path)  # finished at its newest checkpoint: may start again
+    fake_checkpoint(tmp_path, 6)  # a later run of the same config got to step 6 and died; final/ is older
+    with pytest.raises(OutputDirError, match="newest checkpoint-6"):
+        ckpt.check_restart(tmp_path)
+    ckpt.check_restart(tmp_path / "empty")
+
+
+def test_restart_of_a_finished_run_replaces_its_checkpoints(tmp_path, small_data, caplog):
+    """The bug this guards: a restarted run's checkpoint-2 sat below the earlier run's checkpoint-4, so pruning
+    kept the earlier run's and `latest` resumed it."""
+    out = tmp_path / "run"
+    first = run(make_cfg(out, small_data, max_steps=4, save_steps=2, save_total_limit=2))
+    assert first.steps == 4 and [p.name for p in ckpt.list_checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
+    (out / ".tmp-checkpoint-6-dead").mkdir()  # left by a writer that died
+
+    # The same config (max_steps does not change what a run computes), not resumed: started again.
+    caplog.set_level(logging.INFO, logger="hybridtune")
+    again = run(make_cfg(out, small_data, max_steps=2, save_steps=2, save_total_limit=2))
+    assert again.steps == 2 and again.losses == pytest.approx(first.losses[:2], rel=1e-6)
+    removed = [r.getMessage() for r in caplog.records if "removed" in r.getMessage()]
+    assert removed == [
+        f"output_dir {out}: removed 2 checkpoint(s) of the earlier run (checkpoint-2, checkpoint-4) and "
+        "1 stale temporary dir(s) (.tmp-checkpoint-6-dead)"
+    ]
+    assert [p.name for p in ckpt.list_checkpoints(out)] == ["checkpoint-2"]
+    assert json.loads((out / "checkpoint-2" / ckpt.META_FILE).read_text())["step"] == 2
+    assert not list(out.glob(".tmp-*"))
+
+    # Interrupted at step 3: unfinished. The same command again is refused (nothing touched) and says how to
+    # continue; --overwrite starts over.
+    part = run(make_cfg(out, small_data, max_steps=4, save_steps=2, save_total_limit=2), stop_after=3)
+    assert part.interrupted and [p.name for p in ckpt.list_checkpoints(out)] == ["checkpoint-2", "checkpoint-3"]
+    before = names(out)
+    with pytest.raises(OutputDirError, match="unfinished run of this config .*--resume_from_checkpoint latest"):
+        claim_output_dir(make_cfg(out, small_data, max_steps=4, save_steps=2, save_total_limit=2))
+    assert names(out) == before
+    assert claim_output_dir(make_cfg(out, small_data, max_steps=4, save_steps=2, save_total_limit=2, overwrite=True))
+    assert ckpt.list_checkpoints(out) == []
