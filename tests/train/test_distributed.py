@@ -324,34 +324,39 @@ def test_eval_shares_are_disjoint_and_cover_every_pack(engine):
                 assert all(counts for s in shares for _, counts in s)
 
 
-class CountingModel(torch.nn.Module):
-    def __init__(self, inner: torch.nn.Module):
+class NextIdModel(torch.nn.Module):
+    """Eval logits `[1, T, 128]` that predict token id + 1: exact on documents whose ids count up by one."""
+
+    def __init__(self):
         super().__init__()
-        self.inner, self.calls = inner, 0
+        self.calls = 0
 
     def forward(self, batch):
         self.calls += 1
-        return self.inner(batch)
+        return 4.0 * torch.nn.functional.one_hot((batch["input_ids"] + 1) % 128, 128).float()
 
 
 @pytest.mark.parametrize("engine", ["ddp", "fsdp"])
 def test_eval_rank_sums_add_up_to_one_process(monkeypatch, engine):
     """Each rank's eval sums (loss, tokens, exact matches, examples), added up, are the 1-process sums; a rank
     short of a pack under FSDP2 runs a forward that counts nothing. Ranks are simulated in this process: the
-    all-reduce is replaced by recording each rank's own sums (the real one runs in the 2-process test above)."""
+    all-reduce is replaced by recording each rank's own sums (the real one runs in the 2-process test above).
+    Two documents in three count up by one (exact), the third counts by two (wrong): every sum is non-zero."""
     import contextlib
 
     from hybridtune.data.packing import Example
-    from hybridtune.models.loading import load_model
     from hybridtune.train.loop import eval_batches, evaluate
 
-    model = CountingModel(distributed.LossModule(load_model("tiny-qwen3_5").model))
     lengths = [30, 30, 40, 20, 50, 10, 60, 33, 17]  # 5 packs of <= 64 tokens
     examples = [
-        Example(list(range(3 + i, 3 + i + n)), [0] * (n // 2) + [1] * (n - n // 2)) for i, n in enumerate(lengths)
+        Example(
+            list(range(3 + i, 3 + i + (2 if i % 3 == 0 else 1) * n, 2 if i % 3 == 0 else 1)),
+            [0] * (n // 2) + [1] * (n - n // 2),
+        )
+        for i, n in enumerate(lengths)
     ]
     assert len(list(eval_batches(examples, 64))) == 5
-    sums = []
+    model, sums = NextIdModel(), []
     monkeypatch.setattr(distributed, "all_sum", lambda values, d: sums.append(values) or values)
 
     def run(d):
@@ -362,7 +367,7 @@ def test_eval_rank_sums_add_up_to_one_process(monkeypatch, engine):
     (want, calls, res), *ranks = [
         run(d) for d in (distributed.ONE, *(distributed.Dist(r, 2, engine=engine) for r in (0, 1)))
     ]
-    assert calls == 5 and res["eval_examples"] == len(lengths)
+    assert calls == 5 and want[2:] == [6, 9] and res["exact_match"] == pytest.approx(6 / 9)
     assert [c for _, c, _ in ranks] == ([3, 3] if engine == "fsdp" else [3, 2])
     got = [sum(col) for col in zip(*(s for s, _, _ in ranks))]
     assert got[0] == pytest.approx(want[0], rel=1e-12)  # the same per-pack float sums, added in another order

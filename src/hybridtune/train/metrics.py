@@ -56,7 +56,7 @@ class MetricsLog:
 
 
 def format_step(rec: dict) -> str:
-    """The one log line per step: `step loss grad_norm lr tok/s mem`."""
+    """The one log line per step: `step loss grad_norm lr tok/s mem` (`mem`: the peak over ranks under torchrun)."""
     return (
         f"step {rec['step']:>5}  loss {rec['loss']:.4f}  grad_norm {rec['grad_norm']:.3f}  "
         f"lr {rec['lr']:.2e}  tok/s {rec['tokens_per_s']:,.0f}  mem {rec['mem_gib']:.2f} GiB"
