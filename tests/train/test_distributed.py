@@ -376,12 +376,12 @@ def test_eval_rank_sums_add_up_to_one_process(monkeypatch, engine):
 
 
 COLLECTIVES_RANK = """
-import json
+import json, pathlib, sys
 from hybridtune.train import distributed
 
 d = distributed.init("ddp", "lora", "cpu")
-print(json.dumps({"rank": d.rank, "max": distributed.all_max(0.25 + d.rank, d),
-                  "sum": distributed.all_sum([1.5, d.rank], d)}), flush=True)
+got = {"max": distributed.all_max(0.25 + d.rank, d), "sum": distributed.all_sum([1.5, d.rank], d)}
+pathlib.Path(sys.argv[1], f"rank{d.rank}.json").write_text(json.dumps(got))  # one file per rank: stdout interleaves
 distributed.shutdown(d)
 """
 
@@ -391,7 +391,7 @@ def test_all_max_and_all_sum_over_two_processes(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(COLLECTIVES_RANK)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
-    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([*cmd, str(tmp_path)], env=ENV, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-4000:]
-    got = sorted((json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")), key=lambda x: x["rank"])
-    assert got == [{"rank": k, "max": 1.25, "sum": [3.0, 1.0]} for k in (0, 1)], got
+    got = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)]
+    assert got == [{"max": 1.25, "sum": [3.0, 1.0]}] * 2, got
