@@ -29,7 +29,10 @@ run() {  # name gpus extra-args...
   local name=$1 gpus=$2; shift 2
   local nproc=""; [ "$gpus" = "0,1" ] && nproc="--nproc 2"
   rm -rf "/tmp/out-$name"
-  CUDA_VISIBLE_DEVICES=$gpus timeout ${RUN_T:-560} $PY -m hybridtune train $COMMON --output_dir "/tmp/out-$name" $nproc "$@" \
+  # 1 process: at the limit SIGUSR1 prints its Python stacks (a stall says where), then it is killed.
+  # torchrun: SIGTERM, which every rank handles (a killed launcher would orphan its ranks).
+  local lim="-s USR1 -k 20 ${RUN_T:-560}"; [ -n "$nproc" ] && lim="${RUN_T:-560}"
+  CUDA_VISIBLE_DEVICES=$gpus TORCH_LOGS=${TORCH_LOGS:-recompiles} timeout $lim $PY -m hybridtune train $COMMON --output_dir "/tmp/out-$name" $nproc "$@" \
     > "$R/$name.log" 2>&1
   echo "rc $?" >> "$R/$name.log"
   cp "/tmp/out-$name/metrics.jsonl" "$R/$name.metrics.jsonl" 2>/dev/null
@@ -70,5 +73,5 @@ case "${1:-}" in
   *) echo "usage: $0 one|two-lora|two-full|table"; exit 2 ;;
 esac
 table | tee "$R/table.md"
-if [ -n "${OUT:-}" ]; then cp "$R"/*.log "$R"/*.metrics.jsonl "$R"/*.md "$R"/*.txt "$OUT"/ 2>/dev/null; fi
+if [ -n "${OUT:-}" ]; then tar czf "$OUT/dist.tar.gz" -C "$R" --exclude long.jsonl .; fi
 tail -n 3 "$R"/*.log

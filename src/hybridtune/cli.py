@@ -47,6 +47,15 @@ def _setup_logging() -> None:
     root.propagate = False
 
 
+def _stack_dumps_on_sigusr1() -> None:
+    """`kill -USR1 <pid>` prints every thread's Python stack to stderr (a stalled run says where it is)."""
+    import faulthandler
+    import signal
+
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -63,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown command '{name}'.{hint} Commands: {', '.join(COMMANDS)}.", file=sys.stderr)
         return 2
     _setup_logging()
+    _stack_dumps_on_sigusr1()
     try:
         module = importlib.import_module(COMMANDS[name][0])
         rc = module.main(rest)
