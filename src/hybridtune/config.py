@@ -93,7 +93,11 @@ class TrainConfig:
     weight_decay: float = _f(0.0, "AdamW weight decay")
     max_grad_norm: float = _f(1.0, "gradient clipping (0: off)")
     bf16: Literal["auto"] | bool = _f("auto", "bf16 autocast: auto = on a GPU that supports it, off on CPU")
-    gradient_checkpointing: bool = _f(False, "recompute activations in backward to save memory")
+    gradient_checkpointing: Literal["auto"] | bool = _f(
+        "auto",
+        "recompute activations in backward to save memory: auto = off (no recompute, faster) and, in a "
+        "one-process run whose first step runs out of GPU memory, switched on and the step retried",
+    )
     loss: Literal["auto", "fused", "plain"] = _f(
         "auto",
         "cross-entropy: fused = chunked against lm_head, never holding [tokens, vocab] logits; plain = "

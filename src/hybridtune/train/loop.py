@@ -272,9 +272,8 @@ class Trainer:
         self._choose_threads(model)
         self.patch_report = patch_model(model)
         logger.info("%s", self.patch_report)
-        if cfg.gradient_checkpointing:
-            # Non-reentrant checkpointing needs no `enable_input_require_grads` hook for frozen embeddings.
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.gradient_checkpointing is True:
+            enable_checkpointing(model)
         if cfg.adapter == "lora":
             from hybridtune.train.lora import apply_lora
 
@@ -464,6 +463,32 @@ class Trainer:
         )
         return res
 
+    def first_step(self) -> dict:
+        """The first step; under `gradient_checkpointing: auto`, one retry with checkpointing on if it ran out
+        of memory without it (one process only: under torchrun the other ranks are already inside collectives,
+        so there the error says which setting to change)."""
+        if self.cfg.gradient_checkpointing != "auto" or self.step > 0:
+            return self.train_step()
+        pos = self.stream.position()
+        try:
+            return self.train_step()
+        except torch.OutOfMemoryError as e:
+            if self.dist.enabled:
+                raise ConfigError(
+                    f"out of GPU memory in the first step without gradient checkpointing ({str(e).splitlines()[0]}); "
+                    "set gradient_checkpointing: true (or a shorter sequence_len)"
+                ) from None
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.stream.seek(pos)
+        enable_checkpointing(self.model)
+        logger.warning(
+            "gradient_checkpointing auto: the first step ran out of GPU memory without checkpointing; "
+            "switched it on and retried the step (set gradient_checkpointing: true to start that way)"
+        )
+        return self.train_step()
+
     def train(self) -> TrainResult:
         cfg = self.cfg
         result = TrainResult(steps=self.step, output_dir=str(self.out))
@@ -475,7 +500,7 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)
         try:
             while self.step < self.total_steps:
-                rec = self.train_step()
+                rec = self.first_step() if self.step == 0 else self.train_step()
                 tput.add(rec["tokens"])
                 result.losses.append(rec["loss"])
                 if self.step % cfg.logging_steps == 0 or self.step == self.total_steps or self.step == 1:
@@ -585,6 +610,13 @@ def _save_unwrapped_base(base, tmp: Path, peft_state: dict | None = None) -> Non
             continue
         state[name.replace(".base_layer.", ".")] = tensor
     base.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+
+
+def enable_checkpointing(model) -> None:
+    """Non-reentrant activation checkpointing on every decoder layer (peft-wrapped or not); non-reentrant
+    needs no `enable_input_require_grads` hook for frozen embeddings, and traces under the compiled loop."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def train(cfg: TrainConfig, on_log: Callable[[dict], None] | None = None) -> TrainResult:
