@@ -52,8 +52,12 @@ def _stack_dumps_on_sigusr1() -> None:
     import faulthandler
     import signal
 
-    if hasattr(signal, "SIGUSR1"):
+    if not hasattr(signal, "SIGUSR1"):
+        return
+    try:
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    except (OSError, ValueError, AttributeError):  # stderr without a file descriptor (captured, embedded)
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
