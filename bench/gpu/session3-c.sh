@@ -4,7 +4,7 @@
 # test (issue 3) on GPU 1 beside the 1-GPU phase. Code from .snap/ (see session3-b.sh).
 source bench/gpu/env.sh
 export PYTHONPATH=/tmp/site:$PWD/.snap/src
-export R=/tmp/dist STEPS=${STEPS:-25}
+export R=/tmp/dist STEPS=${STEPS:-25}; mkdir -p "$R"  # (the call-C record lacked this mkdir: its test log was lost)
 cd .snap || exit 1
 (CUDA_VISIBLE_DEVICES=1 HYBRIDTUNE_FLA_GRANT_FOR_TESTS=0 timeout ${T_TEST:-180} python3 -m pytest -p no:cacheprovider \
   -m cuda -v -rA tests/compiler/test_loop.py > "$R/pytest_loop_cuda.log" 2>&1; echo "pytest rc $?" >> "$R/pytest_loop_cuda.log") &
