@@ -98,6 +98,11 @@ class TrainConfig:
         "recompute activations in backward to save memory: auto = off (no recompute, faster) and, in a "
         "one-process run whose first step runs out of GPU memory, switched on and the step retried",
     )
+    pack_layout: Literal["auto", "static", "dynamic"] = _f(
+        "auto",
+        "static = every batch filled to one size with filler documents (one graph without symbolic sizes: about "
+        "half the compile time); dynamic = no filler; auto = static under compile: loop",
+    )
     loss: Literal["auto", "fused", "plain"] = _f(
         "auto",
         "cross-entropy: fused = chunked against lm_head, never holding [tokens, vocab] logits; plain = "

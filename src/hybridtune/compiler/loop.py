@@ -105,6 +105,18 @@ def _uses_flash(text_model) -> bool:
     return impl.startswith("flash_attention")
 
 
+def _mark_layout_dynamic(inputs_embeds, position_ids, attention_mask, kwargs) -> None:
+    """T, the number of documents and the number of chunks: dynamic, so a new pack layout does not recompile."""
+    torch._dynamo.maybe_mark_dynamic(inputs_embeds, 1)
+    if position_ids is not None:
+        torch._dynamo.maybe_mark_dynamic(position_ids, position_ids.dim() - 1)
+    if attention_mask is not None and isinstance(attention_mask, torch.Tensor):
+        torch._dynamo.maybe_mark_dynamic(attention_mask, attention_mask.dim() - 1)
+    for k in _DYNAMIC_DIM0:
+        if isinstance(kwargs.get(k), torch.Tensor):
+            torch._dynamo.maybe_mark_dynamic(kwargs[k], 0)
+
+
 def compile_loop(
     model: torch.nn.Module,
     *,
@@ -112,12 +124,17 @@ def compile_loop(
     mode: str | None = None,
     fullgraph: bool = True,
     patch: bool = True,
+    static_shapes: bool = False,
 ) -> LoopHandle:
     """Compile the decoder loop of `model` (a transformers model, peft-wrapped or not) as one graph.
 
     Returns a `LoopHandle`; calling `model(**batch)` afterwards runs the compiled loop whenever no cache
     is in use. Batch tensors: input_ids/position_ids [1, T], cu_seq_lens_q/k [N + 1],
     gdn_chunk_indices [C, 2] (see `hybridtune.data.collator`).
+
+    `static_shapes=True` (batches of a static layout, `hybridtune.data.collator.StaticLayout`): no size is
+    marked dynamic, so the graph is traced without symbolic sizes (about half the tracing time of the
+    dynamic graph, and fit for CUDA graphs); a batch of another size would then recompile.
     """
     from hybridtune.models.patching import is_patched, patch_model
 
@@ -170,14 +187,8 @@ def compile_loop(
         if not keep_ints:
             for k in _INT_KWARGS:
                 kwargs.pop(k, None)
-        torch._dynamo.maybe_mark_dynamic(inputs_embeds, 1)
-        if position_ids is not None:
-            torch._dynamo.maybe_mark_dynamic(position_ids, position_ids.dim() - 1)
-        if attention_mask is not None and isinstance(attention_mask, torch.Tensor):
-            torch._dynamo.maybe_mark_dynamic(attention_mask, attention_mask.dim() - 1)
-        for k in _DYNAMIC_DIM0:
-            if isinstance(kwargs.get(k), torch.Tensor):
-                torch._dynamo.maybe_mark_dynamic(kwargs[k], 0)
+        if not static_shapes:
+            _mark_layout_dynamic(inputs_embeds, position_ids, attention_mask, kwargs)
         handle.calls += 1
         return compiled(
             text,

@@ -16,13 +16,21 @@ Batch keys (transformers' own names where they exist):
     gdn_chunk_indices int32 [C, 2]  (document, chunk-within-document) for every 64-token chunk,
                                   the layout chunked linear-attention kernels iterate over
     num_loss_tokens int           number of label positions that count in the loss
+    num_tokens     int            tokens of the bin's own documents (T without filler)
 
-T is the sum of the bin's document lengths (no padding); zero-length documents never appear.
+Dynamic layout (the default): T is the sum of the bin's document lengths, no padding. Static layout
+(`PackedCollator(layout=StaticLayout.fit(...))`): every batch has the same T, N and C, so a compiled
+graph has no symbolic sizes (about half the tracing time) and is fit for CUDA graphs. The bin is
+followed by filler documents (pad tokens, labels -100, positions restarting at 0) whose lengths are
+chosen so that the totals come out exactly; fillers are ordinary non-empty documents, so every
+kernel treats them as it treats any document, and nothing before them can see them (they come last,
+and documents never see each other). Zero-length documents never appear in either layout.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -30,6 +38,69 @@ from hybridtune.data.packing import Example
 
 IGNORE_INDEX = -100
 GDN_CHUNK_SIZE = 64
+
+
+def _chunks(n: int, chunk_size: int) -> int:
+    return -(-n // chunk_size)
+
+
+@dataclass(frozen=True)
+class StaticLayout:
+    """The fixed sizes of every batch of a static layout: `tokens` (T), `docs` (N), `chunks` (C)."""
+
+    tokens: int
+    docs: int
+    chunks: int
+    chunk_size: int = GDN_CHUNK_SIZE
+
+    @classmethod
+    def fit(cls, bins: Iterable[Sequence[int]], chunk_size: int = GDN_CHUNK_SIZE) -> StaticLayout:
+        """The smallest T (then N) for which every bin (its document lengths) can be filled up exactly.
+
+        A bin of n documents, t tokens and c chunks takes k = N - n >= 1 filler documents holding
+        F = T - t tokens in C - c chunks. k documents of l_i >= 1 tokens make sum(ceil(l_i / s)) chunks
+        for any total in [max(k, ceil(F / s)), k + (F - k) // s] (s = chunk size), so a common C exists
+        when those ranges of all bins overlap. T starts at max t + N (F >= k always) and grows by s.
+        """
+        rows = [(sum(b), len(b), sum(_chunks(n, chunk_size) for n in b)) for b in bins if len(b)]
+        if not rows or any(n <= 0 for b in bins for n in b):
+            raise ValueError("StaticLayout.fit needs at least one bin of positive document lengths")
+        t = torch.tensor([r[0] for r in rows], dtype=torch.int64)
+        n = torch.tensor([r[1] for r in rows], dtype=torch.int64)
+        c = torch.tensor([r[2] for r in rows], dtype=torch.int64)
+        top_t, top_n = int(t.max()), int(n.max())
+        s = chunk_size
+        for grow in range(0, 64 * s + 1, s):
+            for extra in range(1, 65):
+                N = top_n + extra
+                T = top_t + N + grow
+                k, F = N - n, T - t
+                lo = int((c + torch.maximum(k, -(-F // s))).max())
+                hi = int((c + k + (F - k) // s).min())
+                if lo <= hi:
+                    return cls(tokens=T, docs=N, chunks=lo, chunk_size=s)
+        raise ValueError(f"no static layout found for {len(rows)} bins (largest: {top_t} tokens, {top_n} documents)")
+
+    def filler(self, doc_lens: Sequence[int]) -> list[int]:
+        """Lengths of the filler documents that bring a bin of `doc_lens` to exactly this layout."""
+        s = self.chunk_size
+        k = self.docs - len(doc_lens)
+        F = self.tokens - sum(doc_lens)
+        Cf = self.chunks - sum(_chunks(n, s) for n in doc_lens)
+        if k < 1 or not (max(k, _chunks(F, s)) <= Cf <= k + (F - k) // s):
+            raise ValueError(
+                f"a bin of {len(doc_lens)} documents and {sum(doc_lens)} tokens does not fit the static layout "
+                f"{self}; fit the layout over every bin it will collate"
+            )
+        chunks = [Cf - (k - 1)] + [1] * (k - 1)  # every filler document's chunk count, summing to Cf
+        lens = [s * (ci - 1) + 1 for ci in chunks]  # the shortest lengths with those chunk counts
+        rest = F - sum(lens)
+        for i in range(k):  # each can take s - 1 more tokens without a new chunk; F <= s * Cf makes it fit
+            add = min(s - 1, rest)
+            lens[i] += add
+            rest -= add
+        assert rest == 0 and all(n > 0 for n in lens), (doc_lens, self)
+        return lens
 
 
 def chunk_indices(doc_lens: Sequence[int], chunk_size: int = GDN_CHUNK_SIZE) -> torch.Tensor:
@@ -61,8 +132,12 @@ class PackedCollator:
     boundaries, so a micro-batch is one bin; more bins per step come from gradient accumulation.
     """
 
-    def __init__(self, chunk_size: int = GDN_CHUNK_SIZE):
+    def __init__(self, chunk_size: int = GDN_CHUNK_SIZE, layout: StaticLayout | None = None, pad_token_id: int = 0):
+        if layout is not None and layout.chunk_size != chunk_size:
+            raise ValueError(f"static layout chunk size {layout.chunk_size} != collator chunk size {chunk_size}")
         self.chunk_size = chunk_size
+        self.layout = layout
+        self.pad_token_id = pad_token_id
 
     def __call__(self, docs: Sequence[Example]) -> dict:
         if not docs:
@@ -79,11 +154,23 @@ class PackedCollator:
             labels.append(IGNORE_INDEX)
             labels.extend(t if m else IGNORE_INDEX for t, m in zip(doc.input_ids[1:], doc.loss_mask[1:]))
             pos.extend(range(n))
+        lens = [len(d) for d in docs]
+        num_tokens = len(ids)
+        if self.layout is not None:
+            for n in self.layout.filler(lens):
+                ids.extend([self.pad_token_id] * n)
+                labels.extend([IGNORE_INDEX] * n)
+                pos.extend(range(n))
+                lens.append(n)
         batch = {
             "input_ids": torch.tensor([ids], dtype=torch.long),
             "labels": torch.tensor([labels], dtype=torch.long),
             "position_ids": torch.tensor([pos], dtype=torch.long),
         }
-        batch.update(varlen_metadata([len(d) for d in docs], self.chunk_size))
+        batch.update(varlen_metadata(lens, self.chunk_size))
+        if self.layout is not None:
+            # A python int that changes per batch would re-specialise a static graph; T bounds every document.
+            batch["max_length_q"] = batch["max_length_k"] = self.layout.tokens
         batch["num_loss_tokens"] = sum(1 for x in labels if x != IGNORE_INDEX)
+        batch["num_tokens"] = num_tokens
         return batch

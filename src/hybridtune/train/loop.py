@@ -25,6 +25,7 @@ import torch
 from hybridtune.config import TrainConfig, compile_overrides, to_dict
 from hybridtune.data import IGNORE_INDEX, PackedCollator
 from hybridtune.data.build import PreparedData, prepare
+from hybridtune.data.collator import StaticLayout
 from hybridtune.data.packing import Example
 from hybridtune.errors import ConfigError, OutputDirError
 from hybridtune.train import checkpoint as ckpt
@@ -183,7 +184,13 @@ def eval_batches(examples: list[Example], seq_len: int) -> Iterator[list[Example
 
 @torch.no_grad()
 def evaluate(
-    model, examples: list[Example], seq_len: int, device: torch.device, autocast, d: distributed.Dist = distributed.ONE
+    model,
+    examples: list[Example],
+    seq_len: int,
+    device: torch.device,
+    autocast,
+    d: distributed.Dist = distributed.ONE,
+    collate: PackedCollator | None = None,
 ) -> dict:
     """Held-out loss and exact match. `model(batch)` returns the logits `[1, T, vocab]` (a `LossModule`).
 
@@ -196,7 +203,7 @@ def evaluate(
     """
     was_training = model.training
     model.eval()
-    collate = PackedCollator()
+    collate = collate or PackedCollator()
     total_loss, total_tokens, correct, counted = 0.0, 0, 0, 0
     packs = list(eval_batches(examples, seq_len))
     for i, counts in distributed.eval_share(len(packs), d):
@@ -281,6 +288,7 @@ class Trainer:
         model.to(self.device)
         model.train()
         self.model = model
+        self.collate = self._collator(self._strategy())
         self.compile_handle = self._compile(model)
         self.fused_loss = self._choose_loss(model)
         # What steps and saves: the model itself in one process, DDP- or FSDP2-wrapped under torchrun. The
@@ -352,11 +360,15 @@ class Trainer:
         logger.warning("loss: transformers' own ([tokens, vocab] logits kept): %s", blocker)
         return False
 
-    def _compile(self, model):
-        """Compile after patching, LoRA and checkpointing are in place (the graph must see all three)."""
+    def _strategy(self) -> str:
         strategy = self.cfg.compile
         if strategy == "auto":
             strategy = "loop" if self.device.type == "cuda" else "off"
+        return strategy
+
+    def _compile(self, model):
+        """Compile after patching, LoRA and checkpointing are in place (the graph must see all three)."""
+        strategy = self._strategy()
         if strategy == "off":
             return None
         from hybridtune.compiler.strategies import compile_model
@@ -364,6 +376,8 @@ class Trainer:
         opts = (
             {"overrides": compile_overrides(self.cfg)} if strategy == "modules" and self.cfg.compile_overrides else {}
         )
+        if strategy == "loop":
+            opts["static_shapes"] = self.collate.layout is not None
         handle = compile_model(model, strategy, **opts)
         logger.info("compile: strategy '%s' (the first step includes compilation)", strategy)
         return handle
@@ -392,8 +406,28 @@ class Trainer:
     # -- steps -------------------------------------------------------------------------------------
 
     def _window(self) -> list[dict]:
-        collate = PackedCollator()
-        return [collate(self.stream.next_docs()) for _ in range(self.cfg.gradient_accumulation_steps)]
+        return [self.collate(self.stream.next_docs()) for _ in range(self.cfg.gradient_accumulation_steps)]
+
+    def _collator(self, strategy: str) -> PackedCollator:
+        """The batch layout: static (every batch filled to one size, fitted over every train and eval pack
+        this run can collate) under `pack_layout: static`, or `auto` with the compiled loop."""
+        cfg = self.cfg
+        if cfg.pack_layout == "dynamic" or (cfg.pack_layout == "auto" and strategy != "loop"):
+            return PackedCollator()
+        ev = self.data.eval_examples[: cfg.eval_max_examples]
+        packs = [[len(e) for e in b] for b in self.data.bins]
+        packs += [[len(e) for e in b] for b in eval_batches(ev, cfg.sequence_len)]
+        layout = StaticLayout.fit(packs)
+        real = sum(map(sum, packs))
+        logger.info(
+            "pack layout: static, every batch %d tokens, %d documents, %d chunks (filler %.1f%% of the tokens)",
+            layout.tokens,
+            layout.docs,
+            layout.chunks,
+            100 * (1 - real / (len(packs) * layout.tokens)),
+        )
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        return PackedCollator(layout=layout, pad_token_id=pad)
 
     def train_step(self) -> dict:
         cfg = self.cfg
@@ -426,7 +460,7 @@ class Trainer:
             "loss": total,
             "grad_norm": grad_norm,
             "lr": lr,
-            "tokens": int(sum(b["input_ids"].numel() for b in batches)),
+            "tokens": int(sum(b["num_tokens"] for b in batches)),  # the documents' own, not filler
             "loss_tokens": n_tokens,
         }
 
@@ -450,7 +484,7 @@ class Trainer:
         if not self.data.eval_examples:
             return None
         ex = self.data.eval_examples[: self.cfg.eval_max_examples]
-        res = evaluate(self.eval_model, ex, self.cfg.sequence_len, self.device, self.autocast, self.dist)
+        res = evaluate(self.eval_model, ex, self.cfg.sequence_len, self.device, self.autocast, self.dist, self.collate)
         res["step"] = self.step
         if self.metrics is not None:
             self.metrics.write({"type": "eval", **res})

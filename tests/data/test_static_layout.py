@@ -1,0 +1,73 @@
+"""Static pack layout: every batch filled to the same T, N and C with non-empty filler documents, for any
+set of bins (random bins of odd sizes); fillers are never trained on and never counted as tokens."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hybridtune.data.collator import IGNORE_INDEX, PackedCollator, StaticLayout, chunk_indices
+from hybridtune.data.packing import Example
+
+
+def _random_bins(rng: random.Random, seq_len: int, n_bins: int) -> list[list[int]]:
+    bins = []
+    for _ in range(n_bins):
+        b, used = [], 0
+        while True:
+            n = max(1, int(rng.lognormvariate(3.5, 1.3)))
+            if used + n > seq_len:
+                break
+            b.append(n)
+            used += n
+        bins.append(b or [seq_len])
+    return bins
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_bin_fills_to_exactly_the_layout(seed):
+    rng = random.Random(seed)
+    seq_len = rng.choice([63, 64, 65, 200, 1000, 4096])
+    bins = _random_bins(rng, seq_len, rng.randint(1, 25))
+    layout = StaticLayout.fit(bins)
+    assert layout.tokens >= max(map(sum, bins)) + 1 and layout.docs >= max(map(len, bins)) + 1
+    for b in bins:
+        full = b + layout.filler(b)
+        assert min(full) > 0  # no zero-length document ever reaches a kernel
+        assert sum(full) == layout.tokens and len(full) == layout.docs
+        assert len(chunk_indices(full)) == layout.chunks
+
+
+def test_collated_batch_has_the_layout_and_masks_the_filler():
+    docs = [Example(list(range(1, 71)), [0] * 10 + [1] * 60), Example([5, 6, 7], [0, 1, 1])]
+    other = [Example(list(range(1, 130)), [1] * 129)]
+    layout = StaticLayout.fit([[70, 3], [129]])
+    collate = PackedCollator(layout=layout, pad_token_id=9)
+    plain = PackedCollator()(docs)
+    for bin_ in (docs, other):
+        b = collate(bin_)
+        T = layout.tokens
+        assert b["input_ids"].shape == b["labels"].shape == b["position_ids"].shape == (1, T)
+        assert b["cu_seq_lens_q"].shape == (layout.docs + 1,) and b["gdn_chunk_indices"].shape == (layout.chunks, 2)
+        assert b["max_length_q"] == b["max_length_k"] == T
+        n = sum(len(d) for d in bin_)
+        assert b["num_tokens"] == n
+        assert (b["labels"][0, n:] == IGNORE_INDEX).all() and (b["input_ids"][0, n:] == 9).all()
+        cu = b["cu_seq_lens_q"].tolist()
+        for a, z in zip(cu[:-1], cu[1:]):  # positions restart in every document, fillers included
+            assert b["position_ids"][0, a:z].tolist() == list(range(z - a))
+    b = collate(docs)
+    n = plain["input_ids"].shape[1]
+    for k in ("input_ids", "labels", "position_ids"):  # the documents themselves are collated as without filler
+        assert b[k][0, :n].tolist() == plain[k][0].tolist()
+    assert b["num_loss_tokens"] == plain["num_loss_tokens"] == 60 + 2  # fillers add no target
+    assert b["cu_seq_lens_q"][: len(docs) + 1].tolist() == plain["cu_seq_lens_q"].tolist()
+
+
+def test_a_bin_outside_the_fitted_layout_is_refused():
+    layout = StaticLayout.fit([[10, 20]])
+    with pytest.raises(ValueError, match="does not fit the static layout"):
+        layout.filler([10] * 40)
+    with pytest.raises(ValueError, match="positive document lengths"):
+        StaticLayout.fit([[3, 0]])
