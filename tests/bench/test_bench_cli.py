@@ -20,6 +20,10 @@ def test_packs_are_full_and_spread():
     assert pack_layouts(4096, 20, seed=3) == layouts  # deterministic: every mode sees the same packs
     b = make_batches(layouts[:1], 1000, seed=0)[0]
     assert b["input_ids"].shape == (1, 4096) and b["doc_lens"] == layouts[0]
+    static = make_batches(layouts[:4], 1000, seed=0, static=True)
+    assert len({s["input_ids"].shape for s in static}) == len({s["gdn_chunk_indices"].shape for s in static}) == 1
+    assert static[0]["input_ids"].shape[1] > 4096 and all(s["num_tokens"] == 4096 for s in static)
+    assert static[0]["input_ids"][0, :4096].tolist() == b["input_ids"][0].tolist()
     assert 0.6 < b["num_loss_tokens"] / 4096 < 0.8  # prompts (first quarter of each document) untrained
 
 
@@ -27,6 +31,7 @@ def test_mode_specs():
     m = parse_mode("ht-loop:gc=off")
     assert m.label == "ht-loop:gc=off" and m.gc is False and m.compile == "loop"
     assert parse_mode("hf-eager").input_require_grads and not parse_mode("ht-eager").input_require_grads
+    assert parse_mode("ht-loop").static and not parse_mode("ht-loop:layout=dynamic").static
     with pytest.raises(ConfigError, match="Did you mean 'ht-loop'"):
         parse_mode("ht-lop")
     with pytest.raises(ConfigError, match=r"gc=on\|off"):

@@ -16,6 +16,7 @@ import random
 import torch
 
 from hybridtune.data import PackedCollator
+from hybridtune.data.collator import StaticLayout
 from hybridtune.data.packing import Example
 
 MEDIAN_DOC = 400
@@ -41,10 +42,11 @@ def pack_layouts(seq_len: int, n: int, seed: int = 0) -> list[list[int]]:
     return layouts
 
 
-def make_batches(layouts: list[list[int]], vocab_size: int, seed: int = 0) -> list[dict]:
-    """Collated packed batches (see `hybridtune.data.collator`) for the given layouts."""
+def make_batches(layouts: list[list[int]], vocab_size: int, seed: int = 0, static: bool = False) -> list[dict]:
+    """Collated packed batches (see `hybridtune.data.collator`) for the given layouts; `static`: all filled to
+    one static layout fitted over them (filler documents, as `hybridtune train` does under the compiled loop)."""
     gen = torch.Generator().manual_seed(seed)
-    collate = PackedCollator()
+    collate = PackedCollator(layout=StaticLayout.fit(layouts) if static else None)
     batches = []
     for lens in layouts:
         docs = []

@@ -22,6 +22,7 @@ class Mode:
     gc: bool = True  # gradient checkpointing
     cudagraphs: bool = False  # torch.compile mode "reduce-overhead" (CUDA graphs) for the compiled modes
     input_require_grads: bool = False  # peft + checkpointing as users run it (`enable_input_require_grads`)
+    static: bool = False  # static pack layout (filler documents: one T, N, C; see hybridtune.data.collator)
     options: dict = field(default_factory=dict)
 
     @property
@@ -65,10 +66,11 @@ MODES: dict[str, Mode] = {
         Mode("ht-eager", "hybridtune ops + fused loss, eager", patch=True, compile="off", loss="fused"),
         Mode(
             "ht-loop",
-            "hybridtune ops + fused loss, decoder loop as one graph",
+            "hybridtune ops + fused loss, decoder loop as one graph, static pack layout (as `hybridtune train`)",
             patch=True,
             compile="loop",
             loss="fused",
+            static=True,
         ),
         Mode(
             "ht-modules",
@@ -80,7 +82,7 @@ MODES: dict[str, Mode] = {
     ]
 }
 
-OPTION_KEYS = {"gc": ("on", "off"), "loss": ("plain", "fused"), "cg": ("on", "off")}
+OPTION_KEYS = {"gc": ("on", "off"), "loss": ("plain", "fused"), "cg": ("on", "off"), "layout": ("static", "dynamic")}
 
 
 def parse_mode(spec: str) -> Mode:
@@ -101,6 +103,8 @@ def parse_mode(spec: str) -> Mode:
         changes["gc"] = options["gc"] == "on"
     if "loss" in options:
         changes["loss"] = options["loss"]
+    if "layout" in options:
+        changes["static"] = options["layout"] == "static"
     if "cg" in options:
         if mode.compile == "off" and options["cg"] == "on":
             raise ConfigError(f"bench mode '{spec}': cg=on (CUDA graphs) needs a compiled mode")

@@ -124,7 +124,8 @@ def build_model(spec: dict, mode, device: torch.device, result: dict):
     elif mode.compile in ("loop", "modules"):
         from hybridtune.compiler.strategies import compile_model
 
-        compile_model(model, mode.compile, backend=backend, mode=cmode)
+        opts = {"static_shapes": mode.static} if mode.compile == "loop" else {}
+        compile_model(model, mode.compile, backend=backend, mode=cmode, **opts)
     return cfg, model
 
 
@@ -145,7 +146,7 @@ def run_mode(spec: dict) -> dict:
     t0 = time.perf_counter()
     cfg, model = build_model(spec, mode, device, result)
     layouts = pack_layouts(spec["seq_len"], spec["layouts"], spec["seed"])
-    batches = [to_device(b, device) for b in make_batches(layouts, cfg.vocab_size, spec["seed"])]
+    batches = [to_device(b, device) for b in make_batches(layouts, cfg.vocab_size, spec["seed"], mode.static)]
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=spec["lr"], fused=device.type == "cuda")
     result["setup_s"] = time.perf_counter() - t0
@@ -183,7 +184,7 @@ def run_mode(spec: dict) -> dict:
         print(f"step {i + 1}/{total} {times[-1] * 1e3:.1f} ms loss {losses[-1]:.5f}", flush=True)
     timed = times[spec["warmup"] :]
     med = statistics.median(timed)
-    tokens = [b["input_ids"].shape[1] for b in batches]
+    tokens = [b["num_tokens"] for b in batches]  # the documents' own tokens (a static layout adds filler)
     timed_tokens = [tokens[i % len(batches)] for i in range(spec["warmup"], total)]
     result.update(
         first_step_s=times[0],
