@@ -498,10 +498,10 @@ class Trainer:
         return res
 
     def first_step(self) -> dict:
-        """The first step; under `gradient_checkpointing: auto`, one retry with checkpointing on if it ran out
-        of memory without it (one process only: under torchrun the other ranks are already inside collectives,
-        so there the error says which setting to change)."""
-        if self.cfg.gradient_checkpointing != "auto" or self.step > 0:
+        """This process's first step (of a fresh or a resumed run). Under `gradient_checkpointing: auto`, one
+        retry with checkpointing on if it ran out of memory without it (one process only: under torchrun the
+        other ranks are already inside collectives, so there the error says which setting to change)."""
+        if self.cfg.gradient_checkpointing != "auto":
             return self.train_step()
         pos = self.stream.position()
         try:
@@ -532,9 +532,11 @@ class Trainer:
         tput = Throughput()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        first = True
         try:
             while self.step < self.total_steps:
-                rec = self.first_step() if self.step == 0 else self.train_step()
+                rec = self.first_step() if first else self.train_step()  # this process's first (resumed too)
+                first = False
                 tput.add(rec["tokens"])
                 result.losses.append(rec["loss"])
                 if self.step % cfg.logging_steps == 0 or self.step == self.total_steps or self.step == 1:
