@@ -33,6 +33,15 @@ if ! have_version; then
   have_version || { echo "error: $venv does not import transformers $version and hybridtune" >&2; exit 2; }
 fi
 
+# A reused venv must import THIS checkout: an editable install made from another clone would test stale code.
+here="$(pwd -P)/src/hybridtune/__init__.py"
+if [ "$("$py" -c 'import os, hybridtune; print(os.path.realpath(hybridtune.__file__))')" != "$here" ]; then
+  echo "+ pointing $venv at this checkout"
+  "$py" -m pip install -q --no-deps -e .
+fi
+"$py" -c "import os, sys, hybridtune; sys.exit(os.path.realpath(hybridtune.__file__) != '$here')" \
+  || { echo "error: $venv imports hybridtune from elsewhere than $here" >&2; exit 2; }
+echo "+ hybridtune from $here"
 echo "+ transformers $("$py" -c 'import transformers; print(transformers.__version__)'), torch $("$py" -c 'import torch; print(torch.__version__)')"
 echo "+ pytest tests/compiler $*"
 "$py" -m pytest -q -p no:cacheprovider tests/compiler "$@"

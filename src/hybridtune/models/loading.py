@@ -65,6 +65,16 @@ def check_checkpoint_dir(base_model: str) -> Path:
     return path
 
 
+def _cast_parameters(model, dtype: torch.dtype) -> None:
+    """Parameters to `dtype`, buffers untouched (rotary `inv_freq` stays fp32, as `from_config(dtype=...)` keeps it);
+    tied weights stay tied (one Parameter, cast once)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                p.data = p.data.to(dtype)
+    model.config.dtype = dtype
+
+
 def load_model(base_model: str, tokenizer=None, seed: int = 42, dtype=None) -> LoadedModel:
     """Build a preset (seeded random init) or load a local checkpoint directory."""
     from transformers import AutoModelForCausalLM
@@ -86,7 +96,7 @@ def load_model(base_model: str, tokenizer=None, seed: int = 42, dtype=None) -> L
             # 2B preset on the H200 machine), and a preset's weights are then the same whatever dtype is asked.
             model = AutoModelForCausalLM.from_config(config)
         if dtype is not None and dtype != model.dtype:
-            model = model.to(dtype)
+            _cast_parameters(model, dtype)
         return LoadedModel(model, tok, "preset", base_model)
     path = check_checkpoint_dir(base_model)
     try:
