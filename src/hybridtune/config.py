@@ -101,7 +101,8 @@ class TrainConfig:
     pack_layout: Literal["auto", "static", "dynamic"] = _f(
         "auto",
         "static = every batch filled to one size with filler documents (one graph without symbolic sizes: about "
-        "half the compile time); dynamic = no filler; auto = static under compile: loop",
+        "half the compile time); dynamic = no filler; auto = static under compile: loop when that costs at most "
+        "10% filler and micro_batch_size is 1",
     )
     loss: Literal["auto", "fused", "plain"] = _f(
         "auto",

@@ -131,7 +131,7 @@ def test_static_layout_loop_equals_dynamic_eager_one_static_graph(name, device, 
         from hybridtune.kernels.selftest import layouts_from_config, verify
 
         assert all(v.passed for v in verify(layouts_from_config(model.config)))
-    static = PackedCollator(layout=StaticLayout.fit(LAYOUTS))
+    static = PackedCollator(layout=StaticLayout.fit(LAYOUTS, max_filler=1.0))
     plain = [_step(model, _collated(lens, i, PackedCollator(), device)) for i, lens in enumerate(LAYOUTS)]
     padded = [_collated(lens, i, static, device) for i, lens in enumerate(LAYOUTS)]
     assert len({b["input_ids"].shape for b in padded}) == 1

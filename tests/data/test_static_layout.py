@@ -30,7 +30,7 @@ def test_every_bin_fills_to_exactly_the_layout(seed):
     rng = random.Random(seed)
     seq_len = rng.choice([63, 64, 65, 200, 1000, 4096])
     bins = _random_bins(rng, seq_len, rng.randint(1, 25))
-    layout = StaticLayout.fit(bins)
+    layout = StaticLayout.fit(bins, max_filler=1.0)
     assert layout.tokens >= max(map(sum, bins)) + 1 and layout.docs >= max(map(len, bins)) + 1
     for b in bins:
         full = b + layout.filler(b)
@@ -42,7 +42,7 @@ def test_every_bin_fills_to_exactly_the_layout(seed):
 def test_collated_batch_has_the_layout_and_masks_the_filler():
     docs = [Example(list(range(1, 71)), [0] * 10 + [1] * 60), Example([5, 6, 7], [0, 1, 1])]
     other = [Example(list(range(1, 130)), [1] * 129)]
-    layout = StaticLayout.fit([[70, 3], [129]])
+    layout = StaticLayout.fit([[70, 3], [129]], max_filler=1.0)
     collate = PackedCollator(layout=layout, pad_token_id=9)
     plain = PackedCollator()(docs)
     for bin_ in (docs, other):
@@ -66,8 +66,41 @@ def test_collated_batch_has_the_layout_and_masks_the_filler():
 
 
 def test_a_bin_outside_the_fitted_layout_is_refused():
-    layout = StaticLayout.fit([[10, 20]])
+    layout = StaticLayout.fit([[10, 20]], max_filler=1.0)
     with pytest.raises(ValueError, match="does not fit the static layout"):
         layout.filler([10] * 40)
     with pytest.raises(ValueError, match="positive document lengths"):
         StaticLayout.fit([[3, 0]])
+
+
+def test_fit_is_tight_and_says_none_past_the_filler_limit():
+    # One document of exactly seq_len beside a bin of 64 one-chunk documents (a truncated long document and
+    # the short chats that first-fit-decreasing groups at the end): the exact N and C cost ~half filler.
+    bins = [[4096], [64] * 64]
+    wide = StaticLayout.fit(bins, max_filler=1.0)
+    assert wide is not None and wide.tokens > 8000
+    assert StaticLayout.fit(bins, max_filler=0.1) is None
+
+
+def _fits(bins, T, N, s=64):
+    """Brute force: some C that every bin reaches with N - n non-empty filler documents of T - t tokens."""
+    for C in range(1, T + 1):
+        ok = True
+        for b in bins:
+            k, F, c = N - len(b), T - sum(b), sum(-(-x // s) for x in b)
+            if k < 1 or F < k or not (max(k, -(-F // s)) <= C - c <= k + (F - k) // s):
+                ok = False
+                break
+        if ok:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fit_finds_the_smallest_tokens(seed):
+    rng = random.Random(100 + seed)
+    bins = _random_bins(rng, rng.choice([64, 150]), rng.randint(1, 4))
+    got = StaticLayout.fit(bins, max_filler=1.0)
+    top_n = max(map(len, bins))
+    smaller = [(T, N) for N in range(top_n + 1, top_n + 17) for T in range(1, got.tokens) if _fits(bins, T, N)]
+    assert not smaller, (bins, got, smaller[:3])

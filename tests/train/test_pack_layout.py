@@ -41,3 +41,31 @@ def test_static_layout_follows_the_dynamic_curve(tmp_path, small_data):
     for a, b in zip(sta.evals, dyn.evals):
         assert a["eval_examples"] == b["eval_examples"] == 10 and a["exact_match"] == b["exact_match"]
         assert abs(a["eval_loss"] - b["eval_loss"]) / b["eval_loss"] < 1e-5
+
+
+def test_auto_takes_static_only_under_the_loop_and_within_the_filler_limit(tmp_path, small_data, caplog):
+    import logging
+
+    import pytest
+
+    from hybridtune.errors import ConfigError
+    from hybridtune.train import loop
+
+    cfg = load_config(None, dict(dataset=small_data, sequence_len=96, max_steps=1, output_dir=str(tmp_path / "a")))
+    t = Trainer(cfg)
+    t.setup()  # CPU: compile auto = off, so the layout is dynamic
+    assert t.collate.layout is None
+    assert t._collator("loop").layout is not None  # the bundled-style chats fit within the limit
+    old = loop.AUTO_MAX_FILLER
+    try:
+        loop.AUTO_MAX_FILLER = 0.0  # no static layout has zero filler: auto must fall back, and say so
+        with caplog.at_level(logging.INFO, logger="hybridtune.train.loop"):
+            assert t._collator("loop").layout is None
+        assert any("pack layout: dynamic" in r.getMessage() for r in caplog.records)
+    finally:
+        loop.AUTO_MAX_FILLER = old
+    t.cfg.micro_batch_size = 2
+    assert t._collator("loop").layout is None
+    t.cfg.pack_layout = "static"
+    with pytest.raises(ConfigError, match="micro_batch_size 1"):
+        t._collator("loop")

@@ -46,7 +46,7 @@ def make_batches(layouts: list[list[int]], vocab_size: int, seed: int = 0, stati
     """Collated packed batches (see `hybridtune.data.collator`) for the given layouts; `static`: all filled to
     one static layout fitted over them (filler documents, as `hybridtune train` does under the compiled loop)."""
     gen = torch.Generator().manual_seed(seed)
-    collate = PackedCollator(layout=StaticLayout.fit(layouts) if static else None)
+    collate = PackedCollator(layout=StaticLayout.fit(layouts, max_filler=1.0) if static else None)
     batches = []
     for lens in layouts:
         docs = []

@@ -54,32 +54,47 @@ class StaticLayout:
     chunk_size: int = GDN_CHUNK_SIZE
 
     @classmethod
-    def fit(cls, bins: Iterable[Sequence[int]], chunk_size: int = GDN_CHUNK_SIZE) -> StaticLayout:
-        """The smallest T (then N) for which every bin (its document lengths) can be filled up exactly.
+    def fit(
+        cls, bins: Iterable[Sequence[int]], chunk_size: int = GDN_CHUNK_SIZE, max_filler: float = 0.5
+    ) -> StaticLayout | None:
+        """The smallest T (then N) for which every bin (its document lengths) can be filled up exactly, or None
+        when every such layout would make more than `max_filler` of the computed tokens filler.
 
         A bin of n documents, t tokens and c chunks takes k = N - n >= 1 filler documents holding
-        F = T - t tokens in C - c chunks. k documents of l_i >= 1 tokens make sum(ceil(l_i / s)) chunks
-        for any total in [max(k, ceil(F / s)), k + (F - k) // s] (s = chunk size), so a common C exists
-        when those ranges of all bins overlap. T starts at max t + N (F >= k always) and grows by s.
+        F = T - t >= k tokens in C - c chunks. k documents of l_i >= 1 tokens make sum(ceil(l_i / s)) chunks
+        for any total in [max(k, ceil(F / s)), k + (F - k) // s] (s = chunk size), so a common C exists when
+        those ranges of all bins overlap. Each N from max n + 1 is scanned from its smallest T up; the bins
+        are first reduced to what decides the bounds (the largest c per t, the smallest c - n per t - n).
         """
-        rows = [(sum(b), len(b), sum(_chunks(n, chunk_size) for n in b)) for b in bins if len(b)]
-        if not rows or any(n <= 0 for b in bins for n in b):
-            raise ValueError("StaticLayout.fit needs at least one bin of positive document lengths")
-        t = torch.tensor([r[0] for r in rows], dtype=torch.int64)
-        n = torch.tensor([r[1] for r in rows], dtype=torch.int64)
-        c = torch.tensor([r[2] for r in rows], dtype=torch.int64)
-        top_t, top_n = int(t.max()), int(n.max())
+        bins = [list(b) for b in bins]
+        if not bins or any(not b or min(b) <= 0 for b in bins):
+            raise ValueError("StaticLayout.fit needs bins of positive document lengths")
         s = chunk_size
-        for grow in range(0, 64 * s + 1, s):
-            for extra in range(1, 65):
-                N = top_n + extra
-                T = top_t + N + grow
-                k, F = N - n, T - t
-                lo = int((c + torch.maximum(k, -(-F // s))).max())
-                hi = int((c + k + (F - k) // s).min())
+        t = torch.tensor([sum(b) for b in bins], dtype=torch.int64)
+        n = torch.tensor([len(b) for b in bins], dtype=torch.int64)
+        c = torch.tensor([sum(_chunks(x, s) for x in b) for b in bins], dtype=torch.int64)
+        # lo(N, T) = max(N + max(c - n), max over bins of c + ceil((T - t) / s)): only the largest c per t matters.
+        ut, inv = torch.unique(t, return_inverse=True)
+        c_at_t = torch.full_like(ut, -1).scatter_reduce(0, inv, c, "amax")
+        # hi(N, T) = N + min over bins of (c - n) + (T - N - (t - n)) // s: only the smallest c - n per t - n.
+        ud, inv = torch.unique(t - n, return_inverse=True)
+        a_at_d = torch.full_like(ud, 1 << 40).scatter_reduce(0, inv, c - n, "amin")
+        max_a = int((c - n).max())
+        real = float(t.sum())
+        t_cap = int(real / (len(bins) * (1 - max_filler))) if max_filler < 1 else 1 << 40
+        best: StaticLayout | None = None
+        top_n = int(n.max())
+        for N in range(top_n + 1, top_n + 17):
+            T = int(ud.max()) + N  # F >= k in every bin
+            stop = min(t_cap, T + 65 * s)  # past ~64 chunks of slack more filler no longer opens a fit
+            while T <= stop and (best is None or T < best.tokens):
+                lo = max(N + max_a, int((c_at_t + torch.div(T - ut + s - 1, s, rounding_mode="floor")).max()))
+                hi = N + int((a_at_d + torch.div(T - N - ud, s, rounding_mode="floor")).min())
                 if lo <= hi:
-                    return cls(tokens=T, docs=N, chunks=lo, chunk_size=s)
-        raise ValueError(f"no static layout found for {len(rows)} bins (largest: {top_t} tokens, {top_n} documents)")
+                    best = cls(tokens=T, docs=N, chunks=lo, chunk_size=s)
+                    break
+                T += 1
+        return best
 
     def filler(self, doc_lens: Sequence[int]) -> list[int]:
         """Lengths of the filler documents that bring a bin of `doc_lens` to exactly this layout."""

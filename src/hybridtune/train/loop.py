@@ -12,6 +12,7 @@ the loss, the schedule and the global batch are those of one process.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -34,6 +35,10 @@ from hybridtune.train.metrics import MetricsLog, Throughput, format_step, memory
 from hybridtune.train.step import fused_loss_blocker
 
 logger = logging.getLogger(__name__)
+# Filler share of the computed tokens above which `pack_layout: auto` stays dynamic (the static graph's
+# compile-time and CUDA-graph gains are not worth more compute per step), and the cap for an explicit `static`.
+AUTO_MAX_FILLER = 0.10
+STATIC_MAX_FILLER = 0.50
 
 RUN_FILE = "hybridtune_run.json"
 SMALL_MODEL_PARAMS = 50_000_000
@@ -212,8 +217,9 @@ def evaluate(
             logits = model(batch)
         if not counts:
             continue  # FSDP2: a rank short of packs takes part in the forward's collectives, counting nothing
-        logits = logits[0, :-1].float()
-        targets = batch["labels"][0, 1:]
+        n = batch["num_tokens"]  # the documents' own tokens: a static layout's filler comes after them
+        logits = logits[0, : n - 1].float()
+        targets = batch["labels"][0, 1:n]
         mask = targets != IGNORE_INDEX
         ce = torch.nn.functional.cross_entropy(logits, targets.clamp(min=0), reduction="none")
         total_loss += float(ce[mask].sum())
@@ -409,15 +415,31 @@ class Trainer:
         return [self.collate(self.stream.next_docs()) for _ in range(self.cfg.gradient_accumulation_steps)]
 
     def _collator(self, strategy: str) -> PackedCollator:
-        """The batch layout: static (every batch filled to one size, fitted over every train and eval pack
-        this run can collate) under `pack_layout: static`, or `auto` with the compiled loop."""
+        """The batch layout. Static (every batch filled to one size fitted over every train and eval pack this
+        run collates) under `pack_layout: static`, or `auto` with the compiled loop when the fit costs at most
+        AUTO_MAX_FILLER of the computed tokens; dynamic otherwise (said in one line)."""
         cfg = self.cfg
         if cfg.pack_layout == "dynamic" or (cfg.pack_layout == "auto" and strategy != "loop"):
+            return PackedCollator()
+        if cfg.micro_batch_size > 1:
+            if cfg.pack_layout == "static":
+                raise ConfigError(
+                    "pack_layout 'static' needs micro_batch_size 1 (a micro-batch of several bins is collated as "
+                    "one pack); raise gradient_accumulation_steps instead, or use pack_layout: dynamic"
+                )
+            logger.info("pack layout: dynamic (micro_batch_size > 1; the static layout fits single bins)")
             return PackedCollator()
         ev = self.data.eval_examples[: cfg.eval_max_examples]
         packs = [[len(e) for e in b] for b in self.data.bins]
         packs += [[len(e) for e in b] for b in eval_batches(ev, cfg.sequence_len)]
-        layout = StaticLayout.fit(packs)
+        limit = AUTO_MAX_FILLER if cfg.pack_layout == "auto" else STATIC_MAX_FILLER
+        layout = StaticLayout.fit(packs, max_filler=limit)
+        if layout is None:
+            why = f"every static layout for these packs would be more than {limit:.0%} filler"
+            if cfg.pack_layout == "static":
+                raise ConfigError(f"pack_layout 'static': {why}; use pack_layout: dynamic (or auto)")
+            logger.info("pack layout: dynamic (%s)", why)
+            return PackedCollator()
         real = sum(map(sum, packs))
         logger.info(
             "pack layout: static, every batch %d tokens, %d documents, %d chunks (filler %.1f%% of the tokens)",
@@ -504,6 +526,7 @@ class Trainer:
         if self.cfg.gradient_checkpointing != "auto":
             return self.train_step()
         pos = self.stream.position()
+        rng = (torch.get_rng_state(), torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None)
         try:
             return self.train_step()
         except torch.OutOfMemoryError as e:
@@ -513,8 +536,12 @@ class Trainer:
                     "set gradient_checkpointing: true (or a shorter sequence_len)"
                 ) from None
         self.optimizer.zero_grad(set_to_none=True)
+        gc.collect()  # the failed step's traceback frames may still hold activations
+        torch.set_rng_state(rng[0])  # dropout draws as in a run that had checkpointing from the start
         if self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng[1], self.device)
             torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)  # the logged peak is the run's, not the failed try's
         self.stream.seek(pos)
         enable_checkpointing(self.model)
         logger.warning(
