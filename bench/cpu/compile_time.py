@@ -34,7 +34,7 @@ model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentran
 model = apply_lora(model, 16, 32, 0.0, list(DEFAULT_LORA_TARGETS))
 model.train()
 LAYOUTS = [[100, 28, 70], [64, 11, 100, 9], [5, 90, 33, 60]]
-collate = PackedCollator(layout=StaticLayout.fit(LAYOUTS)) if layout == "static" else PackedCollator()
+collate = PackedCollator(layout=StaticLayout.fit(LAYOUTS, max_filler=1.0)) if layout == "static" else PackedCollator()
 compile_loop(model, backend="aot_eager", static_shapes=layout == "static")
 for i, lens in enumerate(LAYOUTS):
     gen = torch.Generator().manual_seed(i)
