@@ -30,6 +30,12 @@ def _lora_model(name, device):
     model.enable_input_require_grads()  # peft's usual companion of checkpointing: a requires_grad_() hook
     model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "in_proj_qkv", "out_proj"]))
     patch_model(model)
+    if device == "cuda":
+        # The FLA backward runs only for head layouts the device self-test verified (as the trainer does).
+        from hybridtune.kernels.selftest import layouts_from_config, verify
+
+        verdicts = verify(layouts_from_config(model.config))
+        assert verdicts and all(v.passed for v in verdicts), [v.verdict for v in verdicts]
     return model.train()
 
 
@@ -62,12 +68,6 @@ def test_loop_equals_eager_one_graph_across_layouts(name, device, backend):
 
     torch._dynamo.reset()
     model = _lora_model(name, device)
-    if device == "cuda":
-        # The FLA backward runs only for head layouts the device self-test verified (as the trainer does).
-        from hybridtune.kernels.selftest import layouts_from_config, verify
-
-        verdicts = verify(layouts_from_config(model.config))
-        assert verdicts and all(v.passed for v in verdicts), [v.verdict for v in verdicts]
     batches = [_batch(lens, device, i) for i, lens in enumerate(LAYOUTS)]
     eager = [_step(model, b) for b in batches]
     handle = compile_loop(model, backend=backend)
@@ -127,10 +127,6 @@ def test_static_layout_loop_equals_dynamic_eager_one_static_graph(name, device, 
 
     torch._dynamo.reset()
     model = _lora_model(name, device)
-    if device == "cuda":
-        from hybridtune.kernels.selftest import layouts_from_config, verify
-
-        assert all(v.passed for v in verify(layouts_from_config(model.config)))
     static = PackedCollator(layout=StaticLayout.fit(LAYOUTS, max_filler=1.0))
     plain = [_step(model, _collated(lens, i, PackedCollator(), device)) for i, lens in enumerate(LAYOUTS)]
     padded = [_collated(lens, i, static, device) for i, lens in enumerate(LAYOUTS)]

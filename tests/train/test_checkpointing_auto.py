@@ -6,27 +6,21 @@ from __future__ import annotations
 import logging
 
 import torch
+from test_resume import make_cfg
 
-from hybridtune.config import load_config
 from hybridtune.train.loop import Trainer
 
 
 def _cfg(out, data, gc):
-    return load_config(
-        None,
-        dict(
-            dataset=data,
-            sequence_len=64,
-            max_steps=3,
-            eval_steps=0,
-            logging_steps=1,
-            output_dir=str(out),
-            val_set_size=0,
-            warmup_steps=1,
-            gradient_accumulation_steps=2,
-            compile="off",
-            gradient_checkpointing=gc,
-        ),
+    return make_cfg(
+        out,
+        data,
+        max_steps=3,
+        val_set_size=0,
+        warmup_steps=1,
+        lora_dropout=0.0,
+        compile="off",
+        gradient_checkpointing=gc,
     )
 
 

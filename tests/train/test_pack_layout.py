@@ -3,25 +3,23 @@ the loss), logs the documents' own token counts, and evaluates the same."""
 
 from __future__ import annotations
 
+from test_resume import make_cfg
+
 from hybridtune.config import load_config
 from hybridtune.train.loop import Trainer
 
 
 def _run(out, data, layout):
-    cfg = load_config(
-        None,
-        dict(
-            dataset=data,
-            sequence_len=96,
-            max_steps=4,
-            eval_steps=2,
-            logging_steps=1,
-            output_dir=str(out),
-            val_set_size=10,
-            warmup_steps=1,
-            gradient_accumulation_steps=2,
-            pack_layout=layout,
-        ),
+    cfg = make_cfg(
+        out,
+        data,
+        sequence_len=96,
+        max_steps=4,
+        eval_steps=2,
+        val_set_size=10,
+        warmup_steps=1,
+        lora_dropout=0.0,
+        pack_layout=layout,
     )
     recs = []
     t = Trainer(cfg, on_log=recs.append)

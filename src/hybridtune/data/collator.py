@@ -120,7 +120,7 @@ class StaticLayout:
 
 def chunk_indices(doc_lens: Sequence[int], chunk_size: int = GDN_CHUNK_SIZE) -> torch.Tensor:
     """int32 [C, 2]: for each chunk of each document, (document index, chunk index within it)."""
-    rows = [(d, c) for d, n in enumerate(doc_lens) for c in range(-(-n // chunk_size))]
+    rows = [(d, c) for d, n in enumerate(doc_lens) for c in range(_chunks(n, chunk_size))]
     return torch.tensor(rows, dtype=torch.int32).reshape(-1, 2)
 
 

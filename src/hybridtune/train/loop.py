@@ -429,9 +429,8 @@ class Trainer:
                 )
             logger.info("pack layout: dynamic (micro_batch_size > 1; the static layout fits single bins)")
             return PackedCollator()
-        ev = self.data.eval_examples[: cfg.eval_max_examples]
         packs = [[len(e) for e in b] for b in self.data.bins]
-        packs += [[len(e) for e in b] for b in eval_batches(ev, cfg.sequence_len)]
+        packs += [[len(e) for e in b] for b in eval_batches(self._eval_examples(), cfg.sequence_len)]
         limit = AUTO_MAX_FILLER if cfg.pack_layout == "auto" else STATIC_MAX_FILLER
         layout = StaticLayout.fit(packs, max_filler=limit)
         if layout is None:
@@ -502,10 +501,14 @@ class Trainer:
             ckpt.prune_checkpoints(self.out, self.cfg.save_total_limit)
         return path
 
+    def _eval_examples(self) -> list[Example]:
+        """The held-out examples every evaluation reads (the static layout is fitted over their packs too)."""
+        return self.data.eval_examples[: self.cfg.eval_max_examples]
+
     def run_eval(self) -> dict | None:
         if not self.data.eval_examples:
             return None
-        ex = self.data.eval_examples[: self.cfg.eval_max_examples]
+        ex = self._eval_examples()
         res = evaluate(self.eval_model, ex, self.cfg.sequence_len, self.device, self.autocast, self.dist, self.collate)
         res["step"] = self.step
         if self.metrics is not None:
