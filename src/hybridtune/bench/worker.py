@@ -156,6 +156,8 @@ def run_mode(spec: dict) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     counters.clear()
+    if mode.cudagraphs:
+        torch._logging.set_logs(cudagraphs=True, perf_hints=True)  # why a graph ran without CUDA graphs
 
     def step(b: dict) -> torch.Tensor:
         if mode.cudagraphs:
@@ -199,6 +201,9 @@ def run_mode(spec: dict) -> dict:
         graphs=counters["stats"]["unique_graphs"],
         recompiles_after_warmup=counters["stats"]["unique_graphs"] - graphs_after_warmup,
     )
+    if mode.cudagraphs:
+        # Inductor counts each graph it ran without CUDA graphs (the reason is in the mode's log).
+        result["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"]
     if device.type == "cuda":
         result["peak_alloc_gib"] = memory_gib(device)
         result["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
