@@ -14,7 +14,7 @@ T0=${T0:-545}
 ) &
 (
   export CUDA_VISIBLE_DEVICES=1
-  HYBRIDTUNE_FLA_GRANT_FOR_TESTS=0 timeout 200 $A1 python3 -m pytest -p no:cacheprovider -m cuda -v -rA \
+  HYBRIDTUNE_FLA_GRANT_FOR_TESTS=0 timeout 250 $A1 python3 -m pytest -p no:cacheprovider -m cuda -v -rA \
     tests/compiler/test_loop.py > "$R/pytest_loop_cuda.log" 2>&1
   echo "pytest rc $?" >> "$R/pytest_loop_cuda.log"
   timeout $((T0 - SECONDS - 5)) $A1 $HT bench --preset qwen3_5-0.8b --modes hf-eager,ht-loop \
