@@ -5,6 +5,7 @@
 # Run from the repo root on nvidia-h200-x2 with .whl/ carried (FLA wheels, as bench/gpu/session2.sh).
 # Phases fit the 10-minute command limit; run them in order on one warm machine (caches and data stay in /tmp):
 #   bash bench/dist/gpu_dist.sh one        # 1 GPU: LoRA on GPU 0 and full on GPU 1, side by side
+#   bash bench/dist/gpu_dist.sh one-lora   # 1 GPU: LoRA alone (one-full: full alone)
 #   bash bench/dist/gpu_dist.sh two-lora   # 2 GPUs: DDP + LoRA
 #   bash bench/dist/gpu_dist.sh two-full   # 2 GPUs: FSDP2 + full
 #   bash bench/dist/gpu_dist.sh table      # the table of all runs so far (also printed after each phase)
@@ -67,6 +68,8 @@ case "${1:-}" in
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.txt"
     $PY -c "import torch, transformers, peft; print(torch.__version__, transformers.__version__, peft.__version__)" > "$R/versions.txt"
     run lora-1 0 --adapter lora & run full-1 1 --adapter full & wait ;;
+  one-lora) run lora-1 0 --adapter lora ;;  # alone on the machine (the 1-GPU figure of record)
+  one-full) run full-1 0 --adapter full ;;
   two-lora) run lora-2 0,1 --adapter lora ;;
   two-full) run full-2 0,1 --adapter full ${TWO_FULL_ARGS:-} ;;
   table) ;;
