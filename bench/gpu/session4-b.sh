@@ -7,7 +7,7 @@
 #   HYBRIDTUNE_GIT_COMMIT=<sha> bash bench/gpu/session4-b.sh      (carry .whl .cache)
 source bench/gpu/env.sh
 export R=/tmp/dist STEPS=${STEPS:-40}
-RUN_T=${T_LORA2:-170} bash bench/dist/gpu_dist.sh two-lora > /dev/null
-RUN_T=${T_LORA1:-95} bash bench/dist/gpu_dist.sh one-lora > /dev/null
-RUN_T=${T_FULL2:-150} bash bench/dist/gpu_dist.sh two-full > /dev/null
+RUN_T=${T_LORA2:-200} bash bench/dist/gpu_dist.sh two-lora > /dev/null
+RUN_T=${T_LORA1:-90} bash bench/dist/gpu_dist.sh one-lora > /dev/null
+RUN_T=${T_FULL2:-130} bash bench/dist/gpu_dist.sh two-full > /dev/null
 RUN_T=$((${T0:-555} - SECONDS - 30)) bash bench/dist/gpu_dist.sh one-full
