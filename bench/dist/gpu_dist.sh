@@ -34,7 +34,17 @@ run() {  # name gpus extra-args...
   # torchrun: SIGTERM, which every rank handles (a killed launcher would orphan its ranks).
   local lim="-s USR1 -k 20 ${RUN_T:-560}"; [ -n "$nproc" ] && lim="${RUN_T:-560}"
   CUDA_VISIBLE_DEVICES=$gpus TORCH_LOGS=${TORCH_LOGS:-recompiles} timeout $lim $PY -m hybridtune train $COMMON --output_dir "/tmp/out-$name" $nproc "$@" \
-    > "$R/$name.log" 2>&1
+    > "$R/$name.log" 2>&1 &
+  local pid=$!
+  # Once the last step is logged, stop: the final checkpoint (~24 GB for a full fine-tune) is not measured
+  # here and would spend the call's time (timeout passes the SIGTERM on to the run).
+  while kill -0 $pid 2>/dev/null; do
+    if grep -q "\"step\": $STEPS," "/tmp/out-$name/metrics.jsonl" 2>/dev/null; then
+      sleep 1; echo "last step logged: stopped before the final save" >> "$R/$name.log"; kill -TERM $pid; break
+    fi
+    sleep 1
+  done
+  wait $pid
   echo "rc $?" >> "$R/$name.log"
   cp "/tmp/out-$name/metrics.jsonl" "$R/$name.metrics.jsonl" 2>/dev/null
   rm -rf "/tmp/out-$name"  # full fine-tune checkpoints are ~24 GB each
@@ -70,6 +80,7 @@ case "${1:-}" in
     run lora-1 0 --adapter lora & run full-1 1 --adapter full & wait ;;
   one-lora) run lora-1 0 --adapter lora ;;  # alone on the machine (the 1-GPU figure of record)
   one-full) run full-1 0 --adapter full ;;
+  one-full-gpu1) run full-1 1 --adapter full ;;  # the same on GPU 1 (GPU 0 busy with something else)
   two-lora) run lora-2 0,1 --adapter lora ;;
   two-full) run full-2 0,1 --adapter full ${TWO_FULL_ARGS:-} ;;
   table) ;;

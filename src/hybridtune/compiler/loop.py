@@ -11,7 +11,7 @@ its forward, on this instance only, by a wrapper that:
     and the like, whose `warning_once` and output recording break graphs) through
     `torch.compile(fullgraph=True)`;
   - marks the pack-layout sizes dynamic (T, number of documents, number of chunks), so a new layout
-    does not recompile, and drops the python-int `max_length_q/k` that nothing compiled here reads
+    does not recompile (under a static layout only the chunk count), and drops the python-int `max_length_q/k` that nothing compiled here reads
     (kept when flash-attention is the implementation: it reads them);
   - with a cache, or when hidden states / attentions are requested, calls the upstream forward.
 
@@ -32,7 +32,8 @@ import torch
 logger = logging.getLogger(__name__)
 HANDLE_ATTR = "_hybridtune_loop"
 _INT_KWARGS = ("max_length_q", "max_length_k")
-_DYNAMIC_DIM0 = ("cu_seq_lens_q", "cu_seq_lens_k", "gdn_chunk_indices")
+_CHUNKS_KWARG = "gdn_chunk_indices"
+_DYNAMIC_DIM0 = ("cu_seq_lens_q", "cu_seq_lens_k", _CHUNKS_KWARG)
 
 
 @dataclass
@@ -117,6 +118,12 @@ def _mark_layout_dynamic(inputs_embeds, position_ids, attention_mask, kwargs) ->
             torch._dynamo.maybe_mark_dynamic(kwargs[k], 0)
 
 
+def _mark_chunks_dynamic(kwargs) -> None:
+    """The static layout fixes T and N; the chunk count varies per batch and only the opaque GDN ops read it."""
+    if isinstance(kwargs.get(_CHUNKS_KWARG), torch.Tensor):
+        torch._dynamo.maybe_mark_dynamic(kwargs[_CHUNKS_KWARG], 0)
+
+
 def compile_loop(
     model: torch.nn.Module,
     *,
@@ -132,9 +139,10 @@ def compile_loop(
     is in use. Batch tensors: input_ids/position_ids [1, T], cu_seq_lens_q/k [N + 1],
     gdn_chunk_indices [C, 2] (see `hybridtune.data.collator`).
 
-    `static_shapes=True` (batches of a static layout, `hybridtune.data.collator.StaticLayout`): no size is
-    marked dynamic, so the graph is traced without symbolic sizes (about half the tracing time of the
-    dynamic graph, and fit for CUDA graphs); a batch of another size would then recompile.
+    `static_shapes=True` (batches of a static layout, `hybridtune.data.collator.StaticLayout`): only the
+    chunk count is marked dynamic (the GDN ops alone read it), so T and N are traced as constants (about
+    half the tracing time of the dynamic graph, and fit for CUDA graphs, which record once per chunk
+    count); a batch of another T or N would then recompile.
     """
     from hybridtune.models.patching import is_patched, patch_model
 
@@ -187,7 +195,9 @@ def compile_loop(
         if not keep_ints:
             for k in _INT_KWARGS:
                 kwargs.pop(k, None)
-        if not static_shapes:
+        if static_shapes:
+            _mark_chunks_dynamic(kwargs)
+        else:
             _mark_layout_dynamic(inputs_embeds, position_ids, attention_mask, kwargs)
         handle.calls += 1
         return compiled(

@@ -19,10 +19,10 @@ Batch keys (transformers' own names where they exist):
     num_tokens     int            tokens of the bin's own documents (T without filler)
 
 Dynamic layout (the default): T is the sum of the bin's document lengths, no padding. Static layout
-(`PackedCollator(layout=StaticLayout.fit(...))`): every batch has the same T, N and C, so a compiled
-graph has no symbolic sizes (about half the tracing time) and is fit for CUDA graphs. The bin is
-followed by filler documents (pad tokens, labels -100, positions restarting at 0) whose lengths are
-chosen so that the totals come out exactly; fillers are ordinary non-empty documents, so every
+(`PackedCollator(layout=StaticLayout.fit(...))`): every batch has the same T and N, so a compiled
+graph's only symbolic size is the chunk count C, which only the opaque GDN ops read (about half the
+tracing time of the dynamic graph, and fit for CUDA graphs). The bin is followed by filler documents
+(pad tokens, labels -100, positions restarting at 0) whose lengths make the totals come out exactly; fillers are ordinary non-empty documents, so every
 kernel treats them as it treats any document, and nothing before them can see them (they come last,
 and documents never see each other). Zero-length documents never appear in either layout.
 """
@@ -46,76 +46,48 @@ def _chunks(n: int, chunk_size: int) -> int:
 
 @dataclass(frozen=True)
 class StaticLayout:
-    """The fixed sizes of every batch of a static layout: `tokens` (T), `docs` (N), `chunks` (C)."""
+    """The fixed sizes of every batch of a static layout: `tokens` (T) and `docs` (N).
+
+    The number of 64-token chunks (C, the rows of `gdn_chunk_indices`) is left to each batch: only the
+    opaque GDN ops read it, so the compiled loop marks it dynamic at no tracing cost and the filler needs no
+    chunk arithmetic (an earlier version fixed C as well, which cost 64 filler tokens for every chunk of
+    difference between packs: 7.3% of the computed tokens at the bench's 4096-token packs)."""
 
     tokens: int
     docs: int
-    chunks: int
     chunk_size: int = GDN_CHUNK_SIZE
 
     @classmethod
     def fit(
         cls, bins: Iterable[Sequence[int]], chunk_size: int = GDN_CHUNK_SIZE, max_filler: float = 0.5
     ) -> StaticLayout | None:
-        """The smallest T (then N) for which every bin (its document lengths) can be filled up exactly, or None
-        when every such layout would make more than `max_filler` of the computed tokens filler.
+        """The smallest T for which every bin (its document lengths) fills up exactly, or None when that T would
+        make more than `max_filler` of the computed tokens filler.
 
-        A bin of n documents, t tokens and c chunks takes k = N - n >= 1 filler documents holding
-        F = T - t >= k tokens in C - c chunks. k documents of l_i >= 1 tokens make sum(ceil(l_i / s)) chunks
-        for any total in [max(k, ceil(F / s)), k + (F - k) // s] (s = chunk size), so a common C exists when
-        those ranges of all bins overlap. Each N from max n + 1 is scanned from its smallest T up; the bins
-        are first reduced to what decides the bounds (the largest c per t, the smallest c - n per t - n).
+        A bin of n documents and t tokens takes k = N - n >= 1 filler documents of at least one token each, so
+        T >= t - n + N for every bin: the smallest T is max(t - n) + N with the smallest N, max n + 1.
         """
         bins = [list(b) for b in bins]
         if not bins or any(not b or min(b) <= 0 for b in bins):
             raise ValueError("StaticLayout.fit needs bins of positive document lengths")
-        s = chunk_size
-        t = torch.tensor([sum(b) for b in bins], dtype=torch.int64)
-        n = torch.tensor([len(b) for b in bins], dtype=torch.int64)
-        c = torch.tensor([sum(_chunks(x, s) for x in b) for b in bins], dtype=torch.int64)
-        # lo(N, T) = max(N + max(c - n), max over bins of c + ceil((T - t) / s)): only the largest c per t matters.
-        ut, inv = torch.unique(t, return_inverse=True)
-        c_at_t = torch.full_like(ut, -1).scatter_reduce(0, inv, c, "amax")
-        # hi(N, T) = N + min over bins of (c - n) + (T - N - (t - n)) // s: only the smallest c - n per t - n.
-        ud, inv = torch.unique(t - n, return_inverse=True)
-        a_at_d = torch.full_like(ud, 1 << 40).scatter_reduce(0, inv, c - n, "amin")
-        max_a = int((c - n).max())
-        real = float(t.sum())
-        t_cap = int(real / (len(bins) * (1 - max_filler))) if max_filler < 1 else 1 << 40
-        best: StaticLayout | None = None
-        top_n = int(n.max())
-        for N in range(top_n + 1, top_n + 17):
-            T = int(ud.max()) + N  # F >= k in every bin
-            stop = min(t_cap, T + 65 * s)  # past ~64 chunks of slack more filler no longer opens a fit
-            while T <= stop and (best is None or T < best.tokens):
-                lo = max(N + max_a, int((c_at_t + torch.div(T - ut + s - 1, s, rounding_mode="floor")).max()))
-                hi = N + int((a_at_d + torch.div(T - N - ud, s, rounding_mode="floor")).min())
-                if lo <= hi:
-                    best = cls(tokens=T, docs=N, chunks=lo, chunk_size=s)
-                    break
-                T += 1
-        return best
+        N = max(map(len, bins)) + 1
+        T = max(sum(b) - len(b) for b in bins) + N
+        real = sum(map(sum, bins))
+        if 1 - real / (len(bins) * T) > max_filler:
+            return None
+        return cls(tokens=T, docs=N, chunk_size=chunk_size)
 
     def filler(self, doc_lens: Sequence[int]) -> list[int]:
-        """Lengths of the filler documents that bring a bin of `doc_lens` to exactly this layout."""
-        s = self.chunk_size
+        """Lengths of the filler documents that bring a bin of `doc_lens` to exactly this layout: one takes
+        the rest of the tokens, the others (when the bin has fewer than N - 1 documents) one token each."""
         k = self.docs - len(doc_lens)
         F = self.tokens - sum(doc_lens)
-        Cf = self.chunks - sum(_chunks(n, s) for n in doc_lens)
-        if k < 1 or not (max(k, _chunks(F, s)) <= Cf <= k + (F - k) // s):
+        if k < 1 or F < k:
             raise ValueError(
                 f"a bin of {len(doc_lens)} documents and {sum(doc_lens)} tokens does not fit the static layout "
                 f"{self}; fit the layout over every bin it will collate"
             )
-        chunks = [Cf - (k - 1)] + [1] * (k - 1)  # every filler document's chunk count, summing to Cf
-        lens = [s * (ci - 1) + 1 for ci in chunks]  # the shortest lengths with those chunk counts
-        rest = F - sum(lens)
-        for i in range(k):  # each can take s - 1 more tokens without a new chunk; F <= s * Cf makes it fit
-            add = min(s - 1, rest)
-            lens[i] += add
-            rest -= add
-        assert rest == 0 and all(n > 0 for n in lens), (doc_lens, self)
-        return lens
+        return [F - (k - 1)] + [1] * (k - 1)
 
 
 def chunk_indices(doc_lens: Sequence[int], chunk_size: int = GDN_CHUNK_SIZE) -> torch.Tensor:

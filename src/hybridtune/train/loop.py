@@ -441,10 +441,9 @@ class Trainer:
             return PackedCollator()
         real = sum(map(sum, packs))
         logger.info(
-            "pack layout: static, every batch %d tokens, %d documents, %d chunks (filler %.1f%% of the tokens)",
+            "pack layout: static, every batch %d tokens in %d documents (filler %.1f%% of the tokens)",
             layout.tokens,
             layout.docs,
-            layout.chunks,
             100 * (1 - real / (len(packs) * layout.tokens)),
         )
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
