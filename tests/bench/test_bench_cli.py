@@ -21,7 +21,7 @@ def test_packs_are_full_and_spread():
     b = make_batches(layouts[:1], 1000, seed=0)[0]
     assert b["input_ids"].shape == (1, 4096) and b["doc_lens"] == layouts[0]
     static = make_batches(layouts[:4], 1000, seed=0, static=True)
-    assert len({s["input_ids"].shape for s in static}) == len({s["gdn_chunk_indices"].shape for s in static}) == 1
+    assert len({s["input_ids"].shape for s in static}) == len({s["cu_seq_lens_q"].shape for s in static}) == 1
     assert static[0]["input_ids"].shape[1] > 4096 and all(s["num_tokens"] == 4096 for s in static)
     assert static[0]["input_ids"][0, :4096].tolist() == b["input_ids"][0].tolist()
     assert 0.6 < b["num_loss_tokens"] / 4096 < 0.8  # prompts (first quarter of each document) untrained

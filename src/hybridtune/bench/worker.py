@@ -323,8 +323,13 @@ def _flops(spec, mode, cfg, batches, timed, result) -> None:
     result["hardware_flops_per_step"] = hw_f / len(per)
     peak = spec.get("peak_flops_per_s")
     if peak:
-        result["mfu"] = model_f / sum(timed) / peak
-        result["hfu"] = hw_f / sum(timed) / peak
+        # Steady state, as tokens/s: the median over timed steps of each step's FLOPs over its time (a step
+        # that records a CUDA graph for a new chunk count, or recompiles, is not the steady state). The
+        # means over all timed steps are kept beside them.
+        result["mfu"] = statistics.median(f.model / t for f, t in zip(per, timed)) / peak
+        result["hfu"] = statistics.median(f.hardware / t for f, t in zip(per, timed)) / peak
+        result["mfu_mean"] = model_f / sum(timed) / peak
+        result["hfu_mean"] = hw_f / sum(timed) / peak
 
 
 def main(argv: list[str]) -> int:
