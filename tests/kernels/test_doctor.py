@@ -82,3 +82,14 @@ def test_compile_plan_is_reported(capsys):
     assert plan["Qwen3_5ForCausalLM"]["decision"] == "eager"
     assert doctor.main(["--model", "tiny-qwen3_5"]) == 0
     assert "compile plan (`compile: modules`)" in capsys.readouterr().out
+
+
+def test_git_commit_named_by_the_environment_wins(monkeypatch):
+    """A tree copied to the GPU machine can carry a stale .git; the commit the runner names is the one recorded."""
+    from hybridtune.kernels.doctor import _git_commit
+
+    monkeypatch.setenv("HYBRIDTUNE_GIT_COMMIT", "0123abcd")
+    assert _git_commit() == "0123abcd"
+    monkeypatch.delenv("HYBRIDTUNE_GIT_COMMIT")
+    head = _git_commit()
+    assert head is None or (len(head) == 40 and head != "0123abcd")

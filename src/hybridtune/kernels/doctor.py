@@ -48,7 +48,10 @@ def _version(dist: str) -> str | None:
 
 
 def _git_commit() -> str | None:
-    """HEAD of the checkout this package runs from; on a copied tree without .git, `HYBRIDTUNE_GIT_COMMIT`."""
+    """`HYBRIDTUNE_GIT_COMMIT` when set (a tree copied to another machine may carry a stale .git: the GPU
+    machine's copy reported an older HEAD than the code it ran), else HEAD of the checkout this package runs from."""
+    if os.environ.get("HYBRIDTUNE_GIT_COMMIT"):
+        return os.environ["HYBRIDTUNE_GIT_COMMIT"]
     here = Path(__file__).resolve().parent
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
@@ -56,7 +59,7 @@ def _git_commit() -> str | None:
             return out.stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         pass
-    return os.environ.get("HYBRIDTUNE_GIT_COMMIT") or None
+    return None
 
 
 def gpu_info() -> dict[str, Any]:
