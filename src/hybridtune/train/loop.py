@@ -170,7 +170,13 @@ class BatchStream:
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
-    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+    """The batch's tensors on `device`. For a GPU they are pinned first: a copy from pageable host memory waits
+    for the stream to drain, one from pinned memory is queued behind the work already launched."""
+    pin = device.type == "cuda"
+    return {
+        k: ((v.pin_memory() if pin else v).to(device, non_blocking=True) if torch.is_tensor(v) else v)
+        for k, v in batch.items()
+    }
 
 
 def eval_batches(examples: list[Example], seq_len: int) -> Iterator[list[Example]]:
@@ -454,22 +460,23 @@ class Trainer:
         d = self.dist
         batches = self._window()  # every rank collates the whole window: the token count needs no collective
         n_tokens = sum(b["num_loss_tokens"] for b in batches)
-        mine = distributed.my_share(d, batches)
-        total = 0.0
+        # All of this rank's micro-batches go to the device up front, and the loss is summed there: the step
+        # waits for the GPU once (loss and gradient norm together), not after every micro-batch.
+        mine = [to_device(b, self.device) for b in distributed.my_share(d, batches)]
+        losses = []
         for i, b in enumerate(mine):
-            b = to_device(b, self.device)
             with distributed.accumulation(self.engine, d, last=i == len(mine) - 1):
                 with self.autocast():
                     loss = self.engine(b, n_tokens, self.fused_loss)
                 # DDP and FSDP2 average over ranks; times N, that average is the sum the window's loss needs.
                 (loss * d.world if d.enabled else loss).backward()
-            total += float(loss.detach())
-        if d.enabled:
-            (total,) = distributed.all_sum([total], d)
+            losses.append(loss.detach().float())
         norm = distributed.total_grad_norm(self.params)
         if cfg.max_grad_norm > 0:
             torch.nn.utils.clip_grads_with_norm_(self.params, cfg.max_grad_norm, norm)
-        grad_norm = float(norm)
+        total, grad_norm = torch.stack([torch.stack(losses).sum(), norm.float().to(losses[0].device)]).tolist()
+        if d.enabled:
+            (total,) = distributed.all_sum([total], d)
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
