@@ -32,6 +32,9 @@ def test_mode_specs():
     assert m.label == "ht-loop:gc=off" and m.gc is False and m.compile == "loop"
     assert parse_mode("hf-eager").input_require_grads and not parse_mode("ht-eager").input_require_grads
     assert parse_mode("ht-loop").static and not parse_mode("ht-loop:layout=dynamic").static
+    assert parse_mode("ht-loop:conv=op,cg=on").conv == "op" and parse_mode("ht-loop").conv == "traced"
+    with pytest.raises(ConfigError, match="conv= chooses"):
+        parse_mode("hf-eager:conv=op")
     with pytest.raises(ConfigError, match="Did you mean 'ht-loop'"):
         parse_mode("ht-lop")
     with pytest.raises(ConfigError, match=r"gc=on\|off"):

@@ -147,3 +147,50 @@ def test_static_layout_loop_equals_dynamic_eager_one_static_graph(name, device, 
             torch.testing.assert_close(grads_c[n], grads_e[n], **tol, msg=n)
     assert dict(counters["graph_break"]) == {}
     assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize(
+    "device,backend",
+    [("cpu", "aot_eager"), pytest.param("cuda", "inductor", marks=pytest.mark.cuda)],
+)
+@pytest.mark.parametrize("conv", ["traced", "op"])
+def test_conv_in_graph_traced_or_as_the_op(conv, device, backend):
+    """`conv_in_graph`: the GDN conv inside the compiled loop is either the reference's tensor code (no conv op
+    in the graph) or the opaque op (in the graph); either way compiled == eager, one graph, no break."""
+    from torch._dynamo.backends.registry import lookup_backend
+    from torch._dynamo.utils import counters
+
+    from hybridtune.compiler.loop import compile_loop
+    from hybridtune.ops.gdn import conv_in_graph
+
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append(gm)
+        return lookup_backend(backend)(gm, example_inputs)
+
+    before = conv_in_graph()
+    torch._dynamo.reset()
+    try:
+        conv_in_graph(conv)
+        model = _lora_model("tiny-qwen3_5", device)
+        batches = [_batch(lens, device, i) for i, lens in enumerate(LAYOUTS[:3])]
+        eager = [_step(model, b) for b in batches]
+        compile_loop(model, backend=recording)
+        counters.clear()
+        tol = dict(rtol=1e-5, atol=1e-6) if backend == "aot_eager" else dict(rtol=2e-3, atol=2e-4)
+        for b, (loss_e, grads_e) in zip(batches, eager):
+            loss_c, grads_c = _step(model, b)
+            torch.testing.assert_close(loss_c, loss_e, **tol)
+            for n in grads_e:
+                torch.testing.assert_close(grads_c[n], grads_e[n], **tol, msg=n)
+    finally:
+        conv_in_graph(before)
+    assert dict(counters["graph_break"]) == {} and len(graphs) == 1
+    # checkpointed layers are higher-order-op subgraphs: look through every graph module
+    subs = [m for m in graphs[0].modules() if isinstance(m, torch.fx.GraphModule)]
+    ops = {str(n.target).removesuffix(".default") for m in subs for n in m.graph.nodes if n.op == "call_function"}
+    assert "hybridtune.gdn_chunk" in ops, sorted(ops)
+    assert ("hybridtune.causal_conv1d" in ops) == (conv == "op"), sorted(o for o in ops if "hybridtune" in o)
+    with pytest.raises(ValueError, match="'traced' or 'op'"):
+        conv_in_graph("fused")

@@ -25,7 +25,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hybridtune.bench.modes import parse_mode
+from hybridtune.bench.modes import OPTION_KEYS, parse_mode
 from hybridtune.bench.worker import FIRST_STEP_MARKER
 from hybridtune.config import DEFAULT_LORA_TARGETS
 from hybridtune.errors import ConfigError
@@ -42,7 +42,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument(
         "--modes",
         default=None,
-        help=f"comma-separated MODE[:gc=on|off,loss=plain|fused] (default GPU: {GPU_MODES}; CPU: {CPU_MODES})",
+        help="comma-separated MODE[:key=value,...], keys "
+        + ", ".join(f"{k}={'|'.join(v)}" for k, v in OPTION_KEYS.items())
+        + f" (default GPU: {GPU_MODES}; CPU: {CPU_MODES})",
     )
     ap.add_argument("--seq-len", type=int, default=None, help="tokens per pack (default 4096 on a GPU, 256 on CPU)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps after warm-up (default 20 GPU, 3 CPU)")

@@ -22,7 +22,8 @@ class Mode:
     gc: bool = True  # gradient checkpointing
     cudagraphs: bool = False  # torch.compile mode "reduce-overhead" (CUDA graphs) for the compiled modes
     input_require_grads: bool = False  # peft + checkpointing as users run it (`enable_input_require_grads`)
-    static: bool = False  # static pack layout (filler documents: one T, N, C; see hybridtune.data.collator)
+    static: bool = False  # static pack layout (filler documents: one T and N; see hybridtune.data.collator)
+    conv: str = "traced"  # the GDN conv inside compiled regions: "traced" (inductor-fused) or "op" (FLA's kernel)
     options: dict = field(default_factory=dict)
 
     @property
@@ -82,7 +83,13 @@ MODES: dict[str, Mode] = {
     ]
 }
 
-OPTION_KEYS = {"gc": ("on", "off"), "loss": ("plain", "fused"), "cg": ("on", "off"), "layout": ("static", "dynamic")}
+OPTION_KEYS = {
+    "gc": ("on", "off"),
+    "loss": ("plain", "fused"),
+    "cg": ("on", "off"),
+    "layout": ("static", "dynamic"),
+    "conv": ("traced", "op"),
+}
 
 
 def parse_mode(spec: str) -> Mode:
@@ -105,6 +112,10 @@ def parse_mode(spec: str) -> Mode:
         changes["loss"] = options["loss"]
     if "layout" in options:
         changes["static"] = options["layout"] == "static"
+    if "conv" in options:
+        if not mode.patch or mode.compile == "off":
+            raise ConfigError(f"bench mode '{spec}': conv= chooses the form of hybridtune's conv in a compiled mode")
+        changes["conv"] = options["conv"]
     if "cg" in options:
         if mode.compile == "off" and options["cg"] == "on":
             raise ConfigError(f"bench mode '{spec}': cg=on (CUDA graphs) needs a compiled mode")

@@ -105,6 +105,9 @@ def build_model(spec: dict, mode, device: torch.device, result: dict):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     if mode.patch:
         from hybridtune.models.patching import patch_model
+        from hybridtune.ops.gdn import conv_in_graph
+
+        conv_in_graph(mode.conv)
 
         result["patch_report"] = str(patch_model(model))
     if mode.gc:

@@ -329,6 +329,20 @@ def _check_packed(batch: int, cu_seqlens: torch.Tensor | None) -> None:
         )
 
 
+# Inside a compiled region: "traced" (the reference's tensor code, fused by inductor) or "op" (the opaque op:
+# FLA's kernel on CUDA). `conv_in_graph(...)` switches it per process; the bench compares the two.
+_CONV_IN_GRAPH = ["traced"]
+
+
+def conv_in_graph(mode: str | None = None) -> str:
+    """The conv's form inside compiled regions; with `mode` ("traced" or "op"), set it first (before compiling)."""
+    if mode is not None:
+        if mode not in ("traced", "op"):
+            raise ValueError(f"conv_in_graph: mode must be 'traced' or 'op', got {mode!r}")
+        _CONV_IN_GRAPH[0] = mode
+    return _CONV_IN_GRAPH[0]
+
+
 def causal_conv1d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -343,11 +357,12 @@ def causal_conv1d(
     each token's position in its document, from `cu_seqlens` with `searchsorted`: no host sync), which
     inductor fuses with its neighbours into one pointwise kernel, forward and backward. Eager calls the
     opaque op (FLA's kernel on CUDA): there each launch from Python costs more than the kernel, and
-    inside a graph the op's Python launch path was the largest CPU cost of a step (bench profile)."""
+    inside a graph the op's Python launch path was the largest CPU cost of a step (bench profile). Under
+    CUDA graphs that launch cost is gone, so `conv_in_graph("op")` keeps the op in the graph instead."""
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"causal_conv1d supports activation 'silu' or None, got {activation!r}")
     _check_packed(x.shape[0], cu_seqlens)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() and _CONV_IN_GRAPH[0] == "traced":
         return causal_conv1d_ref(x, weight, bias, cu_seqlens, activation)
     return torch.ops.hybridtune.causal_conv1d(x, weight, bias, cu_seqlens, chunk_indices, activation is not None)
 
