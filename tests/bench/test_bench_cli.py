@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hybridtune.bench.data import make_batches, pack_layouts
-from hybridtune.bench.modes import parse_mode
+from hybridtune.bench.modes import parse_mode, split_modes
 from hybridtune.cli import main
 from hybridtune.errors import ConfigError
 
@@ -33,6 +33,13 @@ def test_mode_specs():
     assert parse_mode("hf-eager").input_require_grads and not parse_mode("ht-eager").input_require_grads
     assert parse_mode("ht-loop").static and not parse_mode("ht-loop:layout=dynamic").static
     assert parse_mode("ht-loop:conv=op,cg=on").conv == "op" and parse_mode("ht-loop").conv == "traced"
+    assert split_modes("ht-loop:cg=on, ht-loop:cg=on,conv=op,hf-eager,") == [
+        "ht-loop:cg=on",
+        "ht-loop:cg=on,conv=op",
+        "hf-eager",
+    ]
+    with pytest.raises(ConfigError, match="unknown bench mode 'gc=off'"):  # an option with no mode before it
+        [parse_mode(s) for s in split_modes("gc=off,ht-loop")]
     with pytest.raises(ConfigError, match="conv= chooses"):
         parse_mode("hf-eager:conv=op")
     with pytest.raises(ConfigError, match="Did you mean 'ht-loop'"):

@@ -25,7 +25,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hybridtune.bench.modes import OPTION_KEYS, parse_mode
+from hybridtune.bench.modes import OPTION_KEYS, parse_mode, split_modes
 from hybridtune.bench.worker import FIRST_STEP_MARKER
 from hybridtune.config import DEFAULT_LORA_TARGETS
 from hybridtune.errors import ConfigError
@@ -159,7 +159,7 @@ def main(argv: list[str]) -> int:
         raise ConfigError(
             f"--preset '{preset}' is not a preset.{did_you_mean(preset, PRESETS)} Presets: {', '.join(PRESETS)}."
         )
-    modes = [parse_mode(s) for s in (args.modes or (GPU_MODES if gpu else CPU_MODES)).split(",") if s.strip()]
+    modes = [parse_mode(s) for s in split_modes(args.modes or (GPU_MODES if gpu else CPU_MODES))]
     labels = [m.label for m in modes]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"--modes names a mode twice: {','.join(labels)}")

@@ -92,6 +92,20 @@ OPTION_KEYS = {
 }
 
 
+def split_modes(text: str) -> list[str]:
+    """`--modes` text -> mode specs. Commas separate modes and also a mode's options, so an item that is a bare
+    `key=value` continues the mode before it: "ht-loop:cg=on,conv=op,hf-eager" -> ["ht-loop:cg=on,conv=op", "hf-eager"]."""
+    specs: list[str] = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        if "=" in item and ":" not in item and specs:
+            specs[-1] += "," + item
+        else:
+            specs.append(item)
+    return specs
+
+
 def parse_mode(spec: str) -> Mode:
     """`NAME[:key=value,...]` -> Mode; unknown names or keys raise a one-line ConfigError."""
     name, _, opts = spec.strip().partition(":")
