@@ -32,15 +32,16 @@ run() {  # name gpus extra-args...
   rm -rf "/tmp/out-$name"
   # 1 process: at the limit SIGUSR1 prints its Python stacks (a stall says where), then it is killed.
   # torchrun: SIGTERM, which every rank handles (a killed launcher would orphan its ranks).
-  local lim="-s USR1 -k 20 ${RUN_T:-560}"; [ -n "$nproc" ] && lim="${RUN_T:-560}"
+  local lim="-s USR1 -k 20 ${RUN_T:-560}"; [ -n "$nproc" ] && lim="-k 30 ${RUN_T:-560}"
   CUDA_VISIBLE_DEVICES=$gpus TORCH_LOGS=${TORCH_LOGS:-recompiles} timeout $lim $PY -m hybridtune train $COMMON --output_dir "/tmp/out-$name" $nproc "$@" \
     > "$R/$name.log" 2>&1 &
   local pid=$!
   # Once the last step is logged, stop: the final checkpoint (~24 GB for a full fine-tune) is not measured
   # here and would spend the call's time (timeout passes the SIGTERM on to the run).
   while kill -0 $pid 2>/dev/null; do
-    if grep -q "\"step\": $STEPS," "/tmp/out-$name/metrics.jsonl" 2>/dev/null; then
-      sleep 1; echo "last step logged: stopped before the final save" >> "$R/$name.log"; kill -TERM $pid; break
+    if grep -q "^{\"step\": $STEPS," "/tmp/out-$name/metrics.jsonl" 2>/dev/null; then
+      kill -TERM $pid 2>/dev/null && echo "last step logged: stopped (the final save is not measured)" >> "$R/$name.log"
+      break
     fi
     sleep 1
   done

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from hybridtune.data.collator import IGNORE_INDEX, PackedCollator, StaticLayout, chunk_indices
+from hybridtune.data.collator import GDN_TIME_SHARE, IGNORE_INDEX, PackedCollator, StaticLayout, chunk_indices
 from hybridtune.data.packing import Example
 
 
@@ -103,3 +103,21 @@ def test_fit_finds_the_smallest_tokens(seed):
     assert not smaller, (bins, got, smaller[:3])
     fewer = [N for N in range(1, got.docs) if _fits(bins, got.tokens, N)]  # and the fewest documents at that T
     assert not fewer, (bins, got, fewer)
+
+
+def test_filler_shares_count_chunks_as_well_as_tokens():
+    # Nine full packs beside one pack of 20 short documents: N = 21, T = 4095 + 21. Every full pack takes 20
+    # one-token filler documents: 20 tokens, but 20 whole GDN chunks on its 64. The short pack takes one
+    # filler document of the rest (2836 tokens, 45 chunks).
+    bins = [[4096]] * 9 + [[64] * 20]
+    layout = StaticLayout.fit(bins, max_filler=1.0)
+    assert (layout.tokens, layout.docs) == (4116, 21)
+    assert layout.filler([4096]) == [1] * 20 and layout.filler([64] * 20) == [2836]
+    tok, chunks = layout.filler_shares(bins)
+    assert tok == pytest.approx((9 * 20 + 2836) / (10 * 4116))
+    assert chunks == pytest.approx((9 * 20 + 45) / (9 * (64 + 20) + 20 + 45))
+    assert tok < 0.1 < chunks
+    cost = layout.filler_cost(bins)
+    assert cost == pytest.approx((1 - GDN_TIME_SHARE) * tok + GDN_TIME_SHARE * chunks) and tok < cost < chunks
+    assert StaticLayout.fit(bins, max_filler=cost) == layout
+    assert StaticLayout.fit(bins, max_filler=tok) is None  # the chunks' share of the cost counts

@@ -68,6 +68,15 @@ def markdown(doc: dict, title: str | None = None) -> str:
             )
             + " |"
         )
+    longer = {
+        k: r["warmup_steps"] for k, r in doc["modes"].items() if r.get("warmup_steps", s["warmup"]) != s["warmup"]
+    }
+    if longer:
+        lines += [
+            "",
+            "Warm-up stretched to record every CUDA graph before the timed steps (two calls per distinct chunk "
+            "count): " + ", ".join(f"{k} {w} steps" for k, w in longer.items()) + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 

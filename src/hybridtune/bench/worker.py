@@ -173,8 +173,15 @@ def run_mode(spec: dict) -> dict:
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
+    warmup = spec["warmup"]
+    if mode.cudagraphs:
+        # CUDA graphs record once per distinct shape (a static layout's chunk count): the first call of a shape
+        # runs the graph's warm-up, the second records it. Both happen before the timed steps.
+        warmup = max(warmup, 2 * len(batches))
+        result["cudagraph_shapes"] = len({b["gdn_chunk_indices"].shape[0] for b in batches})
+    result["warmup_steps"] = warmup
     times, losses, graphs_after_warmup = [], [], 0
-    total = spec["warmup"] + spec["steps"]
+    total = warmup + spec["steps"]
     for i in range(total):
         sync(device)
         start = time.perf_counter()
@@ -184,13 +191,13 @@ def run_mode(spec: dict) -> dict:
         losses.append(float(loss))
         if i == 0:
             print(FIRST_STEP_MARKER, f"{times[0]:.2f}", flush=True)
-        if i == spec["warmup"] - 1:
+        if i == warmup - 1:
             graphs_after_warmup = counters["stats"]["unique_graphs"]
         print(f"step {i + 1}/{total} {times[-1] * 1e3:.1f} ms loss {losses[-1]:.5f}", flush=True)
-    timed = times[spec["warmup"] :]
+    timed = times[warmup:]
     med = statistics.median(timed)
     tokens = [b["num_tokens"] for b in batches]  # the documents' own tokens (a static layout adds filler)
-    timed_tokens = [tokens[i % len(batches)] for i in range(spec["warmup"], total)]
+    timed_tokens = [tokens[i % len(batches)] for i in range(warmup, total)]
     result.update(
         first_step_s=times[0],
         step_times_s=times,
@@ -212,7 +219,7 @@ def run_mode(spec: dict) -> dict:
         result["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
     else:
         result["peak_rss_gib"] = memory_gib(device)
-    _flops(spec, mode, cfg, batches, timed, result)
+    _flops(spec, mode, cfg, batches, timed, result, warmup)
     if spec.get("profile") and device.type == "cuda":
         result["profile"] = profile_steps(lambda i: step(batches[i % len(batches)]), 3)
         result["host_syncs"] = find_syncs(lambda: step(batches[0]))
@@ -305,11 +312,11 @@ def profile_steps(run_step, n: int) -> dict:
     }
 
 
-def _flops(spec, mode, cfg, batches, timed, result) -> None:
+def _flops(spec, mode, cfg, batches, timed, result, warmup: int) -> None:
     from hybridtune.bench.flops import step_flops
 
     n = len(batches)
-    steps = [batches[i % n]["doc_lens"] for i in range(spec["warmup"], spec["warmup"] + spec["steps"])]
+    steps = [batches[i % n]["doc_lens"] for i in range(warmup, warmup + spec["steps"])]
     per = [
         step_flops(
             cfg,

@@ -38,6 +38,10 @@ from hybridtune.data.packing import Example
 
 IGNORE_INDEX = -100
 GDN_CHUNK_SIZE = 64
+# The GDN delta-rule kernels' share of a training step's GPU time: 14 of 122 ms for the 2B shape at 4096-token
+# packs on the H200 (bench/NOTES.md 16). They work per 64-token chunk, everything else per token, so a filler
+# document's cost is weighted by it (`StaticLayout.filler_cost`).
+GDN_TIME_SHARE = 0.12
 
 
 def _chunks(n: int, chunk_size: int) -> int:
@@ -61,8 +65,8 @@ class StaticLayout:
     def fit(
         cls, bins: Iterable[Sequence[int]], chunk_size: int = GDN_CHUNK_SIZE, max_filler: float = 0.5
     ) -> StaticLayout | None:
-        """The smallest T for which every bin (its document lengths) fills up exactly, or None when that T would
-        make more than `max_filler` of the computed tokens filler.
+        """The smallest T for which every bin (its document lengths) fills up exactly, or None when the filler
+        would cost more than `max_filler` of the step (`filler_cost`: tokens and GDN chunks, weighted).
 
         A bin of n documents and t tokens takes k = N - n >= 1 filler documents of at least one token each, so
         T >= t - n + N for every bin: the smallest T is max(t - n) + N with the smallest N, max n + 1.
@@ -72,10 +76,27 @@ class StaticLayout:
             raise ValueError("StaticLayout.fit needs bins of positive document lengths")
         N = max(map(len, bins)) + 1
         T = max(sum(b) - len(b) for b in bins) + N
-        real = sum(map(sum, bins))
-        if 1 - real / (len(bins) * T) > max_filler:
-            return None
-        return cls(tokens=T, docs=N, chunk_size=chunk_size)
+        layout = cls(tokens=T, docs=N, chunk_size=chunk_size)
+        return layout if layout.filler_cost(bins) <= max_filler else None
+
+    def filler_cost(self, bins: Iterable[Sequence[int]], gdn_share: float = GDN_TIME_SHARE) -> float:
+        """The estimated share of step time the filler of these bins takes: its token share for the per-token work
+        (projections, MLP, attention, loss) and its chunk share for the GDN kernels (`gdn_share` of the time)."""
+        tokens, chunks = self.filler_shares(bins)
+        return (1 - gdn_share) * tokens + gdn_share * chunks
+
+    def filler_shares(self, bins: Iterable[Sequence[int]]) -> tuple[float, float]:
+        """(tokens, chunks): the share of the computed tokens, and of the 64-token GDN chunks, that the filler of
+        these bins takes. The chunk share is the larger cost where fillers are many one-token documents (each
+        one a whole chunk of the delta-rule kernels)."""
+        s, real_t, real_c, fill_t, fill_c = self.chunk_size, 0, 0, 0, 0
+        for b in bins:
+            real_t += sum(b)
+            real_c += sum(_chunks(n, s) for n in b)
+            fill = self.filler(b)
+            fill_t += sum(fill)
+            fill_c += sum(_chunks(n, s) for n in fill)
+        return fill_t / (real_t + fill_t), fill_c / (real_c + fill_c)
 
     def filler(self, doc_lens: Sequence[int]) -> list[int]:
         """Lengths of the filler documents that bring a bin of `doc_lens` to exactly this layout: one takes

@@ -13,6 +13,7 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from hybridtune.errors import ModelError, did_you_mean
+
+logger = logging.getLogger(__name__)
 
 # Distributions whose versions decide the fast path (and the self-test cache key).
 VERSIONED = (
@@ -50,16 +53,19 @@ def _version(dist: str) -> str | None:
 def _git_commit() -> str | None:
     """`HYBRIDTUNE_GIT_COMMIT` when set (a tree copied to another machine may carry a stale .git: the GPU
     machine's copy reported an older HEAD than the code it ran), else HEAD of the checkout this package runs from."""
-    if os.environ.get("HYBRIDTUNE_GIT_COMMIT"):
-        return os.environ["HYBRIDTUNE_GIT_COMMIT"]
-    here = Path(__file__).resolve().parent
+    named = os.environ.get("HYBRIDTUNE_GIT_COMMIT") or None
+    head = None
     try:
+        here = Path(__file__).resolve().parent
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
+        head = out.stdout.strip() if out.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired):
         pass
-    return None
+    if named and head and not head.startswith(named) and not named.startswith(head):
+        logger.warning(
+            "HYBRIDTUNE_GIT_COMMIT=%s differs from the tree's git HEAD %s; recording %s", named, head[:10], named
+        )
+    return named or head or None
 
 
 def gpu_info() -> dict[str, Any]:
@@ -313,7 +319,6 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if args.json:  # keep stdout for the JSON object: log lines and anything a library prints go to stderr
         import contextlib
-        import logging
 
         logging.getLogger("hybridtune").handlers[:] = [logging.StreamHandler(sys.stderr)]
         with contextlib.redirect_stdout(sys.stderr):

@@ -250,6 +250,14 @@ def all_sum(values: list[float], d: Dist) -> list[float]:
     return t.tolist()
 
 
+def all_sum_(t: torch.Tensor, d: Dist) -> torch.Tensor:
+    """`t` (on the training device, which is the collective's: CUDA under nccl, CPU under gloo) summed over
+    ranks in place, without a host wait; `t` itself in one process."""
+    if d.enabled:
+        torch.distributed.all_reduce(t)
+    return t
+
+
 def all_max(value: float, d: Dist) -> float:
     """The largest `value` over ranks (one all-reduce of a scalar); `value` itself in one process."""
     if not d.enabled:

@@ -174,7 +174,11 @@ def to_device(batch: dict, device: torch.device) -> dict:
     for the stream to drain, one from pinned memory is queued behind the work already launched."""
     pin = device.type == "cuda"
     return {
-        k: ((v.pin_memory() if pin else v).to(device, non_blocking=True) if torch.is_tensor(v) else v)
+        k: (
+            (v.pin_memory() if pin and v.device.type == "cpu" else v).to(device, non_blocking=True)
+            if torch.is_tensor(v)
+            else v
+        )
         for k, v in batch.items()
     }
 
@@ -440,17 +444,20 @@ class Trainer:
         limit = AUTO_MAX_FILLER if cfg.pack_layout == "auto" else STATIC_MAX_FILLER
         layout = StaticLayout.fit(packs, max_filler=limit)
         if layout is None:
-            why = f"every static layout for these packs would be more than {limit:.0%} filler"
+            why = f"the filler of any static layout for these packs would cost more than {limit:.0%} of the step"
             if cfg.pack_layout == "static":
                 raise ConfigError(f"pack_layout 'static': {why}; use pack_layout: dynamic (or auto)")
             logger.info("pack layout: dynamic (%s)", why)
             return PackedCollator()
-        real = sum(map(sum, packs))
+        tok, chunks = layout.filler_shares(packs)
         logger.info(
-            "pack layout: static, every batch %d tokens in %d documents (filler %.1f%% of the tokens)",
+            "pack layout: static, every batch %d tokens in %d documents (filler: %.1f%% of the tokens, %.1f%% of the "
+            "GDN chunks, about %.1f%% of the step)",
             layout.tokens,
             layout.docs,
-            100 * (1 - real / (len(packs) * layout.tokens)),
+            100 * tok,
+            100 * chunks,
+            100 * layout.filler_cost(packs),
         )
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         return PackedCollator(layout=layout, pad_token_id=pad)
@@ -474,9 +481,8 @@ class Trainer:
         norm = distributed.total_grad_norm(self.params)
         if cfg.max_grad_norm > 0:
             torch.nn.utils.clip_grads_with_norm_(self.params, cfg.max_grad_norm, norm)
-        total, grad_norm = torch.stack([torch.stack(losses).sum(), norm.float().to(losses[0].device)]).tolist()
-        if d.enabled:
-            (total,) = distributed.all_sum([total], d)
+        loss_sum = distributed.all_sum_(torch.stack(losses).double().sum(), d)
+        total, grad_norm = torch.stack([loss_sum, norm.double().to(loss_sum.device)]).tolist()
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
