@@ -153,10 +153,10 @@ def test_static_layout_loop_equals_dynamic_eager_one_static_graph(name, device, 
     "device,backend",
     [("cpu", "aot_eager"), pytest.param("cuda", "inductor", marks=pytest.mark.cuda)],
 )
-@pytest.mark.parametrize("conv", ["traced", "op"])
+@pytest.mark.parametrize("conv", ["traced", "stacked", "op"])
 def test_conv_in_graph_traced_or_as_the_op(conv, device, backend):
-    """`conv_in_graph`: the GDN conv inside the compiled loop is either the reference's tensor code (no conv op
-    in the graph) or the opaque op (in the graph); either way compiled == eager, one graph, no break."""
+    """`conv_in_graph`: the GDN conv inside the compiled loop is tensor code (the reference's, or its stacked
+    form: no conv op in the graph) or the opaque op (in the graph); either way compiled == eager, one graph."""
     from torch._dynamo.backends.registry import lookup_backend
     from torch._dynamo.utils import counters
 
@@ -192,5 +192,5 @@ def test_conv_in_graph_traced_or_as_the_op(conv, device, backend):
     ops = {str(n.target).removesuffix(".default") for m in subs for n in m.graph.nodes if n.op == "call_function"}
     assert "hybridtune.gdn_chunk" in ops, sorted(ops)
     assert ("hybridtune.causal_conv1d" in ops) == (conv == "op"), sorted(o for o in ops if "hybridtune" in o)
-    with pytest.raises(ValueError, match="'traced' or 'op'"):
+    with pytest.raises(ValueError, match="must be one of 'traced', 'stacked', 'op'"):
         conv_in_graph("fused")

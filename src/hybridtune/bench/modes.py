@@ -23,7 +23,7 @@ class Mode:
     cudagraphs: bool = False  # torch.compile mode "reduce-overhead" (CUDA graphs) for the compiled modes
     input_require_grads: bool = False  # peft + checkpointing as users run it (`enable_input_require_grads`)
     static: bool = False  # static pack layout (filler documents: one T and N; see hybridtune.data.collator)
-    conv: str = "traced"  # the GDN conv inside compiled regions: "traced" (inductor-fused) or "op" (FLA's kernel)
+    conv: str = "traced"  # the GDN conv in compiled regions: "traced"/"stacked" (inductor-fused) or "op" (FLA's kernel)
     options: dict = field(default_factory=dict)
 
     @property
@@ -88,7 +88,7 @@ OPTION_KEYS = {
     "loss": ("plain", "fused"),
     "cg": ("on", "off"),
     "layout": ("static", "dynamic"),
-    "conv": ("traced", "op"),
+    "conv": ("traced", "stacked", "op"),
 }
 
 

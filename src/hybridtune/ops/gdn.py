@@ -23,7 +23,13 @@ import logging
 import torch
 
 from hybridtune.ops import fla_adapter, fla_guard
-from hybridtune.ops.reference import CHUNK_SIZE, causal_conv1d_ref, chunk_gated_delta_rule_ref, l2norm
+from hybridtune.ops.reference import (
+    CHUNK_SIZE,
+    causal_conv1d_ref,
+    causal_conv1d_stacked,
+    chunk_gated_delta_rule_ref,
+    l2norm,
+)
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -329,16 +335,18 @@ def _check_packed(batch: int, cu_seqlens: torch.Tensor | None) -> None:
         )
 
 
-# Inside a compiled region: "traced" (the reference's tensor code, fused by inductor) or "op" (the opaque op:
-# FLA's kernel on CUDA). `conv_in_graph(...)` switches it per process; the bench compares the two.
+# Inside a compiled region: "traced" (the reference's tensor code, fused by inductor), "stacked" (the same as
+# one product-and-sum over the W taps, `causal_conv1d_stacked`) or "op" (the opaque op: FLA's kernel on CUDA).
+# `conv_in_graph(...)` switches it per process; the bench compares them (`conv=` mode option).
+CONV_FORMS = {"traced": causal_conv1d_ref, "stacked": causal_conv1d_stacked, "op": None}
 _CONV_IN_GRAPH = ["traced"]
 
 
 def conv_in_graph(mode: str | None = None) -> str:
-    """The conv's form inside compiled regions; with `mode` ("traced" or "op"), set it first (before compiling)."""
+    """The conv's form inside compiled regions; with `mode` (one of CONV_FORMS), set it first (before compiling)."""
     if mode is not None:
-        if mode not in ("traced", "op"):
-            raise ValueError(f"conv_in_graph: mode must be 'traced' or 'op', got {mode!r}")
+        if mode not in CONV_FORMS:
+            raise ValueError(f"conv_in_graph: mode must be one of {', '.join(map(repr, CONV_FORMS))}, got {mode!r}")
         _CONV_IN_GRAPH[0] = mode
     return _CONV_IN_GRAPH[0]
 
@@ -362,8 +370,9 @@ def causal_conv1d(
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"causal_conv1d supports activation 'silu' or None, got {activation!r}")
     _check_packed(x.shape[0], cu_seqlens)
-    if torch.compiler.is_compiling() and _CONV_IN_GRAPH[0] == "traced":
-        return causal_conv1d_ref(x, weight, bias, cu_seqlens, activation)
+    traced = CONV_FORMS[_CONV_IN_GRAPH[0]]
+    if traced is not None and torch.compiler.is_compiling():
+        return traced(x, weight, bias, cu_seqlens, activation)
     return torch.ops.hybridtune.causal_conv1d(x, weight, bias, cu_seqlens, chunk_indices, activation is not None)
 
 
