@@ -100,9 +100,9 @@ class TrainConfig:
     )
     pack_layout: Literal["auto", "static", "dynamic"] = _f(
         "auto",
-        "static = every batch filled to one size with filler documents (one graph without symbolic sizes: about "
-        "half the compile time); dynamic = no filler; auto = static under compile: loop when that costs at most "
-        "10% filler and micro_batch_size is 1",
+        "static = every batch filled to one length and document count with filler documents (the graph's only "
+        "symbolic size is the GDN chunk count: about half the compile time); dynamic = no filler; auto = static "
+        "under compile: loop when the filler costs at most about 10% of the step and micro_batch_size is 1",
     )
     loss: Literal["auto", "fused", "plain"] = _f(
         "auto",

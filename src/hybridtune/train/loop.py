@@ -35,8 +35,9 @@ from hybridtune.train.metrics import MetricsLog, Throughput, format_step, memory
 from hybridtune.train.step import fused_loss_blocker
 
 logger = logging.getLogger(__name__)
-# Filler share of the computed tokens above which `pack_layout: auto` stays dynamic (the static graph's
-# compile-time and CUDA-graph gains are not worth more compute per step), and the cap for an explicit `static`.
+# Estimated share of the step the filler costs (`StaticLayout.filler_cost`: tokens, and GDN chunks weighted by
+# their kernels' share) above which `pack_layout: auto` stays dynamic (the static graph's compile-time and
+# CUDA-graph gains are not worth more compute per step), and the cap for an explicit `static`.
 AUTO_MAX_FILLER = 0.10
 STATIC_MAX_FILLER = 0.50
 
