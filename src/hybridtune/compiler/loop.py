@@ -11,8 +11,9 @@ its forward, on this instance only, by a wrapper that:
     and the like, whose `warning_once` and output recording break graphs) through
     `torch.compile(fullgraph=True)`;
   - marks the pack-layout sizes dynamic (T, number of documents, number of chunks), so a new layout
-    does not recompile (under a static layout only the chunk count), and drops the python-int `max_length_q/k` that nothing compiled here reads
-    (kept when flash-attention is the implementation: it reads them);
+    does not recompile (under a static layout only the chunk count), and drops the python-int
+    `max_length_q/k` that nothing compiled here reads (kept when flash-attention is the implementation:
+    it reads them);
   - with a cache, or when hidden states / attentions are requested, calls the upstream forward.
 
 Gradient checkpointing is switched to non-reentrant `torch.utils.checkpoint` (the reentrant form does

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -46,6 +47,19 @@ GDN_TIME_SHARE = 0.12
 
 def _chunks(n: int, chunk_size: int) -> int:
     return -(-n // chunk_size)
+
+
+class FillerShares(NamedTuple):
+    """The filler's share of the computed tokens and of the GDN chunks (`StaticLayout.filler_shares`)."""
+
+    tokens: float
+    chunks: float
+
+    @property
+    def cost(self) -> float:
+        """The estimated share of step time: the token share for the per-token work (projections, MLP, attention,
+        loss) and the chunk share for the GDN kernels (GDN_TIME_SHARE of the time)."""
+        return (1 - GDN_TIME_SHARE) * self.tokens + GDN_TIME_SHARE * self.chunks
 
 
 @dataclass(frozen=True)
@@ -79,16 +93,14 @@ class StaticLayout:
         layout = cls(tokens=T, docs=N, chunk_size=chunk_size)
         return layout if layout.filler_cost(bins) <= max_filler else None
 
-    def filler_cost(self, bins: Iterable[Sequence[int]], gdn_share: float = GDN_TIME_SHARE) -> float:
-        """The estimated share of step time the filler of these bins takes: its token share for the per-token work
-        (projections, MLP, attention, loss) and its chunk share for the GDN kernels (`gdn_share` of the time)."""
-        tokens, chunks = self.filler_shares(bins)
-        return (1 - gdn_share) * tokens + gdn_share * chunks
+    def filler_cost(self, bins: Iterable[Sequence[int]]) -> float:
+        """The estimated share of step time the filler of these bins takes (`FillerShares.cost`)."""
+        return self.filler_shares(bins).cost
 
-    def filler_shares(self, bins: Iterable[Sequence[int]]) -> tuple[float, float]:
-        """(tokens, chunks): the share of the computed tokens, and of the 64-token GDN chunks, that the filler of
-        these bins takes. The chunk share is the larger cost where fillers are many one-token documents (each
-        one a whole chunk of the delta-rule kernels)."""
+    def filler_shares(self, bins: Iterable[Sequence[int]]) -> FillerShares:
+        """The share of the computed tokens, and of the 64-token GDN chunks, that the filler of these bins takes.
+        The chunk share is the larger one where fillers are many one-token documents (each one a whole chunk of
+        the delta-rule kernels)."""
         s, real_t, real_c, fill_t, fill_c = self.chunk_size, 0, 0, 0, 0
         for b in bins:
             real_t += sum(b)
@@ -96,7 +108,7 @@ class StaticLayout:
             fill = self.filler(b)
             fill_t += sum(fill)
             fill_c += sum(_chunks(n, s) for n in fill)
-        return fill_t / (real_t + fill_t), fill_c / (real_c + fill_c)
+        return FillerShares(fill_t / (real_t + fill_t), fill_c / (real_c + fill_c))
 
     def filler(self, doc_lens: Sequence[int]) -> list[int]:
         """Lengths of the filler documents that bring a bin of `doc_lens` to exactly this layout: one takes

@@ -51,6 +51,35 @@ def position_in_document(cu_seqlens: torch.Tensor, seq_len: int, device: torch.d
     return t - cu[doc]
 
 
+def _conv_taps(
+    x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor | None, activation: str | None, who: str
+) -> tuple[torch.dtype, list[torch.Tensor]]:
+    """Checks the conv's arguments; returns the compute dtype and taps[s] = x[t - s] (0 before the start of t's
+    document) in it, for s = 0 .. min(W, T) - 1 (a shift of T or more is all zeros)."""
+    if activation not in (None, "silu", "swish"):
+        raise ValueError(f"{who}: activation must be 'silu', 'swish' or None, got {activation!r}")
+    B, T, D = x.shape
+    if weight.dim() != 2 or weight.shape[0] != D:
+        raise ValueError(f"weight must be [D={D}, W], got {tuple(weight.shape)}")
+    _check_packed(B, cu_seqlens, T)
+    dt = _compute_dtype(x, weight)
+    xf = x.to(dt)
+    pos = position_in_document(cu_seqlens, T, x.device) if cu_seqlens is not None else None
+    taps = [xf]
+    for s in range(1, min(weight.shape[1], T)):
+        shifted = F.pad(xf, (0, 0, s, 0))[:, :T]  # shifted[t] = x[t - s]
+        taps.append(shifted * (pos >= s).to(dt)[None, :, None] if pos is not None else shifted)
+    return dt, taps
+
+
+def _conv_out(y: torch.Tensor, bias: torch.Tensor | None, activation: str | None, out_dtype: torch.dtype):
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    if activation is not None:
+        y = F.silu(y)
+    return y.to(out_dtype)
+
+
 def causal_conv1d_ref(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -64,30 +93,13 @@ def causal_conv1d_ref(
     y[t] = act(bias + sum_w weight[:, w] * x[t - (W - 1) + w]), with x taken as 0 before the start
     of t's document. activation: "silu"/"swish" or None. Returns y [B, T, D] in x.dtype.
     """
-    if activation not in (None, "silu", "swish"):
-        raise ValueError(f"causal_conv1d_ref: activation must be 'silu', 'swish' or None, got {activation!r}")
-    B, T, D = x.shape
-    if weight.dim() != 2 or weight.shape[0] != D:
-        raise ValueError(f"weight must be [D={D}, W], got {tuple(weight.shape)}")
-    _check_packed(B, cu_seqlens, T)
-    W = weight.shape[1]
-    dt = _compute_dtype(x, weight)
-    xf = x.to(dt)
+    dt, taps = _conv_taps(x, weight, cu_seqlens, activation, "causal_conv1d_ref")
     w = weight.to(dt)
-    pos = position_in_document(cu_seqlens, T, x.device) if cu_seqlens is not None else None
-    y = xf * w[:, W - 1]
-    for s in range(1, W):
-        if s >= T:
-            break
-        shifted = F.pad(xf, (0, 0, s, 0))[:, :T]  # shifted[t] = x[t - s]
-        if pos is not None:
-            shifted = shifted * (pos >= s).to(dt)[None, :, None]
-        y = y + shifted * w[:, W - 1 - s]
-    if bias is not None:
-        y = y + bias.to(dt)
-    if activation is not None:
-        y = F.silu(y)
-    return y.to(x.dtype)
+    W = w.shape[1]
+    y = taps[0] * w[:, W - 1]
+    for s in range(1, len(taps)):
+        y = y + taps[s] * w[:, W - 1 - s]
+    return _conv_out(y, bias, activation, x.dtype)
 
 
 def causal_conv1d_stacked(
@@ -101,32 +113,11 @@ def causal_conv1d_stacked(
     (same arguments, same numbers up to the order of the W-term sum). For compilers: the weight gradient is then
     one reduction over T of that stack, which inductor can fuse with the stack's producers, where the tap-by-tap
     form gives one [T, D] product per tap (measured on the H200: 3 such kernels per layer)."""
-    if activation not in (None, "silu", "swish"):
-        raise ValueError(f"causal_conv1d_stacked: activation must be 'silu', 'swish' or None, got {activation!r}")
-    B, T, D = x.shape
-    if weight.dim() != 2 or weight.shape[0] != D:
-        raise ValueError(f"weight must be [D={D}, W], got {tuple(weight.shape)}")
-    _check_packed(B, cu_seqlens, T)
+    dt, taps = _conv_taps(x, weight, cu_seqlens, activation, "causal_conv1d_stacked")
     W = weight.shape[1]
-    dt = _compute_dtype(x, weight)
-    xf = x.to(dt)
-    pos = position_in_document(cu_seqlens, T, x.device) if cu_seqlens is not None else None
-    taps = []
-    for k in range(W):  # tap k multiplies x[t - s] with s = W - 1 - k, as weight[:, k] does in the reference
-        s = W - 1 - k
-        if s == 0:
-            taps.append(xf)
-        elif s >= T:
-            taps.append(torch.zeros_like(xf))
-        else:
-            shifted = F.pad(xf, (0, 0, s, 0))[:, :T]
-            taps.append(shifted * (pos >= s).to(dt)[None, :, None] if pos is not None else shifted)
-    y = (torch.stack(taps, -1) * weight.to(dt)).sum(-1)
-    if bias is not None:
-        y = y + bias.to(dt)
-    if activation is not None:
-        y = F.silu(y)
-    return y.to(x.dtype)
+    # weight[:, k] multiplies x[t - s] with s = W - 1 - k; shifts of T or more contribute zeros
+    stack = torch.stack([taps[W - 1 - k] if W - 1 - k < len(taps) else torch.zeros_like(taps[0]) for k in range(W)], -1)
+    return _conv_out((stack * weight.to(dt)).sum(-1), bias, activation, x.dtype)
 
 
 def l2norm(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:

@@ -35,7 +35,7 @@ from hybridtune.train.metrics import MetricsLog, Throughput, format_step, memory
 from hybridtune.train.step import fused_loss_blocker
 
 logger = logging.getLogger(__name__)
-# Estimated share of the step the filler costs (`StaticLayout.filler_cost`: tokens, and GDN chunks weighted by
+# Estimated share of the step the filler costs (`FillerShares.cost`: tokens, and GDN chunks weighted by
 # their kernels' share) above which `pack_layout: auto` stays dynamic (the static graph's compile-time and
 # CUDA-graph gains are not worth more compute per step), and the cap for an explicit `static`.
 AUTO_MAX_FILLER = 0.10
@@ -450,15 +450,15 @@ class Trainer:
                 raise ConfigError(f"pack_layout 'static': {why}; use pack_layout: dynamic (or auto)")
             logger.info("pack layout: dynamic (%s)", why)
             return PackedCollator()
-        tok, chunks = layout.filler_shares(packs)
+        shares = layout.filler_shares(packs)
         logger.info(
             "pack layout: static, every batch %d tokens in %d documents (filler: %.1f%% of the tokens, %.1f%% of the "
             "GDN chunks, about %.1f%% of the step)",
             layout.tokens,
             layout.docs,
-            100 * tok,
-            100 * chunks,
-            100 * layout.filler_cost(packs),
+            100 * shares.tokens,
+            100 * shares.chunks,
+            100 * shares.cost,
         )
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         return PackedCollator(layout=layout, pad_token_id=pad)
