@@ -7,7 +7,8 @@ import json
 import pytest
 
 from hybridtune.bench.data import make_batches, pack_layouts
-from hybridtune.bench.modes import parse_mode, split_modes
+from hybridtune.bench.modes import cudagraph_warmup, parse_mode, split_modes
+from hybridtune.bench.report import markdown
 from hybridtune.cli import main
 from hybridtune.errors import ConfigError
 
@@ -33,6 +34,8 @@ def test_mode_specs():
     assert parse_mode("hf-eager").input_require_grads and not parse_mode("ht-eager").input_require_grads
     assert parse_mode("ht-loop").static and not parse_mode("ht-loop:layout=dynamic").static
     assert parse_mode("ht-loop:conv=op,cg=on").conv == "op" and parse_mode("ht-loop").conv == "traced"
+    # Under CUDA graphs the conv is FLA's op unless asked otherwise (the measured faster form there).
+    assert parse_mode("ht-loop:cg=on").conv == "op" and parse_mode("ht-loop:cg=on,conv=traced").conv == "traced"
     assert split_modes("ht-loop:cg=on, ht-loop:cg=on,conv=op,hf-eager,") == [
         "ht-loop:cg=on",
         "ht-loop:cg=on,conv=op",
@@ -46,6 +49,22 @@ def test_mode_specs():
         parse_mode("ht-lop")
     with pytest.raises(ConfigError, match=r"gc=on\|off"):
         parse_mode("ht-loop:gc=maybe")
+
+
+def test_one_warmup_for_every_mode_stretched_for_cuda_graphs():
+    """CUDA graphs record on the second call of each layout, so a run with any cg=on mode warms up on every
+    layout twice, and every mode of the run with it (their losses must cover the same steps)."""
+    eager, graphed = parse_mode("hf-eager"), parse_mode("ht-loop:cg=on")
+    assert cudagraph_warmup(3, 4, [eager, parse_mode("ht-loop")]) == 3
+    assert cudagraph_warmup(3, 4, [graphed, eager]) == 8 and cudagraph_warmup(10, 4, [eager, graphed]) == 10
+    doc = {
+        "settings": {"preset": "p", "seq_len": 8, "adapter": "full", "dtype": "bf16", "steps": 2, "warmup": 8}
+        | {"warmup_asked": 3},
+        "device": "d",
+        "git_commit": "abc",
+        "modes": {},
+    }
+    assert "stretched from 3 to 8 steps for every mode" in markdown(doc)
 
 
 def test_bench_cpu_smoke(tmp_path, capsys):

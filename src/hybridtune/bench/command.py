@@ -25,7 +25,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hybridtune.bench.modes import OPTION_KEYS, parse_mode, split_modes
+from hybridtune.bench.modes import OPTION_KEYS, cudagraph_warmup, parse_mode, split_modes
 from hybridtune.bench.worker import FIRST_STEP_MARKER
 from hybridtune.config import DEFAULT_LORA_TARGETS
 from hybridtune.errors import ConfigError
@@ -180,6 +180,9 @@ def main(argv: list[str]) -> int:
     }
     if settings["steps"] < 1 or settings["warmup"] < 1:
         raise ConfigError("--steps and --warmup must be at least 1")
+    stretched = cudagraph_warmup(settings["warmup"], settings["layouts"], modes)
+    if stretched != settings["warmup"]:
+        settings.update(warmup_asked=settings["warmup"], warmup=stretched)
     out = Path(args.out_dir)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     from hybridtune.bench.data import pack_layouts

@@ -23,7 +23,9 @@ class Mode:
     cudagraphs: bool = False  # torch.compile mode "reduce-overhead" (CUDA graphs) for the compiled modes
     input_require_grads: bool = False  # peft + checkpointing as users run it (`enable_input_require_grads`)
     static: bool = False  # static pack layout (filler documents: one T and N; see hybridtune.data.collator)
-    conv: str = "traced"  # the GDN conv in compiled regions: "traced"/"stacked" (inductor-fused) or "op" (FLA's kernel)
+    # The GDN conv in compiled regions: "traced"/"stacked" (inductor-fused) or "op" (FLA's kernel). Under CUDA graphs
+    # the default is "op": its launch cost is gone there, and it beat "traced" by 5.7% (bench/NOTES.md 19).
+    conv: str = "traced"
     options: dict = field(default_factory=dict)
 
     @property
@@ -92,6 +94,14 @@ OPTION_KEYS = {
 }
 
 
+def cudagraph_warmup(warmup: int, layouts: int, modes: list[Mode]) -> int:
+    """Warm-up steps for a run: CUDA graphs record once per distinct shape (a static layout's chunk count; at
+    most one per pack layout), the first call of a shape runs the graph's warm-up, the second records it, so
+    with any `cg=on` mode the warm-up covers every layout twice. The same for every mode of the run: the
+    modes' losses then cover the same steps (loss parity is compared step for step)."""
+    return max(warmup, 2 * layouts) if any(m.cudagraphs for m in modes) else warmup
+
+
 def split_modes(text: str) -> list[str]:
     """`--modes` text -> mode specs. Commas separate modes and also a mode's options, so an item that is a bare
     `key=value` continues the mode before it: "ht-loop:cg=on,conv=op,hf-eager" -> ["ht-loop:cg=on,conv=op", "hf-eager"]."""
@@ -134,4 +144,6 @@ def parse_mode(spec: str) -> Mode:
         if mode.compile == "off" and options["cg"] == "on":
             raise ConfigError(f"bench mode '{spec}': cg=on (CUDA graphs) needs a compiled mode")
         changes["cudagraphs"] = options["cg"] == "on"
+        if changes["cudagraphs"] and "conv" not in options:
+            changes["conv"] = "op"
     return replace(mode, **changes)

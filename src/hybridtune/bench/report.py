@@ -68,14 +68,22 @@ def markdown(doc: dict, title: str | None = None) -> str:
             )
             + " |"
         )
-    longer = {
+    if "warmup_asked" in s:
+        lines += [
+            "",
+            f"Warm-up stretched from {s['warmup_asked']} to {s['warmup']} steps for every mode, so that each CUDA "
+            "graph (one per distinct chunk count) is recorded before the timed steps and every mode's losses "
+            "cover the same steps.",
+        ]
+    longer = {  # results of sessions before the warm-up was one per run
         k: r["warmup_steps"] for k, r in doc["modes"].items() if r.get("warmup_steps", s["warmup"]) != s["warmup"]
     }
     if longer:
         lines += [
             "",
-            "Warm-up stretched to record every CUDA graph before the timed steps (two calls per distinct chunk "
-            "count): " + ", ".join(f"{k} {w} steps" for k, w in longer.items()) + ".",
+            "Warm-up stretched for CUDA graphs in some modes only (their losses cover later steps): "
+            + ", ".join(f"{k} {w} steps" for k, w in longer.items())
+            + ".",
         ]
     return "\n".join(lines) + "\n"
 

@@ -173,11 +173,8 @@ def run_mode(spec: dict) -> dict:
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
-    warmup = spec["warmup"]
+    warmup = spec["warmup"]  # the same for every mode (stretched for CUDA graphs by the parent: cudagraph_warmup)
     if mode.cudagraphs:
-        # CUDA graphs record once per distinct shape (a static layout's chunk count): the first call of a shape
-        # runs the graph's warm-up, the second records it. Both happen before the timed steps.
-        warmup = max(warmup, 2 * len(batches))
         result["cudagraph_shapes"] = len({b["gdn_chunk_indices"].shape[0] for b in batches})
     result["warmup_steps"] = warmup
     times, losses, graphs_after_warmup = [], [], 0
