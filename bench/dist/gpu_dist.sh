@@ -9,8 +9,8 @@
 #   bash bench/dist/gpu_dist.sh two-lora   # 2 GPUs: DDP + LoRA
 #   bash bench/dist/gpu_dist.sh two-full   # 2 GPUs: FSDP2 + full
 #   bash bench/dist/gpu_dist.sh table      # the table of all runs so far (also printed after each phase)
-# Optional: TWO_FULL_ARGS="--compile modules" shards FSDP2 per decoder layer (the compiled loop shards the
-# model as one unit); STEPS (default 40) optimizer steps, tok/s is the median of the logged windows after step 10.
+#   bash bench/dist/gpu_dist.sh two-full-modules / one-full-modules   # the full pair under --compile modules
+# Optional: TWO_FULL_ARGS adds arguments to two-full; STEPS (default 40) optimizer steps, tok/s is the median of the logged windows after step 10.
 # A CPU rehearsal of the whole flow (gloo): BASE=tiny-qwen3_5 SEQ=256 STEPS=12 PY=/work/venv/bin/python R=/tmp/d bash ...
 set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tcache TORCHINDUCTOR_CACHE_DIR=/tmp/icache
@@ -58,7 +58,9 @@ from pathlib import Path
 r = Path(sys.argv[1])
 print(f"| run | GPUs | engine | tok/s (median, global) | per GPU | peak mem GiB (rank 0) | loss first -> last | rc |")
 print("|---|---|---|---|---|---|---|---|")
-for name in ("lora-1", "lora-2", "full-1", "full-2"):
+names = ["lora-1", "lora-2", "full-1", "full-2"]
+names += sorted({p.name.split(".")[0] for p in r.glob("*.metrics.jsonl")} - set(names))  # e.g. full-1m, full-2m
+for name in names:
     m = r / f"{name}.metrics.jsonl"
     log = r / f"{name}.log"
     rc = log.read_text().strip().splitlines()[-1] if log.exists() else "not run"
@@ -66,7 +68,7 @@ for name in ("lora-1", "lora-2", "full-1", "full-2"):
         print(f"| {name} | | | | | | | {rc} |"); continue
     recs = [x for x in map(json.loads, m.read_text().splitlines()) if x.get("type") == "train"]
     late = [x["tokens_per_s"] for x in recs if x["step"] > 10 and "tokens_per_s" in x]
-    n = 2 if name.endswith("2") else 1
+    n = 2 if name.split("-")[1].startswith("2") else 1
     engine = "-" if n == 1 else ("ddp" if name.startswith("lora") else "fsdp")
     tps = statistics.median(late) if late else float("nan")
     mem = max(x.get("mem_gib", 0) for x in recs)
@@ -84,6 +86,10 @@ case "${1:-}" in
   one-full-gpu1) run full-1 1 --adapter full ;;  # the same on GPU 1 (GPU 0 busy with something else)
   two-lora) run lora-2 0,1 --adapter lora ;;
   two-full) run full-2 0,1 --adapter full ${TWO_FULL_ARGS:-} ;;
+  # FSDP2 per decoder layer (prefetch overlaps each layer's gather and reduce-scatter with compute) under the
+  # per-layer compile, and the same compile on one GPU (its own baseline): names full-2m, full-1m.
+  two-full-modules) run full-2m 0,1 --adapter full --compile modules ;;
+  one-full-modules) run full-1m 0 --adapter full --compile modules ;;
   table) ;;
   *) echo "usage: $0 one|two-lora|two-full|table"; exit 2 ;;
 esac
