@@ -114,6 +114,11 @@ class TrainConfig:
     eval_max_examples: int = _f(200, "cap on held-out examples per eval")
     logging_steps: int = _f(10, "log every N steps")
     save_steps: int = _f(0, "checkpoint every N steps (0: only at the end)")
+    profile_steps: int = _f(
+        0,
+        "profile N optimizer steps (torch.profiler; from step 11, or the last N after the first): GPU time by "
+        "kernel group, communication not overlapped with compute, host time; logged and written to profile.json",
+    )
     save_total_limit: int = _f(2, "checkpoints kept (oldest removed first)")
     output_dir: str = _f("outputs/run", "where checkpoints, the final model and metrics.jsonl go")
     overwrite: bool = _f(False, "allow an output_dir that already holds a different run")
@@ -329,6 +334,7 @@ def validate(cfg: TrainConfig) -> None:
         (cfg.max_grad_norm >= 0, "max_grad_norm", cfg.max_grad_norm, "must be >= 0"),
         (cfg.logging_steps >= 1, "logging_steps", cfg.logging_steps, "must be at least 1"),
         (cfg.save_total_limit >= 1, "save_total_limit", cfg.save_total_limit, "must be at least 1"),
+        (cfg.profile_steps >= 0, "profile_steps", cfg.profile_steps, "must be 0 (off) or more"),
     ]
     for ok, key, value, what in checks:
         if not ok:

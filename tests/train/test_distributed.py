@@ -121,7 +121,8 @@ def assert_same_curve(got: list[dict], want: list[dict]) -> None:
 @pytest.mark.parametrize("adapter,engine", [("lora", "ddp"), ("full", "fsdp")])
 def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch, adapter, engine):
     two = tmp_path / "two"
-    proc = launch(*args(settings(small_data, adapter, output_dir=two)))  # distributed: auto picks `engine`
+    # distributed: auto picks `engine`; the last step is profiled on both ranks (and must change nothing)
+    proc = launch(*args(settings(small_data, adapter, output_dir=two, profile_steps=1)))
     one = train_here(settings(small_data, adapter, output_dir=tmp_path / "one"))  # while the ranks start
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
@@ -129,6 +130,9 @@ def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch,
     assert_same_curve(records(two), one)
     assert len(one) == STEPS
     assert all(r["mem_gib"] > 0 for r in records(two))
+    prof = json.loads((two / "profile.json").read_text())
+    assert prof["steps"] == [STEPS, STEPS] and prof["world"] == 2
+    assert len(prof["ranks"]) == 2 and all(p["wall_ms_per_step"] > 0 for p in prof["ranks"])
 
     # Eval (before the first step and at the end), each rank on its share of an odd number of packs.
     assert eval_packs(small_data) % 2 == 1

@@ -218,7 +218,9 @@ def run_mode(spec: dict) -> dict:
         result["peak_rss_gib"] = memory_gib(device)
     _flops(spec, mode, cfg, batches, timed, result, warmup)
     if spec.get("profile") and device.type == "cuda":
-        result["profile"] = profile_steps(lambda i: step(batches[i % len(batches)]), 3)
+        from hybridtune.train.profiling import profile_steps
+
+        result["profile"] = profile_steps(lambda i: step(batches[i % len(batches)]), 3, device)
         result["host_syncs"] = find_syncs(lambda: step(batches[0]))
     return result
 
@@ -244,69 +246,6 @@ def find_syncs(run_step) -> dict:
             key = f"{w.filename}:{w.lineno}"
             where[key] = where.get(key, 0) + 1
     return {"count": sum(where.values()), "by_line": dict(sorted(where.items(), key=lambda kv: -kv[1])[:15])}
-
-
-KERNEL_GROUPS = (
-    ("gemm", ("nvjet", "gemm", "cutlass", "xmma", "sm90_", "cublas")),
-    ("attention", ("flash", "fmha", "attention", "sdpa")),
-    ("gdn (fla)", ("chunk_", "gated_delta", "causal_conv1d", "l2norm", "recompute_w_u", "solve_tril", "kkt")),
-    ("inductor fused", ("triton_",)),
-    ("optimizer", ("adam", "multi_tensor")),
-    ("reduction", ("reduce", "logsumexp", "norm")),
-    ("copy / cast", ("copy", "cast", "to_copy")),
-    ("elementwise (eager)", ("elementwise", "vectorized", "unrolled")),
-)
-
-
-def kernel_group(name: str) -> str:
-    low = name.lower()
-    for group, keys in KERNEL_GROUPS:
-        if any(k in low for k in keys):
-            return group
-    return "other"
-
-
-def profile_steps(run_step, n: int) -> dict:
-    """GPU time by kernel over `n` steps (torch.profiler), and the share of wall time the GPU was busy."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        for i in range(n):
-            run_step(i)
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
-    kernels = sorted(
-        (
-            (e.key, e.self_device_time_total / 1e3 / n, e.count // n)
-            for e in prof.key_averages()
-            if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0
-        ),
-        key=lambda x: -x[1],
-    )
-    cpu_ops = sorted(
-        (
-            (e.key, e.self_cpu_time_total / 1e3 / n, e.count // n)
-            for e in prof.key_averages()
-            if e.device_type == torch.autograd.DeviceType.CPU and e.self_cpu_time_total > 0
-        ),
-        key=lambda x: -x[1],
-    )
-    busy = sum(ms for _, ms, _ in kernels)
-    groups: dict[str, float] = {}
-    for name, ms, _ in kernels:
-        groups[kernel_group(name)] = groups.get(kernel_group(name), 0.0) + ms
-    return {
-        "steps": n,
-        "wall_ms_per_step": wall * 1e3 / n,
-        "gpu_ms_per_step": busy,
-        "gpu_idle_share": max(0.0, 1 - busy / (wall * 1e3 / n)),
-        "groups_ms_per_step": dict(sorted(groups.items(), key=lambda kv: -kv[1])),
-        "kernels_ms_per_step": [[k[:120], round(ms, 3), c] for k, ms, c in kernels[:60]],
-        "cpu_self_ms_per_step": [[k[:120], round(ms, 3), c] for k, ms, c in cpu_ops[:30]],
-        "cpu_self_ms_total_per_step": sum(ms for _, ms, _ in cpu_ops),
-    }
 
 
 def _flops(spec, mode, cfg, batches, timed, result, warmup: int) -> None:

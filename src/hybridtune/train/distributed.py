@@ -289,6 +289,15 @@ def broadcast_object(obj, d: Dist):
     return box[0]
 
 
+def gather_objects(obj, d: Dist) -> list:
+    """Every rank's `obj`, in rank order, on every rank; `[obj]` in one process."""
+    if not d.enabled:
+        return [obj]
+    box = [None] * d.world
+    torch.distributed.all_gather_object(box, obj)
+    return box
+
+
 def barrier(d: Dist) -> None:
     if d.enabled:
         torch.distributed.barrier()

@@ -32,6 +32,7 @@ from hybridtune.errors import ConfigError, OutputDirError
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train import distributed
 from hybridtune.train.metrics import MetricsLog, Throughput, format_step, memory_gib
+from hybridtune.train.profiling import StepProfiler, summary_line
 from hybridtune.train.step import fused_loss_blocker
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ AUTO_MAX_FILLER = 0.10
 STATIC_MAX_FILLER = 0.50
 
 RUN_FILE = "hybridtune_run.json"
+PROFILE_FILE = "profile.json"
 SMALL_MODEL_PARAMS = 50_000_000
 # Keys that do not change what a run computes: a run may continue or resume under other values.
 NON_IDENTITY_KEYS = (
@@ -51,6 +53,7 @@ NON_IDENTITY_KEYS = (
     "eval_steps",
     "save_steps",
     "logging_steps",
+    "profile_steps",
     "num_threads",
     "distributed",
 )
@@ -576,10 +579,18 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         first = True
+        window = profile_window(cfg.profile_steps, self.total_steps, self.step)
+        profiler = None
         try:
             while self.step < self.total_steps:
+                if window and self.step + 1 == window[0]:
+                    profiler = StepProfiler(self.device)
+                    profiler.start()
                 rec = self.first_step() if first else self.train_step()  # this process's first (resumed too)
                 first = False
+                if profiler is not None and self.step == window[1]:
+                    self._write_profile(profiler.stop(window[1] - window[0] + 1), window)
+                    profiler = None
                 tput.add(rec["tokens"])
                 result.losses.append(rec["loss"])
                 if self.step % cfg.logging_steps == 0 or self.step == self.total_steps or self.step == 1:
@@ -619,6 +630,16 @@ class Trainer:
                 self.metrics.close()
         result.steps = self.step
         return result
+
+    def _write_profile(self, summary: dict, window: tuple[int, int]) -> None:
+        """Every rank's profile of steps `window` into profile.json (rank 0 writes); rank 0's in the log."""
+        ranks = distributed.gather_objects(summary, self.dist)
+        if not self.dist.is_main:
+            return
+        path = self.out / PROFILE_FILE
+        doc = {"steps": list(window), "world": self.dist.world, "ranks": ranks}
+        ckpt.atomic_write_text(path, json.dumps(doc, indent=2))
+        logger.info("profile of steps %d-%d (rank 0): %s; all ranks in %s", *window, summary_line(summary), path)
 
     def _gathered_state(self) -> dict | None:
         """Under FSDP2: the whole model's state dict on rank 0, on the CPU (a collective; empty on other
@@ -689,6 +710,28 @@ def _save_unwrapped_base(base, tmp: Path, peft_state: dict | None = None) -> Non
             continue
         state[name.replace(".base_layer.", ".")] = tensor
     base.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+
+
+def profile_window(n: int, total_steps: int, done: int) -> tuple[int, int] | None:
+    """The steps `profile_steps: n` profiles, first and last: from step 11 (past compilation and the first
+    shapes' recompiles), or the last n of a shorter run, never this process's first step (`done` steps were
+    done before it: a resumed run); None when n is 0. A run too short for all n profiles fewer, with a warning.
+
+    >>> profile_window(3, 100, 0), profile_window(3, 8, 0), profile_window(3, 100, 50), profile_window(3, 1, 0)
+    ((11, 13), (6, 8), (52, 54), None)
+    """
+    if n <= 0:
+        return None
+    first = max(done + 2, min(11, total_steps - n + 1))
+    last = min(first + n - 1, total_steps)
+    if last - first + 1 < n:
+        if first > last:
+            logger.warning(
+                "profile_steps %d: no step to profile (%d steps, the first compiles); skipped", n, total_steps
+            )
+            return None
+        logger.warning("profile_steps %d: the run has room for %d (steps %d-%d)", n, last - first + 1, first, last)
+    return first, last
 
 
 def enable_checkpointing(model) -> None:

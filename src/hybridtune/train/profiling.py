@@ -1,0 +1,157 @@
+"""Where a step's time goes: torch.profiler over a few steps, summarised by kernel group.
+
+Shared by `hybridtune bench --profile` and `hybridtune train` (`profile_steps`). The summary is per step:
+wall time, GPU busy time (the union of kernel intervals, so kernels on two streams are not counted twice),
+GPU time by kernel group and by kernel, host time by op, and, where collectives ran (DDP, FSDP2), the
+communication's time and the part of it no compute kernel overlapped ("exposed"): the part a faster
+overlap could win back.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+# First match wins: NCCL's kernels are named for their collective ("ReduceScatter"), so they come first.
+KERNEL_GROUPS = (
+    ("communication", ("nccl",)),
+    ("gemm", ("nvjet", "gemm", "cutlass", "xmma", "sm90_", "cublas")),
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("gdn (fla)", ("chunk_", "gated_delta", "causal_conv1d", "l2norm", "recompute_w_u", "solve_tril", "kkt")),
+    ("inductor fused", ("triton_",)),
+    ("optimizer", ("adam", "multi_tensor")),
+    ("reduction", ("reduce", "logsumexp", "norm")),
+    ("copy / cast", ("copy", "cast", "to_copy")),
+    ("elementwise (eager)", ("elementwise", "vectorized", "unrolled")),
+)
+COMM = KERNEL_GROUPS[0][0]
+
+
+def kernel_group(name: str) -> str:
+    low = name.lower()
+    for group, keys in KERNEL_GROUPS:
+        if any(k in low for k in keys):
+            return group
+    return "other"
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by `intervals` ([start, end) pairs), overlaps counted once.
+
+    >>> union_length([(0, 4), (2, 6), (8, 9)])
+    7
+    """
+    total, end = 0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def exposed_length(comm: list[tuple[float, float]], compute: list[tuple[float, float]]) -> float:
+    """The time some `comm` interval runs while no `compute` interval does.
+
+    >>> exposed_length([(0, 10)], [(2, 5), (4, 6)])
+    6
+    """
+    return union_length(comm + compute) - union_length(compute)
+
+
+class StepProfiler:
+    """torch.profiler between `start()` and `stop(n)`, over `n` steps run in between; `stop` returns the
+    per-step summary (see the module doc). Without CUDA the GPU fields are absent."""
+
+    def __init__(self, device: torch.device | None = None):
+        self.cuda = torch.cuda.is_available() and (device is None or device.type == "cuda")
+        self.prof = None
+        self.t0 = 0.0
+
+    def start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.prof = profile(activities=activities)
+        self.prof.start()
+        self.t0 = time.perf_counter()
+
+    def stop(self, n: int) -> dict:
+        if self.cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - self.t0
+        self.prof.stop()
+        return summarize(self.prof, n, wall, self.cuda)
+
+
+def profile_steps(run_step, n: int, device: torch.device | None = None) -> dict:
+    """Run `run_step(i)` for i in range(n) under torch.profiler; the per-step summary."""
+    p = StepProfiler(device)
+    p.start()
+    for i in range(n):
+        run_step(i)
+    return p.stop(n)
+
+
+def summarize(prof, n: int, wall: float, cuda: bool) -> dict:
+    avgs = prof.key_averages()
+    cpu_ops = sorted(
+        (
+            (e.key, e.self_cpu_time_total / 1e3 / n, e.count // n)
+            for e in avgs
+            if e.device_type == torch.autograd.DeviceType.CPU and e.self_cpu_time_total > 0
+        ),
+        key=lambda x: -x[1],
+    )
+    out = {
+        "steps": n,
+        "wall_ms_per_step": wall * 1e3 / n,
+        "cpu_self_ms_per_step": [[k[:120], round(ms, 3), c] for k, ms, c in cpu_ops[:30]],
+        "cpu_self_ms_total_per_step": sum(ms for _, ms, _ in cpu_ops),
+    }
+    if not cuda:
+        return out
+    kernels = sorted(
+        (
+            (e.key, e.self_device_time_total / 1e3 / n, e.count // n)
+            for e in avgs
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0
+        ),
+        key=lambda x: -x[1],
+    )
+    groups: dict[str, float] = {}
+    for name, ms, _ in kernels:
+        groups[kernel_group(name)] = groups.get(kernel_group(name), 0.0) + ms
+    comm, compute = [], []
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start:
+            (comm if kernel_group(e.name) == COMM else compute).append((e.time_range.start, e.time_range.end))
+    busy = union_length(comm + compute) / 1e3 / n  # profiler times are in microseconds
+    out.update(
+        gpu_ms_per_step=busy,
+        gpu_idle_share=max(0.0, 1 - busy / (wall * 1e3 / n)),
+        groups_ms_per_step=dict(sorted(groups.items(), key=lambda kv: -kv[1])),
+        kernels_ms_per_step=[[k[:120], round(ms, 3), c] for k, ms, c in kernels[:60]],
+    )
+    if comm:
+        out.update(
+            comm_ms_per_step=union_length(comm) / 1e3 / n,
+            comm_exposed_ms_per_step=exposed_length(comm, compute) / 1e3 / n,
+        )
+    return out
+
+
+def summary_line(p: dict) -> str:
+    """One log line for a `profile_steps` result."""
+    text = f"{p['wall_ms_per_step']:.1f} ms/step wall, host ops {p['cpu_self_ms_total_per_step']:.1f} ms"
+    if "gpu_ms_per_step" in p:
+        top = ", ".join(f"{g} {ms:.1f}" for g, ms in list(p["groups_ms_per_step"].items())[:5])
+        text += f"; GPU busy {p['gpu_ms_per_step']:.1f} ms ({top})"
+    if "comm_ms_per_step" in p:
+        text += f"; communication {p['comm_ms_per_step']:.1f} ms, {p['comm_exposed_ms_per_step']:.1f} ms not overlapped"
+    return text
