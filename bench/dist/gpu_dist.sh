@@ -67,6 +67,8 @@ for name in names:
     if not m.exists():
         print(f"| {name} | | | | | | | {rc} |"); continue
     recs = [x for x in map(json.loads, m.read_text().splitlines()) if x.get("type") == "train"]
+    if not recs:
+        print(f"| {name} | | | no step logged | | | | {rc} |"); continue
     late = [x["tokens_per_s"] for x in recs if x["step"] > 10 and "tokens_per_s" in x]
     n = 2 if name.split("-")[1].startswith("2") else 1
     engine = "-" if n == 1 else ("ddp" if name.startswith("lora") else "fsdp")
