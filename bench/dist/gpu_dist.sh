@@ -70,7 +70,7 @@ for name in names:
     if not recs:
         print(f"| {name} | | | no step logged | | | | {rc} |"); continue
     late = [x["tokens_per_s"] for x in recs if x["step"] > 10 and "tokens_per_s" in x]
-    n = 2 if name.split("-")[1].startswith("2") else 1
+    n = 2 if name.partition("-")[2].startswith("2") else 1
     engine = "-" if n == 1 else ("ddp" if name.startswith("lora") else "fsdp")
     tps = statistics.median(late) if late else float("nan")
     mem = max(x.get("mem_gib", 0) for x in recs)
@@ -93,7 +93,7 @@ case "${1:-}" in
   two-full-modules) run full-2m 0,1 --adapter full --compile modules ;;
   one-full-modules) run full-1m 0 --adapter full --compile modules ;;
   table) ;;
-  *) echo "usage: $0 one|two-lora|two-full|table"; exit 2 ;;
+  *) echo "usage: $0 one|one-lora|one-full|one-full-gpu1|two-lora|two-full|two-full-modules|one-full-modules|table"; exit 2 ;;
 esac
 table | tee "$R/table.md"
 if [ -n "${OUT:-}" ]; then tar czf "$OUT/dist.tar.gz" -C "$R" --exclude long.jsonl .; fi

@@ -114,12 +114,13 @@ class TrainConfig:
     eval_max_examples: int = _f(200, "cap on held-out examples per eval")
     logging_steps: int = _f(10, "log every N steps")
     save_steps: int = _f(0, "checkpoint every N steps (0: only at the end)")
+    save_total_limit: int = _f(2, "checkpoints kept (oldest removed first)")
     profile_steps: int = _f(
         0,
-        "profile N optimizer steps (torch.profiler; from step 11, or the last N after the first): GPU time by "
-        "kernel group, communication not overlapped with compute, host time; logged and written to profile.json",
+        "profile N optimizer steps (torch.profiler; from step 11, or the last N after the first; ended early by an "
+        "eval or a save): GPU time by kernel group, communication not overlapped with compute, host time; logged "
+        "and written to profile-<first>-<last>.json",
     )
-    save_total_limit: int = _f(2, "checkpoints kept (oldest removed first)")
     output_dir: str = _f("outputs/run", "where checkpoints, the final model and metrics.jsonl go")
     overwrite: bool = _f(False, "allow an output_dir that already holds a different run")
     resume_from_checkpoint: str | None = _f(None, "checkpoint directory, or 'latest' for the newest in output_dir")

@@ -36,6 +36,7 @@ def test_mode_specs():
     assert parse_mode("ht-loop:conv=op,cg=on").conv == "op" and parse_mode("ht-loop").conv == "traced"
     # Under CUDA graphs the conv is FLA's op unless asked otherwise (the measured faster form there).
     assert parse_mode("ht-loop:cg=on").conv == "op" and parse_mode("ht-loop:cg=on,conv=traced").conv == "traced"
+    assert parse_mode("hf-compile:cg=on").conv == "traced"  # not patched: hybridtune's conv is not in it
     assert split_modes("ht-loop:cg=on, ht-loop:cg=on,conv=op,hf-eager,") == [
         "ht-loop:cg=on",
         "ht-loop:cg=on,conv=op",

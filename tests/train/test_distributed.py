@@ -130,7 +130,7 @@ def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch,
     assert_same_curve(records(two), one)
     assert len(one) == STEPS
     assert all(r["mem_gib"] > 0 for r in records(two))
-    prof = json.loads((two / "profile.json").read_text())
+    prof = json.loads((two / f"profile-{STEPS}-{STEPS}.json").read_text())
     assert prof["steps"] == [STEPS, STEPS] and prof["world"] == 2
     assert len(prof["ranks"]) == 2 and all(p["wall_ms_per_step"] > 0 for p in prof["ranks"])
 

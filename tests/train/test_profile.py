@@ -9,7 +9,7 @@ import random
 from test_resume import make_cfg, run
 
 from hybridtune.train.loop import PROFILE_FILE, profile_window
-from hybridtune.train.profiling import exposed_length, kernel_group, union_length
+from hybridtune.train.profiling import exposed_length, kernel_group, summarize, union_length
 
 
 def _covered(intervals, length):
@@ -21,7 +21,8 @@ def _covered(intervals, length):
 
 
 def test_union_and_exposed_lengths_against_a_timeline():
-    rng = random.Random()  # fresh intervals each run: the sums must hold for any
+    seed = random.randrange(2**32)  # fresh intervals each run: the sums must hold for any (seed in the message)
+    rng = random.Random(seed)
     for _ in range(200):
         comm, compute = [], []
         for group in (comm, compute):
@@ -29,8 +30,8 @@ def test_union_and_exposed_lengths_against_a_timeline():
                 s = rng.randrange(0, 97)
                 group.append((s, s + rng.randrange(1, 20)))
         c, k = _covered(comm, 120), _covered(compute, 120)
-        assert union_length(comm + compute) == sum(a or b for a, b in zip(c, k))
-        assert exposed_length(comm, compute) == sum(a and not b for a, b in zip(c, k))
+        assert union_length(comm + compute) == sum(a or b for a, b in zip(c, k)), (seed, comm, compute)
+        assert exposed_length(comm, compute) == sum(a and not b for a, b in zip(c, k)), (seed, comm, compute)
 
 
 def test_collectives_are_communication_not_reductions():
@@ -40,6 +41,52 @@ def test_collectives_are_communication_not_reductions():
     assert kernel_group("ncclDevKernel_AllGather_RING_LL") == "communication"
     assert kernel_group("triton_red_fused__to_copy_logsumexp_2") == "inductor fused"
     assert kernel_group("void at::native::reduce_kernel<512, 1>") == "reduction"
+
+
+class _Ev:
+    """A profiler event as `summarize` reads it (FunctionEvent and FunctionEventAvg share these fields)."""
+
+    def __init__(self, name, start, end, cuda=True, annotation=False):
+        import torch
+
+        self.name = self.key = name
+        self.device_type = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+        self.is_user_annotation = annotation
+        self.time_range = type("R", (), {"start": start, "end": end})()
+        self.self_device_time_total = (end - start) if cuda else 0
+        self.self_cpu_time_total = 0 if cuda else (end - start)
+        self.count = 1
+
+
+class _Prof:
+    def __init__(self, events):
+        self._events = events
+
+    def events(self):
+        return self._events
+
+    def key_averages(self):
+        return self._events
+
+
+def test_summary_counts_kernels_not_annotations_and_finds_exposed_communication():
+    """Timeline in microseconds, one step: an all-gather 0-1000 with a GEMM 200-500 and a Triton kernel 400-600
+    beside it, a reduce-scatter 1500-1800 alone; FSDP's GPU-side annotation spans the whole all-gather (kineto
+    reports it as a CUDA event) and must count neither as compute nor as a kernel."""
+    events = [
+        _Ev("ncclDevKernel_AllGather_RING_LL", 0, 1000),
+        _Ev("nvjet_sm90_tst_256x128_64x4_2x1_v_bz_coopA_NNT", 200, 500),
+        _Ev("triton_poi_fused_add_mul_0", 400, 600),
+        _Ev("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 1500, 1800),
+        _Ev("FSDP::all_gather", 0, 1000, annotation=True),
+        _Ev("aten::mm", 0, 300, cuda=False),
+    ]
+    p = summarize(_Prof(events), 1, wall=2e-3, cuda=True)
+    assert p["gpu_ms_per_step"] == 1.3  # union of kernels: 0-1000 and 1500-1800
+    assert p["comm_ms_per_step"] == 1.3 and p["comm_exposed_ms_per_step"] == 0.9  # 1.3 minus the 0.4 of compute
+    assert p["groups_ms_per_step"] == {"communication": 1.3, "gemm": 0.3, "inductor fused": 0.2}
+    assert "FSDP::all_gather" not in [k for k, _, _ in p["kernels_ms_per_step"]]
+    assert p["gpu_idle_share"] == 1 - 1.3 / 2 and p["cpu_self_ms_per_step"] == [["aten::mm", 0.3, 1]]
 
 
 def test_profile_window():
@@ -56,11 +103,18 @@ def test_profiled_run_writes_its_profile_and_trains_the_same(tmp_path, small_dat
     with caplog.at_level(logging.INFO, logger="hybridtune"):
         profiled = run(make_cfg(tmp_path / "prof", small_data, max_steps=5, profile_steps=2))
     assert profiled.losses == plain.losses  # the profiler watches; it changes nothing
-    doc = json.loads((tmp_path / "prof" / PROFILE_FILE).read_text())
+    doc = json.loads((tmp_path / "prof" / PROFILE_FILE.format(first=4, last=5)).read_text())
     assert doc["steps"] == [4, 5] and doc["world"] == 1 and len(doc["ranks"]) == 1
     p = doc["ranks"][0]
     assert p["steps"] == 2 and p["wall_ms_per_step"] > 0 and p["cpu_self_ms_total_per_step"] > 0
-    assert any("addmm" in name or "mm" in name for name, _, _ in p["cpu_self_ms_per_step"])
+    assert {"aten::addmm", "aten::mm"} & {name for name, _, _ in p["cpu_self_ms_per_step"]}
     assert "gpu_ms_per_step" not in p  # CPU: no GPU fields rather than zeros
     assert any("profile of steps 4-5 (rank 0)" in r.getMessage() for r in caplog.records)
-    assert not (tmp_path / "plain" / PROFILE_FILE).exists()
+    assert not list((tmp_path / "plain").glob("profile-*.json"))
+
+
+def test_an_eval_inside_the_window_ends_it_early(tmp_path, small_data, caplog):
+    with caplog.at_level(logging.INFO, logger="hybridtune"):
+        run(make_cfg(tmp_path / "e", small_data, max_steps=6, profile_steps=3, eval_steps=5))
+    doc = json.loads((tmp_path / "e" / PROFILE_FILE.format(first=4, last=5)).read_text())
+    assert doc["steps"] == [4, 5] and doc["ranks"][0]["steps"] == 2  # steps 4-6 asked; the eval after 5 ends it

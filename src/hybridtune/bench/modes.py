@@ -144,6 +144,6 @@ def parse_mode(spec: str) -> Mode:
         if mode.compile == "off" and options["cg"] == "on":
             raise ConfigError(f"bench mode '{spec}': cg=on (CUDA graphs) needs a compiled mode")
         changes["cudagraphs"] = options["cg"] == "on"
-        if changes["cudagraphs"] and "conv" not in options:
+        if changes["cudagraphs"] and mode.patch and "conv" not in options:
             changes["conv"] = "op"
     return replace(mode, **changes)

@@ -218,9 +218,9 @@ def run_mode(spec: dict) -> dict:
         result["peak_rss_gib"] = memory_gib(device)
     _flops(spec, mode, cfg, batches, timed, result, warmup)
     if spec.get("profile") and device.type == "cuda":
-        from hybridtune.train.profiling import profile_steps
+        from hybridtune.train.profiling import profile_run
 
-        result["profile"] = profile_steps(lambda i: step(batches[i % len(batches)]), 3, device)
+        result["profile"] = profile_run(lambda i: step(batches[i % len(batches)]), 3, device)
         result["host_syncs"] = find_syncs(lambda: step(batches[0]))
     return result
 

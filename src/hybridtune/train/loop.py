@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import random
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +44,7 @@ AUTO_MAX_FILLER = 0.10
 STATIC_MAX_FILLER = 0.50
 
 RUN_FILE = "hybridtune_run.json"
-PROFILE_FILE = "profile.json"
+PROFILE_FILE = "profile-{first}-{last}.json"
 SMALL_MODEL_PARAMS = 50_000_000
 # Keys that do not change what a run computes: a run may continue or resume under other values.
 NON_IDENTITY_KEYS = (
@@ -588,9 +589,15 @@ class Trainer:
                     profiler.start()
                 rec = self.first_step() if first else self.train_step()  # this process's first (resumed too)
                 first = False
-                if profiler is not None and self.step == window[1]:
-                    self._write_profile(profiler.stop(window[1] - window[0] + 1), window)
+                eval_due = bool(cfg.eval_steps) and self.step % cfg.eval_steps == 0 and self.step < self.total_steps
+                save_due = bool(cfg.save_steps) and self.step % cfg.save_steps == 0 and self.step < self.total_steps
+                if profiler is not None and (self.step == window[1] or eval_due or save_due):
+                    # The window ends early rather than profile an evaluation or a checkpoint (same step on every
+                    # rank); summarising and gathering are left out of the logged tokens/s.
+                    t = time.perf_counter()
+                    self._write_profile(profiler, window[0], self.step)
                     profiler = None
+                    tput.skip(time.perf_counter() - t)
                 tput.add(rec["tokens"])
                 result.losses.append(rec["loss"])
                 if self.step % cfg.logging_steps == 0 or self.step == self.total_steps or self.step == 1:
@@ -602,14 +609,17 @@ class Trainer:
                     logger.info("%s", format_step(rec))
                 if self.on_log:
                     self.on_log(rec)
-                if cfg.eval_steps and self.step % cfg.eval_steps == 0 and self.step < self.total_steps:
+                if eval_due:
                     ev = self.run_eval()
                     if ev:
                         result.evals.append(ev)
-                if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < self.total_steps:
+                if save_due:
                     self.save()
         except KeyboardInterrupt:
             result.interrupted = True
+            if profiler is not None:
+                profiler.cancel()  # not a window's profile, and not recording the save below
+                profiler = None
             if self.dist.enabled:
                 # Saving is a collective and the other ranks stopped at other points: the last complete
                 # checkpoint is the one to continue from (torchrun ends every rank on Ctrl-C).
@@ -626,20 +636,34 @@ class Trainer:
             self.save()
             result.final_dir = str(self.save_final())
         finally:
+            if profiler is not None:
+                profiler.cancel()
             if self.metrics is not None:
                 self.metrics.close()
         result.steps = self.step
         return result
 
-    def _write_profile(self, summary: dict, window: tuple[int, int]) -> None:
-        """Every rank's profile of steps `window` into profile.json (rank 0 writes); rank 0's in the log."""
+    def _write_profile(self, profiler: StepProfiler, first: int, last: int) -> None:
+        """Every rank's profile of steps first..last into profile-<first>-<last>.json (rank 0 writes; a resumed
+        run's profile does not replace an earlier one); rank 0's summary in the log. A rank whose summary
+        failed sends its error instead, so no rank waits in the gather for it; profiling never ends the run."""
+        try:
+            summary = profiler.stop(last - first + 1)
+        except Exception as e:
+            summary = {"error": f"{type(e).__name__}: {e}"}
         ranks = distributed.gather_objects(summary, self.dist)
         if not self.dist.is_main:
             return
-        path = self.out / PROFILE_FILE
-        doc = {"steps": list(window), "world": self.dist.world, "ranks": ranks}
+        path = self.out / PROFILE_FILE.format(first=first, last=last)
+        doc = {"steps": [first, last], "world": self.dist.world, "ranks": ranks}
         ckpt.atomic_write_text(path, json.dumps(doc, indent=2))
-        logger.info("profile of steps %d-%d (rank 0): %s; all ranks in %s", *window, summary_line(summary), path)
+        failed = [f"rank {r}: {p['error']}" for r, p in enumerate(ranks) if "error" in p]
+        if failed:
+            logger.warning("profile of steps %d-%d failed on %s; %s", first, last, "; ".join(failed), path)
+        else:
+            logger.info(
+                "profile of steps %d-%d (rank 0): %s; all ranks in %s", first, last, summary_line(summary), path
+            )
 
     def _gathered_state(self) -> dict | None:
         """Under FSDP2: the whole model's state dict on rank 0, on the CPU (a collective; empty on other

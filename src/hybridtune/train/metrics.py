@@ -32,6 +32,10 @@ class Throughput:
     def add(self, n: int) -> None:
         self.tokens += n
 
+    def skip(self, seconds: float) -> None:
+        """Leave `seconds` (spent on something other than training, e.g. summarising a profile) out of the window."""
+        self.t0 += seconds
+
     def take(self) -> float:
         now = time.perf_counter()
         rate = self.tokens / max(now - self.t0, 1e-9)

@@ -9,6 +9,7 @@ overlap could win back.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -28,6 +29,7 @@ KERNEL_GROUPS = (
 COMM = KERNEL_GROUPS[0][0]
 
 
+@functools.lru_cache(maxsize=4096)
 def kernel_group(name: str) -> str:
     low = name.lower()
     for group, keys in KERNEL_GROUPS:
@@ -88,8 +90,15 @@ class StepProfiler:
         self.prof.stop()
         return summarize(self.prof, n, wall, self.cuda)
 
+    def cancel(self) -> None:
+        """Stop recording without a summary (an interrupted or failed window)."""
+        try:
+            self.prof.stop()
+        except Exception:  # already stopped, or torch's profiler in a bad state: nothing to keep either way
+            pass
 
-def profile_steps(run_step, n: int, device: torch.device | None = None) -> dict:
+
+def profile_run(run_step, n: int, device: torch.device | None = None) -> dict:
     """Run `run_step(i)` for i in range(n) under torch.profiler; the per-step summary."""
     p = StepProfiler(device)
     p.start()
@@ -98,45 +107,54 @@ def profile_steps(run_step, n: int, device: torch.device | None = None) -> dict:
     return p.stop(n)
 
 
+def _kernel(e) -> bool:
+    """A GPU kernel (or memcpy/memset), not a GPU-side user annotation: kineto reports `record_function` ranges
+    (FSDP's "FSDP::all_gather", "Optimizer.step#AdamW.step") on the GPU timeline too, spanning the kernels
+    they launch; counted as kernels they would count time twice and hide the collectives under "compute"."""
+    return e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+
+
+def _top(rows, n: int) -> tuple[list, float]:
+    """[name, ms per step, calls per step] rows, largest first: the first `n`, and the total ms of all."""
+    rows = sorted(rows, key=lambda x: -x[1])
+    return [[k[:120], round(ms, 3), c] for k, ms, c in rows[:n]], sum(ms for _, ms, _ in rows)
+
+
 def summarize(prof, n: int, wall: float, cuda: bool) -> dict:
+    """The per-step summary of `n` steps that took `wall` seconds under the (stopped) profiler `prof`."""
     avgs = prof.key_averages()
-    cpu_ops = sorted(
-        (
-            (e.key, e.self_cpu_time_total / 1e3 / n, e.count // n)
-            for e in avgs
-            if e.device_type == torch.autograd.DeviceType.CPU and e.self_cpu_time_total > 0
-        ),
-        key=lambda x: -x[1],
-    )
+    cpu_rows = [
+        (e.key, e.self_cpu_time_total / 1e3 / n, e.count // n)
+        for e in avgs
+        if e.device_type == torch.autograd.DeviceType.CPU and e.self_cpu_time_total > 0
+    ]
+    cpu_top, cpu_total = _top(cpu_rows, 30)
     out = {
         "steps": n,
         "wall_ms_per_step": wall * 1e3 / n,
-        "cpu_self_ms_per_step": [[k[:120], round(ms, 3), c] for k, ms, c in cpu_ops[:30]],
-        "cpu_self_ms_total_per_step": sum(ms for _, ms, _ in cpu_ops),
+        "cpu_self_ms_per_step": cpu_top,
+        "cpu_self_ms_total_per_step": cpu_total,
     }
     if not cuda:
         return out
-    kernels = sorted(
-        (
-            (e.key, e.self_device_time_total / 1e3 / n, e.count // n)
-            for e in avgs
-            if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0
-        ),
-        key=lambda x: -x[1],
-    )
+    kernel_rows = [
+        (e.key, e.self_device_time_total / 1e3 / n, e.count // n)
+        for e in avgs
+        if _kernel(e) and e.self_device_time_total > 0
+    ]
     groups: dict[str, float] = {}
-    for name, ms, _ in kernels:
+    for name, ms, _ in kernel_rows:
         groups[kernel_group(name)] = groups.get(kernel_group(name), 0.0) + ms
     comm, compute = [], []
     for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start:
+        if _kernel(e) and e.time_range.end > e.time_range.start:
             (comm if kernel_group(e.name) == COMM else compute).append((e.time_range.start, e.time_range.end))
     busy = union_length(comm + compute) / 1e3 / n  # profiler times are in microseconds
     out.update(
         gpu_ms_per_step=busy,
         gpu_idle_share=max(0.0, 1 - busy / (wall * 1e3 / n)),
         groups_ms_per_step=dict(sorted(groups.items(), key=lambda kv: -kv[1])),
-        kernels_ms_per_step=[[k[:120], round(ms, 3), c] for k, ms, c in kernels[:60]],
+        kernels_ms_per_step=_top(kernel_rows, 60)[0],
     )
     if comm:
         out.update(
