@@ -216,7 +216,7 @@ def run_mode(spec: dict) -> dict:
         result["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
     else:
         result["peak_rss_gib"] = memory_gib(device)
-    _flops(spec, mode, cfg, batches, timed, result, warmup)
+    _flops(spec, mode, cfg, batches, timed, result)
     if spec.get("profile") and device.type == "cuda":
         from hybridtune.train.profiling import profile_run
 
@@ -248,10 +248,11 @@ def find_syncs(run_step) -> dict:
     return {"count": sum(where.values()), "by_line": dict(sorted(where.items(), key=lambda kv: -kv[1])[:15])}
 
 
-def _flops(spec, mode, cfg, batches, timed, result, warmup: int) -> None:
+def _flops(spec, mode, cfg, batches, timed, result) -> None:
     from hybridtune.bench.flops import step_flops
 
     n = len(batches)
+    warmup = spec["warmup"]
     steps = [batches[i % n]["doc_lens"] for i in range(warmup, warmup + spec["steps"])]
     per = [
         step_flops(

@@ -245,9 +245,7 @@ def all_sum(values: list[float], d: Dist) -> list[float]:
     """Sum of `values` over ranks (float64), element-wise; the values themselves in one process."""
     if not d.enabled:
         return values
-    t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
-    torch.distributed.all_reduce(t)
-    return t.tolist()
+    return all_sum_(torch.tensor(values, dtype=torch.float64, device=_comm_device()), d).tolist()
 
 
 def all_sum_(t: torch.Tensor, d: Dist) -> torch.Tensor:
