@@ -10,7 +10,10 @@
 #   bash bench/dist/gpu_dist.sh two-full   # 2 GPUs: FSDP2 + full
 #   bash bench/dist/gpu_dist.sh table      # the table of all runs so far (also printed after each phase)
 #   bash bench/dist/gpu_dist.sh two-full-modules / one-full-modules   # the full pair under --compile modules
-# Optional: TWO_FULL_ARGS adds arguments to two-full; STEPS (default 40) optimizer steps, tok/s is the median of the logged windows after step 10.
+# Optional: TWO_FULL_ARGS adds arguments to two-full; STEPS (default 40) optimizer steps, tok/s is the median of the
+# logged windows after step 10 (windows holding a profiled step left out); PACKS (default 2) packs per optimizer
+# step (the global batch, on every GPU count); PROFILE=N adds profile_steps N (the profile lands as NAME.profile.json).
+# Each run's GPUs are sampled once a second (SM clock, power, temperature, utilisation) into NAME.smi.csv.
 # A CPU rehearsal of the whole flow (gloo): BASE=tiny-qwen3_5 SEQ=256 STEPS=12 PY=/work/venv/bin/python R=/tmp/d bash ...
 set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tcache TORCHINDUCTOR_CACHE_DIR=/tmp/icache
@@ -18,13 +21,13 @@ if [ ! -d /tmp/site ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD/src
-STEPS=${STEPS:-40} BASE=${BASE:-qwen3_5-2b} SEQ=${SEQ:-4096} PY=${PY:-python3}
+STEPS=${STEPS:-40} BASE=${BASE:-qwen3_5-2b} SEQ=${SEQ:-4096} PY=${PY:-python3} PACKS=${PACKS:-2}
 R=${R:-/tmp/dist}; mkdir -p "$R"
 DATA=$R/long.jsonl
 [ -f "$DATA" ] || $PY bench/dist/make_long_text.py "$DATA" --docs 200 || exit 1
 COMMON="--base_model $BASE --dataset $DATA --dataset_type text --sequence_len $SEQ --micro_batch_size 1
-  --gradient_accumulation_steps 2 --max_steps $STEPS --warmup_steps 5 --logging_steps 5 --val_set_size 0
-  --eval_steps 0 --save_total_limit 1 --overwrite"
+  --gradient_accumulation_steps $PACKS --max_steps $STEPS --warmup_steps 5 --logging_steps 5 --val_set_size 0
+  --eval_steps 0 --save_total_limit 1 --overwrite --profile_steps ${PROFILE:-0}"
 
 run() {  # name gpus extra-args...
   local name=$1 gpus=$2; shift 2
@@ -35,7 +38,12 @@ run() {  # name gpus extra-args...
   local lim="-s USR1 -k 20 ${RUN_T:-560}"; [ -n "$nproc" ] && lim="-k 30 ${RUN_T:-560}"
   CUDA_VISIBLE_DEVICES=$gpus TORCH_LOGS=${TORCH_LOGS:-recompiles} timeout $lim $PY -m hybridtune train $COMMON --output_dir "/tmp/out-$name" $nproc "$@" \
     > "$R/$name.log" 2>&1 &
-  local pid=$!
+  local pid=$! smi=""
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu,utilization.gpu --format=csv \
+      -i "$gpus" -lms 1000 > "$R/$name.smi.csv" 2>&1 &
+    smi=$!
+  fi
   # Once the last step is logged, stop: the final checkpoint (~24 GB for a full fine-tune) is not measured
   # here and would spend the call's time (timeout passes the SIGTERM on to the run).
   while kill -0 $pid 2>/dev/null; do
@@ -47,7 +55,9 @@ run() {  # name gpus extra-args...
   done
   wait $pid
   echo "rc $?" >> "$R/$name.log"
+  [ -n "$smi" ] && kill $smi 2>/dev/null
   cp "/tmp/out-$name/metrics.jsonl" "$R/$name.metrics.jsonl" 2>/dev/null
+  for f in /tmp/out-"$name"/profile-*.json; do [ -f "$f" ] && cp "$f" "$R/$name.profile.json"; done
   rm -rf "/tmp/out-$name"  # full fine-tune checkpoints are ~24 GB each
 }
 
@@ -69,12 +79,31 @@ for name in names:
     recs = [x for x in map(json.loads, m.read_text().splitlines()) if x.get("type") == "train"]
     if not recs:
         print(f"| {name} | | | no step logged | | | | {rc} |"); continue
-    late = [x["tokens_per_s"] for x in recs if x["step"] > 10 and "tokens_per_s" in x]
+    prof = r / f"{name}.profile.json"
+    profiled = range(0)
+    if prof.exists():
+        a, b = json.loads(prof.read_text())["steps"]
+        profiled = range(a, b + 1)
+    # A logged window is the steps since the previous logged one; one holding a profiled step is left out.
+    ends = [x["step"] for x in recs]
+    starts = dict(zip(ends, [0] + ends[:-1]))
+    late = [
+        x["tokens_per_s"]
+        for x in recs
+        if x["step"] > 10 and "tokens_per_s" in x and not any(starts[x["step"]] < s <= x["step"] for s in profiled)
+    ]
     n = 2 if name.partition("-")[2].startswith("2") else 1
     engine = "-" if n == 1 else ("ddp" if name.startswith("lora") else "fsdp")
     tps = statistics.median(late) if late else float("nan")
     mem = max(x.get("mem_gib", 0) for x in recs)
     print(f"| {name} | {n} | {engine} | {tps:,.0f} | {tps / n:,.0f} | {mem:.1f} | {recs[0]['loss']:.3f} -> {recs[-1]['loss']:.3f} | {rc} |")
+for prof in sorted(r.glob("*.profile.json")):
+    from hybridtune.train.profiling import summary_line
+
+    doc = json.loads(prof.read_text())
+    for rank, p in enumerate(doc["ranks"]):
+        text = p["error"] if "error" in p else summary_line(p)
+        print(f"- {prof.name.split('.')[0]} steps {doc['steps'][0]}-{doc['steps'][1]}, rank {rank}: {text}")
 PY
 }
 

@@ -142,8 +142,16 @@ class TrainConfig:
     distributed: Literal["auto", "ddp", "fsdp"] = _f(
         "auto",
         "engine under torchrun / --nproc N: ddp = whole model on every rank, gradients averaged; fsdp = FSDP2 "
-        "(fully_shard per decoder layer; one unit under compile: loop); auto = ddp for LoRA, fsdp for a full "
+        "(fully_shard per decoder layer or the whole model: fsdp_units); auto = ddp for LoRA, fsdp for a full "
         "fine-tune (one process: unused)",
+    )
+    fsdp_units: Literal["auto", "layer", "model"] = _f(
+        "auto",
+        "what FSDP2 shards and gathers as one unit: layer = each decoder layer (the least memory: one layer "
+        "gathered at a time, gradients reduce-scattered every micro-batch; compile: loop cannot trace its "
+        "hooks, so compile auto becomes modules); model = the whole model (what the compiled loop needs: "
+        "gathered once per optimizer step, gradients reduced once per step); auto = model under compile: "
+        "loop, layer otherwise",
     )
     num_threads: int = _f(
         0, "CPU threads for torch; 0 = auto: 1 for models under 50M parameters on CPU (measured faster), else torch's"
@@ -347,6 +355,12 @@ def validate(cfg: TrainConfig) -> None:
                 f"config key 'compile_overrides' entry {item!r} must look like Class=compile|fullgraph|eager|off "
                 "(e.g. Qwen3_5MLP=eager)"
             )
+    if cfg.fsdp_units == "layer" and cfg.compile == "loop":
+        raise ConfigError(
+            "config keys 'fsdp_units' = 'layer' and 'compile' = 'loop' do not go together: the loop is one graph "
+            "over every layer and FSDP2's per-layer hooks cannot run inside it; use compile: modules (or auto), "
+            "or fsdp_units: model"
+        )
     if cfg.adapter == "lora" and not cfg.lora_target_modules:
         raise ConfigError("config key 'lora_target_modules' is empty; name at least one module (e.g. q_proj)")
     for i, ds in enumerate(cfg.resolved_datasets()):

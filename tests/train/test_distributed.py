@@ -118,15 +118,21 @@ def assert_same_curve(got: list[dict], want: list[dict]) -> None:
         assert g["tokens"] == w["tokens"] and g["loss_tokens"] == w["loss_tokens"]  # the same global batch
 
 
-@pytest.mark.parametrize("adapter,engine", [("lora", "ddp"), ("full", "fsdp")])
-def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch, adapter, engine):
+@pytest.mark.parametrize(
+    "adapter,engine,units", [("lora", "ddp", "auto"), ("full", "fsdp", "auto"), ("full", "fsdp", "model")]
+)
+def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch, adapter, engine, units):
+    """fsdp_units auto on the CPU (compile off) is per layer; `model` reduces the gradients once per window."""
     two = tmp_path / "two"
     # distributed: auto picks `engine`; the last step is profiled on both ranks (and must change nothing)
-    proc = launch(*args(settings(small_data, adapter, output_dir=two, profile_steps=1)))
+    proc = launch(*args(settings(small_data, adapter, output_dir=two, profile_steps=1, fsdp_units=units)))
     one = train_here(settings(small_data, adapter, output_dir=tmp_path / "one"))  # while the ranks start
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert f"x 2 processes ({engine})" in err
+    if engine == "fsdp":
+        said = "FSDP2: the whole model as one unit" if units == "model" else "decoder layers + the rest"
+        assert said in err, err
     assert_same_curve(records(two), one)
     assert len(one) == STEPS
     assert all(r["mem_gib"] > 0 for r in records(two))
@@ -183,7 +189,7 @@ def run(d):
     model = load_model("tiny-qwen3_5").model
     patch_model(model)
     # The compiled loop is one graph over every layer: FSDP2 shards the model as one unit under it.
-    wrapped = distributed.wrap(distributed.LossModule(model), d, torch.device("cpu"), False, per_layer=False)
+    wrapped = distributed.wrap(distributed.LossModule(model), d, torch.device("cpu"), False)
     mine = [(65, 23), (40, 23, 9), (90, 30), (12, 7, 50)][d.rank :: d.world]  # a new pack layout every step
 
     def step(sizes):
@@ -204,7 +210,7 @@ def run(d):
     return {"eager": eager, "compiled": compiled, "graphs": graphs, "compiled_calls": handle.calls}
 
 d = distributed.init("fsdp", "full", "cpu")
-res = {engine: run(dataclasses.replace(d, engine=engine)) for engine in ("fsdp", "ddp")}
+res = {engine: run(dataclasses.replace(d, engine=engine, units="model")) for engine in ("fsdp", "ddp")}
 if d.is_main:
     print(json.dumps(res), flush=True)
 distributed.shutdown(d)
@@ -228,6 +234,67 @@ def test_compiled_loop_inside_fsdp2_and_ddp(tmp_path):
         for (le, ne), (lc, nc) in zip(res["eager"], res["compiled"]):
             assert lc == pytest.approx(le, rel=LOSS_RTOL) and nc == pytest.approx(ne, rel=GRAD_NORM_RTOL), engine
         assert res["graphs"] == 1 and res["compiled_calls"] == 2, (engine, res)  # no break, no recompile
+
+
+WINDOW_RANK = """
+import json, torch
+from hybridtune.data import PackedCollator
+from hybridtune.data.packing import Example
+from hybridtune.models.loading import load_model
+from hybridtune.train import distributed
+
+dist = torch.distributed
+COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor")
+calls = {"gather": 0, "reduce": 0}
+for name in COLLECTIVES:  # FSDP2 calls them through the module (torch 2.13: *_single; earlier: *_tensor)
+    if hasattr(dist, name):
+        def counted(*a, _f=getattr(dist, name), _k="gather" if "gather" in name else "reduce", **kw):
+            calls[_k] += 1
+            return _f(*a, **kw)
+        setattr(dist, name, counted)
+
+def window(d, windowed):
+    torch.manual_seed(0)
+    model = load_model("tiny-qwen3_5").model
+    wrapped = distributed.wrap(distributed.LossModule(model), d, torch.device("cpu"), False)
+    packs = [(65, 23), (40, 23, 9), (90, 30), (12, 7, 50)][d.rank :: d.world]  # 2 micro-batches per rank
+    calls.update(gather=0, reduce=0)
+    for i, sizes in enumerate(packs):
+        batch = PackedCollator()([Example(list(range(5, 5 + n)), [1] * n) for n in sizes])
+        last = i == len(packs) - 1
+        ctx = distributed.accumulation(wrapped, d, last) if windowed else distributed.contextlib.nullcontext()
+        with ctx:
+            (wrapped(batch, 300, True) * d.world).backward()
+    norm = float(distributed.total_grad_norm(list(wrapped.parameters())))
+    return {"norm": norm, **calls}
+
+d = distributed.init("fsdp", "full", "cpu")
+import dataclasses
+res = {
+    "ddp": window(dataclasses.replace(d, engine="ddp"), True),
+    "per_micro_batch": window(dataclasses.replace(d, units="model"), False),
+    "per_window": window(dataclasses.replace(d, units="model"), True),
+}
+if d.is_main:
+    print(json.dumps(res), flush=True)
+distributed.shutdown(d)
+"""
+
+
+def test_fsdp2_whole_model_unit_reduces_once_per_window(tmp_path):
+    """FSDP2 with the whole model as one unit (`fsdp_units: model`, what the compiled loop uses): over a window of
+    2 micro-batches per rank, one all-gather and one reduce-scatter (not one of each per micro-batch), and the
+    accumulated gradient is DDP's and the per-micro-batch sync's (grad norm, GRAD_NORM_RTOL)."""
+    script = tmp_path / "rank.py"
+    script.write_text(WINDOW_RANK)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    res = json.loads([x for x in r.stdout.splitlines() if x.startswith("{")][-1])
+    assert res["per_micro_batch"]["gather"] == 2 and res["per_micro_batch"]["reduce"] == 2, res
+    assert res["per_window"]["gather"] == 1 and res["per_window"]["reduce"] == 1, res
+    assert res["per_window"]["norm"] == pytest.approx(res["ddp"]["norm"], rel=GRAD_NORM_RTOL), res
+    assert res["per_window"]["norm"] == pytest.approx(res["per_micro_batch"]["norm"], rel=GRAD_NORM_RTOL), res
 
 
 def worker_pids(root: int) -> dict[int, int]:
@@ -399,3 +466,27 @@ def test_all_max_and_all_sum_over_two_processes(tmp_path):
     assert r.returncode == 0, r.stderr[-4000:]
     got = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)]
     assert got == [{"max": 1.25, "sum": [3.0, 1.0]}] * 2, got
+
+
+def test_fsdp_units_and_compile_strategy_choose_each_other(monkeypatch):
+    """The loop cannot hold per-layer FSDP2 hooks: `layer` units with compile auto compile per class on a GPU,
+    and `layer` with an explicit loop is refused at config time; auto units follow the strategy."""
+    from hybridtune.config import load_config
+
+    with pytest.raises(ConfigError, match="'fsdp_units' = 'layer' and 'compile' = 'loop' do not go together"):
+        load_config(None, {"fsdp_units": "layer", "compile": "loop"})
+    assert distributed.fsdp_units("auto", "loop") == "model"
+    assert distributed.fsdp_units("auto", "modules") == distributed.fsdp_units("auto", "off") == "layer"
+    assert distributed.fsdp_units("model", "off") == "model"
+
+    def strategy(units: str, engine: str, device: str) -> str:
+        t = Trainer.__new__(Trainer)  # only what _strategy reads
+        t.cfg = load_config(None, {"fsdp_units": units})
+        t.dist = distributed.Dist(rank=0, world=2, engine=engine)
+        t.device = torch.device(device)
+        return t._strategy()
+
+    assert strategy("layer", "fsdp", "cuda") == "modules"
+    assert strategy("auto", "fsdp", "cuda") == strategy("model", "fsdp", "cuda") == "loop"
+    assert strategy("layer", "ddp", "cuda") == "loop"  # fsdp_units means nothing to DDP
+    assert strategy("layer", "fsdp", "cpu") == "off"

@@ -7,11 +7,15 @@ Nothing here moves tensors between ranks by itself: `torch.distributed` (process
   `LossModule`, so a single-process run computes what it always did;
 - `distributed: ddp` (the default for LoRA): every rank holds the whole model, gradients are averaged
   by DDP once per optimizer step (`no_sync` for the earlier micro-batches of the window);
-- `distributed: fsdp` (the default for a full fine-tune): `fully_shard` on every decoder layer, then on
-  the root (`LossModule`, so the embeddings, final norm and `lm_head` are gathered by the root's hook
-  even where the fused loss reads `lm_head.weight` directly). Under the compiled `loop` strategy the
-  root alone is sharded (see `wrap`). On a GPU with bf16 the parameters are gathered in bf16 and
-  gradients reduced in fp32.
+- `distributed: fsdp` (the default for a full fine-tune): `fully_shard` on the units `fsdp_units` names
+  (`Dist.units`), then on the root (`LossModule`, so the embeddings, final norm and `lm_head` are
+  gathered by the root's hook even where the fused loss reads `lm_head.weight` directly):
+  - `layer`: every decoder layer is a unit, gathered for its forward and backward and its gradients
+    reduce-scattered every micro-batch: the least memory;
+  - `model`: the root alone, which the compiled `loop` needs (see `wrap`). The whole model is gathered
+    anyway, so the window's micro-batches keep it gathered and accumulate the whole gradient, and the
+    gradients are reduce-scattered once per optimizer step, like DDP's all-reduce (`accumulation`).
+  On a GPU with bf16 the parameters are gathered in bf16 and gradients reduced (and accumulated) in fp32.
 
 Both engines average gradients over ranks; each rank's loss is multiplied by the world size before
 backward, so the averaged gradient is the gradient of the global loss (sum over all trained tokens of
@@ -55,6 +59,7 @@ class Dist:
     world: int = 1
     local_rank: int = 0
     engine: str = "none"  # "none" (one process), "ddp" or "fsdp"
+    units: str = "layer"  # FSDP2's units: "layer" (each decoder layer) or "model" (the whole model as one)
 
     @property
     def enabled(self) -> bool:
@@ -195,13 +200,20 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(find_text_model(model).layers)
 
 
-def wrap(runner: LossModule, d: Dist, device: torch.device, bf16: bool, per_layer: bool = True) -> torch.nn.Module:
+def fsdp_units(setting: str, strategy: str) -> str:
+    """`fsdp_units: auto` is the whole model under the compiled loop (one graph over every layer), per layer otherwise."""
+    if setting != "auto":
+        return setting
+    return "model" if strategy == "loop" else "layer"
+
+
+def wrap(runner: LossModule, d: Dist, device: torch.device, bf16: bool) -> torch.nn.Module:
     """`runner` as the engine of `d` sees it: itself in one process, DDP- or FSDP2-wrapped otherwise.
 
-    FSDP2 `per_layer=False` shards the root alone: parameters, gradients and optimizer state stay sharded
-    between steps, and the whole model is gathered once per forward and once per backward. That is what
-    the compiled `loop` needs: FSDP2's per-module hooks are `torch._dynamo.disable`d, so a layer sharded
-    on its own would break the one graph of the decoder loop.
+    FSDP2 with `d.units == "model"` shards the root alone: parameters, gradients and optimizer state stay
+    sharded between optimizer steps, and the whole model is gathered for the window's micro-batches. That
+    is what the compiled `loop` needs: FSDP2's per-module hooks are `torch._dynamo.disable`d, so a layer
+    sharded on its own would break the one graph of the decoder loop.
     """
     if not d.enabled:
         return runner
@@ -221,23 +233,36 @@ def wrap(runner: LossModule, d: Dist, device: torch.device, bf16: bool, per_laye
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
     kw = {"mp_policy": mp} if mp is not None else {}
-    layers = decoder_layers(runner.model) if per_layer else []
+    layers = decoder_layers(runner.model) if d.units == "layer" else []
     for layer in layers:
         fully_shard(layer, **kw)
     fully_shard(runner, **kw)
-    unit = f"{len(layers)} decoder layers + the rest" if per_layer else "the whole model as one unit (compiled loop)"
-    logger.info("FSDP2: %s sharded over %d ranks%s", unit, d.world, " (bf16 params, fp32 reduce)" if mp else "")
+    unit = (
+        f"{len(layers)} decoder layers + the rest, gradients reduce-scattered every micro-batch"
+        if layers
+        else "the whole model as one unit, gathered once and gradients reduce-scattered once per optimizer step"
+    )
+    logger.info("FSDP2: %s, over %d ranks%s", unit, d.world, " (bf16 params, fp32 reduce)" if mp else "")
     return runner
 
 
 def accumulation(engine: torch.nn.Module, d: Dist, last: bool):
-    """Context for one micro-batch's forward + backward: DDP syncs gradients on the window's last one only.
+    """Context for one micro-batch's forward + backward: gradients are reduced on the window's last one only,
+    except under FSDP2 per layer.
 
-    FSDP2 reduce-scatters every micro-batch: keeping unsharded gradients across the window would undo
-    the memory FSDP is chosen for.
+    - DDP: `no_sync` on the earlier micro-batches.
+    - FSDP2, `model` units: the earlier micro-batches keep the model gathered (no all-gather per micro-batch)
+      and accumulate the unsharded gradient (in fp32 under bf16 mixed precision); the last one
+      reduce-scatters it and reshards. The whole model and its gradient are unsharded during every backward
+      anyway, so this costs no peak memory, and the communication is that of one micro-batch per step.
+    - FSDP2, `layer` units: every micro-batch reduce-scatters, so no layer's unsharded gradient outlives its
+      backward (the memory `layer` is chosen for).
     """
     if d.engine == "ddp" and not last:
         return engine.no_sync()
+    if d.engine == "fsdp" and d.units == "model":
+        engine.set_requires_gradient_sync(last, recurse=False)
+        engine.set_reshard_after_backward(last, recurse=False)
     return contextlib.nullcontext()
 
 

@@ -12,6 +12,7 @@ the loss, the schedule and the global batch are those of one process.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import logging
@@ -57,6 +58,7 @@ NON_IDENTITY_KEYS = (
     "profile_steps",
     "num_threads",
     "distributed",
+    "fsdp_units",
 )
 
 
@@ -263,6 +265,9 @@ class Trainer:
         # Before pick_device: under torchrun on CUDA this selects the rank's GPU.
         self.dist = distributed.init(cfg.distributed, cfg.adapter, cfg.device)
         self.device = pick_device(cfg.device)
+        if self.dist.engine == "fsdp":
+            units = distributed.fsdp_units(cfg.fsdp_units, self._strategy())
+            self.dist = dataclasses.replace(self.dist, units=units)
         self.out = Path(cfg.output_dir)
 
     # -- setup -------------------------------------------------------------------------------------
@@ -312,10 +317,9 @@ class Trainer:
         self.collate = self._collator(self._strategy())
         self.compile_handle = self._compile(model)
         self.fused_loss = self._choose_loss(model)
-        # What steps and saves: the model itself in one process, DDP- or FSDP2-wrapped under torchrun. The
-        # compiled loop is one graph over all layers, so FSDP2 shards the model as one unit under it.
-        loop = getattr(self.compile_handle, "strategy", None) == "loop"
-        self.engine = distributed.wrap(distributed.LossModule(model), d, self.device, use_bf16, per_layer=not loop)
+        # What steps and saves: the model itself in one process, DDP- or FSDP2-wrapped under torchrun (the
+        # compiled loop is one graph over all layers, so FSDP2's unit is the whole model under it: `fsdp_units`).
+        self.engine = distributed.wrap(distributed.LossModule(model), d, self.device, use_bf16)
         # Eval runs the forward alone: DDP's copy needs no engine; FSDP2's shards must gather (all ranks).
         self.eval_model = self.engine.module if d.engine == "ddp" else self.engine
 
@@ -382,9 +386,14 @@ class Trainer:
         return False
 
     def _strategy(self) -> str:
+        """`compile: auto` is the loop on a GPU (per-class `modules` where FSDP2 shards per layer: the loop's one
+        graph cannot hold FSDP2's per-layer hooks) and off on the CPU."""
         strategy = self.cfg.compile
         if strategy == "auto":
-            strategy = "loop" if self.device.type == "cuda" else "off"
+            if self.device.type != "cuda":
+                return "off"
+            per_layer = self.dist.engine == "fsdp" and self.cfg.fsdp_units == "layer"
+            strategy = "modules" if per_layer else "loop"
         return strategy
 
     def _compile(self, model):
