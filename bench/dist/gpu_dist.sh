@@ -113,6 +113,8 @@ case "${1:-}" in
     $PY -c "import torch, transformers, peft; print(torch.__version__, transformers.__version__, peft.__version__)" > "$R/versions.txt"
     run lora-1 0 --adapter lora & run full-1 1 --adapter full & wait ;;
   one-lora) run lora-1 0 --adapter lora ;;  # alone on the machine (the 1-GPU figure of record)
+  # torchrun starts each rank with OMP_NUM_THREADS=1; the same for one process (name lora-1t1), to compare like with like
+  one-lora-t1) OMP_NUM_THREADS=1 run lora-1t1 0 --adapter lora ;;
   one-full) run full-1 0 --adapter full ;;
   one-full-gpu1) run full-1 1 --adapter full ;;  # the same on GPU 1 (GPU 0 busy with something else)
   two-lora) run lora-2 0,1 --adapter lora ;;
@@ -122,7 +124,7 @@ case "${1:-}" in
   two-full-modules) run full-2m 0,1 --adapter full --compile modules ;;
   one-full-modules) run full-1m 0 --adapter full --compile modules ;;
   table) ;;
-  *) echo "usage: $0 one|one-lora|one-full|one-full-gpu1|two-lora|two-full|two-full-modules|one-full-modules|table"; exit 2 ;;
+  *) echo "usage: $0 one|one-lora|one-lora-t1|one-full|one-full-gpu1|two-lora|two-full|two-full-modules|one-full-modules|table"; exit 2 ;;
 esac
 table | tee "$R/table.md"
 if [ -n "${OUT:-}" ]; then tar czf "$OUT/dist.tar.gz" -C "$R" --exclude long.jsonl .; fi
