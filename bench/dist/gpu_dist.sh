@@ -61,51 +61,7 @@ run() {  # name gpus extra-args...
   rm -rf "/tmp/out-$name"  # full fine-tune checkpoints are ~24 GB each
 }
 
-table() {
-  $PY - "$R" <<'PY'
-import json, statistics, sys
-from pathlib import Path
-r = Path(sys.argv[1])
-print(f"| run | GPUs | engine | tok/s (median, global) | per GPU | peak mem GiB (rank 0) | loss first -> last | rc |")
-print("|---|---|---|---|---|---|---|---|")
-names = ["lora-1", "lora-2", "full-1", "full-2"]
-names += sorted({p.name.split(".")[0] for p in r.glob("*.metrics.jsonl")} - set(names))  # e.g. full-1m, full-2m
-for name in names:
-    m = r / f"{name}.metrics.jsonl"
-    log = r / f"{name}.log"
-    rc = log.read_text().strip().splitlines()[-1] if log.exists() else "not run"
-    if not m.exists():
-        print(f"| {name} | | | | | | | {rc} |"); continue
-    recs = [x for x in map(json.loads, m.read_text().splitlines()) if x.get("type") == "train"]
-    if not recs:
-        print(f"| {name} | | | no step logged | | | | {rc} |"); continue
-    prof = r / f"{name}.profile.json"
-    profiled = range(0)
-    if prof.exists():
-        a, b = json.loads(prof.read_text())["steps"]
-        profiled = range(a, b + 1)
-    # A logged window is the steps since the previous logged one; one holding a profiled step is left out.
-    ends = [x["step"] for x in recs]
-    starts = dict(zip(ends, [0] + ends[:-1]))
-    late = [
-        x["tokens_per_s"]
-        for x in recs
-        if x["step"] > 10 and "tokens_per_s" in x and not any(starts[x["step"]] < s <= x["step"] for s in profiled)
-    ]
-    n = 2 if name.partition("-")[2].startswith("2") else 1
-    engine = "-" if n == 1 else ("ddp" if name.startswith("lora") else "fsdp")
-    tps = statistics.median(late) if late else float("nan")
-    mem = max(x.get("mem_gib", 0) for x in recs)
-    print(f"| {name} | {n} | {engine} | {tps:,.0f} | {tps / n:,.0f} | {mem:.1f} | {recs[0]['loss']:.3f} -> {recs[-1]['loss']:.3f} | {rc} |")
-for prof in sorted(r.glob("*.profile.json")):
-    from hybridtune.train.profiling import summary_line
-
-    doc = json.loads(prof.read_text())
-    for rank, p in enumerate(doc["ranks"]):
-        text = p["error"] if "error" in p else summary_line(p)
-        print(f"- {prof.name.split('.')[0]} steps {doc['steps'][0]}-{doc['steps'][1]}, rank {rank}: {text}")
-PY
-}
+table() { $PY bench/dist/table.py "$R"; }
 
 case "${1:-}" in
   one)
