@@ -119,6 +119,10 @@ def scaling(runs: list[dict]) -> list[dict]:
     return out
 
 
+def _read(f: Path) -> str | None:
+    return f.read_text().strip() if f.exists() else None
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+", type=Path)
@@ -135,12 +139,11 @@ def main(argv: list[str]) -> int:
     for d in a.dirs:
         command = calls.get(str(d), calls.get(d.name, ""))
         commit = re.search(r"HYBRIDTUNE_GIT_COMMIT=(\w+)", command)
-        read = lambda f: (d / f).read_text().strip() if (d / f).exists() else None  # noqa: E731
         meta[d.name] = {
             "command": command,
             "commit": commit.group(1) if commit else None,
-            "versions (torch transformers peft)": read("versions.txt"),
-            "device": read("nvidia-smi.txt"),
+            "versions (torch transformers peft)": _read(d / "versions.txt"),
+            "device": _read(d / "nvidia-smi.txt"),
         }
         for name in names(d):
             x = run(d, name)
@@ -148,7 +151,13 @@ def main(argv: list[str]) -> int:
                 continue
             x.pop("profile", None)  # the profile files stay beside the logs
             runs.append({"id": f"{d.name}/{name}", "dir": d.name, **x})
-    doc = {"calls": meta, **dict(m.split("=", 1) for m in a.meta), "runs": runs, "scaling": scaling(runs), "method": __doc__.split("\n\n", 2)[2].strip()}
+    doc = {
+        "calls": meta,
+        **dict(m.split("=", 1) for m in a.meta),
+        "runs": runs,
+        "scaling": scaling(runs),
+        "method": __doc__.split("\n\n", 2)[2].strip(),
+    }
     a.json.write_text(json.dumps(doc, indent=2) + "\n")
     for s in doc["scaling"]:
         print(f"{s['two']} vs {s['one']}: {s['efficiency']:.3f}{'' if s['same_call'] else ' (different calls)'}")
