@@ -1,0 +1,57 @@
+"""bench/dist/table.py: the figures the scaling table and scaling.json report (medians, windows, pairs)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+
+SPEC = importlib.util.spec_from_file_location("dist_table", Path(__file__).parents[2] / "bench/dist/table.py")
+table = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(table)
+
+
+def write_run(d: Path, name: str, rates: dict[int, float], profiled: tuple[int, int] | None = None) -> None:
+    recs = [{"type": "train", "step": s, "loss": 10.0 / s, "tokens_per_s": r, "mem_gib": 1.5} for s, r in rates.items()]
+    (d / f"{name}.metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (d / f"{name}.log").write_text("...\nrc 0\n")
+    if profiled:
+        (d / f"{name}.profile.json").write_text(json.dumps({"steps": list(profiled), "world": 1, "ranks": []}))
+
+
+def test_median_of_windows_after_step_10_without_the_profiled_one(tmp_path):
+    rng = random.Random()
+    seed = rng.randrange(10**6)
+    rng.seed(seed)
+    rates = {s: rng.uniform(1e4, 5e4) for s in (1, 5, 10, 15, 20, 25, 30, 35)}
+    write_run(tmp_path, "lora-1", rates, profiled=(11, 13))
+    two = {s: r * 2 * 0.9 for s, r in rates.items()}
+    write_run(tmp_path, "lora-2", two, profiled=(11, 13))
+    got = table.run(tmp_path, "lora-1")
+    want = statistics.median([rates[s] for s in (20, 25, 30, 35)])  # 15's window (11-15) holds the profile
+    assert got["tokens_per_s"] == pytest.approx(want), seed
+    assert got["windows_used"] == [[16, 20], [21, 25], [26, 30], [31, 35]]
+    assert got["windows"][0] == {"steps": [2, 5], "tokens_per_s": rates[5]}  # step 1 (compilation) is no window
+
+    out = tmp_path / "s.json"
+    assert (
+        table.main([str(tmp_path), "--json", str(out), "--call", f"{tmp_path.name}=HYBRIDTUNE_GIT_COMMIT=abc1234 x"])
+        == 0
+    )
+    doc = json.loads(out.read_text())
+    (pair,) = doc["scaling"]
+    assert pair["efficiency"] == pytest.approx(0.9) and pair["same_call"], seed
+    assert doc["calls"][tmp_path.name]["commit"] == "abc1234"
+
+
+def test_a_run_without_a_late_window_has_no_figure(tmp_path):
+    write_run(tmp_path, "full-2", {1: 100.0, 5: 5e4, 10: 5e4})
+    write_run(tmp_path, "full-1", {1: 100.0, 5: 3e4, 10: 3e4, 15: 3e4})
+    got = table.run(tmp_path, "full-2")
+    assert "tokens_per_s" not in got and got["status"] == "no window after step 10"
+    assert "| full-2 | | | no window after step 10 |" in table.table(tmp_path)
+    assert table.scaling([{**table.run(tmp_path, n), "id": n, "dir": "x"} for n in ("full-1", "full-2")]) == []
