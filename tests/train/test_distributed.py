@@ -484,7 +484,7 @@ def test_fsdp_units_and_compile_strategy_choose_each_other(monkeypatch):
         t.cfg = load_config(None, {"fsdp_units": units})
         t.dist = distributed.Dist(rank=0, world=2, engine=engine)
         t.device = torch.device(device)
-        return t._strategy()
+        return t._strategy(torch.nn.Linear(2, 2))  # a model without a router loss
 
     assert strategy("layer", "fsdp", "cuda") == "modules"
     assert strategy("auto", "fsdp", "cuda") == strategy("model", "fsdp", "cuda") == "loop"

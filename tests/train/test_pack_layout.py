@@ -53,17 +53,17 @@ def test_auto_takes_static_only_under_the_loop_and_within_the_filler_limit(tmp_p
     t = Trainer(cfg)
     t.setup()  # CPU: compile auto = off, so the layout is dynamic
     assert t.collate.layout is None
-    assert t._collator("loop").layout is not None  # the bundled-style chats fit within the limit
+    assert t._collator("loop", t.model).layout is not None  # the bundled-style chats fit within the limit
     old = loop.AUTO_MAX_FILLER
     try:
         loop.AUTO_MAX_FILLER = 0.0  # no static layout has zero filler: auto must fall back, and say so
         with caplog.at_level(logging.INFO, logger="hybridtune.train.loop"):
-            assert t._collator("loop").layout is None
+            assert t._collator("loop", t.model).layout is None
         assert any("pack layout: dynamic" in r.getMessage() for r in caplog.records)
     finally:
         loop.AUTO_MAX_FILLER = old
     t.cfg.micro_batch_size = 2
-    assert t._collator("loop").layout is None
+    assert t._collator("loop", t.model).layout is None
     t.cfg.pack_layout = "static"
     with pytest.raises(ConfigError, match="micro_batch_size 1"):
-        t._collator("loop")
+        t._collator("loop", t.model)

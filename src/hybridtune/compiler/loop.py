@@ -14,7 +14,10 @@ its forward, on this instance only, by a wrapper that:
     does not recompile (under a static layout only the chunk count), and drops the python-int
     `max_length_q/k` that nothing compiled here reads (kept when flash-attention is the implementation:
     it reads them);
-  - with a cache, or when hidden states / attentions are requested, calls the upstream forward.
+  - with a cache, or when hidden states / attentions / router logits are requested, calls the upstream
+    forward. Router logits (an MoE model's router loss, `output_router_logits`) are recorded by
+    transformers' output-capturing hooks, which read a ContextVar that dynamo cannot trace: those calls
+    run eagerly, with a warning (the per-class `modules` strategy compiles such a model).
 
 Gradient checkpointing is switched to non-reentrant `torch.utils.checkpoint` (the reentrant form does
 not trace). `handle.undo()` restores the forward.
@@ -176,7 +179,15 @@ def compile_loop(
         **kwargs,
     ):
         wants_extra = kwargs.get("output_hidden_states") or kwargs.get("output_attentions")
-        if past_key_values is not None or use_cache or wants_extra:
+        router = kwargs.get("output_router_logits")
+        router = getattr(text.config, "output_router_logits", False) if router is None else router
+        if past_key_values is not None or use_cache or wants_extra or router:
+            if router and not handle.eager_calls:
+                logger.warning(
+                    "compile strategy 'loop': the model records its routers' logits (output_router_logits, for its "
+                    "router loss), which the one-graph loop cannot; its forward runs eagerly (slow). Use the "
+                    "per-class strategy (compile: modules) for this model"
+                )
             handle.eager_calls += 1
             return upstream(
                 input_ids=input_ids,

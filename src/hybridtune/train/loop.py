@@ -35,7 +35,7 @@ from hybridtune.train import checkpoint as ckpt
 from hybridtune.train import distributed
 from hybridtune.train.metrics import MetricsLog, Throughput, format_step, memory_gib
 from hybridtune.train.profiling import StepProfiler, summary_line
-from hybridtune.train.step import fused_loss_blocker
+from hybridtune.train.step import fused_loss_blocker, router_loss
 
 logger = logging.getLogger(__name__)
 # Estimated share of the step the filler costs (`FillerShares.cost`: tokens, and GDN chunks weighted by
@@ -265,9 +265,6 @@ class Trainer:
         # Before pick_device: under torchrun on CUDA this selects the rank's GPU.
         self.dist = distributed.init(cfg.distributed, cfg.adapter, cfg.device)
         self.device = pick_device(cfg.device)
-        if self.dist.engine == "fsdp":
-            units = distributed.fsdp_units(cfg.fsdp_units, self._strategy())
-            self.dist = dataclasses.replace(self.dist, units=units)
         self.out = Path(cfg.output_dir)
 
     # -- setup -------------------------------------------------------------------------------------
@@ -314,7 +311,10 @@ class Trainer:
         model.to(self.device)
         model.train()
         self.model = model
-        self.collate = self._collator(self._strategy())
+        self.strategy = self._strategy(model)
+        if d.engine == "fsdp":
+            self.dist = d = dataclasses.replace(d, units=distributed.fsdp_units(cfg.fsdp_units, self.strategy))
+        self.collate = self._collator(self.strategy, model)
         self.compile_handle = self._compile(model)
         self.fused_loss = self._choose_loss(model)
         # What steps and saves: the model itself in one process, DDP- or FSDP2-wrapped under torchrun (the
@@ -385,20 +385,31 @@ class Trainer:
         logger.warning("loss: transformers' own ([tokens, vocab] logits kept): %s", blocker)
         return False
 
-    def _strategy(self) -> str:
-        """`compile: auto` is the loop on a GPU (per-class `modules` where FSDP2 shards per layer: the loop's one
-        graph cannot hold FSDP2's per-layer hooks) and off on the CPU."""
-        strategy = self.cfg.compile
-        if strategy == "auto":
-            if self.device.type != "cuda":
-                return "off"
-            per_layer = self.dist.engine == "fsdp" and self.cfg.fsdp_units == "layer"
-            strategy = "modules" if per_layer else "loop"
-        return strategy
+    def _strategy(self, model) -> str:
+        """`compile: auto` is the loop on a GPU and off on the CPU. The loop's one graph cannot hold FSDP2's
+        per-layer hooks nor record an MoE router loss's logits: for those, auto is the per-class `modules`, and
+        an explicit `loop` with a router loss is refused."""
+        cfg = self.cfg
+        why = "the model adds a router loss (output_router_logits)" if router_loss(model) else None
+        if cfg.compile == "loop" and why:
+            raise ConfigError(
+                f"compile 'loop': {why}, whose router logits the one-graph loop cannot record; "
+                "use compile: modules (or auto)"
+            )
+        if cfg.compile != "auto":
+            return cfg.compile
+        if self.device.type != "cuda":
+            return "off"
+        if self.dist.engine == "fsdp" and cfg.fsdp_units == "layer":
+            why = why or "FSDP2 shards per decoder layer (fsdp_units: layer)"
+        if why:
+            logger.info("compile: auto -> modules (per-class forwards): %s, which the one-graph loop cannot hold", why)
+            return "modules"
+        return "loop"
 
     def _compile(self, model):
         """Compile after patching, LoRA and checkpointing are in place (the graph must see all three)."""
-        strategy = self._strategy()
+        strategy = self.strategy
         if strategy == "off":
             return None
         from hybridtune.compiler.strategies import compile_model
@@ -438,11 +449,17 @@ class Trainer:
     def _window(self) -> list[dict]:
         return [self.collate(self.stream.next_docs()) for _ in range(self.cfg.gradient_accumulation_steps)]
 
-    def _collator(self, strategy: str) -> PackedCollator:
+    def _collator(self, strategy: str, model) -> PackedCollator:
         """The batch layout. Static (every batch filled to one size fitted over every train and eval pack this
         run collates) under `pack_layout: static`, or `auto` with the compiled loop when the fit costs at most
-        AUTO_MAX_FILLER of the computed tokens; dynamic otherwise (said in one line)."""
+        AUTO_MAX_FILLER of the computed tokens; dynamic otherwise (said in one line). Never static for a model
+        with a router loss: the filler's tokens would count in its load-balancing statistics."""
         cfg = self.cfg
+        if cfg.pack_layout == "static" and router_loss(model):
+            raise ConfigError(
+                "pack_layout 'static': the model adds a router loss (output_router_logits), and the filler "
+                "documents' tokens would count in its load-balancing loss; use pack_layout: dynamic (or auto)"
+            )
         if cfg.pack_layout == "dynamic" or (cfg.pack_layout == "auto" and strategy != "loop"):
             return PackedCollator()
         if cfg.micro_batch_size > 1:

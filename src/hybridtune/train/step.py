@@ -37,11 +37,22 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return get() if callable(get) else model
 
 
+def text_config(model: torch.nn.Module):
+    """The text model's config (a multimodal config's text part), or None."""
+    cfg = getattr(unwrap(model), "config", None)
+    return cfg.get_text_config() if cfg is not None and hasattr(cfg, "get_text_config") else cfg
+
+
+def router_loss(model: torch.nn.Module) -> bool:
+    """Whether the model's own loss adds an MoE router (load-balancing) loss: it then records every router's
+    logits during the forward (transformers' `output_router_logits`)."""
+    return bool(getattr(text_config(model), "output_router_logits", False))
+
+
 def fused_loss_blocker(model: torch.nn.Module) -> str | None:
     """Why the fused loss cannot stand in for this model's own loss, or None when it can."""
     base = unwrap(model)
-    cfg = getattr(base, "config", None)
-    text_cfg = cfg.get_text_config() if cfg is not None and hasattr(cfg, "get_text_config") else cfg
+    text_cfg = text_config(base)
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     if not isinstance(head, torch.nn.Linear) or type(head) is not torch.nn.Linear:
         return f"the output head is {type(head).__name__}, not a plain Linear"
@@ -49,7 +60,7 @@ def fused_loss_blocker(model: torch.nn.Module) -> str | None:
         return "the output head has a bias"
     if getattr(text_cfg, "final_logit_softcapping", None):
         return "the model soft-caps its logits"
-    if getattr(text_cfg, "output_router_logits", False):
+    if router_loss(base):
         return "the model adds a router loss"
     return None
 
