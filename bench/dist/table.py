@@ -6,9 +6,11 @@
                                                     # against each 1-GPU run of the same adapter, into OUT
 
 A run NAME (lora-1, lora-2, full-1, full-2, full-1m, lora-1t1, ...) left NAME.log, NAME.metrics.jsonl and, when
-profiled, NAME.profile.json. Its tokens/s is the median over the logged windows after step 10 (past compilation),
-leaving out a window that holds a profiled step (the profiler slows it). Scaling is the 2-GPU tokens/s over twice
-the 1-GPU figure.
+profiled, NAME.profile.json. Its tokens/s is the median over the logged windows that start after step 10 (past
+compilation), leaving out a window that holds a profiled step (the profiler slows it). Scaling is the 2-GPU
+tokens/s over twice the 1-GPU figure of the same adapter and variant (the name's tail after the GPU count: full-2m
+pairs with full-1m); a 1-GPU run with OMP_NUM_THREADS=1 (tail "t1") pairs with the plain 2-GPU run, whose ranks
+torchrun starts with that setting.
 """
 
 from __future__ import annotations
@@ -21,11 +23,17 @@ import sys
 from pathlib import Path
 
 KNOWN = ["lora-1", "lora-2", "full-1", "full-2"]
-FIRST_STEP = 10  # windows ending after this step count
+FIRST_STEP = 10  # windows starting after this step count
+THREAD_VARIANT = "t1"  # a 1-GPU run with OMP_NUM_THREADS=1: torchrun's ranks run so, so it pairs with the plain run
 
 
 def gpus(name: str) -> int:
     return 2 if name.partition("-")[2].startswith("2") else 1
+
+
+def variant(name: str) -> str:
+    """The name's tail after the GPU count: "" for lora-1 / full-2, "m" for full-2m, "t1" for lora-1t1."""
+    return name.partition("-")[2][1:]
 
 
 def run(r: Path, name: str) -> dict:
@@ -55,7 +63,7 @@ def run(r: Path, name: str) -> dict:
     used = [
         w
         for w in windows
-        if w["steps"][1] > FIRST_STEP and not any(w["steps"][0] <= s <= w["steps"][1] for s in profiled)
+        if w["steps"][0] > FIRST_STEP and not any(w["steps"][0] <= s <= w["steps"][1] for s in profiled)
     ]
     out.update(
         windows=windows,
@@ -76,7 +84,7 @@ def names(r: Path) -> list[str]:
 
 def table(r: Path) -> str:
     rows = [
-        "| run | GPUs | engine | tok/s (median, global) | per GPU | peak mem GiB (rank 0) | loss first -> last | rc |",
+        "| run | GPUs | engine | tok/s (median, global) | per GPU | peak mem GiB (max over ranks) | loss first -> last | rc |",
         "|---|---|---|---|---|---|---|---|",
     ]
     profiles = []
@@ -101,13 +109,14 @@ def table(r: Path) -> str:
 
 
 def scaling(runs: list[dict]) -> list[dict]:
-    """Each 2-GPU run against each 1-GPU run of the same adapter (the 1-process OMP_NUM_THREADS=1 variants too)."""
+    """Each 2-GPU run against each 1-GPU run of the same adapter and variant (see the module's docstring)."""
     out = []
     for two in runs:
         if two["gpus"] != 2 or two.get("status") != "ok":
             continue
         for one in runs:
-            if one["gpus"] == 1 and one["adapter"] == two["adapter"] and one.get("status") == "ok":
+            same = variant(one["name"]) in (variant(two["name"]), THREAD_VARIANT if not variant(two["name"]) else None)
+            if one["gpus"] == 1 and one["adapter"] == two["adapter"] and same and one.get("status") == "ok":
                 out.append(
                     {
                         "two": two["id"],

@@ -150,7 +150,8 @@ class TrainConfig:
         "what FSDP2 shards and gathers as one unit: layer = each decoder layer (the least memory: one layer "
         "gathered at a time, gradients reduce-scattered every micro-batch; compile: loop cannot trace its "
         "hooks, so compile auto becomes modules); model = the whole model (what the compiled loop needs: "
-        "gathered once per optimizer step, gradients reduced once per step); auto = model under compile: "
+        "gathered once per optimizer step, gradients reduced once per step, the whole fp32 gradient kept over the "
+        "step); auto = model under compile: "
         "loop, layer otherwise",
     )
     num_threads: int = _f(
@@ -355,12 +356,6 @@ def validate(cfg: TrainConfig) -> None:
                 f"config key 'compile_overrides' entry {item!r} must look like Class=compile|fullgraph|eager|off "
                 "(e.g. Qwen3_5MLP=eager)"
             )
-    if cfg.fsdp_units == "layer" and cfg.compile == "loop":
-        raise ConfigError(
-            "config keys 'fsdp_units' = 'layer' and 'compile' = 'loop' do not go together: the loop is one graph "
-            "over every layer and FSDP2's per-layer hooks cannot run inside it; use compile: modules (or auto), "
-            "or fsdp_units: model"
-        )
     if cfg.adapter == "lora" and not cfg.lora_target_modules:
         raise ConfigError("config key 'lora_target_modules' is empty; name at least one module (e.g. q_proj)")
     for i, ds in enumerate(cfg.resolved_datasets()):

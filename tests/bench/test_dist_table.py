@@ -55,3 +55,13 @@ def test_a_run_without_a_late_window_has_no_figure(tmp_path):
     assert "tokens_per_s" not in got and got["status"] == "no window after step 10"
     assert "| full-2 | | | no window after step 10 |" in table.table(tmp_path)
     assert table.scaling([{**table.run(tmp_path, n), "id": n, "dir": "x"} for n in ("full-1", "full-2")]) == []
+
+
+def test_pairs_keep_to_their_variant(tmp_path):
+    """full-2m (per-layer FSDP2 under modules) pairs with full-1m only; lora-1t1 (one thread) with lora-2."""
+    rates = {1: 1.0, 5: 1.0, 15: 1.0, 20: 1.0}
+    for name in ("full-1", "full-1m", "full-2m", "lora-1t1", "lora-2"):
+        write_run(tmp_path, name, rates)
+    runs = [{**table.run(tmp_path, n), "id": n, "dir": "x"} for n in table.names(tmp_path)]
+    runs = [r for r in runs if r["status"] == "ok"]
+    assert sorted((p["two"], p["one"]) for p in table.scaling(runs)) == [("full-2m", "full-1m"), ("lora-2", "lora-1t1")]

@@ -265,16 +265,29 @@ def window(d, windowed):
         ctx = distributed.accumulation(wrapped, d, last) if windowed else distributed.contextlib.nullcontext()
         with ctx:
             (wrapped(batch, 300, True) * d.world).backward()
+    # Every parameter's whole gradient (FSDP2's are DTensor shards: gathered), in one order on every engine.
+    grads = {}
+    for name, p in wrapped.named_parameters():
+        g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        grads[name.removeprefix("module.")] = g.detach().flatten()
     norm = float(distributed.total_grad_norm(list(wrapped.parameters())))
-    return {"norm": norm, **calls}
+    return {"norm": norm, **calls}, grads
 
 d = distributed.init("fsdp", "full", "cpu")
 import dataclasses
-res = {
-    "ddp": window(dataclasses.replace(d, engine="ddp"), True),
-    "per_micro_batch": window(dataclasses.replace(d, units="model"), False),
-    "per_window": window(dataclasses.replace(d, units="model"), True),
-}
+res, grads = {}, {}
+for key, dd, windowed in [
+    ("ddp", dataclasses.replace(d, engine="ddp"), True),
+    ("per_micro_batch", dataclasses.replace(d, units="model"), False),
+    ("per_window", dataclasses.replace(d, units="model"), True),
+]:
+    res[key], grads[key] = window(dd, windowed)
+# The largest element-wise difference from DDP's gradient, relative to that gradient's largest element.
+for key in ("per_micro_batch", "per_window"):
+    assert grads[key].keys() == grads["ddp"].keys(), (key, sorted(grads[key])[:3], sorted(grads["ddp"])[:3])
+    res[key]["grad_rel_diff"] = max(
+        float((grads[key][n] - g).abs().max() / g.abs().max().clamp(min=1e-30)) for n, g in grads["ddp"].items()
+    )
 if d.is_main:
     print(json.dumps(res), flush=True)
 distributed.shutdown(d)
@@ -284,7 +297,7 @@ distributed.shutdown(d)
 def test_fsdp2_whole_model_unit_reduces_once_per_window(tmp_path):
     """FSDP2 with the whole model as one unit (`fsdp_units: model`, what the compiled loop uses): over a window of
     2 micro-batches per rank, one all-gather and one reduce-scatter (not one of each per micro-batch), and the
-    accumulated gradient is DDP's and the per-micro-batch sync's (grad norm, GRAD_NORM_RTOL)."""
+    accumulated gradient is DDP's and the per-micro-batch sync's, element by element (GRAD_NORM_RTOL)."""
     script = tmp_path / "rank.py"
     script.write_text(WINDOW_RANK)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
@@ -293,8 +306,9 @@ def test_fsdp2_whole_model_unit_reduces_once_per_window(tmp_path):
     res = json.loads([x for x in r.stdout.splitlines() if x.startswith("{")][-1])
     assert res["per_micro_batch"]["gather"] == 2 and res["per_micro_batch"]["reduce"] == 2, res
     assert res["per_window"]["gather"] == 1 and res["per_window"]["reduce"] == 1, res
-    assert res["per_window"]["norm"] == pytest.approx(res["ddp"]["norm"], rel=GRAD_NORM_RTOL), res
-    assert res["per_window"]["norm"] == pytest.approx(res["per_micro_batch"]["norm"], rel=GRAD_NORM_RTOL), res
+    for key in ("per_micro_batch", "per_window"):
+        assert res[key]["norm"] == pytest.approx(res["ddp"]["norm"], rel=GRAD_NORM_RTOL), res
+        assert res[key]["grad_rel_diff"] < GRAD_NORM_RTOL, res  # every parameter's gradient, element by element
 
 
 def worker_pids(root: int) -> dict[int, int]:
@@ -473,15 +487,13 @@ def test_fsdp_units_and_compile_strategy_choose_each_other(monkeypatch):
     and `layer` with an explicit loop is refused at config time; auto units follow the strategy."""
     from hybridtune.config import load_config
 
-    with pytest.raises(ConfigError, match="'fsdp_units' = 'layer' and 'compile' = 'loop' do not go together"):
-        load_config(None, {"fsdp_units": "layer", "compile": "loop"})
     assert distributed.fsdp_units("auto", "loop") == "model"
     assert distributed.fsdp_units("auto", "modules") == distributed.fsdp_units("auto", "off") == "layer"
     assert distributed.fsdp_units("model", "off") == "model"
 
-    def strategy(units: str, engine: str, device: str) -> str:
+    def strategy(units: str, engine: str, device: str, compile: str = "auto") -> str:
         t = Trainer.__new__(Trainer)  # only what _strategy reads
-        t.cfg = load_config(None, {"fsdp_units": units})
+        t.cfg = load_config(None, {"fsdp_units": units, "compile": compile})
         t.dist = distributed.Dist(rank=0, world=2, engine=engine)
         t.device = torch.device(device)
         return t._strategy(torch.nn.Linear(2, 2))  # a model without a router loss
@@ -490,3 +502,35 @@ def test_fsdp_units_and_compile_strategy_choose_each_other(monkeypatch):
     assert strategy("auto", "fsdp", "cuda") == strategy("model", "fsdp", "cuda") == "loop"
     assert strategy("layer", "ddp", "cuda") == "loop"  # fsdp_units means nothing to DDP
     assert strategy("layer", "fsdp", "cpu") == "off"
+    with pytest.raises(ConfigError, match="'fsdp_units' = 'layer' and 'compile' = 'loop' do not go together"):
+        strategy("layer", "fsdp", "cuda", compile="loop")
+    assert strategy("layer", "ddp", "cuda", compile="loop") == "loop"  # nothing to refuse without FSDP2
+
+
+def test_an_error_inside_a_window_puts_fsdp2_back_to_reducing():
+    """`accumulation` for a whole-model FSDP2 unit turns gradient sync and resharding off for the window's earlier
+    micro-batches; an exception there turns them back on, so nothing after it runs with the model left gathered."""
+
+    class Unit:  # records what FSDP2's setters were told
+        sync = reshard = True
+
+        def set_requires_gradient_sync(self, on, recurse):
+            self.sync = on
+
+        def set_reshard_after_backward(self, on, recurse):
+            self.reshard = on
+
+    d = distributed.Dist(rank=0, world=2, engine="fsdp", units="model")
+    unit = Unit()
+    with distributed.accumulation(unit, d, last=False):
+        assert (unit.sync, unit.reshard) == (False, False)
+    assert (unit.sync, unit.reshard) == (False, False)  # a window goes on: the last micro-batch turns them on
+    with distributed.accumulation(unit, d, last=True):
+        assert (unit.sync, unit.reshard) == (True, True)
+    with pytest.raises(RuntimeError, match="boom"):
+        with distributed.accumulation(unit, d, last=False):
+            raise RuntimeError("boom")
+    assert (unit.sync, unit.reshard) == (True, True)
+    layer = Unit()
+    with distributed.accumulation(layer, distributed.Dist(rank=0, world=2, engine="fsdp", units="layer"), last=False):
+        assert (layer.sync, layer.reshard) == (True, True)  # per layer: every micro-batch reduces

@@ -14,7 +14,8 @@ Nothing here moves tensors between ranks by itself: `torch.distributed` (process
     reduce-scattered every micro-batch: the least memory;
   - `model`: the root alone, which the compiled `loop` needs (see `wrap`). The whole model is gathered
     anyway, so the window's micro-batches keep it gathered and accumulate the whole gradient, and the
-    gradients are reduce-scattered once per optimizer step, like DDP's all-reduce (`accumulation`).
+    gradients are reduce-scattered once per optimizer step, like DDP's all-reduce (`accumulation`; the
+    price is the unsharded fp32 gradient kept over the window).
   On a GPU with bf16 the parameters are gathered in bf16 and gradients reduced (and accumulated) in fp32.
 
 Both engines average gradients over ranks; each rank's loss is multiplied by the world size before
@@ -246,24 +247,38 @@ def wrap(runner: LossModule, d: Dist, device: torch.device, bf16: bool) -> torch
     return runner
 
 
+@contextlib.contextmanager
 def accumulation(engine: torch.nn.Module, d: Dist, last: bool):
     """Context for one micro-batch's forward + backward: gradients are reduced on the window's last one only,
     except under FSDP2 per layer.
 
     - DDP: `no_sync` on the earlier micro-batches.
     - FSDP2, `model` units: the earlier micro-batches keep the model gathered (no all-gather per micro-batch)
-      and accumulate the unsharded gradient (in fp32 under bf16 mixed precision); the last one
-      reduce-scatters it and reshards. The whole model and its gradient are unsharded during every backward
-      anyway, so this costs no peak memory, and the communication is that of one micro-batch per step.
+      and accumulate the unsharded gradient; the last one reduce-scatters it and reshards. The communication
+      is then that of one micro-batch per step. The cost is memory: from the first micro-batch's backward to
+      the last one's, the whole unsharded gradient is kept (fp32 under bf16 mixed precision: 4 bytes per
+      parameter, 7.1 GiB for the 2B shape) through the next forwards, where activations peak.
     - FSDP2, `layer` units: every micro-batch reduce-scatters, so no layer's unsharded gradient outlives its
       backward (the memory `layer` is chosen for).
+
+    An exception inside a window's earlier micro-batch puts FSDP2 back to reducing and resharding, so nothing
+    after it (an eval, a save) runs with the model left gathered.
     """
     if d.engine == "ddp" and not last:
-        return engine.no_sync()
-    if d.engine == "fsdp" and d.units == "model":
+        with engine.no_sync():
+            yield
+        return
+    windowed = d.engine == "fsdp" and d.units == "model"
+    if windowed:
         engine.set_requires_gradient_sync(last, recurse=False)
         engine.set_reshard_after_backward(last, recurse=False)
-    return contextlib.nullcontext()
+    try:
+        yield
+    except BaseException:
+        if windowed and not last:
+            engine.set_requires_gradient_sync(True, recurse=False)
+            engine.set_reshard_after_backward(True, recurse=False)
+        raise
 
 
 def all_sum(values: list[float], d: Dist) -> list[float]:

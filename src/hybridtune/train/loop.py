@@ -396,11 +396,18 @@ class Trainer:
                 f"compile 'loop': {why}, whose router logits the one-graph loop cannot record; "
                 "use compile: modules (or auto)"
             )
+        per_layer = self.dist.engine == "fsdp" and cfg.fsdp_units == "layer"
+        if cfg.compile == "loop" and per_layer:
+            raise ConfigError(
+                "config keys 'fsdp_units' = 'layer' and 'compile' = 'loop' do not go together: the loop is one graph "
+                "over every layer and FSDP2's per-layer hooks cannot run inside it; use compile: modules (or auto), "
+                "or fsdp_units: model"
+            )
         if cfg.compile != "auto":
             return cfg.compile
         if self.device.type != "cuda":
             return "off"
-        if self.dist.engine == "fsdp" and cfg.fsdp_units == "layer":
+        if per_layer:
             why = why or "FSDP2 shards per decoder layer (fsdp_units: layer)"
         if why:
             logger.info("compile: auto -> modules (per-class forwards): %s, which the one-graph loop cannot hold", why)
@@ -577,9 +584,10 @@ class Trainer:
             return self.train_step()
         except torch.OutOfMemoryError as e:
             if self.dist.enabled:
+                also = " or fsdp_units: layer" if self.dist.engine == "fsdp" and self.dist.units == "model" else ""
                 raise ConfigError(
                     f"out of GPU memory in the first step without gradient checkpointing ({str(e).splitlines()[0]}); "
-                    "set gradient_checkpointing: true (or a shorter sequence_len)"
+                    f"set gradient_checkpointing: true (or a shorter sequence_len{also})"
                 ) from None
         self.optimizer.zero_grad(set_to_none=True)
         gc.collect()  # the failed step's traceback frames may still hold activations
