@@ -101,8 +101,9 @@ class TrainConfig:
     pack_layout: Literal["auto", "static", "dynamic"] = _f(
         "auto",
         "static = every batch filled to one length and document count with filler documents (the graph's only "
-        "symbolic size is the GDN chunk count: about half the compile time); dynamic = no filler; auto = static "
-        "under compile: loop when the filler costs at most about 10% of the step and micro_batch_size is 1",
+        "symbolic size is the GDN chunk count: about half the compile time, and one compile per class under "
+        "compile: modules); dynamic = no filler; auto = static under compile: loop or modules when the filler costs "
+        "at most about 10% of the step, micro_batch_size is 1 and the model has no router loss",
     )
     loss: Literal["auto", "fused", "plain"] = _f(
         "auto",

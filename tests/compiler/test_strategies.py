@@ -159,3 +159,51 @@ def test_peft_wrapped_model():
     for name in ref_grads:
         torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-5, atol=1e-5, msg=name)
     handle.undo()
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3_5", "tiny-qwen3_next"])
+def test_modules_compile_once_per_frame_across_static_layout_batches(name):
+    """Under a static pack layout the per-class forwards compile once each: T and the document count are fixed,
+    and `forward_loss` marks the GDN chunk count (which differs from batch to batch) dynamic from the first call.
+    Losses and gradients equal the uncompiled model's on the same packed, patched batches. (The dynamic layout
+    compiles each frame again as T, N and C change: 9 graphs against 4 for tiny-qwen3_5, measured.)"""
+    from torch._dynamo.utils import counters
+
+    from hybridtune.data import PackedCollator
+    from hybridtune.data.collator import StaticLayout
+    from hybridtune.data.packing import Example
+    from hybridtune.models.loading import load_model
+    from hybridtune.models.patching import patch_model
+    from hybridtune.train.step import forward_loss
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = load_model(name).model.float().train()
+    patch_model(model)
+    layouts = [[65, 23, 40], [90, 31], [12, 7, 50, 61], [130], [33, 1, 19, 60]]
+    collate = PackedCollator(layout=StaticLayout.fit(layouts, max_filler=0.5), pad_token_id=0)
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 10**6, ()).item()))
+    batches = [
+        collate([Example(torch.randint(5, 200, (n,), generator=gen).tolist(), [1] * n) for n in lens])
+        for lens in layouts
+    ]
+    assert len({int(b["gdn_chunk_indices"].shape[0]) for b in batches}) > 1  # the chunk count does change
+
+    def step(b):
+        model.zero_grad(set_to_none=True)
+        loss = forward_loss(model, b, 300, True)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    eager = [step(b) for b in batches]
+    compile_model(model, "modules", backend="eager")
+    counters.clear()
+    graphs = []
+    for b, (loss_e, grads_e) in zip(batches, eager):
+        loss_c, grads_c = step(b)
+        graphs.append(counters["stats"]["unique_graphs"])
+        torch.testing.assert_close(loss_c, loss_e, rtol=1e-5, atol=1e-6)
+        assert grads_c.keys() == grads_e.keys()
+        for n in grads_e:
+            torch.testing.assert_close(grads_c[n], grads_e[n], rtol=1e-5, atol=1e-6, msg=n)
+    assert graphs[0] > 0 and graphs == [graphs[0]] * len(batches), graphs  # no frame compiled twice

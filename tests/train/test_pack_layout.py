@@ -41,7 +41,7 @@ def test_static_layout_follows_the_dynamic_curve(tmp_path, small_data):
         assert abs(a["eval_loss"] - b["eval_loss"]) / b["eval_loss"] < 1e-5
 
 
-def test_auto_takes_static_only_under_the_loop_and_within_the_filler_limit(tmp_path, small_data, caplog):
+def test_auto_takes_static_only_under_a_compile_and_within_the_filler_limit(tmp_path, small_data, caplog):
     import logging
 
     import pytest
@@ -54,6 +54,7 @@ def test_auto_takes_static_only_under_the_loop_and_within_the_filler_limit(tmp_p
     t.setup()  # CPU: compile auto = off, so the layout is dynamic
     assert t.collate.layout is None
     assert t._collator("loop", t.model).layout is not None  # the bundled-style chats fit within the limit
+    assert t._collator("modules", t.model).layout is not None  # per-class forwards: one compile per class
     old = loop.AUTO_MAX_FILLER
     try:
         loop.AUTO_MAX_FILLER = 0.0  # no static layout has zero filler: auto must fall back, and say so

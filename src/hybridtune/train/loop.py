@@ -458,7 +458,8 @@ class Trainer:
 
     def _collator(self, strategy: str, model) -> PackedCollator:
         """The batch layout. Static (every batch filled to one size fitted over every train and eval pack this
-        run collates) under `pack_layout: static`, or `auto` with the compiled loop when the fit costs at most
+        run collates) under `pack_layout: static`, or `auto` under a compile (the loop, or the per-class forwards,
+        which then compile once per class instead of once per new T, N and chunk count) when the fit costs at most
         AUTO_MAX_FILLER of the computed tokens; dynamic otherwise (said in one line). Never static for a model
         with a router loss: the filler's tokens would count in its load-balancing statistics."""
         cfg = self.cfg
@@ -467,7 +468,10 @@ class Trainer:
                 "pack_layout 'static': the model adds a router loss (output_router_logits), and the filler "
                 "documents' tokens would count in its load-balancing loss; use pack_layout: dynamic (or auto)"
             )
-        if cfg.pack_layout == "dynamic" or (cfg.pack_layout == "auto" and strategy != "loop"):
+        if cfg.pack_layout == "dynamic" or (cfg.pack_layout == "auto" and strategy not in ("loop", "modules")):
+            return PackedCollator()
+        if cfg.pack_layout == "auto" and router_loss(model):
+            logger.info("pack layout: dynamic (the model's router loss would count the filler documents' tokens)")
             return PackedCollator()
         if cfg.micro_batch_size > 1:
             if cfg.pack_layout == "static":

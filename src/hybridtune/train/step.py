@@ -27,7 +27,7 @@ MODEL_KEYS = (
     "cu_seq_lens_k",
     "max_length_q",
     "max_length_k",
-    "gdn_chunk_indices",  # read by patched GDN mixers; transformers' own layers ignore it
+    "gdn_chunk_indices",  # read by patched GDN mixers; transformers' own layers ignore it (CHUNKS_KEY)
 )
 
 
@@ -71,9 +71,17 @@ def shifted_targets(labels: torch.Tensor) -> torch.Tensor:
     return torch.cat([flat[1:], flat.new_full((1,), IGNORE_INDEX)])
 
 
+CHUNKS_KEY = "gdn_chunk_indices"
+
+
 def forward_loss(model: torch.nn.Module, batch: dict, num_items: int, fused: bool) -> torch.Tensor:
     """Loss of one micro-batch (sum over its trained tokens / `num_items`); see the module docstring."""
     kwargs = {k: batch[k] for k in MODEL_KEYS if k in batch}
+    if isinstance(kwargs.get(CHUNKS_KEY), torch.Tensor):
+        # The GDN chunk count differs from batch to batch in every pack layout: a compiled frame that receives
+        # the chunk indices (the per-class forwards of `compile: modules`) takes it as a symbol from the first
+        # call instead of recompiling for the second count. (The loop's wrapper marks it itself; eager ignores it.)
+        torch._dynamo.maybe_mark_dynamic(kwargs[CHUNKS_KEY], 0)
     if not fused:
         return model(**kwargs, num_items_in_batch=max(num_items, 1)).loss
     from hybridtune.compiler.loop import find_text_model
