@@ -6,6 +6,7 @@ import doctest
 import importlib
 import importlib.util
 import pkgutil
+from pathlib import Path
 
 import pytest
 
@@ -14,10 +15,15 @@ import hybridtune
 
 def _modules_with_examples() -> list[str]:
     names = []
-    for info in pkgutil.walk_packages(hybridtune.__path__, "hybridtune."):
+
+    def failed(name: str) -> None:
+        raise ImportError(f"{name} does not import, so its examples cannot be collected")
+
+    for info in pkgutil.walk_packages(hybridtune.__path__, "hybridtune.", onerror=failed):
         spec = importlib.util.find_spec(info.name)
-        if spec and spec.origin and spec.origin.endswith(".py") and ">>> " in open(spec.origin).read():
-            names.append(info.name)
+        if spec and spec.origin and spec.origin.endswith(".py"):
+            if ">>> " in Path(spec.origin).read_text(encoding="utf-8"):
+                names.append(info.name)
     return names
 
 

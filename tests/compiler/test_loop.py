@@ -138,6 +138,35 @@ def test_router_loss_runs_on_the_upstream_path_with_a_warning(caplog):
     assert handle.calls == 0 and handle.eager_calls == 2
 
 
+def test_loop_traces_capture_hooks_left_by_an_earlier_call():
+    """One call with output_hidden_states installs transformers' output-capturing hooks for good; the loop must
+    still compile in one graph afterwards (the hooks traced as idle), equal to eager, and such calls still return
+    their hidden states."""
+    from transformers import AutoModelForCausalLM
+
+    from hybridtune.compiler.loop import compile_loop
+    from hybridtune.models.patching import patch_model
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(preset_config("tiny-qwen3_5", vocab_size=256)).train()
+    patch_model(model)
+    batch = _batch([40, 23, 61], "cpu", seed=torch.randint(0, 10**6, ()).item())
+    hidden = model(**batch, output_hidden_states=True).hidden_states
+    assert len(hidden) == model.config.num_hidden_layers + 1
+    assert model.model._output_capturing_hooks_installed
+    loss_e, grads_e = _step(model, batch)
+    handle = compile_loop(model, backend="eager")
+    for _ in range(2):
+        loss_c, grads_c = _step(model, batch)
+        torch.testing.assert_close(loss_c, loss_e, rtol=1e-6, atol=1e-7)
+        for n in grads_e:
+            torch.testing.assert_close(grads_c[n], grads_e[n], rtol=1e-6, atol=1e-7, msg=n)
+    assert handle.calls == 2 and handle.eager_calls == 0
+    again = model(**batch, output_hidden_states=True).hidden_states  # upstream, collecting as before
+    assert len(again) == len(hidden) and torch.allclose(again[-1], hidden[-1], atol=1e-6)
+
+
 def _collated(lens, seed, collate, device):
     from hybridtune.data.packing import Example
 

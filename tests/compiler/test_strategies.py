@@ -207,3 +207,14 @@ def test_modules_compile_once_per_frame_across_static_layout_batches(name):
         for n in grads_e:
             torch.testing.assert_close(grads_c[n], grads_e[n], rtol=1e-5, atol=1e-6, msg=n)
     assert graphs[0] > 0 and graphs == [graphs[0]] * len(batches), graphs  # no frame compiled twice
+    # Eval (no grad: graphs of its own) reads the batch through the same inputs: once per frame too.
+    from hybridtune.train.distributed import LossModule
+
+    runner = LossModule(model).eval()
+    evals = []
+    fresh = [collate([Example(list(range(5, 5 + n)), [1] * n) for n in lens]) for lens in layouts]  # unmarked
+    with torch.no_grad():
+        for b in fresh:
+            runner(b)
+            evals.append(counters["stats"]["unique_graphs"])
+    assert evals[0] > graphs[-1] and evals == [evals[0]] * len(batches), evals

@@ -49,3 +49,29 @@ def test_router_loss_refuses_a_static_layout(moe):
     with pytest.raises(ConfigError, match="filler documents' tokens would count in its load-balancing loss"):
         _trainer("cpu", pack_layout="static")._collator("modules", moe)
     assert _trainer("cpu")._collator("modules", moe).layout is None  # auto: dynamic
+
+
+def test_router_loss_model_compiled_per_class_keeps_its_router_term(moe):
+    """What `compile: auto` picks for such a model on a GPU (`modules`; the eager backend here) gives the eager
+    loss with the router term in it (each MoE block's graph breaks at transformers' capture hook)."""
+    from hybridtune.compiler.strategies import compile_model
+    from hybridtune.data import PackedCollator
+    from hybridtune.data.packing import Example
+    from hybridtune.models.patching import patch_model
+    from hybridtune.train.step import forward_loss
+
+    torch._dynamo.reset()
+    moe = moe.float().train()
+    patch_model(moe)
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 10**6, ()).item()))
+    batch = PackedCollator()(
+        [Example(torch.randint(5, 200, (n,), generator=gen).tolist(), [1] * n) for n in (40, 23, 61)]
+    )
+    want = forward_loss(moe, batch, 124, False).detach()
+    moe.config.output_router_logits = False
+    without = forward_loss(moe, batch, 124, False).detach()
+    moe.config.output_router_logits = True
+    assert abs(float(without - want)) > 1e-6  # the router term is there to lose
+    compile_model(moe, "modules", backend="eager")
+    got = forward_loss(moe, batch, 124, False).detach()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -44,7 +44,7 @@ def pack_layouts(seq_len: int, n: int, seed: int = 0) -> list[list[int]]:
 
 def make_batches(layouts: list[list[int]], vocab_size: int, seed: int = 0, static: bool = False) -> list[dict]:
     """Collated packed batches (see `hybridtune.data.collator`) for the given layouts; `static`: all filled to
-    one static layout fitted over them (filler documents, as `hybridtune train` does under the compiled loop)."""
+    one static layout fitted over them (filler documents, as `hybridtune train` does under a compile)."""
     gen = torch.Generator().manual_seed(seed)
     collate = PackedCollator(layout=StaticLayout.fit(layouts, max_filler=1.0) if static else None)
     batches = []

@@ -77,10 +77,12 @@ MODES: dict[str, Mode] = {
         ),
         Mode(
             "ht-modules",
-            "hybridtune ops + fused loss, generated per-class forwards compiled",
+            "hybridtune ops + fused loss, generated per-class forwards compiled, static pack layout (as `hybridtune "
+            "train` under compile: modules)",
             patch=True,
             compile="modules",
             loss="fused",
+            static=True,
         ),
     ]
 }

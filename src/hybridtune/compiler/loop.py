@@ -17,7 +17,8 @@ its forward, on this instance only, by a wrapper that:
   - with a cache, or when hidden states / attentions / router logits are requested, calls the upstream
     forward. Router logits (an MoE model's router loss, `output_router_logits`) are recorded by
     transformers' output-capturing hooks, which read a ContextVar that dynamo cannot trace: those calls
-    run eagerly, with a warning (the per-class `modules` strategy compiles such a model).
+    run eagerly, with a warning (the per-class `modules` strategy compiles such a model). Once such a call
+    has installed those hooks on the model, later compiled calls trace them as idle (`_capture_hooks_idle`).
 
 Gradient checkpointing is switched to non-reentrant `torch.utils.checkpoint` (the reentrant form does
 not trace). `handle.undo()` restores the forward.
@@ -25,6 +26,7 @@ not trace). `handle.undo()` restores the forward.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -122,6 +124,32 @@ def _mark_layout_dynamic(inputs_embeds, position_ids, attention_mask, kwargs) ->
             torch._dynamo.maybe_mark_dynamic(kwargs[k], 0)
 
 
+@contextlib.contextmanager
+def _capture_hooks_idle(text):
+    """transformers' output-capturing hooks, once on a model (any call that asked for hidden states, attentions or
+    router logits installed them for good), run on every layer call and read a ContextVar, which dynamo cannot
+    trace. transformers' own compiled path switches that variable to a plain attribute while compiling
+    (`CompileableContextVar`); this does the same around our compiled call, with no collector set, so the
+    hooks trace to nothing. Yields False where this transformers has no such variable (the caller then runs
+    upstream)."""
+    if not getattr(text, "_output_capturing_hooks_installed", False):
+        yield True
+        return
+    try:
+        from transformers.utils.output_capturing import _active_collector as var
+    except ImportError:
+        var = None
+    if var is None or not (hasattr(var, "compiling") and hasattr(var, "global_var")):
+        yield False
+        return
+    saved = (var.compiling, var.global_var)
+    var.compiling, var.global_var = True, None
+    try:
+        yield True
+    finally:
+        var.compiling, var.global_var = saved
+
+
 def _mark_chunks_dynamic(kwargs) -> None:
     """The static layout fixes T and N; the chunk count varies per batch and only the opaque GDN ops read it."""
     if isinstance(kwargs.get(_CHUNKS_KWARG), torch.Tensor):
@@ -211,13 +239,28 @@ def compile_loop(
             _mark_chunks_dynamic(kwargs)
         else:
             _mark_layout_dynamic(inputs_embeds, position_ids, attention_mask, kwargs)
-        handle.calls += 1
-        return compiled(
-            text,
-            input_ids=None,
+        with _capture_hooks_idle(text) as traceable:
+            if traceable:
+                handle.calls += 1
+                return compiled(
+                    text,
+                    input_ids=None,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    past_key_values=None,
+                    inputs_embeds=inputs_embeds,
+                    use_cache=False,
+                    **kwargs,
+                )
+        if not handle.eager_calls:
+            logger.warning(
+                "compile strategy 'loop': transformers' output-capturing hooks are on this model and this "
+                "transformers gives no way to trace them; its forward runs eagerly (slow)"
+            )
+        handle.eager_calls += 1
+        return upstream(
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=None,
             inputs_embeds=inputs_embeds,
             use_cache=False,
             **kwargs,

@@ -188,10 +188,10 @@ class LossModule(torch.nn.Module):
         self.model = model
 
     def forward(self, batch: dict, num_items: int | None = None, fused: bool = False):
-        from hybridtune.train.step import MODEL_KEYS, forward_loss
+        from hybridtune.train.step import forward_loss, model_inputs
 
         if num_items is None:  # eval: the logits [1, T, vocab]
-            return self.model(**{k: batch[k] for k in MODEL_KEYS if k != "labels" and k in batch}).logits
+            return self.model(**model_inputs(batch, labels=False)).logits
         return forward_loss(self.model, batch, num_items, fused)
 
 

@@ -459,7 +459,7 @@ class Trainer:
     def _collator(self, strategy: str, model) -> PackedCollator:
         """The batch layout. Static (every batch filled to one size fitted over every train and eval pack this
         run collates) under `pack_layout: static`, or `auto` under a compile (the loop, or the per-class forwards,
-        which then compile once per class instead of once per new T, N and chunk count) when the fit costs at most
+        which then compile once per class, not once more after the first change of sizes) when the fit costs at most
         AUTO_MAX_FILLER of the computed tokens; dynamic otherwise (said in one line). Never static for a model
         with a router loss: the filler's tokens would count in its load-balancing statistics."""
         cfg = self.cfg

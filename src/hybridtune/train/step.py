@@ -74,14 +74,23 @@ def shifted_targets(labels: torch.Tensor) -> torch.Tensor:
 CHUNKS_KEY = "gdn_chunk_indices"
 
 
+def model_inputs(batch: dict, labels: bool = True) -> dict:
+    """The batch's keyword arguments for the model (with or without `labels`), training and eval alike.
+
+    The GDN chunk count differs from batch to batch in every pack layout: its tensor is marked maybe-dynamic,
+    so a compiled frame that receives it (the per-class forwards of `compile: modules`) takes it as a symbol
+    from the first call instead of compiling again for the second count. (The loop's wrapper marks it itself;
+    eager ignores the mark.)
+    """
+    kwargs = {k: batch[k] for k in MODEL_KEYS if k in batch and (labels or k != "labels")}
+    if isinstance(kwargs.get(CHUNKS_KEY), torch.Tensor):
+        torch._dynamo.maybe_mark_dynamic(kwargs[CHUNKS_KEY], 0)
+    return kwargs
+
+
 def forward_loss(model: torch.nn.Module, batch: dict, num_items: int, fused: bool) -> torch.Tensor:
     """Loss of one micro-batch (sum over its trained tokens / `num_items`); see the module docstring."""
-    kwargs = {k: batch[k] for k in MODEL_KEYS if k in batch}
-    if isinstance(kwargs.get(CHUNKS_KEY), torch.Tensor):
-        # The GDN chunk count differs from batch to batch in every pack layout: a compiled frame that receives
-        # the chunk indices (the per-class forwards of `compile: modules`) takes it as a symbol from the first
-        # call instead of recompiling for the second count. (The loop's wrapper marks it itself; eager ignores it.)
-        torch._dynamo.maybe_mark_dynamic(kwargs[CHUNKS_KEY], 0)
+    kwargs = model_inputs(batch)
     if not fused:
         return model(**kwargs, num_items_in_batch=max(num_items, 1)).loss
     from hybridtune.compiler.loop import find_text_model
