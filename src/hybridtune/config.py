@@ -152,8 +152,9 @@ class TrainConfig:
         "gathered at a time, gradients reduce-scattered every micro-batch; compile: loop cannot trace its "
         "hooks, so compile auto becomes modules); model = the whole model (what the compiled loop needs: "
         "gathered once per optimizer step, gradients reduced once per step, the whole fp32 gradient kept over the "
-        "step); auto = model under compile: "
-        "loop, layer otherwise",
+        "step); auto = model under compile: loop when the model's estimated bytes per GPU (shards, the gathered "
+        "bf16 copy, the whole gradient) leave 30% of the GPU for activations, layer otherwise (compile auto then "
+        "becomes modules)",
     )
     num_threads: int = _f(
         0, "CPU threads for torch; 0 = auto: 1 for models under 50M parameters on CPU (measured faster), else torch's"

@@ -504,6 +504,11 @@ def test_fsdp_units_and_compile_strategy_choose_each_other(monkeypatch):
     assert distributed.fsdp_units("auto", "modules") == distributed.fsdp_units("auto", "off") == "layer"
     assert distributed.fsdp_units("model", "off") == "model"
 
+    import types
+
+    big = types.SimpleNamespace(total_memory=2**40)  # a GPU the tiny model fits whole
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: big)
+
     def strategy(units: str, engine: str, device: str, compile: str = "auto") -> str:
         t = Trainer.__new__(Trainer)  # only what _strategy reads
         t.cfg = load_config(None, {"fsdp_units": units, "compile": compile})
@@ -547,3 +552,40 @@ def test_an_error_inside_a_window_puts_fsdp2_back_to_reducing():
     layer = Unit()
     with distributed.accumulation(layer, distributed.Dist(rank=0, world=2, engine="fsdp", units="layer"), last=False):
         assert (layer.sync, layer.reshard) == (True, True)  # per layer: every micro-batch reduces
+
+
+def test_fsdp_units_auto_shards_per_layer_when_the_whole_model_would_not_fit(monkeypatch, caplog):
+    """On a GPU, `fsdp_units: auto` keeps the whole model as one unit (and the loop) only when its estimated bytes
+    (`whole_model_bytes`) leave room for activations; otherwise per layer, compiled per class, said in the log."""
+    import logging
+    import types
+
+    from hybridtune.config import load_config
+    from hybridtune.models.loading import load_model
+
+    model = load_model("tiny-qwen3_5").model  # fp32, all trainable
+    n = sum(p.numel() for p in model.parameters())
+    assert distributed.whole_model_bytes(model, 2) == n * 16 // 2 + n * 8  # shards of param/grad/2 moments + gathered
+    lora_like = torch.nn.Linear(10, 10).to(torch.bfloat16).requires_grad_(False)
+    assert distributed.whole_model_bytes(lora_like, 2) == 110 * 2 // 2 + 110 * 2  # frozen: shard + bf16 copy
+
+    def strategy(gpu_bytes: int, compile: str = "auto", units: str = "auto") -> str:
+        monkeypatch.setattr(
+            torch.cuda, "get_device_properties", lambda _: types.SimpleNamespace(total_memory=gpu_bytes)
+        )
+        t = Trainer.__new__(Trainer)
+        t.cfg = load_config(None, {"compile": compile, "fsdp_units": units})
+        t.dist = distributed.Dist(rank=0, world=2, engine="fsdp")
+        t.device = torch.device("cuda", 0)
+        return t._strategy(model)
+
+    need = distributed.whole_model_bytes(model, 2)
+    roomy, tight = int(need / distributed.WHOLE_MODEL_SHARE) + 1, int(need / distributed.WHOLE_MODEL_SHARE) - 1
+    assert strategy(roomy) == "loop" and distributed.fsdp_units("auto", "loop") == "model"
+    with caplog.at_level(logging.INFO, logger="hybridtune.train.loop"):
+        assert strategy(tight) == "modules"  # -> fsdp_units layer
+    assert any("needs about" in r.getMessage() and "auto -> layer" in r.getMessage() for r in caplog.records)
+    assert strategy(tight, units="model") == "loop"  # the user's choice stands
+    with caplog.at_level(logging.WARNING, logger="hybridtune.train.loop"):
+        assert strategy(tight, compile="loop") == "loop"  # ... and so does an explicit loop, with a warning
+    assert any("compile: loop keeps it one unit" in r.getMessage() for r in caplog.records)

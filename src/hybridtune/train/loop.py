@@ -313,7 +313,8 @@ class Trainer:
         self.model = model
         self.strategy = self._strategy(model)
         if d.engine == "fsdp":
-            self.dist = d = dataclasses.replace(d, units=distributed.fsdp_units(cfg.fsdp_units, self.strategy))
+            units = distributed.fsdp_units(cfg.fsdp_units, self.strategy)
+            self.dist = d = dataclasses.replace(d, units=units)
         self.collate = self._collator(self.strategy, model)
         self.compile_handle = self._compile(model)
         self.fused_loss = self._choose_loss(model)
@@ -397,6 +398,11 @@ class Trainer:
                 "use compile: modules (or auto)"
             )
         per_layer = self.dist.engine == "fsdp" and cfg.fsdp_units == "layer"
+        too_big = self._whole_model_too_big(model)
+        if too_big and cfg.compile == "loop":
+            logger.warning("%s; compile: loop keeps it one unit (fsdp_units: layer would shard per layer)", too_big)
+        elif too_big:
+            per_layer, why = True, why or too_big
         if cfg.compile == "loop" and per_layer:
             raise ConfigError(
                 "config keys 'fsdp_units' = 'layer' and 'compile' = 'loop' do not go together: the loop is one graph "
@@ -413,6 +419,21 @@ class Trainer:
             logger.info("compile: auto -> modules (per-class forwards): %s, which the one-graph loop cannot hold", why)
             return "modules"
         return "loop"
+
+    def _whole_model_too_big(self, model) -> str | None:
+        """Under FSDP2 with `fsdp_units: auto` on a GPU: why the whole model as one unit would not leave room for
+        activations (the units are then per layer, and the compile per class), or None."""
+        d = self.dist
+        if d.engine != "fsdp" or self.cfg.fsdp_units != "auto" or self.device.type != "cuda":
+            return None
+        need = distributed.whole_model_bytes(model, d.world)
+        have = torch.cuda.get_device_properties(self.device).total_memory
+        if need <= distributed.WHOLE_MODEL_SHARE * have:
+            return None
+        return (
+            f"the whole model as one FSDP2 unit needs about {need / 2**30:.0f} GiB per GPU before activations, more "
+            f"than {distributed.WHOLE_MODEL_SHARE:.0%} of the GPU's {have / 2**30:.0f} GiB (fsdp_units: auto -> layer)"
+        )
 
     def _compile(self, model):
         """Compile after patching, LoRA and checkpointing are in place (the graph must see all three)."""
