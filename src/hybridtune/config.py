@@ -154,7 +154,7 @@ class TrainConfig:
         "gathered once per optimizer step, gradients reduced once per step, the whole fp32 gradient kept over the "
         "step); auto = model under compile: loop when the model's estimated bytes per GPU (shards, the gathered "
         "bf16 copy, the whole gradient) leave 30% of the GPU for activations, layer otherwise (compile auto then "
-        "becomes modules)",
+        "becomes modules; an explicit compile: loop keeps model, with a warning); on the CPU: layer",
     )
     num_threads: int = _f(
         0, "CPU threads for torch; 0 = auto: 1 for models under 50M parameters on CPU (measured faster), else torch's"

@@ -167,6 +167,48 @@ def test_loop_traces_capture_hooks_left_by_an_earlier_call():
     assert len(again) == len(hidden) and torch.allclose(again[-1], hidden[-1], atol=1e-6)
 
 
+def test_capture_hooks_without_a_traceable_variable_run_upstream_with_a_warning(monkeypatch, caplog):
+    """Where transformers' capture variable is not the compile-aware kind (another version), a model with the
+    hooks on runs upstream, says so once, and computes the same loss."""
+    import logging
+    from contextvars import ContextVar
+
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import output_capturing
+
+    from hybridtune.compiler.loop import compile_loop
+    from hybridtune.models.patching import patch_model
+
+    class PlainVar:  # a ContextVar with nothing for dynamo
+        def __init__(self):
+            self.var = ContextVar("collector", default=None)
+
+        def get(self):
+            return self.var.get()
+
+        def set(self, value):
+            return self.var.set(value)
+
+        def reset(self, token):
+            self.var.reset(token)
+
+    monkeypatch.setattr(output_capturing, "_active_collector", PlainVar())
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(preset_config("tiny-qwen3_5", vocab_size=256)).train()
+    patch_model(model)
+    batch = _batch([40, 23, 61], "cpu", seed=torch.randint(0, 10**6, ()).item())
+    model(**batch, output_hidden_states=True)  # installs the hooks
+    loss_e, _ = _step(model, batch)
+    handle = compile_loop(model, backend="eager")
+    with caplog.at_level(logging.WARNING, logger="hybridtune.compiler.loop"):
+        for _ in range(2):
+            loss_c, _ = _step(model, batch)
+            torch.testing.assert_close(loss_c, loss_e, rtol=1e-6, atol=1e-7)
+    assert handle.calls == 0 and handle.eager_calls == 2
+    assert len([r for r in caplog.records if "output-capturing hooks" in r.getMessage()]) == 1
+
+
 def _collated(lens, seed, collate, device):
     from hybridtune.data.packing import Example
 

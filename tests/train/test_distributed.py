@@ -158,17 +158,17 @@ def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch,
     assert_same_curve(rest, one[2:])
 
     # And the other way: the 1-process checkpoint at step 2 continues in 2 processes along the same curve (DCP
-    # reshards the whole tensors into this engine's layout). Dropout is 0, so rank 1's missing RNG file is moot.
-    if units != "layer":
-        again = tmp_path / "again"
-        again.mkdir()
-        shutil.copytree(tmp_path / "one" / "checkpoint-2", again / "checkpoint-2")
-        s = settings(small_data, adapter, output_dir=again, resume_from_checkpoint="latest", fsdp_units=units)
-        proc = launch(*args(s))
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err
-        assert "resumed from" in err and "written by 1 process(es)" in err, err
-        assert_same_curve(records(again), one[2:])
+    # reshards the whole tensors into this engine's layout: DDP, FSDP2 per layer, FSDP2 whole-model). Dropout is 0,
+    # so rank 1's missing RNG file is moot.
+    again = tmp_path / "again"
+    again.mkdir()
+    shutil.copytree(tmp_path / "one" / "checkpoint-2", again / "checkpoint-2")
+    s = settings(small_data, adapter, output_dir=again, resume_from_checkpoint="latest", fsdp_units=units)
+    proc = launch(*args(s))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "resumed from" in err and "written by 1 process(es)" in err, err
+    assert_same_curve(records(again), one[2:])
 
     # The final export is whole (gathered from the shards under FSDP2): the 1-process export, key for key
     # (tied lm_head written once), and it loads in transformers.
@@ -508,6 +508,7 @@ def test_fsdp_units_and_compile_strategy_choose_each_other(monkeypatch):
 
     big = types.SimpleNamespace(total_memory=2**40)  # a GPU the tiny model fits whole
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: big)
+    monkeypatch.setattr(distributed, "all_max", lambda value, d: value)  # no process group here: this rank decides
 
     def strategy(units: str, engine: str, device: str, compile: str = "auto") -> str:
         t = Trainer.__new__(Trainer)  # only what _strategy reads
@@ -563,11 +564,18 @@ def test_fsdp_units_auto_shards_per_layer_when_the_whole_model_would_not_fit(mon
     from hybridtune.config import load_config
     from hybridtune.models.loading import load_model
 
-    model = load_model("tiny-qwen3_5").model  # fp32, all trainable
+    model = load_model("tiny-qwen3_5").model  # fp32, all trainable, lm_head tied to the embeddings
     n = sum(p.numel() for p in model.parameters())
-    assert distributed.whole_model_bytes(model, 2) == n * 16 // 2 + n * 8  # shards of param/grad/2 moments + gathered
-    lora_like = torch.nn.Linear(10, 10).to(torch.bfloat16).requires_grad_(False)
-    assert distributed.whole_model_bytes(lora_like, 2) == 110 * 2 // 2 + 110 * 2  # frozen: shard + bf16 copy
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # counted once
+    assert n < sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
+    # fp32 shards of parameter, gradient and 2 moments; gathered: bf16 copy, fp32 window gradient, bf16 gradient
+    assert distributed.whole_model_bytes(model, 2) == n * 16 // 2 + n * (2 + 4 + 2)
+    assert distributed.whole_model_bytes(model, 2, bf16=False) == n * 16 // 2 + n * (4 + 4 + 4)
+    # LoRA-like: a frozen bf16 base (its shard and its gathered copy) and fp32 adapters (as a full fine-tune)
+    lora = torch.nn.ModuleDict({"base": torch.nn.Linear(10, 10).to(torch.bfloat16), "a": torch.nn.Linear(10, 2)})
+    lora["base"].requires_grad_(False)
+    assert distributed.whole_model_bytes(lora, 2) == (110 * 2 + 22 * 16) // 2 + 110 * 2 + 22 * (2 + 4 + 2)
+    monkeypatch.setattr(distributed, "all_max", lambda value, d: value)  # no process group here: this rank decides
 
     def strategy(gpu_bytes: int, compile: str = "auto", units: str = "auto") -> str:
         monkeypatch.setattr(

@@ -52,6 +52,7 @@ class LoopHandle:
     strategy: str = "loop"
     calls: int = 0
     eager_calls: int = 0
+    warned: set = field(default_factory=set)  # the eager fallbacks already said once
 
     def undo(self) -> bool:
         """Put the text model's forward back; True if it was ours."""
@@ -131,7 +132,8 @@ def _capture_hooks_idle(text):
     trace. transformers' own compiled path switches that variable to a plain attribute while compiling
     (`CompileableContextVar`); this does the same around our compiled call, with no collector set, so the
     hooks trace to nothing. Yields False where this transformers has no such variable (the caller then runs
-    upstream)."""
+    upstream). The variable is process-wide, as in transformers' own compiled path: a capture running in another
+    thread at the same moment would collect nothing."""
     if not getattr(text, "_output_capturing_hooks_installed", False):
         yield True
         return
@@ -210,7 +212,8 @@ def compile_loop(
         router = kwargs.get("output_router_logits")
         router = getattr(text.config, "output_router_logits", False) if router is None else router
         if past_key_values is not None or use_cache or wants_extra or router:
-            if router and not handle.eager_calls:
+            if router and "router" not in handle.warned:
+                handle.warned.add("router")
                 logger.warning(
                     "compile strategy 'loop': the model records its routers' logits (output_router_logits, for its "
                     "router loss), which the one-graph loop cannot; its forward runs eagerly (slow). Use the "
@@ -252,7 +255,8 @@ def compile_loop(
                     use_cache=False,
                     **kwargs,
                 )
-        if not handle.eager_calls:
+        if "hooks" not in handle.warned:
+            handle.warned.add("hooks")
             logger.warning(
                 "compile strategy 'loop': transformers' output-capturing hooks are on this model and this "
                 "transformers gives no way to trace them; its forward runs eagerly (slow)"

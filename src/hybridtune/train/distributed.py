@@ -215,16 +215,17 @@ def fsdp_units(setting: str, strategy: str) -> str:
 WHOLE_MODEL_SHARE = 0.7
 
 
-def whole_model_bytes(model: torch.nn.Module, world: int) -> int:
-    """Bytes per GPU that FSDP2 with the whole model as one unit holds besides activations (bf16 mixed precision):
-    the shards of the parameters, their gradients and AdamW's two moments (frozen parameters: the shard alone);
-    the whole model gathered in bf16; over an optimizer step's window the whole fp32 gradient, and during a
-    backward the bf16 one."""
+def whole_model_bytes(model: torch.nn.Module, world: int, bf16: bool = True) -> int:
+    """Bytes per GPU that FSDP2 with the whole model as one unit holds besides activations: the shards of the
+    parameters, their gradients and AdamW's two moments (frozen parameters: the shard alone); the whole model
+    gathered (in bf16 under mixed precision, else in its own dtype); over an optimizer step's window the whole
+    fp32 gradient, and during a backward the gathered-dtype one. Tied parameters count once."""
     sharded = gathered = 0
     for p in model.parameters():
-        n = p.numel()
-        sharded += n * p.element_size() * (4 if p.requires_grad else 1)
-        gathered += n * (2 + (4 + 2 if p.requires_grad else 0))
+        n, size = p.numel(), p.element_size()
+        compute = 2 if bf16 else size
+        sharded += n * size * (4 if p.requires_grad else 1)
+        gathered += n * (compute + (4 + compute if p.requires_grad else 0))
     return sharded // world + gathered
 
 

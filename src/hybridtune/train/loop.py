@@ -311,6 +311,7 @@ class Trainer:
         model.to(self.device)
         model.train()
         self.model = model
+        self.use_bf16 = use_bf16
         self.strategy = self._strategy(model)
         if d.engine == "fsdp":
             units = distributed.fsdp_units(cfg.fsdp_units, self.strategy)
@@ -426,13 +427,15 @@ class Trainer:
         d = self.dist
         if d.engine != "fsdp" or self.cfg.fsdp_units != "auto" or self.device.type != "cuda":
             return None
-        need = distributed.whole_model_bytes(model, d.world)
+        need = distributed.whole_model_bytes(model, d.world, getattr(self, "use_bf16", True))
         have = torch.cuda.get_device_properties(self.device).total_memory
-        if need <= distributed.WHOLE_MODEL_SHARE * have:
+        # Every rank must choose the same units and compile: the tightest GPU decides.
+        share = distributed.all_max(need / have, d)
+        if share <= distributed.WHOLE_MODEL_SHARE:
             return None
         return (
-            f"the whole model as one FSDP2 unit needs about {need / 2**30:.0f} GiB per GPU before activations, more "
-            f"than {distributed.WHOLE_MODEL_SHARE:.0%} of the GPU's {have / 2**30:.0f} GiB (fsdp_units: auto -> layer)"
+            f"the whole model as one FSDP2 unit needs about {need / 2**30:.0f} GiB per GPU before activations, "
+            f"{share:.0%} of the smallest GPU, more than {distributed.WHOLE_MODEL_SHARE:.0%} (fsdp_units: auto -> layer)"
         )
 
     def _compile(self, model):
