@@ -515,6 +515,7 @@ def test_fsdp_units_and_compile_strategy_choose_each_other(monkeypatch):
         t.cfg = load_config(None, {"fsdp_units": units, "compile": compile})
         t.dist = distributed.Dist(rank=0, world=2, engine=engine)
         t.device = torch.device(device)
+        t.use_bf16 = True
         return t._strategy(torch.nn.Linear(2, 2))  # a model without a router loss
 
     assert strategy("layer", "fsdp", "cuda") == "modules"
@@ -585,6 +586,7 @@ def test_fsdp_units_auto_shards_per_layer_when_the_whole_model_would_not_fit(mon
         t.cfg = load_config(None, {"compile": compile, "fsdp_units": units})
         t.dist = distributed.Dist(rank=0, world=2, engine="fsdp")
         t.device = torch.device("cuda", 0)
+        t.use_bf16 = True  # what whole_model_bytes was asked above (its default)
         return t._strategy(model)
 
     need = distributed.whole_model_bytes(model, 2)

@@ -18,6 +18,7 @@ def _trainer(device: str, **cfg) -> Trainer:
     t.cfg = load_config(None, cfg)
     t.dist = distributed.ONE
     t.device = torch.device(device)
+    t.use_bf16 = True
     return t
 
 

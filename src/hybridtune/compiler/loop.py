@@ -199,6 +199,14 @@ def compile_loop(
     handle = LoopHandle(text_model=text, compiled=compiled, patch_report=report)
     keep_ints = _uses_flash(text)
 
+    def eager(why: str | None, message: str, **call):
+        """The upstream forward, for a call the compiled loop cannot take; `message` said once per `why`."""
+        if why is not None and why not in handle.warned:
+            handle.warned.add(why)
+            logger.warning("compile strategy 'loop': %s", message)
+        handle.eager_calls += 1
+        return upstream(**call)
+
     def forward(
         input_ids=None,
         attention_mask=None,
@@ -212,15 +220,11 @@ def compile_loop(
         router = kwargs.get("output_router_logits")
         router = getattr(text.config, "output_router_logits", False) if router is None else router
         if past_key_values is not None or use_cache or wants_extra or router:
-            if router and "router" not in handle.warned:
-                handle.warned.add("router")
-                logger.warning(
-                    "compile strategy 'loop': the model records its routers' logits (output_router_logits, for its "
-                    "router loss), which the one-graph loop cannot; its forward runs eagerly (slow). Use the "
-                    "per-class strategy (compile: modules) for this model"
-                )
-            handle.eager_calls += 1
-            return upstream(
+            return eager(
+                "router" if router else None,
+                "the model records its routers' logits (output_router_logits, for its router loss), which the "
+                "one-graph loop cannot; its forward runs eagerly (slow). Use the per-class strategy (compile: "
+                "modules) for this model",
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
@@ -255,14 +259,10 @@ def compile_loop(
                     use_cache=False,
                     **kwargs,
                 )
-        if "hooks" not in handle.warned:
-            handle.warned.add("hooks")
-            logger.warning(
-                "compile strategy 'loop': transformers' output-capturing hooks are on this model and this "
-                "transformers gives no way to trace them; its forward runs eagerly (slow)"
-            )
-        handle.eager_calls += 1
-        return upstream(
+        return eager(
+            "hooks",
+            "transformers' output-capturing hooks are on this model and this transformers gives no way to trace "
+            "them; its forward runs eagerly (slow)",
             attention_mask=attention_mask,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,

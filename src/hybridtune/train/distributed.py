@@ -291,15 +291,20 @@ def accumulation(engine: torch.nn.Module, d: Dist, last: bool):
         return
     windowed = d.engine == "fsdp" and d.units == "model"
     if windowed:
-        engine.set_requires_gradient_sync(last, recurse=False)
-        engine.set_reshard_after_backward(last, recurse=False)
+        _reduce_now(engine, last)
     try:
         yield
     except BaseException:
         if windowed and not last:
-            engine.set_requires_gradient_sync(True, recurse=False)
-            engine.set_reshard_after_backward(True, recurse=False)
+            _reduce_now(engine, True)
         raise
+
+
+def _reduce_now(engine, on: bool) -> None:
+    """Whether the whole-model FSDP2 unit's next backward reduce-scatters its gradient and reshards (off: keeps
+    both gathered for the window's next micro-batch)."""
+    engine.set_requires_gradient_sync(on, recurse=False)
+    engine.set_reshard_after_backward(on, recurse=False)
 
 
 def all_sum(values: list[float], d: Dist) -> list[float]:

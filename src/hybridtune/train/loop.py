@@ -427,7 +427,7 @@ class Trainer:
         d = self.dist
         if d.engine != "fsdp" or self.cfg.fsdp_units != "auto" or self.device.type != "cuda":
             return None
-        need = distributed.whole_model_bytes(model, d.world, getattr(self, "use_bf16", True))
+        need = distributed.whole_model_bytes(model, d.world, self.use_bf16)
         have = torch.cuda.get_device_properties(self.device).total_memory
         # Every rank must choose the same units and compile: the tightest GPU decides.
         share = distributed.all_max(need / have, d)
@@ -487,14 +487,15 @@ class Trainer:
         AUTO_MAX_FILLER of the computed tokens; dynamic otherwise (said in one line). Never static for a model
         with a router loss: the filler's tokens would count in its load-balancing statistics."""
         cfg = self.cfg
-        if cfg.pack_layout == "static" and router_loss(model):
+        router = router_loss(model)
+        if cfg.pack_layout == "static" and router:
             raise ConfigError(
                 "pack_layout 'static': the model adds a router loss (output_router_logits), and the filler "
                 "documents' tokens would count in its load-balancing loss; use pack_layout: dynamic (or auto)"
             )
         if cfg.pack_layout == "dynamic" or (cfg.pack_layout == "auto" and strategy not in ("loop", "modules")):
             return PackedCollator()
-        if cfg.pack_layout == "auto" and router_loss(model):
+        if cfg.pack_layout == "auto" and router:
             logger.info("pack layout: dynamic (the model's router loss would count the filler documents' tokens)")
             return PackedCollator()
         if cfg.micro_batch_size > 1:
