@@ -52,7 +52,7 @@ def test_ill_typed_and_out_of_range(tmp_path):
     with pytest.raises(ConfigError, match="'sequence_len' = 1 must be at least 2"):
         load_config(None, {"sequence_len": 1})
     p.write_text("lora_r: [1\n")
-    with pytest.raises(ConfigError, match=r"c\.yaml:\d+: not valid YAML"):
+    with pytest.raises(ConfigError, match=r"c\.yaml:\d+:\d+: not valid YAML"):
         load_config(p)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
@@ -83,3 +83,149 @@ def test_shipped_configs_load():
     assert files
     for f in files:
         load_config(f)
+
+
+# --- issue 16 items 14-16: bad values that used to pass validation or crash --------------------------------------
+
+
+@pytest.mark.parametrize("word, value", [("off", "off"), ("no", "off"), ("false", "off")])
+def test_enum_keys_accept_yaml_booleans(tmp_path, word, value):
+    # `compile: off` (unquoted YAML, or --compile off) arrives as the boolean False.
+    cfg = load_config(None, parse_overrides(["--compile", word, "--kernels", word]))
+    assert cfg.compile == value and cfg.kernels == value
+    p = tmp_path / "c.yaml"
+    p.write_text(f"compile: {word}\nkernels: {word}\n")
+    cfg = load_config(p)
+    assert cfg.compile == value and cfg.kernels == value
+    # A key whose values hold no such word still refuses a boolean, naming the key.
+    with pytest.raises(ConfigError, match="key 'lr_scheduler': expected 'cosine'"):
+        load_config(None, parse_overrides(["--lr_scheduler", word]))
+    # bool-or-auto keys keep their booleans.
+    assert load_config(None, parse_overrides(["--bf16", "off"])).bf16 is False
+
+
+def test_enum_literal_maps_true_words():
+    from typing import Literal
+
+    from hybridtune.config import _coerce
+
+    assert _coerce(True, Literal["on", "off"], "k") == "on"
+    assert _coerce(True, Literal["yes", "no"], "k") == "yes"
+    assert _coerce(False, Literal["yes", "no"], "k") == "no"
+    with pytest.raises(ConfigError):
+        _coerce(True, Literal["auto", "off"], "k")
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--num_threads", "-1"], "'num_threads' = -1 must be 0"),
+        (["--seed", str(2**70)], "'seed' = 1180591620717411303424 must be"),
+        (["--seed", "-1"], "'seed' = -1 must be"),
+        (["--weight_decay", "-1"], "'weight_decay' = -1.0 must be >= 0"),
+        (["--save_steps", "-3"], "'save_steps' = -3 must be 0"),
+        (["--eval_steps", "-1"], "'eval_steps' = -1 must be 0"),
+        (["--eval_max_examples", "-1"], "'eval_max_examples' = -1 must be"),
+        (["--lora_alpha", "0"], "'lora_alpha' = 0 must be at least 1"),
+        (["--learning_rate", ".inf"], "key 'learning_rate': expected a finite float, got inf"),
+        (["--learning_rate", "inf"], "key 'learning_rate': expected a finite float, got inf"),
+        (["--num_epochs", ".inf"], "key 'num_epochs': expected a finite float, got inf"),
+        (["--learning_rate", ".nan"], "key 'learning_rate': expected a finite float, got nan"),
+        (["--weight_decay", "nan"], "key 'weight_decay': expected a finite float, got nan"),
+        (["--max_grad_norm", "-.inf"], "key 'max_grad_norm': expected a finite float, got -inf"),
+    ],
+)
+def test_values_that_used_to_pass_validation(argv, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, parse_overrides(argv))
+
+
+def test_non_finite_in_file_names_file_and_line(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("lora_r: 4\nnum_epochs: .inf\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml:2: key 'num_epochs': expected a finite float, got inf"):
+        load_config(p)
+
+
+def test_cli_turns_config_errors_into_one_line(capsys):
+    from hybridtune.cli import main
+
+    assert main(["train", "--seed", str(2**70)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: config key 'seed'"), err
+
+
+def test_config_file_with_invalid_utf8_names_line_and_column(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_bytes(b"lora_r: 4\nbase_model: tiny-\xff\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml:2:18: not valid UTF-8 \(byte 0xff\)"):
+        load_config(p)
+    p.write_bytes(b"\x00\x01\x02PK\x03\x04")
+    with pytest.raises(ConfigError, match=r"c\.yaml:1:1: a NUL byte: this is a binary file"):
+        load_config(p)
+
+
+def test_config_file_with_bom_and_yaml_error_column(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_bytes(b"\xef\xbb\xbflora_r: 4\n")
+    assert load_config(p).lora_r == 4
+    p.write_text("lora_r: 4\nsequence_len: [1\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml:\d+:\d+: not valid YAML"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)
+
+
+def test_lora_keys_under_full_fine_tune_warn(tmp_path, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="hybridtune"):
+        load_config(None, parse_overrides(["--lora_r", "8", "--lora_alpha", "16"]))
+    assert "lora_alpha, lora_r" in caplog.text and "adapter is 'full'" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hybridtune"):
+        load_config(None, parse_overrides(["--adapter", "lora", "--lora_r", "8"]))
+        load_config(None, {})
+    assert "adapter" not in caplog.text
+
+
+def test_warmup_longer_than_the_run_warns(caplog):
+    import logging
+
+    from hybridtune.config import warmup_warning
+
+    with caplog.at_level(logging.WARNING, logger="hybridtune"):
+        load_config(None, parse_overrides(["--max_steps", "5", "--warmup_steps", "10"]))
+    assert "warmup_steps = 10" in caplog.text and "max_steps = 5" in caplog.text
+    # With the length known only from the data (num_epochs), the trainer asks once it has the step count.
+    cfg = load_config(None, {"warmup_steps": 10})
+    assert "warmup_steps = 10" in warmup_warning(cfg, total_steps=4)
+    assert warmup_warning(cfg, total_steps=100) is None
+
+
+def test_output_dir_that_is_a_file_or_read_only(tmp_path, monkeypatch):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    with pytest.raises(ConfigError, match=r"'output_dir' = '.*afile' is a file"):
+        load_config(None, {"output_dir": str(f)})
+    with pytest.raises(ConfigError, match=r"'output_dir' = '.*afile/run': '.*afile' is a file"):
+        load_config(None, {"output_dir": str(f / "run")})
+    import os
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if str(p) == str(ro) else real(p, mode, **kw))
+    with pytest.raises(ConfigError, match=r"'output_dir' = '.*ro/run': cannot write in '.*ro'"):
+        load_config(None, {"output_dir": str(ro / "run")})
+    assert load_config(None, {"output_dir": str(tmp_path / "fresh" / "run")}).output_dir.endswith("run")
+
+
+def test_help_is_one_sentence_per_key_without_figures():
+    import re
+
+    for f in dataclasses.fields(TrainConfig):
+        text = f.metadata["help"]
+        assert len(text) <= 200, (f.name, len(text))
+        assert not re.search(r"\d+\s*%|\d+M\b|measured|\b\d+ s\b|minutes", text), (f.name, text)
+        assert text.count(". ") == 0, (f.name, text)

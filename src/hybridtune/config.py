@@ -10,6 +10,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import logging
+import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,6 +22,8 @@ from typing import Any, Literal, Union
 import yaml
 
 from hybridtune.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 # Default LoRA targets: attention projections, the GDN projections and the MLP (dense and MoE experts'
 # shared MLP). Names that a model lacks are simply not matched; at least one must match.
@@ -36,6 +41,11 @@ DEFAULT_LORA_TARGETS = [
 ]
 
 BUNDLED_DATASET = "hybridtune:sample/arithmetic.jsonl"
+
+# YAML 1.1 reads these words (unquoted) as booleans; an enum key that has one of them as a value takes it back.
+_YAML_BOOL_WORDS = {True: ("on", "yes", "true"), False: ("off", "no", "false")}
+# torch.manual_seed takes a 64-bit value and the trainer adds the rank to the seed.
+MAX_SEED = 2**63 - 1
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -95,20 +105,18 @@ class TrainConfig:
     bf16: Literal["auto"] | bool = _f("auto", "bf16 autocast: auto = on a GPU that supports it, off on CPU")
     gradient_checkpointing: Literal["auto"] | bool = _f(
         "auto",
-        "recompute activations in backward to save memory: auto = off (no recompute, faster) and, in a "
-        "one-process run whose first step runs out of GPU memory, switched on and the step retried",
+        "recompute activations in backward to save memory; auto = off, switched on (and the step retried) when a "
+        "one-process run's first step runs out of GPU memory",
     )
     pack_layout: Literal["auto", "static", "dynamic"] = _f(
         "auto",
-        "static = every batch filled to one length and document count with filler documents (the graph's only "
-        "symbolic size is the GDN chunk count: about half the compile time, and one compile per class under "
-        "compile: modules); dynamic = no filler; auto = static under compile: loop or modules when the filler costs "
-        "at most about 10% of the step, micro_batch_size is 1 and the model has no router loss",
+        "static = every batch filled to one shape with filler documents (fewer recompiles), dynamic = no filler, "
+        "auto = static under a compiled run when the filler is cheap and the model has no router loss",
     )
     loss: Literal["auto", "fused", "plain"] = _f(
         "auto",
-        "cross-entropy: fused = chunked against lm_head, never holding [tokens, vocab] logits; plain = "
-        "transformers' own; auto = fused where the model's head allows it (plain Linear, no soft-capping)",
+        "cross-entropy: fused = chunked against lm_head without [tokens, vocab] logits, plain = transformers' own, "
+        "auto = fused where the model's head allows it",
     )
     # evaluation, logging, checkpoints
     eval_steps: int = _f(100, "evaluate every N steps (0: only at the end)")
@@ -118,9 +126,7 @@ class TrainConfig:
     save_total_limit: int = _f(2, "checkpoints kept (oldest removed first)")
     profile_steps: int = _f(
         0,
-        "profile N optimizer steps (torch.profiler; from step 11, or the last N after the first; ended early by an "
-        "eval or a save): GPU time by kernel group, communication not overlapped with compute, host time; logged "
-        "and written to profile-<first>-<last>.json",
+        "profile N optimizer steps with torch.profiler and write the breakdown to profile-<first>-<last>.json (0: off)",
     )
     output_dir: str = _f("outputs/run", "where checkpoints, the final model and metrics.jsonl go")
     overwrite: bool = _f(False, "allow an output_dir that already holds a different run")
@@ -132,8 +138,8 @@ class TrainConfig:
     )
     compile: Literal["auto", "off", "loop", "modules"] = _f(
         "auto",
-        "torch.compile strategy: loop = the whole decoder loop as one graph, modules = per-class forwards; "
-        "auto = loop on a GPU, off on CPU (inductor's C++ build costs minutes there)",
+        "torch.compile strategy: loop = the whole decoder loop as one graph, modules = per-class forwards, "
+        "auto = loop on a GPU and off on the CPU (where inductor's C++ build is slow)",
     )
     compile_overrides: list[str] = _f(
         [], "per-class plan overrides for compile: modules, as Class=compile|fullgraph|eager|off (see doctor)"
@@ -142,22 +148,16 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = _f("auto", "where to train")
     distributed: Literal["auto", "ddp", "fsdp"] = _f(
         "auto",
-        "engine under torchrun / --nproc N: ddp = whole model on every rank, gradients averaged; fsdp = FSDP2 "
-        "(fully_shard per decoder layer or the whole model: fsdp_units); auto = ddp for LoRA, fsdp for a full "
-        "fine-tune (one process: unused)",
+        "engine under torchrun or --nproc N: ddp = the whole model on every rank, fsdp = FSDP2 (see fsdp_units), "
+        "auto = ddp for LoRA and fsdp for a full fine-tune",
     )
     fsdp_units: Literal["auto", "layer", "model"] = _f(
         "auto",
-        "what FSDP2 shards and gathers as one unit: layer = each decoder layer (the least memory: one layer "
-        "gathered at a time, gradients reduce-scattered every micro-batch; compile: loop cannot trace its "
-        "hooks, so compile auto becomes modules); model = the whole model (what the compiled loop needs: "
-        "gathered once per optimizer step, gradients reduced once per step, the whole fp32 gradient kept over the "
-        "step); auto = model under compile: loop when the model's estimated bytes per GPU (shards, the gathered "
-        "bf16 copy, the whole gradient) leave 30% of the GPU for activations, layer otherwise (compile auto then "
-        "becomes modules; an explicit compile: loop keeps model, with a warning); on the CPU: layer",
+        "what FSDP2 gathers as one unit: layer = each decoder layer (least memory), model = the whole model (what "
+        "compile: loop needs), auto = model under compile: loop when it leaves room for activations",
     )
     num_threads: int = _f(
-        0, "CPU threads for torch; 0 = auto: 1 for models under 50M parameters on CPU (measured faster), else torch's"
+        0, "CPU threads for torch (0 = auto: one thread for small models on the CPU, else torch's default)"
     )
 
     def resolved_datasets(self) -> list[DatasetConfig]:
@@ -188,7 +188,14 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     bad = ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
-        if value in typing.get_args(tp) and not (isinstance(value, bool) and True not in typing.get_args(tp)):
+        choices = typing.get_args(tp)
+        if isinstance(value, bool):
+            # `compile: off` unquoted (or `--compile off`) arrives as False: give the word back.
+            words = [w for w in _YAML_BOOL_WORDS[value] if w in choices]
+            if len(words) == 1:
+                return words[0]
+            raise bad
+        if value in choices:
             return value
         raise bad
     if origin in (Union, types.UnionType):
@@ -223,14 +230,18 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         raise bad
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             # YAML 1.1 reads `1e-3` (no dot) as a string; users mean the number.
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 raise bad from None
-        raise bad
+        else:
+            raise bad
+        if not math.isfinite(number):
+            raise ConfigError(f"{where}: expected a finite float, got {number}; give a number")
+        return number
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
@@ -301,14 +312,12 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     where = "command line"
     if path is not None:
         p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file '{p}' does not exist; pass a YAML file or leave it out for the defaults")
-        text = p.read_text()
+        text = read_config_text(p)
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
-            at = f"{p}:{mark.line + 1}" if mark else str(p)
+            at = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
             raise ConfigError(f"{at}: not valid YAML ({getattr(e, 'problem', e)})") from None
         if loaded is None:
             loaded = {}
@@ -322,7 +331,91 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     _build(TrainConfig, cli, "command line", {})  # errors in overrides name the command line
     cfg = _build(TrainConfig, {**data, **cli}, where, lines)
     validate(cfg)
+    check_output_dir(cfg.output_dir)
+    for warning in config_warnings(cfg, set(data) | set(cli)):
+        logger.warning(warning)
     return cfg
+
+
+def read_config_text(p: Path) -> str:
+    """A config file's text: UTF-8 (a byte-order mark is allowed); anything else names the line and column."""
+    if p.is_dir():
+        raise ConfigError(f"config file '{p}' is a directory; pass a YAML file")
+    if not p.is_file():
+        raise ConfigError(f"config file '{p}' does not exist; pass a YAML file or leave it out for the defaults")
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}:{decode_error_where(raw, e)}; save the file as UTF-8 text") from None
+    if "\0" in text:
+        line, column = text_position(text, text.index("\0"))
+        raise ConfigError(f"{p}:{line}:{column}: a NUL byte: this is a binary file, not YAML text") from None
+    return text
+
+
+def text_position(text: str, index: int) -> tuple[int, int]:
+    """1-based (line, column) of `text[index]`."""
+    return text.count("\n", 0, index) + 1, index - (text.rfind("\n", 0, index) + 1) + 1
+
+
+def decode_error_where(raw: bytes, e: UnicodeDecodeError) -> str:
+    """'LINE:COLUMN: not valid UTF-8 (byte 0xNN)' for a decode error in `raw` (column counts characters)."""
+    start = raw.rfind(b"\n", 0, e.start) + 1
+    line = raw.count(b"\n", 0, e.start) + 1
+    column = len(raw[start : e.start].decode("utf-8", errors="replace")) + 1
+    return f"{line}:{column}: not valid UTF-8 (byte 0x{raw[e.start]:02x})"
+
+
+def check_output_dir(output_dir: str) -> None:
+    """Refuse an output_dir that cannot become a directory we write in, before any model is loaded."""
+    target = Path(output_dir).expanduser()
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"config key 'output_dir' = '{output_dir}' is a file; give a directory path")
+    probe = target
+    while not probe.exists():
+        if probe.parent == probe:
+            return
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(
+            f"config key 'output_dir' = '{output_dir}': '{probe}' is a file, so the directory cannot be created; "
+            "give another path"
+        )
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"config key 'output_dir' = '{output_dir}': cannot write in '{probe}' (read-only); give a writable path"
+        )
+
+
+LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
+
+
+def config_warnings(cfg: TrainConfig, given: set[str]) -> list[str]:
+    """Settings that are legal but likely not what was meant; `given` holds the keys set in the file or command."""
+    out = []
+    ignored = sorted(k for k in LORA_KEYS if k in given)
+    if cfg.adapter == "full" and ignored:
+        out.append(
+            f"config keys {', '.join(ignored)} are ignored: adapter is 'full' (a full fine-tune); "
+            "set adapter: lora to train a LoRA adapter"
+        )
+    if cfg.max_steps > 0:
+        warning = warmup_warning(cfg, cfg.max_steps)
+        if warning:
+            out.append(warning)
+    return out
+
+
+def warmup_warning(cfg: TrainConfig, total_steps: int) -> str | None:
+    """A warning when the linear warmup does not end before the run does (the peak learning rate is never reached)."""
+    if cfg.warmup_steps < total_steps:
+        return None
+    length = f"max_steps = {cfg.max_steps}" if cfg.max_steps > 0 else f"the run has {total_steps} steps"
+    return (
+        f"config key 'warmup_steps = {cfg.warmup_steps}' is not shorter than the run ({length}): the learning "
+        f"rate never reaches learning_rate = {cfg.learning_rate:g}; lower warmup_steps"
+    )
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -343,8 +436,15 @@ def validate(cfg: TrainConfig) -> None:
         (cfg.max_steps == -1 or cfg.max_steps >= 1, "max_steps", cfg.max_steps, "must be -1 or at least 1"),
         (cfg.num_epochs > 0, "num_epochs", cfg.num_epochs, "must be positive"),
         (cfg.warmup_steps >= 0, "warmup_steps", cfg.warmup_steps, "must be >= 0"),
+        (cfg.weight_decay >= 0, "weight_decay", cfg.weight_decay, "must be >= 0"),
         (cfg.max_grad_norm >= 0, "max_grad_norm", cfg.max_grad_norm, "must be >= 0"),
+        (cfg.lora_alpha >= 1, "lora_alpha", cfg.lora_alpha, "must be at least 1 (the LoRA scale is alpha / r)"),
         (cfg.logging_steps >= 1, "logging_steps", cfg.logging_steps, "must be at least 1"),
+        (cfg.eval_steps >= 0, "eval_steps", cfg.eval_steps, "must be 0 (only at the end) or more"),
+        (cfg.save_steps >= 0, "save_steps", cfg.save_steps, "must be 0 (only at the end) or more"),
+        (cfg.eval_max_examples >= 1, "eval_max_examples", cfg.eval_max_examples, "must be at least 1"),
+        (cfg.num_threads >= 0, "num_threads", cfg.num_threads, "must be 0 (auto) or more"),
+        (0 <= cfg.seed <= MAX_SEED, "seed", cfg.seed, f"must be between 0 and 2**63 - 1 ({MAX_SEED})"),
         (cfg.save_total_limit >= 1, "save_total_limit", cfg.save_total_limit, "must be at least 1"),
         (cfg.profile_steps >= 0, "profile_steps", cfg.profile_steps, "must be 0 (off) or more"),
     ]
