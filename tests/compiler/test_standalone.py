@@ -11,13 +11,9 @@ import pytest
 import torch
 
 from hybridtune.compiler import standalone_source
+from hybridtune.compiler.decoration import Decoration, NotGeneratable
 from hybridtune.compiler.plan import plan_class
-from hybridtune.compiler.standalone import (
-    Decoration,
-    NotGeneratable,
-    generate_loaded,
-    global_refs,
-)
+from hybridtune.compiler.standalone import generate_loaded, global_refs
 
 
 def test_real_body_is_emitted_and_no_name_is_unbound(fake):

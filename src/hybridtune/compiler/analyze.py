@@ -15,8 +15,9 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridtune.compiler.decoration import NotGeneratable
 from hybridtune.compiler.introspect import resolve_method, wrapper_chain
-from hybridtune.compiler.source import NotGeneratable, method_source
+from hybridtune.compiler.source import method_source
 
 # Tensor methods that copy a value to the host or give a data-dependent shape: a graph break and,
 # for .item()/.tolist(), a recompile per value.

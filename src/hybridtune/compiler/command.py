@@ -12,10 +12,16 @@ modeling module of the installed transformers and exits 1 if anything failed.
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib
 import json
 import os
 import sys
 
+from hybridtune.compiler.diskload import read_verified, write_dump
+from hybridtune.compiler.plan import format_plan, plan_class
+from hybridtune.compiler.standalone import generate_loaded
+from hybridtune.compiler.sweep import all_families, family_modules, format_report, module_classes, run_sweep
 from hybridtune.errors import UserError
 
 
@@ -47,8 +53,6 @@ def main(argv: list[str]) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from hybridtune.compiler.sweep import format_report, run_sweep
-
     families = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
     if families:
         _check_families(families)
@@ -62,13 +66,9 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _check_families(families: list[str]) -> None:
-    from hybridtune.compiler.sweep import all_families
-
     available = all_families()
     for f in families:
         if f not in available:
-            import difflib
-
             near = difflib.get_close_matches(f, available, n=3)
             hint = f" Did you mean {', '.join(near)}?" if near else ""
             raise CompileCommandError(
@@ -77,12 +77,6 @@ def _check_families(families: list[str]) -> None:
 
 
 def _family(args: argparse.Namespace) -> int:
-    import importlib
-
-    from hybridtune.compiler.plan import format_plan, plan_class
-    from hybridtune.compiler.standalone import generate_loaded
-    from hybridtune.compiler.sweep import family_modules, module_classes
-
     _check_families([args.family])
     generated = {}
     out: dict = {"family": args.family, "modules": {}}
@@ -106,15 +100,11 @@ def _family(args: argparse.Namespace) -> int:
             print(format_plan(plans))
             print()
     if args.dump:
-        from hybridtune.compiler.diskload import write_dump
-
         path = write_dump(args.dump, {name: gm.text for name, gm in generated.items()})
         out["dump"] = str(path)
         if not args.json:
             print(f"wrote {len(generated)} module(s) and MANIFEST.json to {path}")
     if args.check:
-        from hybridtune.compiler.diskload import read_verified
-
         for name, gm in generated.items():
             read_verified(args.check, name, gm.sha256)
         out["check"] = "ok"

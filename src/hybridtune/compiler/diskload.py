@@ -17,6 +17,7 @@ import os
 import stat
 from pathlib import Path
 
+from hybridtune.compiler.loader import exec_text
 from hybridtune.errors import UserError
 
 MANIFEST = "MANIFEST.json"
@@ -109,7 +110,5 @@ def read_verified(directory: str | os.PathLike, name: str, expected_sha256: str)
 
 def load_verified(directory: str | os.PathLike, name: str, expected_sha256: str):
     """Compile and load a dumped module after `read_verified`; returns the module object."""
-    from hybridtune.compiler.standalone import _exec_text
-
     text = read_verified(directory, name, expected_sha256)
-    return _exec_text(text, str(Path(directory) / name), expected_sha256)
+    return exec_text(text, str(Path(directory) / name), expected_sha256)

@@ -35,6 +35,10 @@ from typing import Any
 
 import torch
 
+from hybridtune.compiler.introspect import resolve_method
+from hybridtune.models.patching import is_patched, patch_model
+from hybridtune.ops import fla_adapter
+
 logger = logging.getLogger(__name__)
 HANDLE_ATTR = "_hybridtune_loop"
 _INT_KWARGS = ("max_length_q", "max_length_k")
@@ -82,8 +86,6 @@ def class_body_forward(cls: type):
     if getattr(fn, "__qualname__", "") == f"{cls.__qualname__}.forward":
         return fn
     # A bare-closure decorator somewhere in the stack: let the module compiler's resolver find the function.
-    from hybridtune.compiler.introspect import resolve_method
-
     fn = resolve_method(cls, "forward")
     fn = inspect.unwrap(fn)
     if getattr(fn, "__qualname__", "") != f"{cls.__qualname__}.forward":
@@ -178,8 +180,6 @@ def compile_loop(
     half the tracing time of the dynamic graph, and fit for CUDA graphs, which record once per chunk
     count); a batch of another T or N would then recompile.
     """
-    from hybridtune.models.patching import is_patched, patch_model
-
     report = None
     if patch and not is_patched(model):
         report = patch_model(model)
@@ -190,8 +190,6 @@ def compile_loop(
     fn = class_body_forward(type(text))
     if mode in ("reduce-overhead", "max-autotune") and torch.cuda.is_available():
         # CUDA graphs: FLA's identity cache would keep pool tensors alive across replays (see fla_adapter).
-        from hybridtune.ops import fla_adapter
-
         if fla_adapter.disable_tensor_cache():
             logger.info("compile strategy 'loop' with CUDA graphs: FLA's tensor cache switched off")
     compiled = torch.compile(fn, fullgraph=fullgraph, backend=backend, mode=mode)

@@ -6,7 +6,7 @@ Decided from the module's structure and identity, never from the model's name:
   under `_hybridtune_original_forward` in the instance; `_hybridtune_routed = True` on an instance is
   also honoured); the compiler does not touch them.
 - left: no forward of its own, a forward behind a decorator whose method cannot be identified with
-  certainty, a torch.nn built-in, or anything else `standalone.method_source` refuses. Its
+  certainty, a torch.nn built-in, or anything else `source.method_source` refuses. Its
   transformers forward stays as it is.
 - eager: a top-level model (`PreTrainedModel`: masks, caches and output capture break graphs; its
   layers are compiled instead), or a forward that calls something `torch.compiler.disable` keeps out
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridtune.compiler.analyze import Findings, scan_callable, scan_class
+from hybridtune.compiler.decoration import Decoration, NotGeneratable
 from hybridtune.compiler.introspect import is_decorated
-from hybridtune.compiler.standalone import Decoration, NotGeneratable
 
 DECISIONS = ("compile", "eager", "routed", "left")
 OVERRIDES = ("compile", "fullgraph", "eager", "off")

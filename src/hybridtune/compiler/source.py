@@ -14,13 +14,10 @@ import sys
 import types
 from dataclasses import dataclass
 
+from hybridtune.compiler.decoration import NotGeneratable
 from hybridtune.compiler.introspect import definition
 
 _FUTURE_ANNOTATIONS = "annotations"
-
-
-class NotGeneratable(Exception):
-    """The class is left alone (its transformers forward stays): generating it would be a guess."""
 
 
 @dataclass

@@ -13,8 +13,8 @@ Every global name the code reads is imported from the class's own module, so wha
 what the text says, and a name the module does not define is refused at generation time instead of
 failing as a `NameError` in the first training step. The text is compiled in memory under a pseudo
 file name registered in `linecache`, so tracebacks and `inspect.getsource` show generated lines.
-After loading, each function is checked against the original: same bytecode for the body, same
-decorator wrappers in the same order. Nothing here matches code with regular expressions.
+After loading (`loader.py`), each function is checked against the original: same bytecode for the body,
+same decorator wrappers in the same order. Nothing here matches code with regular expressions.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import linecache
 import symtable
 import sys
 import types
-from dataclasses import dataclass, field
-from typing import Any
 
-from hybridtune.compiler.source import MethodSource, NotGeneratable, method_source
+from hybridtune.compiler.decoration import TORCH_ALIAS, ChainMismatch, Decoration, GenerationError, NotGeneratable
+from hybridtune.compiler.loader import ClassSection, GeneratedModule
+from hybridtune.compiler.plan import plan_class
+from hybridtune.compiler.source import MethodSource, method_source
 
-TORCH_ALIAS = "_hybridtune_torch"
 NAME_ALIAS = "_hybridtune_method_of"
 
 
@@ -48,36 +48,6 @@ def method_of(qualname: str):
         return func
 
     return set_name
-
-
-class GenerationError(Exception):
-    """Generation was attempted and produced something wrong: a bug, reported by the sweep."""
-
-
-@dataclass(frozen=True)
-class Decoration:
-    """What the plan chose for one class: compile (with options), eager, or nothing (tests)."""
-
-    kind: str  # "compile" | "eager" | "none"
-    fullgraph: bool = False
-    backend: str = "inductor"
-    dynamic: bool | None = None
-    mode: str | None = None
-    reason: str = ""
-
-    def source(self) -> str | None:
-        if self.kind == "compile":
-            opts = [f"fullgraph={self.fullgraph!r}", f"dynamic={self.dynamic!r}", f"backend={self.backend!r}"]
-            if self.mode is not None:
-                opts.append(f"mode={self.mode!r}")
-            return f"{TORCH_ALIAS}.compile({', '.join(opts)})"
-        if self.kind == "eager":
-            # recursive=False: the frame itself is never traced, but what it calls still may be
-            # compiled (child modules with their own compiled forwards).
-            return f"{TORCH_ALIAS}.compiler.disable(recursive=False)"
-        if self.kind == "none":
-            return None
-        raise ValueError(f"unknown decoration kind {self.kind!r}; expected compile, eager or none")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,21 +135,6 @@ def _call_forwarding(args: ast.arguments) -> tuple[list[ast.expr], list[ast.keyw
     if args.kwarg is not None:
         kws.append(ast.keyword(None, ast.Name(args.kwarg.arg, ast.Load())))
     return pos, kws
-
-
-@dataclass
-class ClassSection:
-    """The generated statements for one class, before imports are added."""
-
-    cls: type
-    function_name: str
-    holder_name: str
-    decoration: Decoration
-    text: str
-    rewritten: bool  # super()/__class__ rewritten: bytecode differs from the original by design
-    decorators: list[str]  # the real decorators, as source text
-    source: MethodSource
-    unbound: list[str] = field(default_factory=list)  # names its own module does not define either
 
 
 def function_name(cls: type, name: str = "forward") -> str:
@@ -319,68 +274,6 @@ def _source_version(module: types.ModuleType) -> str:
     return getattr(top, "__version__", "") if top is not None else ""
 
 
-@dataclass
-class GeneratedModule:
-    """One generated module: the text, its hash, and what each class became."""
-
-    source_module: str
-    text: str
-    sha256: str
-    filename: str
-    sections: dict[str, ClassSection] = field(default_factory=dict)  # class qualname -> section
-    skipped: dict[str, str] = field(default_factory=dict)  # class qualname -> reason left alone
-    _module: types.ModuleType | None = None
-    _code: types.CodeType | None = None  # compiled once by `generate`
-
-    @property
-    def basename(self) -> str:
-        return self.source_module.rsplit(".", 1)[-1] + "_hybridtune.py"
-
-    def load(self) -> types.ModuleType:
-        """Compile and execute the text in memory (once), then verify it against the originals."""
-        if self._module is None:
-            cached = _LOADED.get(self.sha256)
-            if cached is None:
-                cached = _exec_text(self.text, self.filename, self.sha256, self._code)
-                from hybridtune.compiler.verify import verify
-
-                try:
-                    verify(self, cached)
-                except GenerationError:
-                    sys.modules.pop(cached.__name__, None)
-                    raise
-                _LOADED[self.sha256] = cached
-            self._module = cached
-        return self._module
-
-    def forward_for(self, cls: type) -> types.FunctionType:
-        """The `forward` to bind to instances of `cls`."""
-        section = self.sections[cls.__qualname__]
-        return vars(getattr(self.load(), section.holder_name))["forward"]
-
-
-_LOADED: dict[str, types.ModuleType] = {}
-
-
-def _exec_text(text: str, filename: str, sha256: str, code: types.CodeType | None = None) -> types.ModuleType:
-    """Execute generated text as a fresh module whose lines tracebacks can show."""
-    # mtime None: linecache.checkcache never evicts it (there is no file to compare against).
-    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
-    if code is None:
-        code = compile(text, filename, "exec", dont_inherit=True)
-    mod = types.ModuleType(f"hybridtune.compiler._generated_{sha256[:12]}")
-    mod.__file__ = filename
-    mod.__dict__["__hybridtune_sha256__"] = sha256
-    # Registered by name: dynamo imports a traced function's module by its __name__.
-    sys.modules[mod.__name__] = mod
-    try:
-        exec(code, mod.__dict__)
-    except BaseException:
-        del sys.modules[mod.__name__]
-        raise
-    return mod
-
-
 def generate(
     source_module: types.ModuleType,
     decorations: dict[type, Decoration],
@@ -475,8 +368,6 @@ def standalone_source(cls: type, decoration: Decoration | None = None, name: str
     Raises NotGeneratable (with the reason) when the class is left alone.
     """
     if decoration is None:
-        from hybridtune.compiler.plan import plan_class
-
         decoration = plan_class(cls).decoration()
     gm = generate_loaded(sys.modules[cls.__module__], {cls: decoration}) if name == "forward" else None
     if gm is None:
@@ -487,9 +378,7 @@ def standalone_source(cls: type, decoration: Decoration | None = None, name: str
 
 
 def generate_loaded(source_module: types.ModuleType, decorations: dict[type, Decoration]) -> GeneratedModule:
-    """`generate` then `load`, leaving alone (in `skipped`) the classes verification rejects."""
-    from hybridtune.compiler.verify import ChainMismatch
-
+    """`generate` then `load`, leaving alone (in `skipped`) the classes the loader's check rejects."""
     decorations = dict(decorations)
     skipped: dict[str, str] = {}
     while True:
@@ -502,12 +391,3 @@ def generate_loaded(source_module: types.ModuleType, decorations: dict[type, Dec
             continue
         gm.skipped.update(skipped)
         return gm
-
-
-def verify_text(text: str, sha256: str) -> bool:
-    """True when `text` hashes to `sha256` (the hash of what was generated)."""
-    return hashlib.sha256(text.encode()).hexdigest() == sha256
-
-
-def loaded_module(sha256: str) -> Any:
-    return _LOADED.get(sha256)

@@ -17,8 +17,11 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridtune.compiler.decoration import Decoration
+from hybridtune.compiler.loader import GeneratedModule
+from hybridtune.compiler.loop import compile_loop
 from hybridtune.compiler.plan import ClassPlan, has_foreign_forward, is_routed, plan_model
-from hybridtune.compiler.standalone import Decoration, GeneratedModule, generate_loaded
+from hybridtune.compiler.standalone import generate_loaded
 from hybridtune.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -91,13 +94,6 @@ def compile_model(model: Any, strategy: str = "loop", **opts: Any) -> Any:
             "call compile_model(model, 'off') (or handle.undo()) first"
         )
     if strategy == "loop":
-        try:
-            from hybridtune.compiler.loop import compile_loop
-        except ImportError as e:
-            raise CompileStrategyError(
-                "strategy 'loop' needs hybridtune.compiler.loop.compile_loop, which this installation does not "
-                f"have yet ({e}); use strategy 'modules' or 'off'"
-            ) from e
         return compile_loop(model, **opts)
     return _compile_modules(model, **opts)
 

@@ -2,7 +2,7 @@
 
 A check that the compiler is right on families nobody wrote an adapter for: each generated module
 must compile, name nothing undefined, load, and match its originals (bytecode of the body, the
-decorator wrappers layer by layer; see `standalone.verify`). A class the compiler leaves alone (no
+decorator wrappers layer by layer; see `loader.check_against_originals`). A class the compiler leaves alone (no
 forward of its own, a method that cannot be identified with certainty, a name its module does not
 define) is counted with its reason, not as a failure: leaving it alone is the correct answer.
 """
@@ -18,9 +18,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridtune.compiler.decoration import Decoration, GenerationError
 from hybridtune.compiler.introspect import belongs_to, is_decorated
+from hybridtune.compiler.loader import GeneratedModule
 from hybridtune.compiler.plan import plan_class
-from hybridtune.compiler.standalone import Decoration, GeneratedModule, GenerationError, generate_loaded
+from hybridtune.compiler.standalone import generate_loaded
 
 # The families the issue names; the sweep fails if any of them is missing from the installed
 # transformers, so a silent rename upstream cannot shrink what is checked.

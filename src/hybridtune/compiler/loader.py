@@ -1,21 +1,119 @@
-"""Checking a loaded generated module against the classes it was generated from.
+"""Loading generated code: execute it in memory, check it against the classes it came from, cache it by hash.
 
-Generation reads source text; what runs is the class attribute. These checks tie the two together
-after the generated text is executed: behind the plan's decoration, each generated function must
-have the same decorator wrappers as the class attribute (same code objects, same order) and a body
-that compiles to the same program as the original def. A mismatch in the wrappers means the class
-attribute is not what its def and decorators make (a class decorator or a patch replaced it after
-definition), so the class is left alone; a mismatch in the body is a bug of the generator.
+`GeneratedModule` is what `standalone.generate` produced for one modeling module (the text, its hash,
+one `ClassSection` per class); `load()` executes the text as a fresh module registered under a pseudo
+file name in `linecache` (so tracebacks and `inspect.getsource` show generated lines), once per hash.
+
+Generation reads source text; what runs is the class attribute. `check_against_originals` ties the two
+together after the text is executed: behind the plan's decoration, each generated function must have the
+same decorator wrappers as the class attribute (same code objects, same order) and a body that compiles
+to the same program as the original def. A mismatch in the wrappers means the class attribute is not what
+its def and decorators make (a class decorator or a patch replaced it after definition), so the class is
+left alone (`ChainMismatch`); a mismatch in the body is a bug of the generator (`GenerationError`).
 """
 
 from __future__ import annotations
 
+import dis
+import hashlib
+import linecache
 import os
+import sys
 import types
+from dataclasses import dataclass, field
 from typing import Any
 
+from hybridtune.compiler.decoration import ChainMismatch, Decoration, GenerationError
 from hybridtune.compiler.introspect import belongs_to, resolve_method, wrapper_chain
-from hybridtune.compiler.standalone import GeneratedModule, GenerationError
+from hybridtune.compiler.source import MethodSource
+
+
+@dataclass
+class ClassSection:
+    """The generated statements for one class, before imports are added."""
+
+    cls: type
+    function_name: str
+    holder_name: str
+    decoration: Decoration
+    text: str
+    rewritten: bool  # super()/__class__ rewritten: bytecode differs from the original by design
+    decorators: list[str]  # the real decorators, as source text
+    source: MethodSource
+    unbound: list[str] = field(default_factory=list)  # names its own module does not define either
+
+
+@dataclass
+class GeneratedModule:
+    """One generated module: the text, its hash, and what each class became."""
+
+    source_module: str
+    text: str
+    sha256: str
+    filename: str
+    sections: dict[str, ClassSection] = field(default_factory=dict)  # class qualname -> section
+    skipped: dict[str, str] = field(default_factory=dict)  # class qualname -> reason left alone
+    _module: types.ModuleType | None = None
+    _code: types.CodeType | None = None  # compiled once by `generate`
+
+    @property
+    def basename(self) -> str:
+        return self.source_module.rsplit(".", 1)[-1] + "_hybridtune.py"
+
+    def load(self) -> types.ModuleType:
+        """Compile and execute the text in memory (once), then check it against the originals."""
+        if self._module is None:
+            cached = _LOADED.get(self.sha256)
+            if cached is None:
+                cached = exec_text(self.text, self.filename, self.sha256, self._code)
+                try:
+                    check_against_originals(self, cached)
+                except GenerationError:
+                    sys.modules.pop(cached.__name__, None)
+                    raise
+                _LOADED[self.sha256] = cached
+            self._module = cached
+        return self._module
+
+    def forward_for(self, cls: type) -> types.FunctionType:
+        """The `forward` to bind to instances of `cls`."""
+        section = self.sections[cls.__qualname__]
+        return vars(getattr(self.load(), section.holder_name))["forward"]
+
+
+_LOADED: dict[str, types.ModuleType] = {}
+
+
+def exec_text(text: str, filename: str, sha256: str, code: types.CodeType | None = None) -> types.ModuleType:
+    """Execute generated text as a fresh module whose lines tracebacks can show."""
+    # mtime None: linecache.checkcache never evicts it (there is no file to compare against).
+    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+    if code is None:
+        code = compile(text, filename, "exec", dont_inherit=True)
+    mod = types.ModuleType(f"hybridtune.compiler._generated_{sha256[:12]}")
+    mod.__file__ = filename
+    mod.__dict__["__hybridtune_sha256__"] = sha256
+    # Registered by name: dynamo imports a traced function's module by its __name__.
+    sys.modules[mod.__name__] = mod
+    try:
+        exec(code, mod.__dict__)
+    except BaseException:
+        del sys.modules[mod.__name__]
+        raise
+    return mod
+
+
+def verify_text(text: str, sha256: str) -> bool:
+    """True when `text` hashes to `sha256` (the hash of what was generated)."""
+    return hashlib.sha256(text.encode()).hexdigest() == sha256
+
+
+def loaded_module(sha256: str) -> Any:
+    return _LOADED.get(sha256)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking a loaded module against the originals
 
 _LAYOUT_OPS = {"NOP", "EXTENDED_ARG", "CACHE", "PUSH_NULL"}
 # CPython calls `name.attr(...)` with LOAD_ATTR instead of LOAD_METHOD when `name` was bound by an
@@ -30,8 +128,6 @@ def _instructions(code: types.CodeType) -> list[tuple[str, Any]]:
     differently (one line per statement), so NOPs and the EXTENDED_ARGs of shifted offsets differ
     while the program does not. Jump targets are compared as indices into the kept instructions.
     """
-    import dis
-
     kept = [i for i in dis.get_instructions(code) if i.opname not in _LAYOUT_OPS]
     offsets = [i.offset for i in kept]
     out: list[tuple[str, Any]] = []
@@ -69,7 +165,7 @@ def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
     return True
 
 
-def verify(gm: GeneratedModule, mod: types.ModuleType) -> None:
+def check_against_originals(gm: GeneratedModule, mod: types.ModuleType) -> None:
     """Check each generated function against the class attribute it replaces.
 
     The wrapper chain of `C_forward` must be the plan decoration's torch-owned layers, then the same
@@ -104,14 +200,6 @@ def verify(gm: GeneratedModule, mod: types.ModuleType) -> None:
             raise GenerationError(f"{qualname}: generated body compiles to different bytecode than the original")
     if mismatched:
         raise ChainMismatch(mismatched)
-
-
-class ChainMismatch(GenerationError):
-    """Some classes' attributes differ from their definitions; they must be left alone."""
-
-    def __init__(self, classes: dict[str, str]):
-        super().__init__("; ".join(f"{k}: {v}" for k, v in classes.items()))
-        self.classes = classes
 
 
 def _torch_owned_code(func: types.FunctionType) -> bool:
