@@ -87,16 +87,16 @@ def test_compile_plan_is_reported(capsys):
 def test_git_commit_named_by_the_environment_wins(monkeypatch, caplog):
     """A tree copied to the GPU machine can carry a stale .git; the commit the runner names is the one recorded,
     with a warning when the tree's HEAD says otherwise."""
-    from hybridtune.kernels.doctor import _git_commit
+    from hybridtune.kernels.environment import git_commit
 
     monkeypatch.delenv("HYBRIDTUNE_GIT_COMMIT", raising=False)
-    head = _git_commit()
+    head = git_commit()
     assert head is None or len(head) == 40
     monkeypatch.setenv("HYBRIDTUNE_GIT_COMMIT", "0123abcd")
-    with caplog.at_level("WARNING", logger="hybridtune.kernels.doctor"):
-        assert _git_commit() == "0123abcd"
+    with caplog.at_level("WARNING", logger="hybridtune.kernels.environment"):
+        assert git_commit() == "0123abcd"
     assert ("differs from the tree's git HEAD" in caplog.text) == (head is not None)
     if head:
         caplog.clear()
         monkeypatch.setenv("HYBRIDTUNE_GIT_COMMIT", head[:7])
-        assert _git_commit() == head[:7] and "differs" not in caplog.text
+        assert git_commit() == head[:7] and "differs" not in caplog.text

@@ -1,7 +1,7 @@
 """End to end in a child process: a kernel provisioned under the policy is what the modeling import picks.
 
 Gate-style transformers (5.14.1): the hooked gate fires at the modeling import, installs, and the module binds
-FLA. Decorator-style (5.16+): `prepare("auto")` installs before the import and the fallback decorator binds FLA.
+FLA. Decorator-style (5.16+): `provision_kernels("auto")` installs before the import and the fallback decorator binds FLA.
 The "install" writes a fake `fla` package (the names transformers imports, nothing more) into a temp dir on
 sys.path; the child pretends CUDA is present because the gates ask for it.
 """
@@ -38,7 +38,7 @@ CHILD = textwrap.dedent(
         ),
     }
 
-    from hybridtune.kernels.provision import InstallResult
+    from hybridtune.kernels.install import InstallResult
 
     class FakeInstaller:
         def __init__(self):
@@ -75,7 +75,7 @@ CHILD = textwrap.dedent(
         gates.install_gate_hooks(on_false, env={})
     else:
         provision.installed_version = lambda name: "0.6.0" if (site / name).exists() else None
-        rep = provision.prepare("auto", False, "qwen3_5_text", installer=inst, accelerator="cuda (fake)",
+        rep = provision.provision_kernels("auto", False, "qwen3_5_text", installer=inst, accelerator="cuda (fake)",
                                 selftest=False, env={})
     assert "transformers.models.qwen3_5.modeling_qwen3_5" not in sys.modules
     import transformers.models.qwen3_5.modeling_qwen3_5 as modeling

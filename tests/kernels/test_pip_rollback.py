@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from hybridtune.kernels.install import PipInstaller
 from hybridtune.kernels.needs import KernelSpec
-from hybridtune.kernels.provision import PipInstaller, provision_kernel
+from hybridtune.kernels.provision import provision_kernel
 
 NAME = "hbt_fake_kernel"
 

@@ -10,7 +10,8 @@ pytest.importorskip("transformers")
 
 from hybridtune.errors import ConfigError, KernelUnavailableError  # noqa: E402
 from hybridtune.kernels import gates, provision  # noqa: E402
-from hybridtune.kernels.provision import InstallResult, PipInstaller, prepare, resolve_policy  # noqa: E402
+from hybridtune.kernels.install import InstallResult, PipInstaller  # noqa: E402
+from hybridtune.kernels.provision import provision_kernels, resolve_policy  # noqa: E402
 
 GPU = "cuda (fake H200)"
 
@@ -59,7 +60,7 @@ def env(monkeypatch):
 
 
 def _prepare(policy, require, model="qwen3_5_text", installer=None, accel=GPU, **kw):
-    return prepare(
+    return provision_kernels(
         policy, require, model, installer=installer, accelerator=accel, selftest=False, env=kw.pop("env", {}), **kw
     )
 
@@ -246,7 +247,7 @@ def test_pip_rollback_uninstalls_added_and_restores_moved(monkeypatch):
 
 
 def test_gate_hook_provisions_under_policy(env, monkeypatch):
-    """A gate-style modeling import asking for a kernel prepare() did not know about installs it under auto."""
+    """A gate-style modeling import asking for a kernel provision_kernels() did not know about installs it under auto."""
     import transformers.utils.import_utils as iu
 
     rep = _prepare("auto", False, model="llama", installer=FakeInstaller(env))
@@ -270,7 +271,7 @@ def test_preset_name_and_checkpoint_dir(env, tmp_path):
 
 
 def test_another_rank_installed_it_meanwhile(monkeypatch):
-    """Ranks of one run all call prepare: under the install lock the second finds the kernel there."""
+    """Ranks of one run all call provision_kernels: under the install lock the second finds the kernel there."""
     from hybridtune.kernels.needs import KERNELS
 
     monkeypatch.setattr(provision, "installed_version", lambda name: "0.6.0")

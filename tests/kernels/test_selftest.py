@@ -140,7 +140,7 @@ def test_prepare_runs_the_selftest_on_gpu(fake_device, monkeypatch):
 
     monkeypatch.setattr(provision, "installed_version", lambda name: "0.6.0" if name == "fla" else None)
     cfg = preset_config("qwen3_5-9b")
-    rep = provision.prepare("check", True, cfg, accelerator="cuda (Fake H200)", env={})
+    rep = provision.provision_kernels("check", True, cfg, accelerator="cuda (Fake H200)", env={})
     assert [v["kernel"] for v in rep.selftest] == ["gdn_chunk", "causal_conv1d"]
     assert rep.fast_path and fla_guard.is_granted((16, 32, 128, 128))
 
@@ -170,6 +170,8 @@ def test_ops_without_fla_on_gpu_is_a_gap(monkeypatch):
         gdn, "backend", lambda d: ("reference", "flash-linear-attention is not importable: No module named 'einops'")
     )
     monkeypatch.setattr(provision, "installed_version", lambda name: "0.6.0" if name == "fla" else None)
-    rep = provision.prepare("check", False, preset_config("qwen3_5-2b"), accelerator="cuda (Fake H200)", env={})
+    rep = provision.provision_kernels(
+        "check", False, preset_config("qwen3_5-2b"), accelerator="cuda (Fake H200)", env={}
+    )
     assert not rep.fast_path
     assert any("einops" in g for g in rep.gaps)

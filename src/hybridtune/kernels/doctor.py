@@ -10,98 +10,27 @@ layout in this process only).
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
+import contextlib
 import importlib.util
 import json
 import logging
 import os
-import platform
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from hybridtune.compiler.plan import plan_model
 from hybridtune.errors import ModelError, did_you_mean
+from hybridtune.kernels import gates
+from hybridtune.kernels.environment import dist_version, environment
+from hybridtune.kernels.needs import kernel_spec, read_config
+from hybridtune.kernels.paths import report
+from hybridtune.kernels.provision import ENV_POLICY, ENV_REQUIRE, provision_kernels
+from hybridtune.kernels.selftest import layouts_from_config
+from hybridtune.models.presets import PRESETS, preset_config
+from hybridtune.ops import fla_guard
 
 logger = logging.getLogger(__name__)
-
-# Distributions whose versions decide the fast path (and the self-test cache key).
-VERSIONED = (
-    "torch",
-    "triton",
-    "transformers",
-    "peft",
-    "accelerate",
-    "flash-linear-attention",
-    "fla-core",
-    "causal-conv1d",
-    "mamba-ssm",
-    "flash-attn",
-    "tilelang",
-    "liger-kernel",
-    "kernels",
-)
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _git_commit() -> str | None:
-    """`HYBRIDTUNE_GIT_COMMIT` when set (a tree copied to another machine may carry a stale .git: the GPU
-    machine's copy reported an older HEAD than the code it ran), else HEAD of the checkout this package runs from."""
-    named = os.environ.get("HYBRIDTUNE_GIT_COMMIT") or None
-    head = None
-    try:
-        here = Path(__file__).resolve().parent
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
-        head = out.stdout.strip() if out.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    if named and head and not head.startswith(named) and not named.startswith(head):
-        logger.warning(
-            "HYBRIDTUNE_GIT_COMMIT=%s differs from the tree's git HEAD %s; recording %s", named, head[:10], named
-        )
-    return named or head or None
-
-
-def gpu_info() -> dict[str, Any]:
-    try:
-        import torch
-    except ImportError:
-        return {"available": False, "reason": "torch is not importable"}
-    if not torch.cuda.is_available():
-        return {"available": False, "reason": f"no CUDA device visible to torch {torch.__version__}"}
-    devices = []
-    for i in range(torch.cuda.device_count()):
-        p = torch.cuda.get_device_properties(i)
-        devices.append(
-            {
-                "index": i,
-                "name": p.name,
-                "capability": f"{p.major}.{p.minor}",
-                "memory_gib": round(p.total_memory / 2**30, 1),
-                "multiprocessors": p.multi_processor_count,
-            }
-        )
-    return {"available": True, "cuda": torch.version.cuda, "devices": devices}
-
-
-def environment() -> dict[str, Any]:
-    """Versions and device, as committed next to every GPU result."""
-    from hybridtune import __version__
-
-    return {
-        "hybridtune": __version__,
-        "git_commit": _git_commit(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "versions": {d: _version(d) for d in VERSIONED},
-        "gpu": gpu_info(),
-    }
 
 
 def attention_backend() -> dict[str, Any]:
@@ -113,7 +42,7 @@ def attention_backend() -> dict[str, Any]:
         varlen = importlib.util.find_spec("torch.nn.attention.varlen") is not None
     except ImportError:
         cuda, varlen = False, False
-    flash = _version("flash-attn")
+    flash = dist_version("flash-attn")
     if cuda and flash:
         chosen = f"flash_attention_2 varlen (flash-attn {flash}): cu_seq_lens passed, no per-layer nonzero"
     elif cuda and varlen:
@@ -125,17 +54,13 @@ def attention_backend() -> dict[str, Any]:
 
 def resolve_model(spec: str) -> tuple[str, Any]:
     """(label, transformers config) for a preset name or a local checkpoint directory. Never downloads."""
-    from hybridtune.models.presets import PRESETS, preset_config
-
     if spec in PRESETS:
         preset = PRESETS[spec]
         # Vocabulary size changes no kernel decision; a fixed one keeps doctor off the tokenizer.
         return f"preset {spec}", preset_config(spec, vocab_size=256 if preset.uses_bundled_tokenizer else None)
     path = Path(spec).expanduser()
     if path.is_dir() or path.name == "config.json":
-        from hybridtune.kernels.needs import _read_config
-
-        return f"checkpoint {path}", _read_config(path)
+        return f"checkpoint {path}", read_config(path)
     raise ModelError(
         f"--model '{spec}' is neither a preset nor a local checkpoint directory.{did_you_mean(spec, PRESETS)} Presets: {', '.join(PRESETS)}."
     )
@@ -158,11 +83,10 @@ def _build_meta(config: Any) -> tuple[Any | None, str]:
 def _patched_paths(model: Any) -> dict[str, Any]:
     """The per-mixer paths `hybridtune train` runs: the same model after `patch_model` (on meta, no weights)."""
     try:
+        # why here: patching imports torch and the ops; doctor still reports where they do not import
         from hybridtune.models.patching import patch_model
     except ImportError as e:
         return {"error": f"hybridtune.models.patching unavailable ({e})"}
-    from hybridtune.kernels.paths import report
-
     try:
         patched = patch_model(model)
     except Exception as e:  # doctor reports; a patching bug must not hide the rest of the diagnosis
@@ -176,8 +100,6 @@ def _patched_paths(model: Any) -> dict[str, Any]:
 def _compile_plan(model: Any) -> list[dict[str, Any]] | dict[str, str]:
     """What `compile: modules` would do per class of the patched model (compile, eager, routed, left)."""
     try:
-        from hybridtune.compiler.plan import plan_model
-
         return [p.to_dict() for p in plan_model(model)]
     except Exception as e:  # doctor reports; a planning bug must not hide the rest of the diagnosis
         return {"error": f"plan_model failed: {type(e).__name__}: {e}"}
@@ -185,41 +107,26 @@ def _compile_plan(model: Any) -> list[dict[str, Any]] | dict[str, str]:
 
 def diagnose(model: str | None = None) -> dict[str, Any]:
     """Everything doctor reports, as one JSON-able dict."""
-    from hybridtune.kernels.provision import ENV_POLICY, ENV_REQUIRE, prepare
-
     out: dict[str, Any] = {"environment": environment(), "attention": attention_backend()}
-    try:
-        from hybridtune.ops import fla_guard
-
-        out["fla_hopper_guard_active"] = fla_guard.guard_active()
-    except ImportError:
-        out["fla_hopper_guard_active"] = None
+    out["fla_hopper_guard_active"] = fla_guard.guard_active()
     if model is None:
         return out
     label, config = resolve_model(model)
     env = {k: v for k, v in os.environ.items() if k not in (ENV_POLICY, ENV_REQUIRE)}
-    prov = prepare("check", False, config, env=env, log=False)  # doctor checks; it never installs
+    prov = provision_kernels("check", False, config, env=env, log=False)  # doctor checks; it never installs
     out["model"] = {"spec": model, "source": label, "model_type": getattr(config, "model_type", None)}
     out["provision"] = prov.to_dict()
-    from hybridtune.kernels.selftest import layouts_from_config
-
     out["model"]["gdn_layouts"] = [str(lay) for lay in layouts_from_config(config)]
     built, err = _build_meta(config)
     if built is None:
         out["mixers"] = {"error": f"could not build the model on the meta device: {err}"}
     else:
-        from hybridtune.kernels.paths import report
-
         out["mixers"] = report(built).to_dict()
         out["mixers_hybridtune"] = _patched_paths(built)
         out["compile_plan"] = _compile_plan(built)
-    from hybridtune.kernels import gates
-
     hooks = gates.active()
     if hooks is not None:  # gate-style transformers: what each gate answered at the modeling import
         out["gate_hooks"] = hooks.to_dict()
-    from hybridtune.kernels.needs import kernel_spec
-
     auto_would = {}
     for name, st in prov.kernels.items():
         if st.state == "missing":
@@ -318,8 +225,6 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = ap.parse_args(argv)
     if args.json:  # keep stdout for the JSON object: log lines and anything a library prints go to stderr
-        import contextlib
-
         logging.getLogger("hybridtune").handlers[:] = [logging.StreamHandler(sys.stderr)]
         with contextlib.redirect_stdout(sys.stderr):
             d = diagnose(args.model)

@@ -191,7 +191,8 @@ def analyze(config_or_model_type: Any) -> ArchitectureNeeds:
 # Which modeling module
 
 
-def _read_config(path: Path) -> Any:
+def read_config(path: Path) -> Any:
+    """The transformers config of a checkpoint directory (or its config.json), read locally; ModelError if not."""
     cfg_file = path / "config.json" if path.is_dir() else path
     if not cfg_file.is_file():
         raise ModelError(
@@ -214,7 +215,7 @@ def resolve_modeling_module(obj: Any) -> tuple[str | None, str | None]:
     if isinstance(obj, os.PathLike) or (
         isinstance(obj, str) and (os.sep in obj or os.path.isdir(obj) or obj.endswith("config.json"))
     ):
-        obj = _read_config(Path(obj))
+        obj = read_config(Path(obj))
     if isinstance(obj, dict):
         if "model_type" not in obj:
             raise ModelError("config dict has no 'model_type'; pass a transformers config or a checkpoint directory.")

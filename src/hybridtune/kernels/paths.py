@@ -116,7 +116,7 @@ def _hybridtune_owned(module: Any) -> bool:
 def _hybridtune_plan(module: Any) -> str | None:
     """What `patch_model` would route this mixer through (its adapters match by structure), if anything."""
     try:
-        from hybridtune.models import patching
+        from hybridtune.models import patching  # why here: imports torch and the ops; doctor reports without them
     except ImportError:
         return None
     for adapter in patching.ADAPTERS:
@@ -129,7 +129,7 @@ def _hybridtune_plan(module: Any) -> str | None:
 def _op_backend(module: Any) -> tuple[str, bool]:
     """(description, fast) of hybridtune's op backend for the device the mixer's weights are on."""
     try:
-        from hybridtune.ops import fla_guard, gdn
+        from hybridtune.ops import fla_guard, gdn  # why here: gdn imports torch; doctor reports without it
     except ImportError as e:
         return f"hybridtune ops unavailable ({e})", False
     try:

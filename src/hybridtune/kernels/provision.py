@@ -9,12 +9,12 @@ Policy (`kernels:` in the run config, overridden by `HYBRIDTUNE_KERNELS`):
 - `off`: no provisioning, no gate hooks, no device self-test.
 
 `require_fast_path: true` (or `HYBRIDTUNE_REQUIRE_FAST_PATH=1`) refuses to train when any mixer would run a
-slow fallback: `prepare` raises `KernelUnavailableError` naming the gap and the command that closes it.
+slow fallback: `provision_kernels` raises `KernelUnavailableError` naming the gap and the command that closes it.
 
-The training CLI calls `prepare(...)` before it imports the modeling module:
+The training CLI calls `provision_kernels(...)` before it imports the modeling module:
 
-    from hybridtune.kernels.provision import prepare
-    report = prepare(cfg.kernels, cfg.require_fast_path, cfg.base_model)  # preset, checkpoint dir or config
+    from hybridtune.kernels.provision import provision_kernels
+    report = provision_kernels(cfg.kernels, cfg.require_fast_path, cfg.base_model)  # preset, checkpoint dir or config
 
 It logs its summary (and one warning naming the gaps); `report.to_dict()` is JSON for run records.
 Environment: `HYBRIDTUNE_KERNELS`, `HYBRIDTUNE_REQUIRE_FAST_PATH`, `HYBRIDTUNE_OFFLINE=1` (never run pip),
@@ -25,33 +25,33 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.metadata
-import importlib.util
-import json
 import logging
 import os
 import shlex
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from hybridtune.errors import ConfigError, KernelUnavailableError
 from hybridtune.kernels import gates as gates_mod
+from hybridtune.kernels import selftest as selftest_mod
+from hybridtune.kernels.environment import (
+    FALSE_WORDS,
+    TRUE_WORDS,
+    cache_dir,
+    detect_accelerator,
+    installed_version,
+)
+from hybridtune.kernels.install import Installer, InstallResult, PipInstaller
 from hybridtune.kernels.needs import ArchitectureNeeds, KernelSpec, analyze, kernel_spec
+from hybridtune.models.presets import PRESETS, preset_config
 
 logger = logging.getLogger(__name__)
 
 POLICIES = ("auto", "check", "off")
 ENV_POLICY = "HYBRIDTUNE_KERNELS"
 ENV_REQUIRE = "HYBRIDTUNE_REQUIRE_FAST_PATH"
-ENV_OFFLINE = "HYBRIDTUNE_OFFLINE"
-# Never moved by an install: the user's torch build (and what it was built with) stays as it is.
-HELD_PACKAGES = ("torch", "triton", "transformers")
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -73,131 +73,10 @@ def resolve_policy(
         raise ConfigError(f"kernels: '{policy}' (from {source}) is not one of {', '.join(POLICIES)}.")
     if env.get(ENV_REQUIRE) is not None:
         raw = env[ENV_REQUIRE].strip().lower()
-        if raw not in _TRUE + _FALSE:
+        if raw not in TRUE_WORDS + FALSE_WORDS:
             raise ConfigError(f"{ENV_REQUIRE}='{env[ENV_REQUIRE]}' is not a boolean (use 1 or 0).")
-        require_fast_path = raw in _TRUE
+        require_fast_path = raw in TRUE_WORDS
     return policy, source, bool(require_fast_path)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Installing
-
-
-@dataclass
-class InstallResult:
-    ok: bool
-    command: list[str]
-    output: str = ""
-    changed: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)  # dist -> (before, after)
-    offline: bool = False  # refused for lack of network/index: the command is what the user runs instead
-
-
-class Installer(Protocol):
-    """What `prepare` needs from an installer; tests pass a fake."""
-
-    def command(self, specs: list[str]) -> list[str]: ...
-
-    def install(self, specs: list[str]) -> InstallResult: ...
-
-    def check_import(self, code: str) -> tuple[bool, str]: ...
-
-    def rollback(self, result: InstallResult) -> tuple[bool, str]: ...
-
-
-_SNAPSHOT = (
-    "import importlib.metadata as m, json; "
-    "print(json.dumps({d.metadata['Name'].lower().replace('_', '-'): d.version "
-    "for d in m.distributions() if d.metadata['Name']}))"
-)
-
-_OFFLINE_HINTS = (
-    "Could not find a version that satisfies",
-    "No matching distribution",
-    "Network is unreachable",
-    "Temporary failure in name resolution",
-    "Failed to establish a new connection",
-    "Max retries exceeded",
-    "ProxyError",
-)
-
-
-class PipInstaller:
-    """`python -m pip install` into `python`'s environment (default: this interpreter), wheels only, with
-    torch/triton/transformers held at that environment's versions by a constraints file.
-
-    `HYBRIDTUNE_WHEELHOUSE=DIR` (or `wheelhouse=`) installs from a local folder of wheels and nothing else
-    (`--no-index --find-links DIR`), for machines without a package index.
-    """
-
-    def __init__(
-        self,
-        python: str | None = None,
-        timeout_s: float = 900.0,
-        env: Mapping[str, str] | None = None,
-        wheelhouse: str | None = None,
-    ):
-        self.python = python or sys.executable
-        self.timeout_s = timeout_s
-        self.env = os.environ if env is None else env
-        wheelhouse = wheelhouse or self.env.get("HYBRIDTUNE_WHEELHOUSE")
-        self.source_args = ["--no-index", "--find-links", wheelhouse] if wheelhouse else []
-
-    def _run(self, args: list[str], timeout: float | None = None) -> tuple[bool, str]:
-        try:
-            p = subprocess.run(args, capture_output=True, text=True, timeout=timeout or self.timeout_s)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return False, f"{type(e).__name__}: {e}"
-        return p.returncode == 0, (p.stdout or "") + (p.stderr or "")
-
-    def distributions(self) -> dict[str, str]:
-        """{normalised distribution name: version} installed for `python`."""
-        ok, out = self._run([self.python, "-c", _SNAPSHOT], timeout=120)
-        if not ok:
-            return {}
-        try:
-            return json.loads(out.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            return {}
-
-    def command(self, specs: list[str]) -> list[str]:
-        return [self.python, "-m", "pip", "install", "--only-binary=:all:", *self.source_args, *specs]
-
-    def install(self, specs: list[str]) -> InstallResult:
-        cmd = self.command(specs)
-        if self.env.get(ENV_OFFLINE, "").strip().lower() in _TRUE:
-            return InstallResult(False, cmd, f"{ENV_OFFLINE} is set: not installing", offline=True)
-        before = self.distributions()
-        held = [f"{name}=={before[name]}" for name in HELD_PACKAGES if name in before]
-        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-            f.write("\n".join(held) + "\n")
-            constraints = f.name
-        try:
-            ok, output = self._run([*cmd, "--constraint", constraints, "--disable-pip-version-check", "--no-input"])
-        finally:
-            os.unlink(constraints)
-        importlib.invalidate_caches()
-        after = self.distributions()
-        changed = {k: (before.get(k), after.get(k)) for k in set(before) | set(after) if before.get(k) != after.get(k)}
-        offline = not ok and any(h in output for h in _OFFLINE_HINTS)
-        return InstallResult(ok, cmd, output[-4000:], changed, offline)
-
-    def check_import(self, code: str) -> tuple[bool, str]:
-        ok, out = self._run([self.python, "-c", code], timeout=600)
-        return ok, out[-2000:]
-
-    def rollback(self, result: InstallResult) -> tuple[bool, str]:
-        """Uninstall what the install added, put back the versions it moved or removed."""
-        added = sorted(d for d, (old, _new) in result.changed.items() if old is None)
-        restore = sorted(f"{d}=={old}" for d, (old, _new) in result.changed.items() if old is not None)
-        out, ok = [], True
-        if added:
-            r_ok, r_out = self._run([self.python, "-m", "pip", "uninstall", "-y", *added])
-            ok, out = ok and r_ok, out + [r_out]
-        if restore:
-            r_ok, r_out = self._run([self.python, "-m", "pip", "install", "--no-deps", *self.source_args, *restore])
-            ok, out = ok and r_ok, out + [r_out]
-        importlib.invalidate_caches()
-        return ok, "".join(out)[-2000:]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -310,40 +189,6 @@ class ProvisionReport:
 # Probing and provisioning
 
 
-def installed_version(import_name: str) -> str | None:
-    """Version of an importable package (by import name), or None when it is not importable."""
-    importlib.invalidate_caches()
-    try:
-        if importlib.util.find_spec(import_name) is None:
-            return None
-    except (ImportError, ValueError):
-        return None
-    candidates = [import_name, import_name.replace("_", "-")]
-    try:
-        candidates += importlib.metadata.packages_distributions().get(import_name, [])
-    except Exception:  # metadata of a broken install: the package is still importable
-        pass
-    if import_name == "fla":
-        candidates.insert(0, "fla-core")
-    for dist in candidates:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "unknown"
-
-
-def detect_accelerator() -> str | None:
-    """'cuda' (with the device name) when a CUDA device is visible, else None. Imports torch."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if torch.cuda.is_available():
-        return f"cuda ({torch.cuda.get_device_name(0)})"
-    return None
-
-
 def provision_kernel(spec: KernelSpec, policy: str, installer: Installer) -> tuple[str, str | None, str]:
     """Install one missing kernel under `policy`: (state, version, detail)."""
     cmd = shlex.join(installer.command(list(spec.distributions))) if spec.distributions else spec.fix
@@ -366,9 +211,7 @@ def provision_kernel(spec: KernelSpec, policy: str, installer: Installer) -> tup
 
 @contextlib.contextmanager
 def _install_lock():
-    """One installer at a time per user (the ranks of one machine all call `prepare`)."""
-    from hybridtune.kernels.selftest import cache_dir
-
+    """One installer at a time per user (the ranks of one machine all call `provision_kernels`)."""
     try:
         import fcntl
 
@@ -422,7 +265,7 @@ def _verify_install(
     return "installed", version, f"installed by hybridtune ({cmd})"
 
 
-def prepare(
+def provision_kernels(
     policy: str | None,
     require_fast_path: bool | None,
     model_type_or_config: Any,
@@ -505,12 +348,9 @@ def prepare(
 
 def _preset_or_self(obj: Any) -> Any:
     """A built-in preset name becomes its config (head dims for the self-test); anything else is unchanged."""
-    if isinstance(obj, str):
-        from hybridtune.models.presets import PRESETS, preset_config
-
-        if obj in PRESETS:
-            # The vocabulary changes no kernel decision; a fixed size keeps this off the tokenizer.
-            return preset_config(obj, vocab_size=256 if PRESETS[obj].uses_bundled_tokenizer else None)
+    if isinstance(obj, str) and obj in PRESETS:
+        # The vocabulary changes no kernel decision; a fixed size keeps this off the tokenizer.
+        return preset_config(obj, vocab_size=256 if PRESETS[obj].uses_bundled_tokenizer else None)
     return obj
 
 
@@ -522,7 +362,7 @@ def _gate_provisioner(policy: str, installer: Installer, report: ProvisionReport
             return False  # the gates need CUDA: a kernel installed now would not change their answer
         st = report.kernels.get(kernel)
         if st is not None and st.state not in ("missing",):
-            return False  # already decided by prepare (installed, failed, or no wheel): do not retry
+            return False  # already decided by provision_kernels (installed, failed, or no wheel): do not retry
         state, _version, detail = provision_kernel(kernel_spec(kernel), policy, installer)
         logger.info("%s() said False: %s %s", gate, state, detail)
         return state in ("installed", "present")
@@ -531,14 +371,16 @@ def _gate_provisioner(policy: str, installer: Installer, report: ProvisionReport
 
 
 def _run_selftest(model_type_or_config: Any, report: ProvisionReport) -> list[dict[str, Any]]:
-    from hybridtune.kernels import selftest
-
-    layouts = selftest.layouts_from_config(model_type_or_config)
+    layouts = selftest_mod.layouts_from_config(model_type_or_config)
     if not layouts:
         return []
     try:
-        verdicts = selftest.verify(layouts)
+        verdicts = selftest_mod.verify(layouts)
     except Exception as e:  # the self-test must never take training down with it; it refuses instead
         logger.exception("kernel self-test crashed")
         return [{"kernel": "gdn_chunk", "layout": "all", "passed": False, "verdict": f"crashed: {e}"}]
     return [v.to_dict() for v in verdicts]
+
+
+# Temporary: the trainer and bench/worker.py still import the old name; removed once they call provision_kernels.
+prepare = provision_kernels
