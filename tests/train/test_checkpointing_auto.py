@@ -8,7 +8,7 @@ import logging
 import torch
 from test_resume import make_cfg
 
-from hybridtune.train.loop import Trainer
+from hybridtune.train.trainer import Trainer
 
 
 def _cfg(out, data, gc):
@@ -54,7 +54,7 @@ def test_auto_retries_an_out_of_memory_first_step_with_checkpointing(tmp_path, s
     auto.setup()
     assert not _checkpointed(auto)  # auto starts without recompute
     auto.engine = _OomOnce(auto.engine)
-    with caplog.at_level(logging.WARNING, logger="hybridtune.train.loop"):
+    with caplog.at_level(logging.WARNING, logger="hybridtune.train.trainer"):
         got = auto.train()
     assert auto.engine.calls > 1 and _checkpointed(auto)
     assert any("ran out of GPU memory" in r.getMessage() for r in caplog.records)

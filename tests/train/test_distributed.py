@@ -33,7 +33,7 @@ from hybridtune.config import load_config
 from hybridtune.errors import ConfigError
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train import distributed
-from hybridtune.train.loop import Trainer
+from hybridtune.train.trainer import Trainer
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 LOSS_RTOL = 1e-5
@@ -79,7 +79,7 @@ def eval_packs(data: str) -> int:
     """The number of eval packs of `settings(data, ...)` (the held-out examples packed as `evaluate` packs them)."""
     from hybridtune.data.build import prepare
     from hybridtune.models.loading import tokenizer_for
-    from hybridtune.train.loop import eval_batches
+    from hybridtune.train.evaluation import eval_batches
 
     cfg = load_config(None, settings(data, "lora", output_dir="unused"))
     examples = prepare(cfg, tokenizer_for(cfg.base_model, cfg.tokenizer)).eval_examples
@@ -443,7 +443,7 @@ def test_eval_rank_sums_add_up_to_one_process(monkeypatch, engine):
     import contextlib
 
     from hybridtune.data.packing import Example
-    from hybridtune.train.loop import eval_batches, evaluate
+    from hybridtune.train.evaluation import eval_batches, evaluate
 
     lengths = [30, 30, 40, 20, 50, 10, 60, 33, 17]  # 5 packs of <= 64 tokens
     examples = [
@@ -495,36 +495,31 @@ def test_all_max_and_all_sum_over_two_processes(tmp_path):
     assert got == [{"max": 1.25, "sum": [3.0, 1.0]}] * 2, got
 
 
-def test_fsdp_units_and_compile_strategy_choose_each_other(monkeypatch):
+def _strategy(model, engine: str, device: str, share: float | None = None, **cfg) -> tuple[str, str | None, list]:
+    """compile and fsdp_units as `choices.resolve` picks them for 2 processes of `engine` on `device`."""
+    from hybridtune.config import load_config
+    from hybridtune.train import choices
+
+    c = load_config(None, cfg)
+    facts = choices.Facts(device=device, bf16_supported=True, engine=engine, world=2, whole_model_share=share)
+    comp, warns = choices.choose_compile(c, facts)
+    return comp.value, choices.choose_fsdp_units(c, facts, comp.value).value, warns
+
+
+def test_fsdp_units_and_compile_strategy_choose_each_other():
     """The loop cannot hold per-layer FSDP2 hooks: `layer` units with compile auto compile per class on a GPU,
     and `layer` with an explicit loop is refused at config time; auto units follow the strategy."""
-    from hybridtune.config import load_config
-
-    assert distributed.fsdp_units("auto", "loop") == "model"
-    assert distributed.fsdp_units("auto", "modules") == distributed.fsdp_units("auto", "off") == "layer"
-    assert distributed.fsdp_units("model", "off") == "model"
-
-    import types
-
-    big = types.SimpleNamespace(total_memory=2**40)  # a GPU the tiny model fits whole
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: big)
-    monkeypatch.setattr(distributed, "all_max", lambda value, d: value)  # no process group here: this rank decides
-
-    def strategy(units: str, engine: str, device: str, compile: str = "auto") -> str:
-        t = Trainer.__new__(Trainer)  # only what _strategy reads
-        t.cfg = load_config(None, {"fsdp_units": units, "compile": compile})
-        t.dist = distributed.Dist(rank=0, world=2, engine=engine)
-        t.device = torch.device(device)
-        t.use_bf16 = True
-        return t._strategy(torch.nn.Linear(2, 2))  # a model without a router loss
-
-    assert strategy("layer", "fsdp", "cuda") == "modules"
-    assert strategy("auto", "fsdp", "cuda") == strategy("model", "fsdp", "cuda") == "loop"
-    assert strategy("layer", "ddp", "cuda") == "loop"  # fsdp_units means nothing to DDP
-    assert strategy("layer", "fsdp", "cpu") == "off"
+    lin = torch.nn.Linear(2, 2)  # a model without a router loss
+    assert _strategy(lin, "fsdp", "cuda", fsdp_units="layer")[:2] == ("modules", "layer")
+    assert _strategy(lin, "fsdp", "cuda")[:2] == ("loop", "model")
+    assert _strategy(lin, "fsdp", "cuda", fsdp_units="model")[:2] == ("loop", "model")
+    assert _strategy(lin, "fsdp", "cuda", compile="modules")[:2] == ("modules", "layer")
+    assert _strategy(lin, "fsdp", "cuda", compile="off", fsdp_units="model")[:2] == ("off", "model")
+    assert _strategy(lin, "ddp", "cuda", fsdp_units="layer")[:2] == ("loop", None)  # fsdp_units means nothing to DDP
+    assert _strategy(lin, "fsdp", "cpu", fsdp_units="layer")[:2] == ("off", "layer")
     with pytest.raises(ConfigError, match="'fsdp_units' = 'layer' and 'compile' = 'loop' do not go together"):
-        strategy("layer", "fsdp", "cuda", compile="loop")
-    assert strategy("layer", "ddp", "cuda", compile="loop") == "loop"  # nothing to refuse without FSDP2
+        _strategy(lin, "fsdp", "cuda", fsdp_units="layer", compile="loop")
+    assert _strategy(lin, "ddp", "cuda", fsdp_units="layer", compile="loop")[0] == "loop"  # nothing to refuse
 
 
 def test_an_error_inside_a_window_puts_fsdp2_back_to_reducing():
@@ -556,14 +551,13 @@ def test_an_error_inside_a_window_puts_fsdp2_back_to_reducing():
         assert (layer.sync, layer.reshard) == (True, True)  # per layer: every micro-batch reduces
 
 
-def test_fsdp_units_auto_shards_per_layer_when_the_whole_model_would_not_fit(monkeypatch, caplog):
+def test_fsdp_units_auto_shards_per_layer_when_the_whole_model_would_not_fit(monkeypatch):
     """On a GPU, `fsdp_units: auto` keeps the whole model as one unit (and the loop) only when its estimated bytes
-    (`whole_model_bytes`) leave room for activations; otherwise per layer, compiled per class, said in the log."""
-    import logging
+    (`whole_model_bytes`) leave room for activations; otherwise per layer, compiled per class, with the reason."""
     import types
 
-    from hybridtune.config import load_config
     from hybridtune.models.loading import load_model
+    from hybridtune.train import choices
 
     model = load_model("tiny-qwen3_5").model  # fp32, all trainable, lm_head tied to the embeddings
     n = sum(p.numel() for p in model.parameters())
@@ -576,26 +570,27 @@ def test_fsdp_units_auto_shards_per_layer_when_the_whole_model_would_not_fit(mon
     lora = torch.nn.ModuleDict({"base": torch.nn.Linear(10, 10).to(torch.bfloat16), "a": torch.nn.Linear(10, 2)})
     lora["base"].requires_grad_(False)
     assert distributed.whole_model_bytes(lora, 2) == (110 * 2 + 22 * 16) // 2 + 110 * 2 + 22 * (2 + 4 + 2)
-    monkeypatch.setattr(distributed, "all_max", lambda value, d: value)  # no process group here: this rank decides
 
-    def strategy(gpu_bytes: int, compile: str = "auto", units: str = "auto") -> str:
-        monkeypatch.setattr(
-            torch.cuda, "get_device_properties", lambda _: types.SimpleNamespace(total_memory=gpu_bytes)
-        )
-        t = Trainer.__new__(Trainer)
-        t.cfg = load_config(None, {"compile": compile, "fsdp_units": units})
-        t.dist = distributed.Dist(rank=0, world=2, engine="fsdp")
-        t.device = torch.device("cuda", 0)
-        t.use_bf16 = True  # what whole_model_bytes was asked above (its default)
-        return t._strategy(model)
-
+    # The trainer measures the share against the GPU (max over ranks) ...
     need = distributed.whole_model_bytes(model, 2)
-    roomy, tight = int(need / distributed.WHOLE_MODEL_SHARE) + 1, int(need / distributed.WHOLE_MODEL_SHARE) - 1
-    assert strategy(roomy) == "loop" and distributed.fsdp_units("auto", "loop") == "model"
-    with caplog.at_level(logging.INFO, logger="hybridtune.train.loop"):
-        assert strategy(tight) == "modules"  # -> fsdp_units layer
-    assert any("needs about" in r.getMessage() and "auto -> layer" in r.getMessage() for r in caplog.records)
-    assert strategy(tight, units="model") == "loop"  # the user's choice stands
-    with caplog.at_level(logging.WARNING, logger="hybridtune.train.loop"):
-        assert strategy(tight, compile="loop") == "loop"  # ... and so does an explicit loop, with a warning
-    assert any("compile: loop keeps it one unit" in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(distributed, "all_max", lambda value, d: value)  # no process group here: this rank decides
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: types.SimpleNamespace(total_memory=4 * need))
+    fsdp = distributed.Dist(rank=0, world=2, engine="fsdp")
+    assert distributed.whole_model_share(model, fsdp, torch.device("cuda", 0), True) == pytest.approx(0.25)
+    assert distributed.whole_model_share(model, fsdp, torch.device("cpu"), True) is None
+    assert distributed.whole_model_share(model, distributed.Dist(0, 2), torch.device("cuda", 0), True) is None
+    # ... and the choice reads it
+    roomy, tight = choices.WHOLE_MODEL_SHARE - 0.01, choices.WHOLE_MODEL_SHARE + 0.01
+    assert _strategy(model, "fsdp", "cuda", roomy)[:2] == ("loop", "model")
+    assert _strategy(model, "fsdp", "cuda", tight)[:2] == ("modules", "layer")
+    c = choices.resolve(load_config_(), choices.Facts("cuda", True, "fsdp", 2, whole_model_share=tight))
+    assert "auto -> layer" in c.compile.reason and "auto -> layer" in c.fsdp_units.reason  # the log says why
+    assert _strategy(model, "fsdp", "cuda", tight, fsdp_units="model")[:2] == ("loop", "model")  # the user's choice
+    value, units, warns = _strategy(model, "fsdp", "cuda", tight, compile="loop")  # ... and an explicit loop's
+    assert (value, units) == ("loop", "model") and any("compile: loop keeps it one unit" in w for w in warns)
+
+
+def load_config_(**over):
+    from hybridtune.config import load_config
+
+    return load_config(None, over)

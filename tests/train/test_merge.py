@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from hybridtune.config import load_config
-from hybridtune.train.loop import Trainer
+from hybridtune.train.trainer import Trainer
 from hybridtune.train.merge import merge
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from test_resume import make_cfg
 
 from hybridtune.config import load_config
-from hybridtune.train.loop import Trainer
+from hybridtune.train.trainer import Trainer
 
 
 def _run(out, data, layout):
@@ -41,30 +41,29 @@ def test_static_layout_follows_the_dynamic_curve(tmp_path, small_data):
         assert abs(a["eval_loss"] - b["eval_loss"]) / b["eval_loss"] < 1e-5
 
 
-def test_auto_takes_static_only_under_a_compile_and_within_the_filler_limit(tmp_path, small_data, caplog):
-    import logging
+def test_auto_takes_static_only_under_a_compile_and_within_the_filler_limit(tmp_path, small_data, monkeypatch):
+    import dataclasses
 
     import pytest
 
     from hybridtune.errors import ConfigError
-    from hybridtune.train import loop
+    from hybridtune.train import choices
 
     cfg = load_config(None, dict(dataset=small_data, sequence_len=96, max_steps=1, output_dir=str(tmp_path / "a")))
     t = Trainer(cfg)
     t.setup()  # CPU: compile auto = off, so the layout is dynamic
-    assert t.collate.layout is None
-    assert t._collator("loop", t.model).layout is not None  # the bundled-style chats fit within the limit
-    assert t._collator("modules", t.model).layout is not None  # per-class forwards: one compile per class
-    old = loop.AUTO_MAX_FILLER
-    try:
-        loop.AUTO_MAX_FILLER = 0.0  # no static layout has zero filler: auto must fall back, and say so
-        with caplog.at_level(logging.INFO, logger="hybridtune.train.loop"):
-            assert t._collator("loop", t.model).layout is None
-        assert any("pack layout: dynamic" in r.getMessage() for r in caplog.records)
-    finally:
-        loop.AUTO_MAX_FILLER = old
-    t.cfg.micro_batch_size = 2
-    assert t._collator("loop", t.model).layout is None
-    t.cfg.pack_layout = "static"
+    assert t.collate.layout is None and "without a compile" in t.choices.pack_layout.reason
+    facts = t._facts(t.model)  # every train and eval pack of this run
+
+    def layout(strategy: str, **over):
+        return choices.choose_pack_layout(dataclasses.replace(cfg, **over), facts, strategy)
+
+    assert layout("loop").value is not None  # the bundled-style chats fit within the limit
+    assert layout("modules").value is not None  # per-class forwards: one compile per class
+    monkeypatch.setattr(choices, "AUTO_MAX_FILLER", 0.0)  # no static layout has zero filler: auto falls back
+    got = layout("loop")
+    assert got.value is None and "would cost more than 0%" in got.reason
+    monkeypatch.undo()
+    assert layout("loop", micro_batch_size=2).value is None
     with pytest.raises(ConfigError, match="micro_batch_size 1"):
-        t._collator("loop", t.model)
+        layout("loop", micro_batch_size=2, pack_layout="static")

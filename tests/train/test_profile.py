@@ -8,7 +8,7 @@ import random
 
 from test_resume import make_cfg, run
 
-from hybridtune.train.loop import PROFILE_FILE, profile_window
+from hybridtune.train.profiling import PROFILE_FILE, profile_window
 from hybridtune.train.profiling import exposed_length, kernel_group, summarize, union_length
 
 

@@ -9,7 +9,7 @@ import torch
 
 from hybridtune.config import load_config
 from hybridtune.train import checkpoint as ckpt
-from hybridtune.train.loop import Trainer
+from hybridtune.train.trainer import Trainer
 
 
 def make_cfg(out, data, **kw):

@@ -9,17 +9,17 @@ import torch
 
 from hybridtune.config import load_config
 from hybridtune.errors import ConfigError
-from hybridtune.train import distributed
-from hybridtune.train.loop import Trainer
+from hybridtune.models.anatomy import router_loss
+from hybridtune.train.choices import Facts, choose_compile, choose_pack_layout
 
 
-def _trainer(device: str, **cfg) -> Trainer:
-    t = Trainer.__new__(Trainer)  # only what _strategy and _collator read
-    t.cfg = load_config(None, cfg)
-    t.dist = distributed.ONE
-    t.device = torch.device(device)
-    t.use_bf16 = True
-    return t
+def _facts(device: str, model) -> Facts:
+    return Facts(device=device, bf16_supported=True, router_loss=router_loss(model), packs=((40, 23), (61,)))
+
+
+def _compile(device: str, model, **cfg) -> tuple[str, str]:
+    choice, _ = choose_compile(load_config(None, cfg), _facts(device, model))
+    return choice.value, choice.reason
 
 
 @pytest.fixture
@@ -33,23 +33,23 @@ def moe():
     return AutoModelForCausalLM.from_config(cfg)
 
 
-def test_router_loss_compiles_per_class_and_refuses_the_loop(moe, caplog):
-    import logging
-
-    with caplog.at_level(logging.INFO, logger="hybridtune.train.loop"):
-        assert _trainer("cuda")._strategy(moe) == "modules"
-    assert any("router loss" in r.getMessage() for r in caplog.records)
-    assert _trainer("cpu")._strategy(moe) == "off"
+def test_router_loss_compiles_per_class_and_refuses_the_loop(moe):
+    value, reason = _compile("cuda", moe)
+    assert value == "modules" and "router loss" in reason
+    assert _compile("cpu", moe)[0] == "off"
     with pytest.raises(ConfigError, match="compile 'loop': the model adds a router loss"):
-        _trainer("cuda", compile="loop")._strategy(moe)
+        _compile("cuda", moe, compile="loop")
     moe.config.output_router_logits = False
-    assert _trainer("cuda")._strategy(moe) == "loop"
+    assert _compile("cuda", moe)[0] == "loop"
 
 
 def test_router_loss_refuses_a_static_layout(moe):
     with pytest.raises(ConfigError, match="filler documents' tokens would count in its load-balancing loss"):
-        _trainer("cpu", pack_layout="static")._collator("modules", moe)
-    assert _trainer("cpu")._collator("modules", moe).layout is None  # auto: dynamic
+        choose_pack_layout(load_config(None, {"pack_layout": "static"}), _facts("cpu", moe), "modules")
+    auto = choose_pack_layout(load_config(None, {}), _facts("cpu", moe), "modules")
+    assert auto.value is None and "router loss" in auto.reason  # auto: dynamic, and says why
+    moe.config.output_router_logits = False
+    assert choose_pack_layout(load_config(None, {}), _facts("cpu", moe), "modules").value is not None
 
 
 def test_router_loss_model_compiled_per_class_keeps_its_router_term(moe):

@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
 
 def _train(cfg) -> int:
     from hybridtune.train import distributed
-    from hybridtune.train.loop import Trainer
+    from hybridtune.train.trainer import Trainer
 
     is_main = int(os.environ.get("RANK", "0")) == 0
     trainer = None

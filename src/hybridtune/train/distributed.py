@@ -40,6 +40,8 @@ from dataclasses import dataclass
 import torch
 
 from hybridtune.errors import ConfigError, UserError
+from hybridtune.models.anatomy import decoder_layers
+from hybridtune.train.step import forward_loss, model_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -188,31 +190,9 @@ class LossModule(torch.nn.Module):
         self.model = model
 
     def forward(self, batch: dict, num_items: int | None = None, fused: bool = False):
-        from hybridtune.train.step import forward_loss, model_inputs
-
         if num_items is None:  # eval: the logits [1, T, vocab]
             return self.model(**model_inputs(batch, labels=False)).logits
         return forward_loss(self.model, batch, num_items, fused)
-
-
-def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    from hybridtune.compiler.loop import find_text_model
-
-    return list(find_text_model(model).layers)
-
-
-def fsdp_units(setting: str, strategy: str) -> str:
-    """`fsdp_units: auto` is the whole model under the compiled loop (one graph over every layer), per layer otherwise."""
-    if setting != "auto":
-        return setting
-    return "model" if strategy == "loop" else "layer"
-
-
-# The share of a GPU's memory the whole-model unit's own bytes (`whole_model_bytes`) may take; the rest (30%) is for
-# activations and the allocator. Measured: 2B full fine-tune on 2 H200s, 4096-token packs, no gradient
-# checkpointing: estimate 28.0 GiB, peak 41.5 GiB of 140 (activations ~13 GiB, 9%). The 9B shape on 2 GPUs:
-# estimate 133 GiB (4 GPUs: 100, 8: 83), so auto shards it per layer on 2 and 4.
-WHOLE_MODEL_SHARE = 0.7
 
 
 def whole_model_bytes(model: torch.nn.Module, world: int, bf16: bool = True) -> int:
@@ -227,6 +207,15 @@ def whole_model_bytes(model: torch.nn.Module, world: int, bf16: bool = True) -> 
         sharded += n * size * (4 if p.requires_grad else 1)
         gathered += n * (compute + (4 + compute if p.requires_grad else 0))
     return sharded // world + gathered
+
+
+def whole_model_share(model: torch.nn.Module, d: Dist, device: torch.device, bf16: bool) -> float | None:
+    """`whole_model_bytes` over the GPU's memory, the max over ranks (every rank must choose the same units: the
+    tightest GPU decides); None off FSDP2 or off the GPU. A collective under FSDP2 on a GPU."""
+    if d.engine != "fsdp" or device.type != "cuda":
+        return None
+    need = whole_model_bytes(model, d.world, bf16)
+    return all_max(need / torch.cuda.get_device_properties(device).total_memory, d)
 
 
 def wrap(runner: LossModule, d: Dist, device: torch.device, bf16: bool) -> torch.nn.Module:

@@ -10,9 +10,19 @@ overlap could win back.
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import time
+from pathlib import Path
 
 import torch
+
+from hybridtune.train import checkpoint as ckpt
+from hybridtune.train import distributed
+
+logger = logging.getLogger(__name__)
+
+PROFILE_FILE = "profile-{first}-{last}.json"
 
 # First match wins: NCCL's kernels are named for their collective ("ReduceScatter"), so they come first.
 KERNEL_GROUPS = (
@@ -173,3 +183,46 @@ def summary_line(p: dict) -> str:
     if "comm_ms_per_step" in p:
         text += f"; communication {p['comm_ms_per_step']:.1f} ms, {p['comm_exposed_ms_per_step']:.1f} ms not overlapped"
     return text
+
+
+def profile_window(n: int, total_steps: int, done: int) -> tuple[int, int] | None:
+    """The steps `profile_steps: n` profiles, first and last: from step 11 (past compilation and the first
+    shapes' recompiles), or the last n of a shorter run, never this process's first step (`done` steps were
+    done before it: a resumed run); None when n is 0. A run too short for all n profiles fewer, with a warning.
+
+    >>> profile_window(3, 100, 0), profile_window(3, 8, 0), profile_window(3, 100, 50), profile_window(3, 1, 0)
+    ((11, 13), (6, 8), (52, 54), None)
+    """
+    if n <= 0:
+        return None
+    first = max(done + 2, min(11, total_steps - n + 1))
+    last = min(first + n - 1, total_steps)
+    if last - first + 1 < n:
+        if first > last:
+            logger.warning(
+                "profile_steps %d: no step to profile (%d steps, the first compiles); skipped", n, total_steps
+            )
+            return None
+        logger.warning("profile_steps %d: the run has room for %d (steps %d-%d)", n, last - first + 1, first, last)
+    return first, last
+
+
+def write_profile(profiler: StepProfiler, first: int, last: int, out: Path, d: distributed.Dist) -> None:
+    """Every rank's profile of steps first..last into profile-<first>-<last>.json (rank 0 writes; a resumed
+    run's profile does not replace an earlier one); rank 0's summary in the log. A rank whose summary
+    failed sends its error instead, so no rank waits in the gather for it; profiling never ends the run."""
+    try:
+        summary = profiler.stop(last - first + 1)
+    except Exception as e:
+        summary = {"error": f"{type(e).__name__}: {e}"}
+    ranks = distributed.gather_objects(summary, d)
+    if not d.is_main:
+        return
+    path = out / PROFILE_FILE.format(first=first, last=last)
+    doc = {"steps": [first, last], "world": d.world, "ranks": ranks}
+    ckpt.atomic_write_text(path, json.dumps(doc, indent=2))
+    failed = [f"rank {r}: {p['error']}" for r, p in enumerate(ranks) if "error" in p]
+    if failed:
+        logger.warning("profile of steps %d-%d failed on %s; %s", first, last, "; ".join(failed), path)
+    else:
+        logger.info("profile of steps %d-%d (rank 0): %s; all ranks in %s", first, last, summary_line(summary), path)

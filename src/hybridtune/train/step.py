@@ -17,43 +17,17 @@ from __future__ import annotations
 
 import torch
 
+from hybridtune.batch import GDN_CHUNK_INDICES, LABELS, MODEL_KEYS
 from hybridtune.data import IGNORE_INDEX
-
-MODEL_KEYS = (
-    "input_ids",
-    "position_ids",
-    "labels",
-    "cu_seq_lens_q",
-    "cu_seq_lens_k",
-    "max_length_q",
-    "max_length_k",
-    "gdn_chunk_indices",  # read by patched GDN mixers; transformers' own layers ignore it (CHUNKS_KEY)
-)
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers model under a peft wrapper (or the model itself)."""
-    get = getattr(model, "get_base_model", None)
-    return get() if callable(get) else model
-
-
-def text_config(model: torch.nn.Module):
-    """The text model's config (a multimodal config's text part), or None."""
-    cfg = getattr(unwrap(model), "config", None)
-    return cfg.get_text_config() if cfg is not None and hasattr(cfg, "get_text_config") else cfg
-
-
-def router_loss(model: torch.nn.Module) -> bool:
-    """Whether the model's own loss adds an MoE router (load-balancing) loss: it then records every router's
-    logits during the forward (transformers' `output_router_logits`)."""
-    return bool(getattr(text_config(model), "output_router_logits", False))
+from hybridtune.models.anatomy import output_head, router_loss, text_config, text_model, unwrap
+from hybridtune.ops.loss import linear_cross_entropy
 
 
 def fused_loss_blocker(model: torch.nn.Module) -> str | None:
     """Why the fused loss cannot stand in for this model's own loss, or None when it can."""
     base = unwrap(model)
     text_cfg = text_config(base)
-    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    head = output_head(base)
     if not isinstance(head, torch.nn.Linear) or type(head) is not torch.nn.Linear:
         return f"the output head is {type(head).__name__}, not a plain Linear"
     if head.bias is not None:
@@ -71,9 +45,6 @@ def shifted_targets(labels: torch.Tensor) -> torch.Tensor:
     return torch.cat([flat[1:], flat.new_full((1,), IGNORE_INDEX)])
 
 
-CHUNKS_KEY = "gdn_chunk_indices"
-
-
 def model_inputs(batch: dict, labels: bool = True) -> dict:
     """The batch's keyword arguments for the model (with or without `labels`), training and eval alike.
 
@@ -82,9 +53,9 @@ def model_inputs(batch: dict, labels: bool = True) -> dict:
     from the first call instead of compiling again for the second count. (The loop's wrapper marks it itself;
     eager ignores the mark.)
     """
-    kwargs = {k: batch[k] for k in MODEL_KEYS if k in batch and (labels or k != "labels")}
-    if isinstance(kwargs.get(CHUNKS_KEY), torch.Tensor):
-        torch._dynamo.maybe_mark_dynamic(kwargs[CHUNKS_KEY], 0)
+    kwargs = {k: batch[k] for k in MODEL_KEYS if k in batch and (labels or k != LABELS)}
+    if isinstance(kwargs.get(GDN_CHUNK_INDICES), torch.Tensor):
+        torch._dynamo.maybe_mark_dynamic(kwargs[GDN_CHUNK_INDICES], 0)
     return kwargs
 
 
@@ -93,13 +64,10 @@ def forward_loss(model: torch.nn.Module, batch: dict, num_items: int, fused: boo
     kwargs = model_inputs(batch)
     if not fused:
         return model(**kwargs, num_items_in_batch=max(num_items, 1)).loss
-    from hybridtune.compiler.loop import find_text_model
-    from hybridtune.ops.loss import linear_cross_entropy
-
     base = unwrap(model)
-    labels = kwargs.pop("labels")
-    hidden = find_text_model(base)(**kwargs, use_cache=False).last_hidden_state
-    head = base.get_output_embeddings()
+    labels = kwargs.pop(LABELS)
+    hidden = text_model(base)(**kwargs, use_cache=False).last_hidden_state
+    head = output_head(base)
     total = linear_cross_entropy(
         hidden.reshape(-1, hidden.shape[-1]), head.weight, shifted_targets(labels), ignore_index=IGNORE_INDEX
     )

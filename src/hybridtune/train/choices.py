@@ -1,0 +1,254 @@
+"""Every `auto` setting of a run, resolved once: one frozen `Choices` with the reason for each value.
+
+"Why did my run pick modules and a dynamic layout?" is answered here and nowhere else. The functions are pure:
+they read the config and `Facts` (what the trainer measured about the device, the processes, the model and the
+data) and return values with reasons, or raise `ConfigError` for settings that do not go together. The trainer
+gathers the facts, calls `resolve`, logs `Choices.lines()` and then acts on the values.
+
+Order of dependence (each choice may read those above it):
+
+    device, bf16 (before the model loads: the frozen base's dtype depends on it)
+    threads          <- device, model size
+    compile          <- device, router loss, FSDP2 engine and units, the whole-model unit's size
+    fsdp_units       <- compile
+    pack_layout      <- compile, router loss, micro_batch_size, every train and eval pack
+    loss             <- the model's head and loss terms
+    checkpointing    <- the setting (auto: decided by the first step's memory, see Trainer.first_step)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hybridtune.config import TrainConfig
+from hybridtune.data.collator import StaticLayout
+from hybridtune.errors import ConfigError
+
+# Estimated share of the step the filler costs (`FillerShares.cost`: tokens, and GDN chunks weighted by their
+# kernels' share) above which `pack_layout: auto` stays dynamic (the static graph's compile-time and CUDA-graph
+# gains are not worth more compute per step), and the cap for an explicit `static`.
+AUTO_MAX_FILLER = 0.10
+STATIC_MAX_FILLER = 0.50
+# On the CPU, a model below this many parameters has ops too small to split over threads: extra threads only add
+# synchronisation (OpenMP threads spin-wait for a busy core).
+SMALL_MODEL_PARAMS = 50_000_000
+# The share of a GPU's memory the whole-model FSDP2 unit's own bytes (`distributed.whole_model_bytes`) may take;
+# the rest is for activations and the allocator.
+WHOLE_MODEL_SHARE = 0.7
+
+
+@dataclass(frozen=True)
+class Choice:
+    value: Any
+    reason: str
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the choices depend on, measured by the trainer before it resolves them."""
+
+    device: str  # "cpu" | "cuda"
+    bf16_supported: bool = False  # the GPU computes in bf16
+    engine: str = "none"  # "none" (one process) | "ddp" | "fsdp"
+    world: int = 1
+    n_params: int = 0
+    router_loss: bool = False  # the model's loss adds an MoE router term (`output_router_logits`)
+    fused_loss_blocker: str | None = None  # why the fused loss cannot stand in for the model's, or None
+    # The whole-model FSDP2 unit's estimated bytes per GPU over the smallest GPU's memory (max over ranks); None
+    # where it was not measured (no FSDP2, units not auto, or no GPU).
+    whole_model_share: float | None = None
+    packs: tuple[tuple[int, ...], ...] = ()  # document lengths of every train and eval pack the run collates
+
+
+@dataclass(frozen=True)
+class Choices:
+    bf16: Choice
+    threads: Choice  # int, or None to keep torch's default
+    compile: Choice  # "off" | "loop" | "modules"
+    fsdp_units: Choice  # "model" | "layer", or None without FSDP2
+    pack_layout: Choice  # a StaticLayout, or None for the dynamic layout
+    fused_loss: Choice  # bool
+    checkpointing: Choice  # True | False | "auto"
+    warnings: tuple[str, ...] = field(default=())
+
+    def lines(self) -> list[str]:
+        """One log line per choice: `name: value (reason)`."""
+        out = []
+        for name in ("bf16", "threads", "compile", "fsdp_units", "pack_layout", "fused_loss", "checkpointing"):
+            c: Choice = getattr(self, name)
+            out.append(f"{name}: {_show(c.value)} ({c.reason})")
+        return out
+
+
+def _show(value) -> str:
+    if isinstance(value, StaticLayout):
+        return f"static {value.tokens} tokens / {value.docs} documents"
+    if value is None:
+        return "-"
+    return str(value)
+
+
+def pick_device(name: str) -> torch.device:
+    """The device of `device: auto | cpu | cuda` (under torchrun, `distributed.init` has selected the rank's GPU)."""
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ConfigError("device 'cuda' asked for but no CUDA GPU is visible; use --device cpu")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def choose_bf16(cfg: TrainConfig, facts: Facts) -> Choice:
+    if cfg.bf16 is True:
+        return Choice(True, "bf16: true")
+    if cfg.bf16 is False:
+        return Choice(False, "bf16: false")
+    if facts.device == "cuda" and facts.bf16_supported:
+        return Choice(True, "auto: the GPU computes in bf16")
+    return Choice(False, f"auto: fp32 on {'a GPU without bf16' if facts.device == 'cuda' else 'the CPU'}")
+
+
+def choose_threads(cfg: TrainConfig, facts: Facts) -> Choice:
+    if cfg.num_threads:
+        return Choice(cfg.num_threads, "num_threads")
+    if facts.device == "cpu" and facts.n_params < SMALL_MODEL_PARAMS:
+        return Choice(1, f"auto: a {facts.n_params / 1e6:.1f}M-parameter model's CPU ops are too small to split")
+    return Choice(None, "auto: torch's default")
+
+
+def _whole_model_too_big(cfg: TrainConfig, facts: Facts) -> str | None:
+    """Why the whole model as one FSDP2 unit would not leave room for activations (units per layer), or None."""
+    share = facts.whole_model_share
+    if facts.engine != "fsdp" or cfg.fsdp_units != "auto" or share is None or share <= WHOLE_MODEL_SHARE:
+        return None
+    return (
+        f"the whole model as one FSDP2 unit needs {share:.0%} of the smallest GPU before activations, "
+        f"more than {WHOLE_MODEL_SHARE:.0%} (fsdp_units: auto -> layer)"
+    )
+
+
+def choose_compile(cfg: TrainConfig, facts: Facts) -> tuple[Choice, list[str]]:
+    """`compile: auto` is the loop on a GPU and off on the CPU. The loop's one graph cannot hold FSDP2's per-layer
+    hooks nor record an MoE router loss's logits: for those, auto is the per-class `modules`, and an explicit
+    `loop` with either is refused (a whole-model unit too big for auto is kept, with a warning)."""
+    warns: list[str] = []
+    why = "the model adds a router loss (output_router_logits)" if facts.router_loss else None
+    if cfg.compile == "loop" and why:
+        raise ConfigError(
+            f"compile 'loop': {why}, whose router logits the one-graph loop cannot record; "
+            "use compile: modules (or auto)"
+        )
+    per_layer = facts.engine == "fsdp" and cfg.fsdp_units == "layer"
+    too_big = _whole_model_too_big(cfg, facts)
+    if too_big and cfg.compile == "loop":
+        warns.append(f"{too_big}; compile: loop keeps it one unit (fsdp_units: layer would shard per layer)")
+    elif too_big:
+        per_layer, why = True, why or too_big
+    if cfg.compile == "loop" and per_layer:
+        raise ConfigError(
+            "config keys 'fsdp_units' = 'layer' and 'compile' = 'loop' do not go together: the loop is one graph "
+            "over every layer and FSDP2's per-layer hooks cannot run inside it; use compile: modules (or auto), "
+            "or fsdp_units: model"
+        )
+    if cfg.compile != "auto":
+        return Choice(cfg.compile, f"compile: {cfg.compile}"), warns
+    if facts.device != "cuda":
+        return Choice("off", "auto: no compile on the CPU"), warns
+    if per_layer:
+        why = why or "FSDP2 shards per decoder layer (fsdp_units: layer)"
+    if why:
+        return Choice("modules", f"auto: {why}, which the one-graph loop cannot hold"), warns
+    return Choice("loop", "auto: the whole decoder loop as one graph on the GPU"), warns
+
+
+def choose_fsdp_units(cfg: TrainConfig, facts: Facts, strategy: str) -> Choice:
+    """`fsdp_units: auto` is the whole model under the compiled loop (one graph over every layer), per layer
+    otherwise; nothing without FSDP2."""
+    if facts.engine != "fsdp":
+        return Choice(None, "no FSDP2")
+    if cfg.fsdp_units != "auto":
+        return Choice(cfg.fsdp_units, f"fsdp_units: {cfg.fsdp_units}")
+    if strategy == "loop":
+        return Choice("model", "auto: the compiled loop is one graph over every layer")
+    too_big = _whole_model_too_big(cfg, facts)
+    if too_big:
+        return Choice("layer", f"auto: {too_big}")
+    return Choice("layer", f"auto: compile {strategy} leaves the layers to FSDP2's per-layer hooks")
+
+
+def choose_pack_layout(cfg: TrainConfig, facts: Facts, strategy: str) -> Choice:
+    """Static (every batch filled to one size fitted over every train and eval pack of the run) under
+    `pack_layout: static`, or `auto` under a compile (the loop, or the per-class forwards, which then compile once
+    per class) when the fit costs at most AUTO_MAX_FILLER of the step; dynamic otherwise. Never static for a model
+    with a router loss: the filler's tokens would count in its load-balancing statistics."""
+    if cfg.pack_layout == "static" and facts.router_loss:
+        raise ConfigError(
+            "pack_layout 'static': the model adds a router loss (output_router_logits), and the filler "
+            "documents' tokens would count in its load-balancing loss; use pack_layout: dynamic (or auto)"
+        )
+    if cfg.pack_layout == "dynamic":
+        return Choice(None, "pack_layout: dynamic")
+    if cfg.pack_layout == "auto" and strategy not in ("loop", "modules"):
+        return Choice(None, f"auto: dynamic without a compile (compile {strategy})")
+    if cfg.pack_layout == "auto" and facts.router_loss:
+        return Choice(None, "auto: dynamic, the model's router loss would count the filler documents' tokens")
+    if cfg.micro_batch_size > 1:
+        if cfg.pack_layout == "static":
+            raise ConfigError(
+                "pack_layout 'static' needs micro_batch_size 1 (a micro-batch of several bins is collated as "
+                "one pack); raise gradient_accumulation_steps instead, or use pack_layout: dynamic"
+            )
+        return Choice(None, "auto: dynamic, micro_batch_size > 1 and the static layout fits single bins")
+    packs = [list(p) for p in facts.packs]
+    limit = AUTO_MAX_FILLER if cfg.pack_layout == "auto" else STATIC_MAX_FILLER
+    layout = StaticLayout.fit(packs, max_filler=limit) if packs else None
+    if layout is None:
+        why = f"the filler of any static layout for these packs would cost more than {limit:.0%} of the step"
+        if cfg.pack_layout == "static":
+            raise ConfigError(f"pack_layout 'static': {why}; use pack_layout: dynamic (or auto)")
+        return Choice(None, f"auto: dynamic, {why}")
+    shares = layout.filler_shares(packs)
+    return Choice(
+        layout,
+        f"{'auto' if cfg.pack_layout == 'auto' else 'pack_layout: static'}: filler {100 * shares.tokens:.1f}% of "
+        f"the tokens, {100 * shares.chunks:.1f}% of the GDN chunks, about {100 * shares.cost:.1f}% of the step",
+    )
+
+
+def choose_loss(cfg: TrainConfig, facts: Facts) -> Choice:
+    if cfg.loss == "plain":
+        return Choice(False, "loss: plain, transformers' own ([tokens, vocab] logits kept)")
+    if facts.fused_loss_blocker is None:
+        return Choice(True, "fused chunked cross-entropy against lm_head, no [tokens, vocab] logits kept")
+    if cfg.loss == "fused":
+        raise ConfigError(
+            f"loss 'fused' cannot stand in for this model's loss: {facts.fused_loss_blocker}; use loss: auto or plain"
+        )
+    return Choice(False, f"auto: transformers' own loss ([tokens, vocab] logits kept): {facts.fused_loss_blocker}")
+
+
+def choose_checkpointing(cfg: TrainConfig) -> Choice:
+    if cfg.gradient_checkpointing == "auto":
+        return Choice("auto", "auto: off, switched on if the first step runs out of GPU memory")
+    return Choice(bool(cfg.gradient_checkpointing), f"gradient_checkpointing: {cfg.gradient_checkpointing}")
+
+
+def resolve(cfg: TrainConfig, facts: Facts) -> Choices:
+    """Every choice of the run from the config and the facts (see the module docstring)."""
+    warns = []
+    if cfg.bf16 is True and facts.device == "cpu":
+        warns.append("bf16 on CPU autocasts matmuls only and is slow on most CPUs; fp32 is the CPU default")
+    compile_, more = choose_compile(cfg, facts)
+    warns += more
+    return Choices(
+        bf16=choose_bf16(cfg, facts),
+        threads=choose_threads(cfg, facts),
+        compile=compile_,
+        fsdp_units=choose_fsdp_units(cfg, facts, compile_.value),
+        pack_layout=choose_pack_layout(cfg, facts, compile_.value),
+        fused_loss=choose_loss(cfg, facts),
+        checkpointing=choose_checkpointing(cfg),
+        warnings=tuple(warns),
+    )

@@ -1,0 +1,479 @@
+"""The trainer: wires the run's parts together and runs its steps. Each part lives in its own module:
+
+    choices.py      every `auto` setting resolved once, with its reason (read this for "why did my run ...")
+    outdir.py       which runs an output directory may hold
+    stream.py       the data order and its saved position
+    step.py         the loss of one micro-batch
+    distributed.py  torchrun: DDP / FSDP2 wrapping, the window split over ranks
+    evaluation.py   held-out loss and exact match
+    checkpoint.py   atomic DCP checkpoints and exact resume
+    export.py       the final model (adapter or full) as safetensors
+    profiling.py    torch.profiler over a few steps
+
+The loss of an optimizer step is the mean over every trained token of all its micro-batches (the token count of
+the whole accumulation window is known before the first forward), so accumulation over k micro-batches equals one
+batch k times as large. Under torchrun the same window is split over the ranks: each rank runs its share of the
+micro-batches with the same whole-window token count, the engine sums the gradients, and the loss, the schedule
+and the global batch are those of one process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from hybridtune.batch import NUM_LOSS_TOKENS, NUM_TOKENS
+from hybridtune.compiler.strategies import compile_model
+from hybridtune.config import TrainConfig, compile_overrides
+from hybridtune.data import PackedCollator
+from hybridtune.data.build import PreparedData, prepare
+from hybridtune.data.packing import Example
+from hybridtune.errors import ConfigError
+from hybridtune.kernels.provision import prepare as prepare_kernels
+from hybridtune.models.anatomy import param_count, router_loss
+from hybridtune.models.loading import load_model, tokenizer_for
+from hybridtune.models.patching import patch_model
+from hybridtune.train import checkpoint as ckpt
+from hybridtune.train import distributed, export
+from hybridtune.train.choices import Choices, Facts, choose_bf16, pick_device, resolve
+from hybridtune.train.evaluation import eval_batches, evaluate
+from hybridtune.train.lora import apply_lora
+from hybridtune.train.metrics import MetricsLog, Throughput, format_step, memory_gib
+from hybridtune.train.outdir import claim_output_dir, write_run_file
+from hybridtune.train.profiling import StepProfiler, profile_window, write_profile
+from hybridtune.train.step import fused_loss_blocker
+from hybridtune.train.stream import BatchStream, to_device
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    losses: list[float] = field(default_factory=list)  # loss of every optimizer step run in this process
+    evals: list[dict] = field(default_factory=list)
+    output_dir: str = ""
+    final_dir: str | None = None
+    interrupted: bool = False
+
+
+def lr_lambda(kind: str, warmup: int, total: int) -> Callable[[int], float]:
+    """The learning-rate multiplier of step `step`: linear warmup, then constant, linear or cosine decay to 0."""
+
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if kind == "constant":
+            return 1.0
+        progress = (step - warmup) / max(1, total - warmup)
+        progress = min(max(progress, 0.0), 1.0)
+        if kind == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+def enable_checkpointing(model) -> None:
+    """Non-reentrant activation checkpointing on every decoder layer (peft-wrapped or not); non-reentrant
+    needs no `enable_input_require_grads` hook for frozen embeddings, and traces under the compiled loop."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, on_log: Callable[[dict], None] | None = None):
+        self.cfg = cfg
+        self.on_log = on_log
+        # Before pick_device: under torchrun on CUDA this selects the rank's GPU.
+        self.dist = distributed.init(cfg.distributed, cfg.adapter, cfg.device)
+        self.device = pick_device(cfg.device)
+        self.out = Path(cfg.output_dir)
+        self.metrics: MetricsLog | None = None
+
+    # -- setup: a table of contents ----------------------------------------------------------------
+
+    def setup(self) -> None:
+        self._setup_output_dir()
+        self._setup_data()  # before the model: bad input fails in a second, not after a model load
+        self._setup_kernels()  # before anything imports the modeling module, where transformers picks its path
+        self._setup_model()
+        self._setup_choices()
+        self._setup_compile()
+        self._setup_engine()
+        self._setup_optimizer()
+        self._setup_resume()
+        self._setup_metrics()
+
+    def _setup_output_dir(self) -> None:
+        cfg = self.cfg
+        distributed.check_window(self.dist, cfg.gradient_accumulation_steps)
+        self.fresh_metrics = distributed.main_only(self.dist, lambda: claim_output_dir(cfg))
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+
+    def _setup_data(self) -> None:
+        self.tokenizer = tokenizer_for(self.cfg.base_model, self.cfg.tokenizer)
+        self.data: PreparedData = prepare(self.cfg, self.tokenizer)
+
+    def _setup_kernels(self) -> None:
+        cfg = self.cfg
+        self.kernel_report = prepare_kernels(cfg.kernels, cfg.require_fast_path, cfg.base_model)
+
+    def _facts(self, model: torch.nn.Module | None = None) -> Facts:
+        """What the choices depend on; without a model, what is known before it loads (device and processes)."""
+        d, cuda = self.dist, self.device.type == "cuda"
+        base = Facts(
+            device=self.device.type,
+            bf16_supported=cuda and torch.cuda.is_bf16_supported(),
+            engine=d.engine if d.enabled else "none",
+            world=d.world,
+        )
+        if model is None:
+            return base
+        share = None
+        if self.cfg.fsdp_units == "auto":
+            share = distributed.whole_model_share(model, d, self.device, self.use_bf16)
+        packs = [tuple(len(e) for e in b) for b in self.data.bins]
+        packs += [tuple(len(e) for e in b) for b in eval_batches(self._eval_examples(), self.cfg.sequence_len)]
+        return dataclasses.replace(
+            base,
+            n_params=param_count(model),
+            router_loss=router_loss(model),
+            fused_loss_blocker=fused_loss_blocker(model),
+            whole_model_share=share,
+            packs=tuple(packs),
+        )
+
+    def _setup_model(self) -> None:
+        """Load, patch the mixers, checkpointing, LoRA, on the device. LoRA trains adapters only: the frozen base is
+        held in bf16 (half the memory, no per-step casts of its weights under autocast); peft keeps the adapters in
+        fp32. A full fine-tune keeps fp32 masters."""
+        cfg = self.cfg
+        self.use_bf16 = choose_bf16(cfg, self._facts()).value
+        base_dtype = torch.bfloat16 if self.use_bf16 and cfg.adapter == "lora" else None
+        self.loaded = load_model(cfg.base_model, self.tokenizer, seed=cfg.seed, dtype=base_dtype)
+        model = self.loaded.model
+        self.patch_report = patch_model(model)
+        logger.info("%s", self.patch_report)
+        if cfg.gradient_checkpointing is True:
+            enable_checkpointing(model)
+        if cfg.adapter == "lora":
+            model = apply_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+        model.to(self.device)
+        model.train()
+        self.model = model
+
+    def _setup_choices(self) -> None:
+        self.choices: Choices = resolve(self.cfg, self._facts(self.model))
+        for line in self.choices.lines():
+            logger.info("choice %s", line)
+        for w in self.choices.warnings:
+            logger.warning("%s", w)
+        if self.choices.threads.value is not None:
+            torch.set_num_threads(self.choices.threads.value)
+        self.strategy = self.choices.compile.value
+        if self.dist.engine == "fsdp":
+            self.dist = dataclasses.replace(self.dist, units=self.choices.fsdp_units.value)
+        layout = self.choices.pack_layout.value
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.collate = PackedCollator(layout=layout, pad_token_id=pad) if layout is not None else PackedCollator()
+        self.fused_loss = self.choices.fused_loss.value
+
+    def _setup_compile(self) -> None:
+        """Compile after patching, LoRA and checkpointing are in place (the graph must see all three)."""
+        self.compile_handle = None
+        if self.strategy == "off":
+            return
+        opts: dict = {}
+        if self.strategy == "modules" and self.cfg.compile_overrides:
+            opts["overrides"] = compile_overrides(self.cfg)
+        if self.strategy == "loop":
+            opts["static_shapes"] = self.collate.layout is not None
+        self.compile_handle = compile_model(self.model, self.strategy, **opts)
+        logger.info("compile: strategy '%s' (the first step includes compilation)", self.strategy)
+
+    def _setup_engine(self) -> None:
+        """What steps and saves: the model itself in one process, DDP- or FSDP2-wrapped under torchrun (the unit
+        FSDP2 shards is `choices.fsdp_units`). Eval runs the forward alone: DDP's copy needs no engine; FSDP2's
+        shards must gather (all ranks)."""
+        d = self.dist
+        self.engine = distributed.wrap(distributed.LossModule(self.model), d, self.device, self.use_bf16)
+        self.eval_model = self.engine.module if d.engine == "ddp" else self.engine
+        self.autocast = lambda: torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16)
+
+    def _setup_optimizer(self) -> None:
+        """AdamW over the trainable parameters, the data stream and the learning-rate schedule."""
+        cfg = self.cfg
+        self.params = [p for p in self.engine.parameters() if p.requires_grad]
+        fused = self.device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, fused=fused
+        )
+        self.stream = BatchStream(self.data.bins, cfg.micro_batch_size, cfg.seed)
+        per_epoch = math.ceil(self.stream.micro_batches_per_epoch() / cfg.gradient_accumulation_steps)
+        self.total_steps = cfg.max_steps if cfg.max_steps > 0 else max(1, math.ceil(per_epoch * cfg.num_epochs))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(cfg.lr_scheduler, cfg.warmup_steps, self.total_steps)
+        )
+        self.step = 0
+
+    def _setup_resume(self) -> None:
+        if self.dist.enabled:
+            # Dropout differs per rank (the model init above was the same everywhere: FSDP2 does not broadcast).
+            # A resumed run then restores each rank's own RNG state.
+            torch.manual_seed(self.cfg.seed + self.dist.rank)
+        where = self.cfg.resume_from_checkpoint
+        if not where:
+            return
+        path = Path(where)
+        if where == "latest":
+            found = ckpt.list_checkpoints(self.out)
+            if not found:
+                raise ConfigError(f"resume_from_checkpoint 'latest': no checkpoint in '{self.out}'")
+            path = found[-1]
+        if not (path / ckpt.META_FILE).is_file():
+            raise ConfigError(f"resume_from_checkpoint '{where}' is not a complete hybridtune checkpoint directory")
+        state = ckpt.load_checkpoint(
+            path, self.engine, self.optimizer, self.scheduler, self.dist, trainable_only=self.cfg.adapter == "lora"
+        )
+        self.stream.seek(state["data_position"])
+        self.step = state["step"]
+        written = f" (written by {state['world']} process(es))" if state.get("world", 1) != self.dist.world else ""
+        logger.info("resumed from %s at step %d%s", path, self.step, written)
+
+    def _setup_metrics(self) -> None:
+        cfg, d = self.cfg, self.dist
+        if d.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            write_run_file(self.out, cfg)
+        self.metrics = MetricsLog(self.out / "metrics.jsonl", truncate=self.fresh_metrics) if d.is_main else None
+        logger.info(
+            "training %s (%s) on %s%s: %d steps, %d bins/step of %d tokens, lr %.1e %s",
+            self.loaded.name,
+            cfg.adapter,
+            self.device,
+            f" x {d.world} processes ({d.engine})" if d.enabled else "",
+            self.total_steps,
+            cfg.micro_batch_size * cfg.gradient_accumulation_steps,
+            cfg.sequence_len,
+            cfg.learning_rate,
+            cfg.lr_scheduler,
+        )
+
+    # -- steps -------------------------------------------------------------------------------------
+
+    def _window(self) -> list[dict]:
+        return [self.collate(self.stream.next_docs()) for _ in range(self.cfg.gradient_accumulation_steps)]
+
+    def train_step(self) -> dict:
+        cfg = self.cfg
+        d = self.dist
+        batches = self._window()  # every rank collates the whole window: the token count needs no collective
+        n_tokens = sum(b[NUM_LOSS_TOKENS] for b in batches)
+        # All of this rank's micro-batches go to the device up front, and the loss is summed there: the step
+        # waits for the GPU once (loss and gradient norm together), not after every micro-batch.
+        mine = [to_device(b, self.device) for b in distributed.my_share(d, batches)]
+        losses = []
+        for i, b in enumerate(mine):
+            with distributed.accumulation(self.engine, d, last=i == len(mine) - 1):
+                with self.autocast():
+                    loss = self.engine(b, n_tokens, self.fused_loss)
+                # DDP and FSDP2 average over ranks; times N, that average is the sum the window's loss needs.
+                (loss * d.world if d.enabled else loss).backward()
+            losses.append(loss.detach().float())
+        norm = distributed.total_grad_norm(self.params)
+        if cfg.max_grad_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_(self.params, cfg.max_grad_norm, norm)
+        loss_sum = distributed.all_sum_(torch.stack(losses).double().sum(), d)
+        total, grad_norm = torch.stack([loss_sum, norm.double().to(loss_sum.device)]).tolist()
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return {
+            "step": self.step,
+            "loss": total,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "tokens": int(sum(b[NUM_TOKENS] for b in batches)),  # the documents' own, not filler
+            "loss_tokens": n_tokens,
+        }
+
+    def first_step(self) -> dict:
+        """This process's first step (of a fresh or a resumed run). Under `gradient_checkpointing: auto`, one
+        retry with checkpointing on if it ran out of memory without it (one process only: under torchrun the
+        other ranks are already inside collectives, so there the error says which setting to change)."""
+        if self.cfg.gradient_checkpointing != "auto":
+            return self.train_step()
+        pos = self.stream.position()
+        rng = (torch.get_rng_state(), torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None)
+        try:
+            return self.train_step()
+        except torch.OutOfMemoryError as e:
+            if self.dist.enabled:
+                also = " or fsdp_units: layer" if self.dist.engine == "fsdp" and self.dist.units == "model" else ""
+                raise ConfigError(
+                    f"out of GPU memory in the first step without gradient checkpointing ({str(e).splitlines()[0]}); "
+                    f"set gradient_checkpointing: true (or a shorter sequence_len{also})"
+                ) from None
+        self.optimizer.zero_grad(set_to_none=True)
+        gc.collect()  # the failed step's traceback frames may still hold activations
+        torch.set_rng_state(rng[0])  # dropout draws as in a run that had checkpointing from the start
+        if self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng[1], self.device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)  # the logged peak is the run's, not the failed try's
+        self.stream.seek(pos)
+        enable_checkpointing(self.model)
+        logger.warning(
+            "gradient_checkpointing auto: the first step ran out of GPU memory without checkpointing; "
+            "switched it on and retried the step (set gradient_checkpointing: true to start that way)"
+        )
+        return self.train_step()
+
+    # -- eval, save, export ------------------------------------------------------------------------
+
+    def _eval_examples(self) -> list[Example]:
+        """The held-out examples every evaluation reads (the static layout is fitted over their packs too)."""
+        return self.data.eval_examples[: self.cfg.eval_max_examples]
+
+    def run_eval(self) -> dict | None:
+        if not self.data.eval_examples:
+            return None
+        ex = self._eval_examples()
+        res = evaluate(self.eval_model, ex, self.cfg.sequence_len, self.device, self.autocast, self.dist, self.collate)
+        res["step"] = self.step
+        if self.metrics is not None:
+            self.metrics.write({"type": "eval", **res})
+        logger.info(
+            "eval  step %d  eval_loss %.4f  exact_match %.3f (%d held-out examples)",
+            self.step,
+            res["eval_loss"],
+            res["exact_match"],
+            res["eval_examples"],
+        )
+        return res
+
+    def save(self) -> Path:
+        path = ckpt.save_checkpoint(
+            self.out / f"checkpoint-{self.step}",
+            self.engine,
+            self.optimizer,
+            self.scheduler,
+            self.step,
+            self.stream.position(),
+            {"base_model": self.loaded.name},
+            self.dist,
+            trainable_only=self.cfg.adapter == "lora",
+        )
+        if self.dist.is_main:
+            ckpt.prune_checkpoints(self.out, self.cfg.save_total_limit)
+        return path
+
+    def save_final(self) -> Path:
+        """The final model (adapter or full) with tokenizer, loadable by peft / transformers. Rank 0 writes it."""
+        return export.save_final(
+            self.out,
+            self.model,
+            self.engine,
+            self.tokenizer,
+            self.dist,
+            adapter=self.cfg.adapter,
+            base_name=self.loaded.name,
+            base_in_memory=self.loaded.source == "preset",
+            steps=self.step,
+        )
+
+    # -- the run -----------------------------------------------------------------------------------
+
+    def train(self) -> TrainResult:
+        cfg = self.cfg
+        result = TrainResult(steps=self.step, output_dir=str(self.out))
+        ev = self.run_eval()
+        if ev:
+            result.evals.append(ev)
+        tput = Throughput()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        first = True
+        window = profile_window(cfg.profile_steps, self.total_steps, self.step)
+        profiler = None
+        try:
+            while self.step < self.total_steps:
+                if window and self.step + 1 == window[0]:
+                    profiler = StepProfiler(self.device)
+                    profiler.start()
+                rec = self.first_step() if first else self.train_step()  # this process's first (resumed too)
+                first = False
+                eval_due = bool(cfg.eval_steps) and self.step % cfg.eval_steps == 0 and self.step < self.total_steps
+                save_due = bool(cfg.save_steps) and self.step % cfg.save_steps == 0 and self.step < self.total_steps
+                if profiler is not None and (self.step == window[1] or eval_due or save_due):
+                    # The window ends early rather than profile an evaluation or a checkpoint (same step on every
+                    # rank); summarising and gathering are left out of the logged tokens/s.
+                    t = time.perf_counter()
+                    write_profile(profiler, window[0], self.step, self.out, self.dist)
+                    profiler = None
+                    tput.skip(time.perf_counter() - t)
+                tput.add(rec["tokens"])
+                result.losses.append(rec["loss"])
+                if self.step % cfg.logging_steps == 0 or self.step == self.total_steps or self.step == 1:
+                    # The peak over ranks (one scalar all-reduce, on logged steps only): ranks differ under FSDP2.
+                    mem = distributed.all_max(memory_gib(self.device), self.dist)
+                    rec.update(tokens_per_s=tput.take(), mem_gib=mem, type="train")
+                    if self.metrics is not None:
+                        self.metrics.write(rec)
+                    logger.info("%s", format_step(rec))
+                if self.on_log:
+                    self.on_log(rec)
+                if eval_due:
+                    ev = self.run_eval()
+                    if ev:
+                        result.evals.append(ev)
+                if save_due:
+                    self.save()
+        except KeyboardInterrupt:
+            result.interrupted = True
+            if profiler is not None:
+                profiler.cancel()  # not a window's profile, and not recording the save below
+                profiler = None
+            if self.dist.enabled:
+                # Saving is a collective and the other ranks stopped at other points: the last complete
+                # checkpoint is the one to continue from (torchrun ends every rank on Ctrl-C).
+                logger.warning("interrupted: continue from the last checkpoint with --resume_from_checkpoint latest")
+            else:
+                # The step in flight is dropped (its gradients were never applied); the checkpoint holds the
+                # state after the last complete step, and its data position points at the dropped batch.
+                path = self.save()
+                logger.warning("interrupted: saved %s; continue with --resume_from_checkpoint latest", path)
+        else:
+            ev = self.run_eval()
+            if ev:
+                result.evals.append(ev)
+            self.save()
+            result.final_dir = str(self.save_final())
+        finally:
+            if profiler is not None:
+                profiler.cancel()
+            if self.metrics is not None:
+                self.metrics.close()
+        result.steps = self.step
+        return result
+
+
+def train(cfg: TrainConfig, on_log: Callable[[dict], None] | None = None) -> TrainResult:
+    trainer = Trainer(cfg, on_log)
+    trainer.setup()
+    return trainer.train()
