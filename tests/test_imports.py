@@ -1,0 +1,217 @@
+"""The shape of the package, read from the source with `ast` (nothing is imported).
+
+- No import cycle among hybridtune modules, counting imports inside functions (a function-local import
+  hides a cycle from Python, not from a reader).
+- No module in src/ over 500 lines.
+- The layering of docs/ARCHITECTURE.md: `ops` imports nothing of ours but ops/* and errors, nothing
+  imports `hybridtune.cli`, neither `bench` nor `train` is imported from a layer below them. The leaf
+  modules (errors, batch, models.anatomy) import nothing of ours and may be imported from anywhere.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = "hybridtune"
+MAX_LINES = 500
+LEAVES = frozenset({"hybridtune.errors", "hybridtune.batch", "hybridtune.models.anatomy"})
+# `python -m hybridtune` runs __main__, whose one job is to call the CLI.
+CLI_ENTRY = frozenset({"hybridtune.__main__"})
+BELOW_BENCH = ("train", "models", "compiler", "kernels", "ops", "data")
+BELOW_TRAIN = ("models", "compiler", "kernels", "ops", "data")
+
+
+def module_files(src: Path = SRC) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py under src/hybridtune (a package is its __init__.py)."""
+    out = {}
+    for path in sorted((src / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
+    """The hybridtune modules `name` imports anywhere in its file: module top, functions, classes, branches.
+
+    `from a.b import c` counts as an import of `a.b.c` when that is a module, else of `a.b`; relative
+    imports are resolved against the module's package.
+    """
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")
+                base_parts = base_parts[: len(base_parts) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in modules else base)
+    # `import hybridtune.a.b` names the module itself; an unknown dotted name falls back to its nearest module.
+    out = set()
+    for target in found:
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            out.add(target)
+    return out
+
+
+def import_graph(src: Path = SRC) -> dict[str, set[str]]:
+    files = module_files(src)
+    modules = set(files)
+    return {name: imports_of(name, path, modules) for name, path in files.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` as [a, b, ..., a], or None when it has none (iterative depth-first search)."""
+    WHITE, GREY, BLACK = 0, 1, 2
+    color = dict.fromkeys(graph, WHITE)
+    for start in sorted(graph):
+        if color[start] != WHITE:
+            continue
+        stack: list[tuple[str, list[str]]] = [(start, sorted(graph[start]))]
+        path = [start]
+        color[start] = GREY
+        while stack:
+            node, todo = stack[-1]
+            if not todo:
+                color[node] = BLACK
+                stack.pop()
+                path.pop()
+                continue
+            nxt = todo.pop(0)
+            state = color.get(nxt, BLACK)  # a name outside the graph has no edges
+            if state == GREY:
+                return path[path.index(nxt) :] + [nxt]
+            if state == WHITE:
+                color[nxt] = GREY
+                stack.append((nxt, sorted(graph.get(nxt, ()))))
+                path.append(nxt)
+    return None
+
+
+def _in(module: str, layer: str) -> bool:
+    prefix = f"{PACKAGE}.{layer}"
+    return module == prefix or module.startswith(prefix + ".")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The finder itself
+
+
+@pytest.mark.parametrize(
+    "graph, cycle",
+    [
+        ({"a": {"b"}, "b": {"c"}, "c": set()}, None),
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, ["a", "b", "c", "a"]),
+        ({"a": {"b", "d"}, "b": set(), "d": {"e"}, "e": {"d"}}, ["d", "e", "d"]),
+        ({"a": {"b"}, "b": {"c"}, "c": {"b"}, "z": set()}, ["b", "c", "b"]),
+        ({"a": {"b"}, "b": {"c"}, "c": {"x"}}, None),  # x is not a module of the graph
+        ({"a": {"b", "c"}, "b": {"c"}, "c": set()}, None),  # a diamond is not a cycle
+    ],
+)
+def test_find_cycle(graph, cycle):
+    assert find_cycle(graph) == cycle
+
+
+def test_function_local_and_relative_imports_are_edges(tmp_path):
+    pkg = tmp_path / PACKAGE
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "a.py").write_text("def f():\n    from hybridtune.sub import b\n    return b\n")
+    (pkg / "sub" / "b.py").write_text("from . import c\n")
+    (pkg / "sub" / "c.py").write_text("class C:\n    def m(self):\n        import hybridtune.sub.a\n")
+    graph = import_graph(tmp_path)
+    assert graph["hybridtune.sub.a"] == {"hybridtune.sub.b"}
+    assert graph["hybridtune.sub.b"] == {"hybridtune.sub.c"}
+    assert graph["hybridtune.sub.c"] == {"hybridtune.sub.a"}
+    assert find_cycle(graph) == ["hybridtune.sub.a", "hybridtune.sub.b", "hybridtune.sub.c", "hybridtune.sub.a"]
+
+
+def test_from_package_import_name_is_an_edge_to_the_package(tmp_path):
+    pkg = tmp_path / PACKAGE
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from hybridtune.sub.a import f\n")
+    (pkg / "sub" / "a.py").write_text("def f(): ...\n")
+    (pkg / "sub" / "rel.py").write_text("from .. import user\nfrom ..sub import a\n")
+    (pkg / "user.py").write_text("from hybridtune.sub import f\n")
+    graph = import_graph(tmp_path)
+    assert graph["hybridtune.user"] == {"hybridtune.sub"}
+    assert graph["hybridtune.sub"] == {"hybridtune.sub.a"}
+    assert graph["hybridtune.sub.rel"] == {"hybridtune.user", "hybridtune.sub.a"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The package
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return import_graph()
+
+
+def test_no_import_cycle(graph):
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle (imports inside functions count): " + " -> ".join(cycle)
+
+
+def test_no_module_over_500_lines():
+    long = {
+        str(p.relative_to(SRC)): n
+        for p in module_files().values()
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines (split them by job): {long}"
+
+
+def test_leaves_import_nothing_of_ours_but_leaves(graph):
+    bad = sorted(f"{m} imports {t}" for m in LEAVES & set(graph) for t in graph[m] if t not in LEAVES)
+    assert not bad, bad
+
+
+def test_ops_imports_only_ops_and_errors(graph):
+    bad = sorted(
+        f"{m} imports {t}"
+        for m, targets in graph.items()
+        if _in(m, "ops")
+        for t in targets
+        if not _in(t, "ops") and t not in LEAVES
+    )
+    assert not bad, f"ops is the bottom layer: {bad}"
+
+
+def test_nothing_imports_the_cli(graph):
+    bad = sorted(
+        f"{m} imports {t}"
+        for m, targets in graph.items()
+        if m not in CLI_ENTRY
+        for t in targets
+        if t == "hybridtune.cli"
+    )
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("upper, lower", [("bench", BELOW_BENCH), ("train", BELOW_TRAIN)])
+def test_no_import_runs_back_up(graph, upper, lower):
+    bad = sorted(
+        f"{m} imports {t}"
+        for m, targets in graph.items()
+        if any(_in(m, layer) for layer in lower)
+        for t in targets
+        if _in(t, upper)
+    )
+    assert not bad, f"{upper} is imported from a layer below it: {bad}"
