@@ -125,15 +125,29 @@ def test_mode_that_does_not_start_is_stopped(tmp_path):
             "0.5",
             "--out-dir",
             str(out),
+            "--results",
+            str(tmp_path / "results.jsonl"),
         ]
     )
     assert rc == 0
     r = json.loads((out / "bench.json").read_text())["modes"]["ht-eager"]
     assert r["error"] == "no first step within 0 s" and r["stopped"]  # 0.5 s, printed with no decimals
     assert "no first step within" in (out / "bench.md").read_text()
+    (row,) = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert row["id"] == 1 and row["mode"] == "ht-eager" and row["status"] == "no first step within 0 s"
+    assert row["tokens_per_s"] is None and row["shape"] == "tiny-qwen3_5" and row["command"].startswith("hybridtune")
 
 
 def test_bad_preset_is_one_line(capsys):
     assert main(["bench", "--preset", "qwen3_5-2c"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --preset 'qwen3_5-2c'") and "qwen3_5-2b" in err and "\n" not in err
+
+
+def test_a_damaged_results_table_is_said_before_the_run(tmp_path, capsys):
+    table = tmp_path / "results.jsonl"
+    table.write_text("{broken\n")
+    assert main(["bench", "--modes", "ht-eager", "--results", str(table), "--out-dir", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "results.jsonl:1: not a JSON row" in err and "\n" not in err
+    assert not (tmp_path / "b" / "bench.json").exists()

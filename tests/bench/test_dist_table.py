@@ -1,8 +1,7 @@
-"""bench/dist/table.py: the figures the scaling table and scaling.json report (medians, windows, pairs)."""
+"""hybridtune.bench.table: the figures the scaling table and scaling.json report (medians, windows, pairs)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import statistics
@@ -10,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location("dist_table", Path(__file__).parents[2] / "bench/dist/table.py")
-table = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(table)
+from hybridtune.bench import table
 
 
 def write_run(d: Path, name: str, rates: dict[int, float], profiled: tuple[int, int] | None = None) -> None:

@@ -7,7 +7,8 @@ that crashes is reported with its error. The matmul peak used for FLOP utilisati
 in its own process, on the same device.
 
 Output in `--out-dir`: bench.json (command, commit, versions, device, settings, every mode's raw
-numbers), bench.md (the table), bench.png (bar chart), logs/<mode>.log (each worker's output).
+numbers), bench.md (the table), bench.png (bar chart), logs/<mode>.log (each worker's output). With
+`--results TABLE` each mode also becomes a row of that append-only table (`hybridtune.bench.results`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from hybridtune.bench import results
 from hybridtune.bench.modes import OPTION_KEYS, cudagraph_warmup, parse_mode, split_modes
 from hybridtune.bench.worker import FIRST_STEP_MARKER
 from hybridtune.config import DEFAULT_LORA_TARGETS
@@ -63,6 +65,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--profile", action="store_true", help="GPU: also profile 3 steps per mode (kernel time table)")
     ap.add_argument("--out-dir", default="outputs/bench")
     ap.add_argument("--title", default=None, help="title of the markdown table and the chart")
+    ap.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="append one row per mode to this results table (e.g. benchmarks/results.jsonl)",
+    )
     return ap.parse_args(argv)
 
 
@@ -151,6 +159,8 @@ def main(argv: list[str]) -> int:
     from hybridtune.models.presets import PRESETS
 
     args = parse_args(argv)
+    if args.results:
+        results.read(args.results)  # a damaged table is said now, not after the run
     gpu = torch.cuda.is_available()
     preset = args.preset or ("qwen3_5-2b" if gpu else "tiny-qwen3_5")
     if preset not in PRESETS:
@@ -229,6 +239,9 @@ def main(argv: list[str]) -> int:
     except ImportError as e:
         logger.warning("no chart: %s", e)
     print(table)
+    if args.results:
+        added = results.append(results.bench_rows(doc, source="hybridtune bench"), args.results)
+        logger.info("bench: rows %s appended to %s", ", ".join(str(r["id"]) for r in added), args.results)
     logger.info("bench: wrote %s, %s, %s", out / "bench.json", out / "bench.md", out / "bench.png")
     return 0
 

@@ -24,7 +24,7 @@ class Mode:
     input_require_grads: bool = False  # peft + checkpointing as users run it (`enable_input_require_grads`)
     static: bool = False  # static pack layout (filler documents: one T and N; see hybridtune.data.collator)
     # The GDN conv in compiled regions: "traced"/"stacked" (inductor-fused) or "op" (FLA's kernel). Under CUDA graphs
-    # the default is "op": its launch cost is gone there, and it beat "traced" by 5.7% (bench/NOTES.md 19).
+    # the default is "op": its launch cost is gone there (measured faster than "traced": benchmarks/NOTES.md).
     conv: str = "traced"
     options: dict = field(default_factory=dict)
 

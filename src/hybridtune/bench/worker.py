@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from hybridtune.models.flops import measure_peak, step_flops
+
 FIRST_STEP_MARKER = "HYBRIDTUNE_BENCH_FIRST_STEP"
 HF_GUARD_NOTE = (
     "FLA's Hopper guard (fla #640) bypassed for this whole process (fla.ops.common.chunk_o.IS_NVIDIA_HOPPER = "
@@ -38,24 +40,6 @@ def triton_cache_state() -> str:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def measure_peak(device: torch.device) -> dict:
-    """Dense matmul throughput: bf16 8192^3 on a GPU, fp32 1024^3 on CPU (median of timed repeats)."""
-    n, dtype, reps = (8192, torch.bfloat16, 30) if device.type == "cuda" else (1024, torch.float32, 5)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    times = []
-    for _ in range(reps):
-        sync(device)
-        t0 = time.perf_counter()
-        a @ b
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    med = statistics.median(times)
-    return {"matmul": f"{n}^3 {str(dtype).removeprefix('torch.')}", "flops_per_s": 2 * n**3 / med, "median_s": med}
 
 
 def _apply_liger(model_type: str) -> str:
@@ -137,9 +121,9 @@ def run_mode(spec: dict) -> dict:
 
     from hybridtune.bench.data import make_batches, pack_layouts
     from hybridtune.bench.modes import parse_mode
-    from hybridtune.train.loop import to_device
     from hybridtune.train.metrics import memory_gib
     from hybridtune.train.step import forward_loss
+    from hybridtune.train.stream import to_device
 
     mode = parse_mode(spec["mode"])
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -249,8 +233,6 @@ def find_syncs(run_step) -> dict:
 
 
 def _flops(spec, mode, cfg, batches, timed, result) -> None:
-    from hybridtune.bench.flops import step_flops
-
     n = len(batches)
     warmup = spec["warmup"]
     steps = [batches[i % n]["doc_lens"] for i in range(warmup, warmup + spec["steps"])]

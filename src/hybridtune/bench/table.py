@@ -1,7 +1,7 @@
-"""The runs of `bench/dist/gpu_dist.sh` as a table, and their scaling as JSON.
+"""The `hybridtune train` runs of `benchmarks/scaling.sh` as a table, and their scaling as JSON.
 
-    python bench/dist/table.py DIR                  # the markdown table of DIR's runs (gpu_dist.sh prints it)
-    python bench/dist/table.py DIR... --json OUT --call DIR="COMMAND" ... [--meta KEY=VALUE ...]
+    python -m hybridtune.bench.table DIR            # the markdown table of DIR's runs (scaling.sh prints it)
+    python -m hybridtune.bench.table DIR... --json OUT --call DIR="COMMAND" ... [--meta KEY=VALUE ...]
                                                     # every run of every DIR, and each 2-GPU run's scaling
                                                     # against each 1-GPU run of the same adapter, into OUT
 
@@ -21,6 +21,8 @@ import re
 import statistics
 import sys
 from pathlib import Path
+
+from hybridtune.train.profiling import summary_line
 
 KNOWN = ["lora-1", "lora-2", "full-1", "full-2"]
 FIRST_STEP = 10  # windows starting after this step count
@@ -99,8 +101,6 @@ def table(r: Path) -> str:
             f"{x['peak_mem_gib']:.1f} | {loss} | {x['rc']} |"
         )
         if "profile" in x:
-            from hybridtune.train.profiling import summary_line
-
             doc = x["profile"]
             for rank, p in enumerate(doc["ranks"]):
                 text = p["error"] if "error" in p else summary_line(p)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridtune.bench.flops import StepFlops, linear_terms, mfu, parameter_counts, step_flops
 from hybridtune.config import DEFAULT_LORA_TARGETS
+from hybridtune.models.flops import StepFlops, linear_terms, mfu, parameter_counts, step_flops
 from hybridtune.models.presets import PRESETS as PRESET_TABLE
 from hybridtune.models.presets import preset_config
 

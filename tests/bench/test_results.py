@@ -1,0 +1,121 @@
+"""hybridtune.bench.results: the append-only results table and the README tables generated from it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from hybridtune.bench import results
+from hybridtune.errors import ConfigError
+
+ROOT = Path(__file__).parents[2]
+TABLE = ROOT / "benchmarks" / "results.jsonl"
+
+
+def row(**kw) -> dict:
+    base = {
+        "date": "2026-12-01",
+        "commit": "0" * 40,
+        "device": "NVIDIA H200",
+        "versions": {"torch": "2.11.0"},
+        "command": "hybridtune bench",
+        "tool": "bench",
+        "shape": "qwen3_5-2b",
+        "seq_len": 4096,
+        "mode": "hf-eager",
+        "gpus": 1,
+        "status": "ok",
+        "source": "test",
+        "tokens_per_s": 1000.0,
+    }
+    return base | kw
+
+
+def test_readme_tables_are_what_render_makes_of_the_table():
+    """The README's Performance and scaling tables cannot drift from benchmarks/results.jsonl."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert results.update_readme(text, results.read(TABLE)) == text, (
+        "README.md's generated tables differ from benchmarks/results.jsonl: "
+        "run `python -m hybridtune.bench.results render --readme README.md`"
+    )
+
+
+def test_every_row_has_its_provenance_and_ids_run_one_to_n():
+    rows = results.read(TABLE)
+    assert [r["id"] for r in rows] == list(range(1, len(rows) + 1))
+    for r in rows:
+        assert all(k in r for k in results.REQUIRED), r["id"]
+        assert re.fullmatch(r"[0-9a-f]{40}", r["commit"]), r["id"]
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", r["date"]), r["id"]
+    cited = {i for spec in results.README_TABLES.values() for i in results._ids(spec)}
+    assert cited <= {r["id"] for r in rows}
+
+
+def test_append_numbers_after_the_last_row_and_refuses_bad_input(tmp_path):
+    t = tmp_path / "r.jsonl"
+    assert [r["id"] for r in results.append([row(), row(mode="ht-loop")], t)] == [1, 2]
+    assert [r["id"] for r in results.append([row(id=99)], t)] == [3]  # an id passed in is not kept
+    assert [r["mode"] for r in results.read(t)] == ["hf-eager", "ht-loop", "hf-eager"]
+    with pytest.raises(ConfigError, match="lacks commit"):
+        results.append([{k: v for k, v in row().items() if k != "commit"}], t)
+    t.write_text(t.read_text() + "{not json\n")
+    with pytest.raises(ConfigError, match=r"r\.jsonl:4: not a JSON row"):
+        results.read(t)
+
+
+def test_bench_rows_compare_losses_over_the_steps_every_mode_ran():
+    doc = {
+        "date": "2026-12-01T00:00:00+00:00",
+        "git_commit": "a" * 40,
+        "device": "NVIDIA H200",
+        "command": "hybridtune bench",
+        "versions": {"torch": "2.11.0", "flash-linear-attention": "0.6.0", "python": "3.12"},
+        "settings": {"preset": "qwen3_5-2b", "seq_len": 4096, "adapter": "lora", "lora_r": 16},
+        "modes": {
+            "hf-eager": {"tokens_per_s": 100.0, "median_step_s": 0.5, "losses": [float(i) for i in range(12)]},
+            "ht-loop:cg=on": {"tokens_per_s": 300.0, "median_step_s": 0.2, "losses": [float(i) for i in range(20)]},
+            "hf-compile": {"error": "no first step within 150 s\nmore", "stopped": True},
+        },
+    }
+    a, b, c = results.bench_rows(doc, source="x")
+    assert a["loss_last10"] == b["loss_last10"] == sum(range(2, 12)) / 10  # steps 3-12, which both ran
+    assert b["step_ms"] == pytest.approx(200) and b["versions"] == {"torch": "2.11.0", "fla": "0.6.0"}
+    assert c["status"] == "no first step within 150 s" and c["tokens_per_s"] is None
+
+
+def test_render_command_writes_checks_and_names_missing_markers(tmp_path, capsys):
+    t = tmp_path / "r.jsonl"
+    t.write_text(TABLE.read_text())
+    readme = tmp_path / "README.md"
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    stale = text.replace("| 32,682 |", "| 32,000 |")
+    assert stale != text
+    readme.write_text(stale)
+    assert results.main(["--table", str(t), "render", "--readme", str(readme), "--check"]) == 1
+    assert results.main(["--table", str(t), "render", "--readme", str(readme)]) == 0
+    assert readme.read_text() == text
+    readme.write_text("no markers here\n")
+    capsys.readouterr()
+    assert results.main(["--table", str(t), "render", "--readme", str(readme)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "<!-- perf-table" in err and "\n" not in err
+
+
+def test_add_bench_appends_a_run(tmp_path):
+    doc = {
+        "date": "2026-12-01T00:00:00+00:00",
+        "git_commit": "b" * 40,
+        "device": "CPU",
+        "command": "hybridtune bench",
+        "settings": {"preset": "tiny-qwen3_5", "seq_len": 256, "adapter": "full", "lora_r": 16},
+        "modes": {"ht-eager": {"tokens_per_s": 5.0, "median_step_s": 1.0, "losses": [1.0, 2.0]}},
+    }
+    (tmp_path / "bench.json").write_text(json.dumps(doc))
+    t = tmp_path / "r.jsonl"
+    assert results.main(["--table", str(t), "add-bench", str(tmp_path / "bench.json")]) == 0
+    (r,) = results.read(t)
+    assert r["id"] == 1 and r["adapter"] == "full" and r["loss_last10"] == 1.5 and r["commit"] == "b" * 40
+    assert results.main(["--table", str(t), "add-bench", str(tmp_path / "missing.json")]) == 2
