@@ -176,8 +176,8 @@ def compile_loop(
     gdn_chunk_indices [C, 2] (see `hybridtune.data.collator`).
 
     `static_shapes=True` (batches of a static layout, `hybridtune.data.collator.StaticLayout`): only the
-    chunk count is marked dynamic (the GDN ops alone read it), so T and N are traced as constants (about
-    half the tracing time of the dynamic graph, and fit for CUDA graphs, which record once per chunk
+    chunk count is marked dynamic (the GDN ops alone read it), so T and N are traced as constants (less
+    to trace than the dynamic graph, and fit for CUDA graphs, which record once per chunk
     count); a batch of another T or N would then recompile.
     """
     report = None

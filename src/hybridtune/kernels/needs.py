@@ -44,8 +44,8 @@ KERNELS: dict[str, KernelSpec] = {
         check_code="import fla.ops.gated_delta_rule, fla.modules.causal_conv1d",
         accelerates="GatedDeltaNet chunked delta rule (forward and backward), gated RMSNorm, Triton causal conv",
         fallback_cost=(
-            "torch reference recurrence: more than an order of magnitude slower per GDN layer "
-            "(transformers' own fallback warning, H100)"
+            "torch reference recurrence: a Python-level loop per chunk instead of fused kernels, far slower "
+            "per GDN layer (transformers warns about it too)"
         ),
         fix="pip install --only-binary=:all: flash-linear-attention==0.6.0 fla-core==0.6.0",
     ),
@@ -55,8 +55,8 @@ KERNELS: dict[str, KernelSpec] = {
         check_code="import causal_conv1d",
         accelerates="depthwise causal conv of the mixer input (Dao's CUDA kernel)",
         fallback_cost=(
-            "torch conv: ~7% of GPU step time at the Qwen3.5-2B shape, and on the stock transformers path "
-            "packed documents leak into each other (3 tokens with the 4-tap conv)"
+            "torch conv: a separate, slower kernel per layer (its share of the step is in docs/FINDINGS.md), and "
+            "on the stock transformers path packed documents leak into each other (W-1 tokens with a W-tap conv)"
         ),
         fix="pip install causal-conv1d --no-build-isolation  (builds from source; or install FLA, whose Triton conv hybridtune uses)",
         substitute="fla",

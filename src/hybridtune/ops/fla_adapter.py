@@ -114,7 +114,7 @@ def disable_tensor_cache() -> bool:
     FLA memoises tensors it derives from `cu_seqlens` (`prepare_lens`, `prepare_chunk_offsets`, called inside
     its raw forward and backward). Under CUDA graphs those tensors are allocated in the graph's memory pool
     and then kept alive by the cache, which cudagraph trees refuse ("tensor(s) in the cudagraph pool not
-    tracked as outputs", seen on the H200 with the compiled loop). Without the cache they are recomputed
+    tracked as outputs", with the compiled loop). Without the cache they are recomputed
     per call (a few tiny kernels) and freed with the step. FLA reads the switch at call time from
     `fla.utils.FLA_DISABLE_TENSOR_CACHE` (0.6.x; the env var of the same name sets it at import).
     Returns True when the switch exists and is now off, False when FLA is absent or has no such switch.

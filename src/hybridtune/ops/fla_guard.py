@@ -36,7 +36,7 @@ def _key(key) -> tuple:
 
 def grant(key: tuple, source: str) -> None:
     """Allow the GDN backward for head layout `key` = (H, HV, K, V); `source` says who verified it
-    (e.g. "kernels.selftest: rel err 0.004 on NVIDIA H200" or "bench: explicit grant")."""
+    (e.g. "kernels.selftest: max rel err <error> on <device>" or "bench: explicit grant")."""
     if not source:
         raise ValueError("fla_guard.grant needs a source naming who verified this head layout")
     with _LOCK:
