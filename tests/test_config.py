@@ -52,7 +52,7 @@ def test_ill_typed_and_out_of_range(tmp_path):
     with pytest.raises(ConfigError, match="'sequence_len' = 1 must be at least 2"):
         load_config(None, {"sequence_len": 1})
     p.write_text("lora_r: [1\n")
-    with pytest.raises(ConfigError, match=r"c\.yaml:\d+:\d+: not valid YAML"):
+    with pytest.raises(ConfigError, match=r"c\.yaml:\d+: not valid YAML at column \d+"):
         load_config(p)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
@@ -158,10 +158,10 @@ def test_cli_turns_config_errors_into_one_line(capsys):
 def test_config_file_with_invalid_utf8_names_line_and_column(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_bytes(b"lora_r: 4\nbase_model: tiny-\xff\n")
-    with pytest.raises(ConfigError, match=r"c\.yaml:2:18: not valid UTF-8 \(byte 0xff\)"):
+    with pytest.raises(ConfigError, match=r"c\.yaml:2: not valid UTF-8 at column 18 \(byte 0xff\)"):
         load_config(p)
     p.write_bytes(b"\x00\x01\x02PK\x03\x04")
-    with pytest.raises(ConfigError, match=r"c\.yaml:1:1: a NUL byte: this is a binary file"):
+    with pytest.raises(ConfigError, match=r"c\.yaml:1: a NUL byte at column 1: this is a binary file"):
         load_config(p)
 
 
@@ -170,7 +170,7 @@ def test_config_file_with_bom_and_yaml_error_column(tmp_path):
     p.write_bytes(b"\xef\xbb\xbflora_r: 4\n")
     assert load_config(p).lora_r == 4
     p.write_text("lora_r: 4\nsequence_len: [1\n")
-    with pytest.raises(ConfigError, match=r"c\.yaml:\d+:\d+: not valid YAML"):
+    with pytest.raises(ConfigError, match=r"c\.yaml:\d+: not valid YAML at column \d+"):
         load_config(p)
     with pytest.raises(ConfigError, match="is a directory"):
         load_config(tmp_path)

@@ -317,8 +317,8 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
-            at = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
-            raise ConfigError(f"{at}: not valid YAML ({getattr(e, 'problem', e)})") from None
+            at = f"{p}:{mark.line + 1}: not valid YAML at column {mark.column + 1}" if mark else f"{p}: not valid YAML"
+            raise ConfigError(f"{at} ({getattr(e, 'problem', e)})") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -350,7 +350,7 @@ def read_config_text(p: Path) -> str:
         raise ConfigError(f"{p}:{decode_error_where(raw, e)}; save the file as UTF-8 text") from None
     if "\0" in text:
         line, column = text_position(text, text.index("\0"))
-        raise ConfigError(f"{p}:{line}:{column}: a NUL byte: this is a binary file, not YAML text") from None
+        raise ConfigError(f"{p}:{line}: a NUL byte at column {column}: this is a binary file, not YAML text") from None
     return text
 
 
@@ -360,11 +360,11 @@ def text_position(text: str, index: int) -> tuple[int, int]:
 
 
 def decode_error_where(raw: bytes, e: UnicodeDecodeError) -> str:
-    """'LINE:COLUMN: not valid UTF-8 (byte 0xNN)' for a decode error in `raw` (column counts characters)."""
+    """'LINE: not valid UTF-8 at column COLUMN (byte 0xNN)' for a decode error in `raw` (column counts characters)."""
     start = raw.rfind(b"\n", 0, e.start) + 1
     line = raw.count(b"\n", 0, e.start) + 1
     column = len(raw[start : e.start].decode("utf-8", errors="replace")) + 1
-    return f"{line}:{column}: not valid UTF-8 (byte 0x{raw[e.start]:02x})"
+    return f"{line}: not valid UTF-8 at column {column} (byte 0x{raw[e.start]:02x})"
 
 
 def check_output_dir(output_dir: str) -> None:

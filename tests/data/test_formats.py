@@ -105,7 +105,7 @@ def test_jsonl_and_parquet_give_the_same_examples(tok, tmp_path):
 def test_malformed_json_names_file_and_line(tmp_path):
     p = tmp_path / "bad.jsonl"
     p.write_text('{"text": "ok"}\n\n{"text": "broken"\n')
-    with pytest.raises(DataError, match=r"bad\.jsonl:3: malformed JSON"):
+    with pytest.raises(DataError, match=r"bad\.jsonl:3: malformed JSON \(Expecting ',' delimiter at column 18\)"):
         list(read_rows(str(p)))
 
 

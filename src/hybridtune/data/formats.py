@@ -9,6 +9,7 @@ Errors name the file, the line (JSONL) or row (Parquet), the field, and what to 
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 SAMPLE_DIR = Path(__file__).resolve().parent / "sample"
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+# Roles that chat templates render; a role outside these (and outside `roles_to_train`) is a typo or a foreign schema.
+CHAT_ROLES = ("assistant", "system", "tool", "user")
 ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
 ALPACA_PROMPT_INPUT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 
@@ -36,6 +39,8 @@ def resolve_path(path: str) -> Path:
         p = SAMPLE_DIR / rel[len("sample/") :]
     else:
         p = Path(path).expanduser()
+    if p.is_dir():
+        raise DataError(f"dataset path '{path}' is a directory; give a JSONL or Parquet file inside it")
     if not p.is_file():
         raise DataError(f"dataset file '{path}' does not exist; check the path in `datasets` or `--dataset`")
     return p
@@ -57,12 +62,15 @@ def read_rows(path: str) -> Iterator[tuple[str, dict]]:
         return
     if suffix not in (".jsonl", ".json", ".ndjson"):
         raise DataError(f"{p}: unsupported file type '{suffix}'; use JSONL (.jsonl) or Parquet (.parquet)")
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with p.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8) :]  # editors on Windows write one; it is not part of the JSON
+            line = _decode_line(raw, p, lineno)
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line.rstrip("\r\n"))  # so that an error at the end has this line's column
             except json.JSONDecodeError as e:
                 raise DataError(
                     f"{p}:{lineno}: malformed JSON ({e.msg} at column {e.colno}); fix or remove the line"
@@ -70,6 +78,83 @@ def read_rows(path: str) -> Iterator[tuple[str, dict]]:
             if not isinstance(row, dict):
                 raise DataError(f"{p}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
             yield f"{p}:{lineno}", row
+
+
+def _decode_line(raw: bytes, p: Path, lineno: int) -> str:
+    """One JSONL line as text; bytes that are not UTF-8 (or a NUL: a binary file) name the line and column."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        column = len(raw[: e.start].decode("utf-8", errors="replace")) + 1
+        raise DataError(
+            f"{p}:{lineno}: not valid UTF-8 at column {column} (byte 0x{raw[e.start]:02x}); save the file as UTF-8 JSONL "
+            "(a compressed or binary file is not JSONL)"
+        ) from None
+    if "\0" in line:
+        raise DataError(
+            f"{p}:{lineno}: a NUL byte at column {line.index(chr(0)) + 1}: this is a binary file, not JSONL text"
+        ) from None
+    return line
+
+
+def _json_kind(value: Any) -> str:
+    """How JSON calls a value's type, with an article: 'null', 'a list', 'an object', ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else value
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def field_text(value: Any, where: str, what: str) -> str:
+    """A field that becomes training text: a string, or a whole number (its digits). Anything else is an error:
+    `str()` of null, a list or an object would train 'None' or a Python repr."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    shown = "" if value is None else f" ({_shown(value)})"
+    raise DataError(
+        f"{where}: {what} must be text, got {_json_kind(value)}{shown}; write it as a string or drop the row"
+    )
+
+
+def message_content(value: Any, where: str, what: str) -> str:
+    """A chat message's content: text, or a list of content parts of which only `{"type": "text", "text": ...}`
+    parts are accepted (joined in order), as OpenAI-style messages carry it."""
+    if not isinstance(value, (list, tuple)):
+        return field_text(value, where, what)
+    texts = []
+    for k, part in enumerate(value):
+        if not isinstance(part, dict):
+            raise DataError(
+                f"{where}: {what}: content part {k} is {_json_kind(part)} ({_shown(part)}); "
+                'expected {"type": "text", "text": ...}'
+            )
+        if part.get("type") != "text":
+            raise DataError(
+                f"{where}: {what}: content part {k} has type {part.get('type')!r}; only parts of type 'text' "
+                "can be trained on: drop the part or the row"
+            )
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise DataError(
+                f"{where}: {what}: content part {k} has type 'text' but its 'text' is {_json_kind(text)}; "
+                "give it a string"
+            )
+        texts.append(text)
+    return "".join(texts)
 
 
 def detect_type(row: dict, ds: DatasetConfig, where: str) -> str:
@@ -151,16 +236,19 @@ def to_example(row: dict, fmt: str, tokenizer, ds: DatasetConfig, train_on_input
             raise DataError(f"{where}: field '{ds.field_text}' must be a string, got {type(text).__name__}")
         return _tokenize_spans(tokenizer, [(text + eos, True)])
     if fmt == "alpaca":
-        instruction = _field(row, ds.field_instruction, where, "alpaca")
-        output = _field(row, ds.field_output, where, "alpaca")
-        inp = row.get(ds.field_input) or ""
+        instruction = field_text(
+            _field(row, ds.field_instruction, where, "alpaca"), where, f"alpaca field '{ds.field_instruction}'"
+        )
+        output = field_text(_field(row, ds.field_output, where, "alpaca"), where, f"alpaca field '{ds.field_output}'")
+        inp = row.get(ds.field_input)
+        inp = "" if inp is None else field_text(inp, where, f"alpaca field '{ds.field_input}'")
         if tokenizer.chat_template:
-            user = f"{instruction}\n\n{inp}" if inp else str(instruction)
-            messages = [{"role": "user", "content": user}, {"role": "assistant", "content": str(output)}]
+            user = f"{instruction}\n\n{inp}" if inp else instruction
+            messages = [{"role": "user", "content": user}, {"role": "assistant", "content": output}]
             spans = chat_spans(tokenizer, messages, ["assistant"])
         else:
             prompt = (ALPACA_PROMPT_INPUT if inp else ALPACA_PROMPT).format(instruction=instruction, input=inp)
-            spans = [(prompt, False), (str(output) + eos, True)]
+            spans = [(prompt, False), (output + eos, True)]
         return _tokenize_spans(tokenizer, [(s, t or train_on_inputs) for s, t in spans])
     if fmt in ("chat", "sharegpt"):
         key = ds.field_messages
@@ -180,12 +268,22 @@ def to_example(row: dict, fmt: str, tokenizer, ds: DatasetConfig, train_on_input
                 )
             role = m[role_key]
             if fmt == "sharegpt":
-                if role not in SHAREGPT_ROLES:
+                if not isinstance(role, str) or role not in SHAREGPT_ROLES:
                     raise DataError(
-                        f"{where}: message {j} has unknown sharegpt role '{role}'; expected one of {sorted(SHAREGPT_ROLES)}"
+                        f"{where}: message {j} has unknown sharegpt role {role!r} (key '{role_key}'); "
+                        f"known roles: {', '.join(sorted(SHAREGPT_ROLES))}"
                     )
-                role = SHAREGPT_ROLES[role]
-            messages.append({"role": role, "content": str(m[content_key])})
+                mapped = SHAREGPT_ROLES[role]
+            else:
+                known = sorted(set(CHAT_ROLES) | set(ds.roles_to_train))
+                if not isinstance(role, str) or role not in known:
+                    raise DataError(
+                        f"{where}: message {j} has unknown role {role!r} (key '{role_key}'); known roles: "
+                        f"{', '.join(known)}; fix the row, or name the role in roles_to_train to train on it"
+                    )
+                mapped = role
+            what = f"message {j} (role {role!r}), key '{content_key}'"
+            messages.append({"role": mapped, "content": message_content(m[content_key], where, what)})
         if not tokenizer.chat_template:
             raise DataError(f"{where}: {fmt} data needs a tokenizer with a chat template; this tokenizer has none")
         try:
