@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridtune.kernels.needs import HUB_KERNEL_NAMES, analyze, kernel_spec
+from hybridtune.ops import fla_guard
 
 
 @dataclass
@@ -116,7 +117,8 @@ def _hybridtune_owned(module: Any) -> bool:
 def _hybridtune_plan(module: Any) -> str | None:
     """What `patch_model` would route this mixer through (its adapters match by structure), if anything."""
     try:
-        from hybridtune.models import patching  # why here: imports torch and the ops; doctor reports without them
+        # why here: patching imports the ops, which register on import; a torch that cannot is reported, not raised
+        from hybridtune.models import patching
     except ImportError:
         return None
     for adapter in patching.ADAPTERS:
@@ -129,7 +131,8 @@ def _hybridtune_plan(module: Any) -> str | None:
 def _op_backend(module: Any) -> tuple[str, bool]:
     """(description, fast) of hybridtune's op backend for the device the mixer's weights are on."""
     try:
-        from hybridtune.ops import fla_guard, gdn  # why here: gdn imports torch; doctor reports without it
+        # why here: importing gdn registers the custom ops; a torch that cannot is reported, not raised
+        from hybridtune.ops import gdn
     except ImportError as e:
         return f"hybridtune ops unavailable ({e})", False
     try:
