@@ -3,11 +3,15 @@ A Qwen3.5 ForConditionalGeneration checkpoint fine-tunes text-only."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
 from hybridtune.config import load_config
-from hybridtune.train.trainer import Trainer
+from hybridtune.errors import ModelError, OutputDirError
 from hybridtune.train.merge import merge
+from hybridtune.train.trainer import Trainer
 
 
 def test_adapter_loads_and_merge_round_trip(tmp_path, small_data):
@@ -77,3 +81,52 @@ def test_conditional_generation_checkpoint_trains_text_only(tmp_path, small_data
     assert not any("visual" in n for n, _ in t.model.named_parameters())
     res = t.train()
     assert res.steps == 2 and all(torch.isfinite(torch.tensor(res.losses)))
+
+
+def _adapter_dir(tmp_path, config_text: str):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(config_text)
+    base = tmp_path / "base"
+    base.mkdir(exist_ok=True)
+    return adapter
+
+
+def test_merge_refuses_a_garbled_adapter_config(tmp_path, capsys):
+    from hybridtune.cli import main
+
+    adapter = _adapter_dir(tmp_path, '{"base_model_name_or_path": "x",\n  "r": 8,,\n}')
+    with pytest.raises(ModelError, match=r"adapter_config\.json:2: malformed JSON \(.* at column 10\)"):
+        merge(adapter, tmp_path / "merged")
+    # Through the CLI: one line, exit 2, nothing written.
+    assert main(["merge", str(adapter), str(tmp_path / "merged")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "malformed JSON" in err[0], err
+    assert not (tmp_path / "merged").exists()
+    (adapter / "adapter_config.json").write_text("[1, 2]")
+    with pytest.raises(ModelError, match="expected a JSON object, got list"):
+        merge(adapter, tmp_path / "merged")
+    (adapter / "adapter_config.json").write_bytes(b'{"base_model_name_or_path": "\xff"}')
+    with pytest.raises(ModelError, match="not UTF-8"):
+        merge(adapter, tmp_path / "merged")
+    base = tmp_path / "base"
+    (adapter / "adapter_config.json").write_text(
+        json.dumps({"base_model_name_or_path": str(base), "peft_type": "NOPE"})
+    )
+    with pytest.raises(ModelError, match="not a LoRA adapter config peft can read"):
+        merge(adapter, tmp_path / "merged")
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": None}))
+    with pytest.raises(ModelError, match="base model None is not a local directory"):
+        merge(adapter, tmp_path / "merged")
+
+
+def test_merge_refuses_an_existing_file_as_out_dir(tmp_path):
+    adapter = _adapter_dir(tmp_path, json.dumps({"base_model_name_or_path": str(tmp_path / "base")}))
+    target = tmp_path / "model.safetensors"
+    target.write_bytes(b"precious")
+    for overwrite in (False, True):
+        with pytest.raises(OutputDirError, match="exists and is not a directory"):
+            merge(adapter, target, overwrite=overwrite)
+    assert target.read_bytes() == b"precious"
+    with pytest.raises(OutputDirError, match="is a file; give a directory path"):
+        merge(adapter, target / "merged")

@@ -23,23 +23,31 @@ def merge(adapter_dir: str | Path, out_dir: str | Path, overwrite: bool = False)
     from hybridtune.train.checkpoint import atomic_dir
 
     adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
-    if not (adapter_dir / "adapter_config.json").is_file():
+    config_file = adapter_dir / "adapter_config.json"
+    if not config_file.is_file():
         raise ModelError(
             f"'{adapter_dir}' has no adapter_config.json; give the adapter directory (e.g. OUTPUT_DIR/final)"
         )
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise OutputDirError(
-            f"'{out_dir}' already exists and is not empty; choose another directory or pass --overwrite"
-        )
-    pcfg = PeftConfig.from_pretrained(str(adapter_dir))
-    base_path = Path(pcfg.base_model_name_or_path or "")
-    if not base_path.is_dir():
+    check_out_dir(out_dir, overwrite)
+    base_name = read_adapter_config(config_file).get("base_model_name_or_path")
+    base_path = Path(base_name) if isinstance(base_name, str) and base_name else None
+    if base_path is None or not base_path.is_dir():
         raise ModelError(
-            f"the adapter's base model '{pcfg.base_model_name_or_path}' is not a local directory; "
-            f"edit base_model_name_or_path in {adapter_dir / 'adapter_config.json'}"
+            f"the adapter's base model {base_name!r} is not a local directory; "
+            f"edit base_model_name_or_path in {config_file}"
         )
-    base = AutoModelForCausalLM.from_pretrained(str(base_path))
-    model = PeftModel.from_pretrained(base, str(adapter_dir))
+    try:
+        PeftConfig.from_pretrained(str(adapter_dir))
+    except (ValueError, TypeError, KeyError) as e:  # an unknown peft_type or field
+        raise ModelError(f"{config_file}: not a LoRA adapter config peft can read ({type(e).__name__}: {e})") from None
+    try:
+        base = AutoModelForCausalLM.from_pretrained(str(base_path))
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"cannot load the adapter's base model '{base_path}': {e}") from None
+    try:
+        model = PeftModel.from_pretrained(base, str(adapter_dir))
+    except (OSError, ValueError, KeyError, RuntimeError) as e:  # missing or mismatched adapter weights
+        raise ModelError(f"cannot load the adapter in '{adapter_dir}' onto '{base_path}': {e}") from None
     merged = model.merge_and_unload()
     tok_dir = adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else base_path
 
@@ -54,6 +62,40 @@ def merge(adapter_dir: str | Path, out_dir: str | Path, overwrite: bool = False)
     atomic_dir(out_dir, write)
     logger.info("merged %s into %s -> %s", adapter_dir, base_path, out_dir)
     return out_dir
+
+
+def check_out_dir(out_dir: Path, overwrite: bool) -> None:
+    """Refuse an out_dir that is a file (even with --overwrite: it is not ours to replace), or a non-empty
+    directory without --overwrite; before anything is loaded."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputDirError(
+            f"'{out_dir}' exists and is not a directory; give a new directory path for the merged model"
+        )
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise OutputDirError(
+            f"'{out_dir}' already exists and is not empty; choose another directory or pass --overwrite"
+        )
+    parent = out_dir.parent
+    if parent.exists() and not parent.is_dir():
+        raise OutputDirError(f"'{out_dir}': '{parent}' is a file; give a directory path for the merged model")
+
+
+def read_adapter_config(config_file: Path) -> dict:
+    """adapter_config.json as a mapping; garbled JSON names the file, line and column."""
+    try:
+        data = json.loads(config_file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ModelError(
+            f"{config_file}: not UTF-8 text; restore the adapter_config.json written at training"
+        ) from None
+    except json.JSONDecodeError as e:
+        raise ModelError(
+            f"{config_file}:{e.lineno}: malformed JSON ({e.msg} at column {e.colno}); "
+            "restore the adapter_config.json written at training"
+        ) from None
+    if not isinstance(data, dict):
+        raise ModelError(f"{config_file}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def main(argv: list[str]) -> int:
