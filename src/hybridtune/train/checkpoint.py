@@ -1,4 +1,4 @@
-"""Atomic checkpoints: written to a temporary directory beside the target, fsynced, then renamed.
+"""Atomic, verified checkpoints: written to a temporary directory beside the target, fsynced, then renamed.
 
 A checkpoint holds the trainable weights (the LoRA adapter, or the full model) and the optimizer state
 through `torch.distributed.checkpoint` (DCP, in `state/`: one file per rank plus `.metadata`), the
@@ -7,18 +7,24 @@ scheduler state, the data position and the step (`trainer_state.pt`), each rank'
 (DDP, FSDP2 or one process) resumes in M. A crash, Ctrl-C or a dead rank mid-write leaves the previous
 checkpoint intact: the rename, done by rank 0 after every rank has written, is the commit point.
 
+`checkpoint.json`, written last, lists every other file with its size and sha256; a resume verifies them all
+before reading anything, and loads nothing that could run code (see `integrity`). `resume_from_checkpoint
+latest` falls back to the newest intact checkpoint, saying what it skipped and why (`find_resume`).
+
 ```
 checkpoint-120/
   state/.metadata  state/__0_0.distcp  state/__1_0.distcp   model + optimizer, sharded as trained
   trainer_state.pt                                          scheduler, step, data position, world size
   rng-0.pt  rng-1.pt                                        per-rank RNG (dropout)
-  checkpoint.json                                           step, data position, base model (human-readable)
+  .hybridtune                                               marker: a directory hybridtune wrote
+  checkpoint.json                                           step, data position, base model, checksums
 ```
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -30,18 +36,25 @@ from pathlib import Path
 
 import torch
 
-from hybridtune.errors import ConfigError, OutputDirError
-from hybridtune.train import distributed
+from hybridtune.errors import OutputDirError
+from hybridtune.train import distributed, integrity
 from hybridtune.train.distributed import ONE, Dist
+from hybridtune.train.integrity import CheckpointError, DiskFullError
+
+__all__ = ["CheckpointError", "DiskFullError"]  # re-exported: the trainer and CLI catch them from here
+
+logger = logging.getLogger("hybridtune")
 
 STATE_DIR = "state"
 STATE_FILE = "trainer_state.pt"
 META_FILE = "checkpoint.json"
 RNG_FILE = "rng-{rank}.pt"
+MARKER = ".hybridtune"  # in every directory atomic_dir makes: only such directories are ever removed
 FINAL_DIR = "final"  # the final export; FINAL_META inside it records the step it was taken at
 FINAL_META = "hybridtune.json"
 TMP_PREFIX = ".tmp-"  # atomic_dir's directory before its commit
 OLD_PREFIX = ".old-"  # the replaced directory during a commit
+REQUIRED = (f"{STATE_DIR}/.metadata", STATE_FILE)
 
 
 def _fsync_tree(path: Path) -> None:
@@ -56,14 +69,30 @@ def _fsync_tree(path: Path) -> None:
         os.close(fd)
 
 
+def make_tmp_dir(target: Path) -> Path:
+    """A new, uniquely named `.tmp-<name>-*` directory beside `target`, carrying the marker from its first
+    moment (so that only hybridtune's own temporary directories are ever tidied away), with the mode a plain
+    mkdir would give it under this umask (tempfile makes it 0700)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent))
+    try:
+        fd = os.open(tmp / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        os.close(fd)
+        integrity.honour_umask(tmp, directory=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
+
+
 def atomic_dir(target: Path, write: Callable[[Path], None]) -> Path:
     """Create directory `target` atomically: `write(tmp)` fills a temp dir that is then renamed over.
 
     An existing `target` is replaced only after the new one is complete (moved aside, then removed).
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent))
+    tmp = make_tmp_dir(target)
     try:
         write(tmp)
         _commit(tmp, target)
@@ -74,11 +103,23 @@ def atomic_dir(target: Path, write: Callable[[Path], None]) -> Path:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write a small file so that a reader sees the old content or the new, never a half-written file."""
+    """Write a small file so that a reader sees the old content or the new, never a half-written file.
+
+    The temporary file is new (O_EXCL, a unique name beside `path`), so a link planted at any name is never
+    followed; the rename replaces a link at `path` itself, not its target. The mode follows the umask.
+    """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        integrity.honour_umask(Path(name), directory=False)
+        os.replace(name, path)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
 
 
 def _commit(tmp: Path, target: Path) -> None:
@@ -104,8 +145,7 @@ def shared_atomic_dir(target: Path, write_all: Callable[[Path], None], write_mai
         return atomic_dir(target, lambda tmp: (write_all(tmp), write_main(tmp)))
     tmp = None
     if d.is_main:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent)
+        tmp = str(make_tmp_dir(target))
     tmp = Path(distributed.broadcast_object(tmp, d))
     try:
         write_all(tmp)
@@ -123,15 +163,18 @@ def shared_atomic_dir(target: Path, write_all: Callable[[Path], None], write_mai
 
 def rng_state() -> dict:
     """This process's RNG states: Python, torch CPU, and the CUDA generator of the device it trains on
-    (one per rank, so a checkpoint restores on any number of visible GPUs)."""
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    (one per rank, so a checkpoint restores on any number of visible GPUs). Plain values and tensors only,
+    so that it loads with weights_only=True."""
+    version, internal, gauss = random.getstate()
+    state = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda_device"] = torch.cuda.get_rng_state(torch.cuda.current_device())
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch"])
     if "cuda_device" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda_device"], torch.cuda.current_device())
@@ -153,6 +196,15 @@ def _options(trainable_only: bool, load: bool = False):
     return StateDictOptions(ignore_frozen_params=trainable_only, strict=not (trainable_only and load))
 
 
+def _before_save(target: Path, need: int, previous: Path | None) -> None:
+    if target.exists() and not is_ours(target):
+        raise OutputDirError(
+            f"'{target}' exists and was not written by hybridtune (no {MARKER} marker or checkpoint.json): a save "
+            "would replace it; move it away or choose another --output_dir"
+        )
+    integrity.check_free_space(target, need, previous)
+
+
 def save_checkpoint(
     target: Path,
     model: torch.nn.Module,
@@ -166,44 +218,126 @@ def save_checkpoint(
 ) -> Path:
     """Write checkpoint `target` (e.g. output_dir/checkpoint-120) atomically; a collective on every rank.
 
-    `model` is what the optimizer steps (plain, DDP- or FSDP2-wrapped): DCP saves each rank's shard.
+    `model` is what the optimizer steps (plain, DDP- or FSDP2-wrapped): DCP saves each rank's shard. A save
+    that cannot fit on the disk is refused before anything is written, and one that runs out of space
+    midway is removed; both raise DiskFullError (the previous checkpoint is intact).
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    target = Path(target)
+    msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
+    need = integrity.state_bytes(msd, osd, d=d)
+    done = [p for p in list_checkpoints(target.parent) if p != target]
+    previous = done[-1] if done else None
+    distributed.main_only(d, lambda: _before_save(target, need, previous))
+    files: dict[str, dict] = {}
+
+    def guarded(write: Callable[[Path], None]) -> Callable[[Path], None]:
+        def run(tmp: Path) -> None:
+            try:
+                write(tmp)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # DCP's CheckpointException is a BaseException
+                if integrity.is_disk_full(e, tmp.parent, need):  # asked while the partial save is still there
+                    raise DiskFullError(integrity.disk_full_message(target, need, None, previous)) from None
+                raise
+
+        return run
+
     def write_all(tmp: Path) -> None:
-        msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
         with _quiet_single_process():
             dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / STATE_DIR))
         torch.save(rng_state(), tmp / RNG_FILE.format(rank=d.rank))
+        distributed.barrier(d)  # every rank's files are complete: hash them, each rank its share
+        files.update(integrity.manifest(tmp, {META_FILE, STATE_FILE}, d))
 
     def write_main(tmp: Path) -> None:
         state = {"scheduler": scheduler.state_dict(), "step": step, "data_position": data_position, "world": d.world}
         torch.save(state, tmp / STATE_FILE)
-        meta = {"step": step, "data_position": data_position, "world_size": d.world, **(extra or {})}
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+        files.update(integrity.hash_files(tmp, [STATE_FILE]))
+        meta = {"format": integrity.FORMAT, "step": step, "data_position": data_position, "world_size": d.world}
+        meta.update(extra or {})
+        meta["files"] = dict(sorted(files.items()))
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2))  # last: the checksums of complete files
 
-    return shared_atomic_dir(target, write_all, write_main, d)
+    return shared_atomic_dir(target, guarded(write_all), guarded(write_main), d)
+
+
+def verify_checkpoint(path: Path, d: Dist = ONE) -> str | None:
+    """Why checkpoint `path` must not be resumed (the first file that failed, and how), or None when it is
+    intact: every file listed with its checksum in checkpoint.json, nothing missing, changed or added.
+    A collective (each rank hashes its share)."""
+    return integrity.check(Path(path), META_FILE, REQUIRED, d)
+
+
+def find_resume(where: str, output_dir: Path, d: Dist = ONE) -> tuple[Path, list[str]]:
+    """The verified checkpoint to resume from, and one warning line per newer checkpoint skipped on the way.
+
+    `where` is `latest` (the newest intact checkpoint of `output_dir`; newer ones that fail verification are
+    skipped, each named with why) or the path of one checkpoint (which must be intact: no fallback, since the
+    user named it). Raises CheckpointError, one line naming the file that failed. A collective.
+    """
+    if where != "latest":
+        path = Path(where)
+        if not path.is_dir():
+            raise CheckpointError(f"resume_from_checkpoint '{where}': no such checkpoint directory")
+        why = verify_checkpoint(path, d)
+        if why:
+            raise CheckpointError(f"resume_from_checkpoint '{where}' cannot be resumed: {why}")
+        return path, []
+    skipped: list[tuple[Path, str]] = []
+    for path in reversed(_candidates(output_dir)):
+        why = verify_checkpoint(path, d)
+        if why is None:
+            lines = [
+                f"resume_from_checkpoint latest: skipped {p.name} ({why}); resuming from {path.name}"
+                for p, why in skipped
+            ]
+            return path, lines
+        skipped.append((path, why))
+    if not skipped:
+        raise CheckpointError(f"resume_from_checkpoint 'latest': no checkpoint in '{output_dir}'")
+    raise CheckpointError(
+        f"resume_from_checkpoint 'latest': no intact checkpoint in '{output_dir}' ("
+        + "; ".join(f"{p.name}: {why}" for p, why in skipped)
+        + "); start a new run with --overwrite, or resume from a copy you trust"
+    )
 
 
 def load_checkpoint(
-    path: Path, model: torch.nn.Module, optimizer, scheduler, d: Dist = ONE, trainable_only: bool = False
+    path: Path,
+    model: torch.nn.Module,
+    optimizer,
+    scheduler,
+    d: Dist = ONE,
+    trainable_only: bool = False,
+    verified: bool = False,
 ) -> dict:
     """Load weights, optimizer, scheduler and this rank's RNG from checkpoint `path` (written by any number of
-    processes); returns the trainer state (`step`, `data_position`, `world`)."""
-    import torch.distributed.checkpoint as dcp
+    processes); returns the trainer state (`step`, `data_position`, `world`).
+
+    The checkpoint is verified first unless `verified` (it came from `find_resume`); nothing in it is unpickled
+    beyond tensors, plain values and DCP's metadata classes. Raises CheckpointError naming the file.
+    """
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     path = Path(path)
-    if not (path / STATE_DIR / ".metadata").is_file():
-        raise ConfigError(
-            f"checkpoint '{path}' has no {STATE_DIR}/ (torch.distributed.checkpoint) directory: it was written by an "
-            "older hybridtune and cannot be resumed by this one; start a new run"
-        )
+    if not verified:
+        why = verify_checkpoint(path, d)
+        if why:
+            raise CheckpointError(f"checkpoint '{path}' cannot be resumed: {why}")
     msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
     state = {"model": msd, "optim": osd}
-    with _quiet_single_process():
-        dcp.load(state, checkpoint_id=str(path / STATE_DIR))
+    try:
+        with _quiet_single_process():
+            integrity.safe_dcp_load(state, path / STATE_DIR)
+        trainer = load_trainer_state(path)
+        rng = path / RNG_FILE.format(rank=d.rank)
+        rng_saved = integrity.load_plain(rng) if rng.is_file() else None
+    except CheckpointError as e:
+        raise CheckpointError(f"checkpoint '{path}' cannot be resumed: {e}") from None
     set_state_dict(
         model,
         optimizer,
@@ -211,11 +345,9 @@ def load_checkpoint(
         optim_state_dict=state["optim"],
         options=_options(trainable_only, load=True),
     )
-    trainer = load_trainer_state(path)
     scheduler.load_state_dict(trainer["scheduler"])
-    rng = path / RNG_FILE.format(rank=d.rank)
-    if rng.is_file():
-        set_rng_state(torch.load(rng, map_location="cpu", weights_only=False))
+    if rng_saved is not None:
+        set_rng_state(rng_saved)
     else:
         # Resumed on more ranks than wrote it: a rank without its own state gets a fresh stream of its own
         # (only dropout reads it), seeded by rank and step so that the resume is still reproducible.
@@ -225,13 +357,43 @@ def load_checkpoint(
     return trainer
 
 
+def _is_step_dir(p: Path) -> bool:
+    return p.name.split("-", 1)[1].isdigit() and p.is_dir() and not p.is_symlink()
+
+
 def list_checkpoints(output_dir: Path) -> list[Path]:
     """Complete checkpoints in `output_dir`, oldest first (temp dirs never match)."""
-    out = []
-    for p in Path(output_dir).glob("checkpoint-*"):
-        if p.is_dir() and (p / META_FILE).is_file() and p.name.split("-", 1)[1].isdigit():
-            out.append(p)
-    return sorted(out, key=lambda p: int(p.name.split("-", 1)[1]))
+    out = [p for p in Path(output_dir).glob("checkpoint-*") if _is_step_dir(p) and (p / META_FILE).is_file()]
+    return sorted(out, key=_step)
+
+
+def _candidates(output_dir: Path) -> list[Path]:
+    """Checkpoints `latest` considers, oldest first: the complete ones, and hybridtune's own that lost their
+    checkpoint.json (named when skipped, not silently passed over)."""
+    out = [p for p in Path(output_dir).glob("checkpoint-*") if _is_step_dir(p) and is_ours(p)]
+    return sorted(set(out) | set(list_checkpoints(output_dir)), key=_step)
+
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def is_ours(path: Path) -> bool:
+    """Whether hybridtune wrote directory `path`, so that it may remove or replace it: the marker every
+    directory `atomic_dir` makes carries, or (written before the marker existed) a checkpoint.json holding a
+    checkpoint's step and data position, or a final export's hybridtune.json. Never a symbolic link."""
+    p = Path(path)
+    if p.is_symlink() or not p.is_dir():
+        return False
+    if (p / MARKER).is_file():
+        return True
+    meta, final = _json(p / META_FILE), _json(p / FINAL_META)
+    return (isinstance(meta, dict) and {"step", "data_position"} <= meta.keys()) or (
+        isinstance(final, dict) and "steps" in final
+    )
 
 
 def prune_checkpoints(output_dir: Path, keep: int) -> None:
@@ -269,9 +431,11 @@ def check_restart(output_dir: Path) -> None:
 def tidy_output_dir(output_dir: Path, fresh: bool, resume_from: str | None, overwrite: bool) -> str | None:
     """Before training, on rank 0: remove what earlier processes left in `output_dir` that would mislead this run.
 
+    Only directories hybridtune wrote are ever removed (`is_ours`: its marker, or an earlier version's
+    checkpoint.json); a `checkpoint-N` that is not hybridtune's is refused, since a save would replace it.
     - Always: temporary directories of writes that never committed (`.tmp-*`: a process or rank died
       mid-save), and `.old-X-*` copies whose replacement `X` was committed. (An `.old-X` without `X`, a crash
-      between the two renames of a commit, is the last committed copy of `X`: left alone.)
+      between the two renames of a commit, is the last committed copy of `X`: left alone.) Empty ones too.
     - A fresh run (`fresh`: the caller has allowed it, i.e. an empty directory, a restart of a finished run
       of the same config, or --overwrite): every `checkpoint-N/` of the earlier run. Left there, their higher
       step numbers would make pruning delete this run's new checkpoints first and `latest` resume the old run.
@@ -283,19 +447,26 @@ def tidy_output_dir(output_dir: Path, fresh: bool, resume_from: str | None, over
     out = Path(output_dir)
     if not out.is_dir():
         return None
-    stale = [p for p in sorted(out.iterdir()) if p.is_dir() and _is_stale(p)]
+    stale = [p for p in sorted(out.iterdir()) if _is_stale(p)]
     start = None
     if fresh:
-        checkpoints = [p for p in out.glob("checkpoint-*") if p.is_dir() and p.name.split("-", 1)[1].isdigit()]
+        checkpoints = [p for p in out.glob("checkpoint-*") if _is_step_dir(p)]
     else:
         start = _resume_step(resume_from)
         checkpoints = [p for p in list_checkpoints(out) if start is not None and _step(p) > start]
-        if checkpoints and not overwrite:
-            raise OutputDirError(
-                f"resume_from_checkpoint '{resume_from}' is at step {start} but output_dir '{out}' holds later "
-                f"checkpoints ({', '.join(p.name for p in checkpoints)}) that this run would replace and that "
-                "'latest' would pick; pass --overwrite to remove them, or resume into another --output_dir"
-            )
+    foreign = sorted((p for p in checkpoints if not is_ours(p)), key=_step)
+    if foreign:
+        raise OutputDirError(
+            f"output_dir '{out}' holds {', '.join(p.name for p in foreign)}, not written by hybridtune (no {MARKER} "
+            "marker or checkpoint.json); it is not removed, and a save would replace it: move it away, or choose "
+            "another --output_dir"
+        )
+    if checkpoints and not fresh and not overwrite:
+        raise OutputDirError(
+            f"resume_from_checkpoint '{resume_from}' is at step {start} but output_dir '{out}' holds later "
+            f"checkpoints ({', '.join(p.name for p in sorted(checkpoints, key=_step))}) that this run would replace "
+            "and that 'latest' would pick; pass --overwrite to remove them, or resume into another --output_dir"
+        )
     checkpoints.sort(key=_step)
     for p in stale + checkpoints:
         shutil.rmtree(p)
@@ -309,10 +480,18 @@ def tidy_output_dir(output_dir: Path, fresh: bool, resume_from: str | None, over
 
 
 def _is_stale(path: Path) -> bool:
+    """A temporary or replaced directory of hybridtune's that no commit needs any more (see tidy_output_dir)."""
+    if path.is_symlink() or not path.is_dir():
+        return False
     if path.name.startswith(TMP_PREFIX):
-        return True
-    committed = path.parent / path.name[len(OLD_PREFIX) :].rsplit("-", 1)[0]  # .old-<name>-<pid>
-    return path.name.startswith(OLD_PREFIX) and committed.exists()
+        pass
+    elif path.name.startswith(OLD_PREFIX):
+        committed = path.parent / path.name[len(OLD_PREFIX) :].rsplit("-", 1)[0]  # .old-<name>-<pid>
+        if not committed.exists():
+            return False
+    else:
+        return False
+    return is_ours(path) or not any(path.iterdir())
 
 
 def _resume_step(resume_from: str | None) -> int | None:
@@ -326,4 +505,5 @@ def _resume_step(resume_from: str | None) -> int | None:
 
 
 def load_trainer_state(ckpt: Path) -> dict:
-    return torch.load(Path(ckpt) / STATE_FILE, map_location="cpu", weights_only=False)
+    """The scheduler, step, data position and world size of checkpoint `ckpt` (tensors and plain values only)."""
+    return integrity.load_plain(Path(ckpt) / STATE_FILE)
