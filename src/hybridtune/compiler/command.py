@@ -49,6 +49,8 @@ def main(argv: list[str]) -> int:
         return _sweep(args)
     if not args.family:
         raise CompileCommandError("give --family NAME (e.g. --family qwen3_5) or --sweep")
+    if args.check and not os.path.isdir(args.check):
+        raise CompileCommandError(f"--check '{args.check}' is not a directory; give the directory written by --dump")
     return _family(args)
 
 

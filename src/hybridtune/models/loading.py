@@ -35,7 +35,13 @@ def load_tokenizer(path: str | None, model_path: str | None):
     if path:
         if not Path(path).is_dir():
             raise ModelError(f"tokenizer directory '{path}' does not exist; give a local directory (no hub downloads)")
-        return AutoTokenizer.from_pretrained(path)
+        try:
+            return AutoTokenizer.from_pretrained(path)
+        except Exception as e:  # transformers raises OSError/ValueError/KeyError for missing or odd files
+            raise ModelError(
+                f"tokenizer directory '{path}' holds no loadable tokenizer ({type(e).__name__}); give a directory "
+                "with tokenizer.json and tokenizer_config.json (e.g. the model's own)"
+            ) from None
     if model_path is not None:
         try:
             return AutoTokenizer.from_pretrained(model_path)
