@@ -40,3 +40,10 @@ class OutputDirError(UserError):
 
 class KernelUnavailableError(UserError, RuntimeError):
     """A required fast kernel is missing or failed its self-test and the policy refuses the slow path."""
+
+
+class TrainingDiverged(UserError, RuntimeError):
+    """The loss or the gradient norm stopped being finite: the run stops before applying the update, exports
+    nothing, and exits with code 3 (not an input mistake, not a crash)."""
+
+    exit_code = 3

@@ -74,6 +74,8 @@ def main(argv: list[str]) -> int:
 
 
 def _train(cfg) -> int:
+    # Imported here, past argument parsing: `hybridtune train --help` and a config error answer without loading
+    # torch and transformers.
     from hybridtune.train import distributed
     from hybridtune.train.trainer import Trainer
 
@@ -102,8 +104,10 @@ def _train(cfg) -> int:
         return 130
     if not trainer.dist.is_main:
         return 0
-    first, last = (result.losses[0], result.losses[-1]) if result.losses else (float("nan"), float("nan"))
-    summary = f"done: {result.steps} steps, loss {first:.4f} -> {last:.4f}"
+    if result.losses:
+        summary = f"done: {result.steps} steps, loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}"
+    else:
+        summary = f"done: nothing left to train (the run was at step {result.steps} of {result.steps})"
     if len(result.evals) >= 2:
         summary += f", exact_match {result.evals[0]['exact_match']:.3f} -> {result.evals[-1]['exact_match']:.3f}"
     summary += f"; final model in {result.final_dir}"

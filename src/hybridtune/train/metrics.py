@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from hybridtune.train.checkpoint import atomic_write_text
+
 
 def memory_gib(device: torch.device) -> float:
     """Peak allocated GiB on a CUDA device since the last reset; resident set size on CPU."""
@@ -46,10 +48,22 @@ class Throughput:
 class MetricsLog:
     """Appends one JSON object per line; each record is flushed so a crash loses nothing logged."""
 
-    def __init__(self, path: Path, truncate: bool) -> None:
+    def __init__(self, path: Path, truncate: bool, after_step: int | None = None) -> None:
+        """`truncate`: start an empty file. `after_step`: a resumed run's step; rows an earlier process logged past
+        it (and a line a kill left torn) are dropped, since the resumed run logs those steps again."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = self.path.open("w" if truncate else "a")
+        if not truncate and after_step is not None and self.path.is_file():
+            kept = []
+            for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # torn by a kill mid-write
+                if isinstance(row, dict) and row.get("step", 0) <= after_step:
+                    kept.append(line + "\n")
+            atomic_write_text(self.path, "".join(kept))
+        self.f = self.path.open("w" if truncate else "a", encoding="utf-8")
 
     def write(self, record: dict) -> None:
         self.f.write(json.dumps(record) + "\n")

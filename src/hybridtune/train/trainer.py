@@ -37,7 +37,7 @@ from hybridtune.config import TrainConfig, compile_overrides
 from hybridtune.data import PackedCollator
 from hybridtune.data.build import PreparedData, prepare
 from hybridtune.data.packing import Example
-from hybridtune.errors import ConfigError
+from hybridtune.errors import ConfigError, TrainingDiverged
 from hybridtune.kernels.provision import prepare as prepare_kernels
 from hybridtune.models.anatomy import param_count, router_loss
 from hybridtune.models.loading import load_model, tokenizer_for
@@ -50,6 +50,7 @@ from hybridtune.train.lora import apply_lora
 from hybridtune.train.metrics import MetricsLog, Throughput, format_step, memory_gib
 from hybridtune.train.outdir import claim_output_dir, write_run_file
 from hybridtune.train.profiling import StepProfiler, profile_window, write_profile
+from hybridtune.train.signals import StopRequest
 from hybridtune.train.step import fused_loss_blocker
 from hybridtune.train.stream import BatchStream, to_device
 
@@ -99,6 +100,7 @@ class Trainer:
         self.device = pick_device(cfg.device)
         self.out = Path(cfg.output_dir)
         self.metrics: MetricsLog | None = None
+        self.stop = StopRequest()
 
     # -- setup: a table of contents ----------------------------------------------------------------
 
@@ -228,6 +230,7 @@ class Trainer:
             self.optimizer, lr_lambda(cfg.lr_scheduler, cfg.warmup_steps, self.total_steps)
         )
         self.step = 0
+        self.done_position = self.stream.position()  # the data position after the last completed step
 
     def _setup_resume(self) -> None:
         if self.dist.enabled:
@@ -249,6 +252,7 @@ class Trainer:
             path, self.engine, self.optimizer, self.scheduler, self.dist, trainable_only=self.cfg.adapter == "lora"
         )
         self.stream.seek(state["data_position"])
+        self.done_position = self.stream.position()
         self.step = state["step"]
         written = f" (written by {state['world']} process(es))" if state.get("world", 1) != self.dist.world else ""
         logger.info("resumed from %s at step %d%s", path, self.step, written)
@@ -258,7 +262,9 @@ class Trainer:
         if d.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             write_run_file(self.out, cfg)
-        self.metrics = MetricsLog(self.out / "metrics.jsonl", truncate=self.fresh_metrics) if d.is_main else None
+        # A resumed run drops the rows an earlier process logged after its checkpoint: they are logged again.
+        after = None if self.fresh_metrics else self.step
+        self.metrics = MetricsLog(self.out / "metrics.jsonl", self.fresh_metrics, after) if d.is_main else None
         logger.info(
             "training %s (%s) on %s%s: %d steps, %d bins/step of %d tokens, lr %.1e %s",
             self.loaded.name,
@@ -296,14 +302,26 @@ class Trainer:
         norm = distributed.total_grad_norm(self.params)
         if cfg.max_grad_norm > 0:
             torch.nn.utils.clip_grads_with_norm_(self.params, cfg.max_grad_norm, norm)
-        loss_sum = distributed.all_sum_(torch.stack(losses).double().sum(), d)
-        total, grad_norm = torch.stack([loss_sum, norm.double().to(loss_sum.device)]).tolist()
+        # A stop request (signals.py) travels with the loss's all-reduce: every rank stops after the same step.
+        loss_sum = torch.stack(losses).double().sum()
+        summed = distributed.all_sum_(torch.stack([loss_sum, loss_sum.new_tensor(float(bool(self.stop.requested)))]), d)
+        total, stop, grad_norm = torch.cat([summed, norm.double().to(summed.device).reshape(1)]).tolist()
+        if not (math.isfinite(total) and math.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)  # the update is never applied: the model stays finite
+            raise TrainingDiverged(
+                f"step {self.step + 1}: the loss is {total} and the gradient norm {grad_norm}; the run stopped before "
+                f"applying the update and exports nothing (learning_rate {cfg.learning_rate:g} may be too high; "
+                f"lower it, or resume from the last checkpoint with --resume_from_checkpoint latest)"
+            )
         lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
+        with self.stop.hold():  # a second Ctrl-C never cuts an update in half
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            self.done_position = self.stream.position()
         return {
+            "stop": stop > 0,
             "step": self.step,
             "loss": total,
             "grad_norm": grad_norm,
@@ -354,6 +372,8 @@ class Trainer:
         if not self.data.eval_examples:
             return None
         ex = self._eval_examples()
+        if not ex:
+            return None  # eval_max_examples: 0
         res = evaluate(self.eval_model, ex, self.cfg.sequence_len, self.device, self.autocast, self.dist, self.collate)
         res["step"] = self.step
         if self.metrics is not None:
@@ -400,7 +420,12 @@ class Trainer:
     # -- the run -----------------------------------------------------------------------------------
 
     def train(self) -> TrainResult:
+        with self.stop.installed():
+            return self._run()
+
+    def _run(self) -> TrainResult:
         cfg = self.cfg
+        start = self.step
         result = TrainResult(steps=self.step, output_dir=str(self.out))
         ev = self.run_eval()
         if ev:
@@ -418,9 +443,10 @@ class Trainer:
                     profiler.start()
                 rec = self.first_step() if first else self.train_step()  # this process's first (resumed too)
                 first = False
+                stop = rec.pop("stop")
                 eval_due = bool(cfg.eval_steps) and self.step % cfg.eval_steps == 0 and self.step < self.total_steps
                 save_due = bool(cfg.save_steps) and self.step % cfg.save_steps == 0 and self.step < self.total_steps
-                if profiler is not None and (self.step == window[1] or eval_due or save_due):
+                if profiler is not None and (self.step == window[1] or eval_due or save_due or stop):
                     # The window ends early rather than profile an evaluation or a checkpoint (same step on every
                     # rank); summarising and gathering are left out of the logged tokens/s.
                     t = time.perf_counter()
@@ -429,7 +455,7 @@ class Trainer:
                     tput.skip(time.perf_counter() - t)
                 tput.add(rec["tokens"])
                 result.losses.append(rec["loss"])
-                if self.step % cfg.logging_steps == 0 or self.step == self.total_steps or self.step == 1:
+                if self.step % cfg.logging_steps == 0 or self.step == self.total_steps or self.step == 1 or stop:
                     # The peak over ranks (one scalar all-reduce, on logged steps only): ranks differ under FSDP2.
                     mem = distributed.all_max(memory_gib(self.device), self.dist)
                     rec.update(tokens_per_s=tput.take(), mem_gib=mem, type="train")
@@ -438,32 +464,45 @@ class Trainer:
                     logger.info("%s", format_step(rec))
                 if self.on_log:
                     self.on_log(rec)
+                if stop:
+                    result.interrupted = True
+                    path = self._save_held()
+                    logger.warning(
+                        "stopped (%s): saved %s; continue with --resume_from_checkpoint latest",
+                        self.stop.requested or "a signal on another rank",
+                        path,
+                    )
+                    break
                 if eval_due:
                     ev = self.run_eval()
                     if ev:
                         result.evals.append(ev)
                 if save_due:
-                    self.save()
+                    self._save_held()
         except KeyboardInterrupt:
+            # A second Ctrl-C: the step in flight is abandoned (its update was never applied, see signals.py).
             result.interrupted = True
             if profiler is not None:
                 profiler.cancel()  # not a window's profile, and not recording the save below
                 profiler = None
+            self.optimizer.zero_grad(set_to_none=True)
+            self.stream.seek(self.done_position)  # the abandoned step's batches come first on resume
             if self.dist.enabled:
                 # Saving is a collective and the other ranks stopped at other points: the last complete
-                # checkpoint is the one to continue from (torchrun ends every rank on Ctrl-C).
+                # checkpoint is the one to continue from.
                 logger.warning("interrupted: continue from the last checkpoint with --resume_from_checkpoint latest")
             else:
-                # The step in flight is dropped (its gradients were never applied); the checkpoint holds the
-                # state after the last complete step, and its data position points at the dropped batch.
-                path = self.save()
+                path = self._save_held()
                 logger.warning("interrupted: saved %s; continue with --resume_from_checkpoint latest", path)
         else:
-            ev = self.run_eval()
-            if ev:
-                result.evals.append(ev)
-            self.save()
-            result.final_dir = str(self.save_final())
+            if not result.interrupted:
+                ev = self.run_eval()
+                if ev:
+                    result.evals.append(ev)
+                with self.stop.hold():
+                    if self.step > start or not ckpt.list_checkpoints(self.out):
+                        self.save()  # (a run resumed at its last step has that checkpoint already)
+                    result.final_dir = str(self.save_final())
         finally:
             if profiler is not None:
                 profiler.cancel()
@@ -471,6 +510,14 @@ class Trainer:
                 self.metrics.close()
         result.steps = self.step
         return result
+
+    def _save_held(self) -> Path:
+        """A checkpoint of the last completed step, which no second Ctrl-C cuts."""
+        with self.stop.hold():
+            existing = self.out / f"checkpoint-{self.step}"
+            if self.dist.is_main and existing in ckpt.list_checkpoints(self.out):
+                return existing  # saved already at this step (save_steps)
+            return self.save()
 
 
 def train(cfg: TrainConfig, on_log: Callable[[dict], None] | None = None) -> TrainResult:

@@ -1,0 +1,68 @@
+"""Stopping a run cleanly on SIGINT (Ctrl-C) or SIGTERM (`kill`, `docker stop`, a scheduler's preemption).
+
+The first signal asks the run to stop at the end of the step in flight: the step completes, every rank agrees on
+the same last step (the request travels with the step's own all-reduce), a checkpoint is written, and the process
+exits with 130. A second Ctrl-C abandons the step in flight (raised as KeyboardInterrupt, the step's gradients are
+never applied, and the checkpoint holds the last complete step) unless the run is inside an update or a save,
+which always finish: a signal there is deferred and said so. Under torchrun the launcher follows a Ctrl-C with a
+SIGTERM to each rank; that one is not a second request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+
+logger = logging.getLogger(__name__)
+
+SIGNALS = ("SIGINT", "SIGTERM")
+
+
+class StopRequest:
+    """Installed as the SIGINT/SIGTERM handler for the duration of `installed()` (main thread only)."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None  # the signal's name once one arrived
+        self.critical = 0  # > 0 inside an update or a save
+        self._old: dict = {}
+
+    def __call__(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.requested is None:
+            self.requested = name
+            logger.warning(
+                "%s: stopping after the step in flight and saving a checkpoint (Ctrl-C again abandons the step)", name
+            )
+            return
+        if name != "SIGINT" or self.requested != "SIGINT":
+            return  # torchrun's SIGTERM after a Ctrl-C, or a repeated SIGTERM: the stop already asked for goes on
+        if self.critical:
+            logger.warning("SIGINT again: a checkpoint or an optimizer update is being written; it finishes first")
+            return
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def installed(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield self  # signal handlers can only be set from the main thread (an embedding program's thread)
+            return
+        for name in SIGNALS:
+            sig = getattr(signal, name)
+            self._old[sig] = signal.signal(sig, self)
+        try:
+            yield self
+        finally:
+            for sig, old in self._old.items():
+                signal.signal(sig, old)
+            self._old.clear()
+
+    @contextlib.contextmanager
+    def hold(self):
+        """A section that a second Ctrl-C must not cut (an optimizer update, a checkpoint)."""
+        self.critical += 1
+        try:
+            yield
+        finally:
+            self.critical -= 1

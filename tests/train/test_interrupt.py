@@ -1,0 +1,130 @@
+"""Stopping and resuming: Ctrl-C or SIGTERM mid-step saves after that step and resumes on the same curve; a second
+Ctrl-C abandons the step in flight and resumes with its batches; a signal during a save never cuts it; a loss that
+stops being finite ends the run before the update with nothing exported; resumed metrics hold each step once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+from test_resume import make_cfg
+
+from hybridtune.errors import TrainingDiverged
+from hybridtune.train import checkpoint as ckpt
+from hybridtune.train.trainer import Trainer
+
+
+def _trainer(cfg) -> Trainer:
+    t = Trainer(cfg)
+    t.setup()
+    return t
+
+
+def _signal_inside_step(t: Trainer, at_step: int, signals: list[int]) -> None:
+    """Send `signals` to this process while step `at_step` is in flight: after its batches were drawn from the
+    stream (the position has moved past them), before its backward."""
+    window = t._window
+
+    def drawn():
+        batches = window()
+        if t.step + 1 == at_step:
+            for s in signals:
+                os.kill(os.getpid(), s)
+        return batches
+
+    t._window = drawn
+
+
+def _metric_steps(out) -> list[int]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["step"] for r in rows if r["type"] == "train"]
+
+
+@pytest.fixture
+def deterministic():
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, small_data):
+    torch.use_deterministic_algorithms(True)
+    try:
+        return _trainer(make_cfg(tmp_path_factory.mktemp("ref"), small_data)).train().losses
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize(
+    "signals, saved_at",
+    [
+        ([signal.SIGINT], 3),  # the step in flight completes, then the save
+        ([signal.SIGTERM], 3),  # kill, docker stop, a scheduler: the same
+        ([signal.SIGINT, signal.SIGINT], 2),  # a second Ctrl-C abandons step 3; its batches come first on resume
+    ],
+    ids=["sigint", "sigterm", "sigint-twice"],
+)
+def test_a_signal_inside_a_step_resumes_on_the_uninterrupted_curve(
+    tmp_path, small_data, reference, deterministic, signals, saved_at
+):
+    t = _trainer(make_cfg(tmp_path, small_data))
+    _signal_inside_step(t, 3, signals)
+    part = t.train()
+    assert part.interrupted and part.steps == saved_at and part.final_dir is None
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == [f"checkpoint-{saved_at}"]
+    rest = _trainer(make_cfg(tmp_path, small_data, resume_from_checkpoint="latest")).train()
+    got = part.losses + rest.losses
+    assert len(got) == len(reference) == 8
+    assert max(abs(a - b) for a, b in zip(got, reference)) < 1e-6, (got, reference)
+    assert _metric_steps(tmp_path) == list(range(1, 9))  # each step logged once, in order
+
+
+def test_a_second_ctrl_c_during_a_save_does_not_cut_it(tmp_path, small_data):
+    t = _trainer(make_cfg(tmp_path, small_data, max_steps=4))
+    save = t.save
+
+    def save_with_ctrl_c():
+        os.kill(os.getpid(), signal.SIGINT)  # pressed again while the checkpoint is written
+        return save()
+
+    t.save = save_with_ctrl_c
+    _signal_inside_step(t, 2, [signal.SIGINT])
+    res = t.train()
+    assert res.interrupted and res.steps == 2
+    path = tmp_path / "checkpoint-2"
+    assert ckpt.list_checkpoints(tmp_path) == [path]
+    assert ckpt.verify_checkpoint(path) is None  # complete and intact
+
+
+def test_a_non_finite_loss_stops_before_the_update_and_exports_nothing(tmp_path, small_data):
+    t = _trainer(make_cfg(tmp_path, small_data, learning_rate=1e6, max_steps=6, warmup_steps=0))
+    with pytest.raises(TrainingDiverged, match=r"step \d: the loss is .*learning_rate 1e\+06 may be too high"):
+        t.train()
+    assert all(torch.isfinite(p).all() for p in t.model.parameters())  # the bad update was never applied
+    assert not (tmp_path / "final").exists()
+    assert TrainingDiverged.exit_code == 3
+
+
+def test_resume_at_the_last_step_finishes_without_training_again(tmp_path, small_data):
+    t = _trainer(make_cfg(tmp_path, small_data, max_steps=3))
+
+    def stop_at_3(rec):
+        if rec["step"] == 3:
+            raise KeyboardInterrupt  # between steps: step 3 is complete, saved, nothing exported yet
+
+    t.on_log = stop_at_3
+    assert t.train().interrupted
+    again = _trainer(make_cfg(tmp_path, small_data, max_steps=3, resume_from_checkpoint="latest")).train()
+    assert again.losses == [] and again.steps == 3 and again.final_dir is not None
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["checkpoint-3"]
+
+
+def test_eval_max_examples_zero_is_refused_not_logged_as_a_zero_loss(tmp_path, small_data):
+    from hybridtune.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="'eval_max_examples' = 0 must be at least 1"):
+        make_cfg(tmp_path, small_data, eval_max_examples=0)
