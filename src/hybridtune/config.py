@@ -442,7 +442,12 @@ def validate(cfg: TrainConfig) -> None:
         (cfg.logging_steps >= 1, "logging_steps", cfg.logging_steps, "must be at least 1"),
         (cfg.eval_steps >= 0, "eval_steps", cfg.eval_steps, "must be 0 (only at the end) or more"),
         (cfg.save_steps >= 0, "save_steps", cfg.save_steps, "must be 0 (only at the end) or more"),
-        (cfg.eval_max_examples >= 1, "eval_max_examples", cfg.eval_max_examples, "must be at least 1"),
+        (
+            cfg.eval_max_examples >= 1,
+            "eval_max_examples",
+            cfg.eval_max_examples,
+            "must be at least 1 (to evaluate nothing, set val_set_size: 0)",
+        ),
         (cfg.num_threads >= 0, "num_threads", cfg.num_threads, "must be 0 (auto) or more"),
         (0 <= cfg.seed <= MAX_SEED, "seed", cfg.seed, f"must be between 0 and 2**63 - 1 ({MAX_SEED})"),
         (cfg.save_total_limit >= 1, "save_total_limit", cfg.save_total_limit, "must be at least 1"),
