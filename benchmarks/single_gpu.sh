@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# How fast is one training step on one GPU? `hybridtune bench` (modes x shapes), one lane per GPU side by side.
+#
+#   bash benchmarks/single_gpu.sh LANE [LANE ...]
+#
+# Lane I runs on GPU I (LANES_ON_ONE_GPU=1: every lane on GPU 0, e.g. CUDA tests beside a bench on a one-GPU
+# machine) with its share of the host's cores (CPUS_<I>="0-10" sets it), so one lane's compile workers do not slow
+# another's host-bound launch path. A lane is a list of jobs joined by " then ", run one after another:
+#   bench ARGS...   hybridtune bench ARGS; each mode becomes a row of $RESULTS (benchmarks/results.jsonl)
+#   tests ARGS...   pytest -m cuda ARGS (HYBRIDTUNE_FLA_GRANT_FOR_TESTS=$GRANT, default 0)
+#   train-smoke     hybridtune train on the tiny preset, 30 steps (the GPU training path end to end)
+# Every job gets the seconds left of T0 (default 560) less 10; a job with 30 s or less left is skipped and says so.
+# STARTUP (default 400) is each bench's --startup-timeout unless the lane names its own. NO_RESULTS=1: no rows.
+# With OUT set (a lent machine): the work folder, logs and bench.json files come back in $OUT/work.tar.gz and the
+# table in $OUT/results.jsonl (take its new rows, or add a bench.json here: python -m hybridtune.bench.results
+# add-bench FILE); SAVE_CACHE=1 also returns the compile caches for the next call's .cache/.
+#
+# The questions asked so far, as lanes:
+#   modes of record, 2B, 4096 tokens:  "bench --modes hf-eager,ht-loop:cg=on --profile"
+#   conv forms (x2):                    "bench --modes ht-loop:cg=on,conv=traced,ht-loop:cg=on,conv=stacked --profile"
+#                                       "bench --modes ht-loop:cg=on,conv=op,hf-eager --profile"
+#   no CUDA graphs (train's step):      "bench --modes ht-loop:conv=op,ht-loop,hf-eager"
+#   0.8B / 9B (x2, 4 layouts each seen twice in the warm-up):
+#     "bench --preset qwen3_5-0.8b --modes ht-loop:cg=on,hf-eager --layouts 4 --warmup 8 --steps 12"
+#     "bench --preset qwen3_5-9b --modes ht-loop:cg=on,hf-eager --layouts 4 --warmup 8 --steps 12 --startup-timeout 450"
+#   16k-token packs:                    "bench --modes hf-eager,ht-loop --seq-len 16384 --steps 8 --warmup 2"
+#   CUDA tests beside a bench:          "bench ... then tests tests/compiler/test_loop.py -k static"
+#   HYBRIDTUNE_GIT_COMMIT=<sha> T0=545 bash benchmarks/single_gpu.sh "bench --modes hf-eager,ht-loop:cg=on"
+[ $# -ge 1 ] || { sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 2; }
+source "$(dirname "$0")/env.sh"
+T0=${T0:-560}
+N=$#
+
+job() {  # job LANE GPU N KIND ARGS...: the lane's Nth job
+  local lane=$1 gpu=$2 n=$3 kind=$4; shift 4
+  local left=$((T0 - SECONDS - 10)) cpus
+  cpus=$(lane_cpus "$lane" "$N")
+  if [ "$left" -le 30 ]; then echo "lane $lane: skipped '$kind $*' (${left}s left)" | tee -a "$R/skipped.txt"; return 0; fi
+  local name="lane$lane-$n-$kind"
+  case $kind in
+    bench)
+      local res=(--results "$RESULTS"); [ "${NO_RESULTS:-0}" = 1 ] && res=()
+      CUDA_VISIBLE_DEVICES=$gpu timeout "$left" $cpus $HT bench --startup-timeout "${STARTUP:-400}" "$@" \
+        --out-dir "$R/$name" "${res[@]}" > "$R/$name.log" 2>&1 ;;
+    tests)
+      CUDA_VISIBLE_DEVICES=$gpu HYBRIDTUNE_FLA_GRANT_FOR_TESTS=${GRANT:-0} timeout "$left" $cpus \
+        ${PY:-python3} -m pytest -p no:cacheprovider -m cuda -v -rA --durations=0 "$@" > "$R/$name.log" 2>&1 ;;
+    train-smoke)
+      CUDA_VISIBLE_DEVICES=$gpu timeout "$left" $cpus $HT train --max_steps 30 --eval_steps 0 --logging_steps 10 \
+        --output_dir "/tmp/train-smoke-$lane" "$@" > "$R/$name.log" 2>&1 ;;
+    *) echo "lane $lane: unknown job '$kind' (bench, tests or train-smoke)" | tee -a "$R/skipped.txt"; return 0 ;;
+  esac
+  echo "rc $? at ${SECONDS}s" >> "$R/$name.log"
+}
+
+lane() {  # lane I "JOB then JOB ..."
+  local i=$1 gpu=$1 spec=$2 part n=0
+  [ "${LANES_ON_ONE_GPU:-0}" = 1 ] && gpu=0
+  while [ -n "$spec" ]; do
+    part=${spec%% then *}
+    if [ "$part" = "$spec" ]; then spec=""; else spec=${spec#* then }; fi
+    read -ra words <<< "$part"
+    n=$((n + 1))
+    job "$i" "$gpu" "$n" "${words[@]}"
+  done
+}
+
+i=0
+for spec in "$@"; do lane "$i" "$spec" & i=$((i + 1)); done
+wait
+finish
+for f in "$R"/lane*-bench/bench.md; do [ -f "$f" ] && { echo "== $f"; cat "$f"; }; done
+grep -hE "^(PASSED|FAILED|ERROR)|passed|failed" "$R"/lane*-tests.log 2>/dev/null | tail -n 30
+tail -qn 1 "$R"/lane*.log; cat "$R/skipped.txt" 2>/dev/null
+exit 0
