@@ -18,6 +18,7 @@ shows (`README_TABLES`); a test checks that the README holds exactly what `rende
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import statistics
 import sys
@@ -48,8 +49,12 @@ def read(path: Path = TABLE) -> list[dict]:
     """Every row of the table; a line that is not a JSON object is one clear error naming the file and line."""
     if not path.is_file():
         return []
+    return _parse(path.read_text(encoding="utf-8"), path)
+
+
+def _parse(text: str, path: Path) -> list[dict]:
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -63,15 +68,20 @@ def read(path: Path = TABLE) -> list[dict]:
 
 
 def append(rows: list[dict], path: Path = TABLE) -> list[dict]:
-    """Number the rows after the table's last id and append them; returns them with their ids."""
+    """Number the rows after the table's last id and append them; returns them with their ids.
+
+    The file is locked from reading the last id to the end of the write, so benches running side by side
+    (one per GPU) can append to one table."""
     for r in rows:
         missing = [k for k in REQUIRED if k not in r]
         if missing:
             raise ConfigError(f"a results row lacks {', '.join(missing)} (row: {json.dumps(r)[:200]})")
-    last = max((r["id"] for r in read(path)), default=0)
-    out = [{"id": last + i, **{k: v for k, v in r.items() if k != "id"}} for i, r in enumerate(rows, 1)]
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
+    with path.open("a+", encoding="utf-8") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        last = max((r["id"] for r in _parse(f.read(), path)), default=0)
+        out = [{"id": last + i, **{k: v for k, v in r.items() if k != "id"}} for i, r in enumerate(rows, 1)]
         for r in out:
             f.write(json.dumps(r, ensure_ascii=True) + "\n")
     return out
