@@ -238,7 +238,7 @@ def test_save_that_cannot_fit_is_refused_before_writing(run, monkeypatch):
     with pytest.raises(ckpt.DiskFullError) as e:
         ckpt.save_checkpoint(out / "checkpoint-6", model, opt, sched, 6, {})
     msg = str(e.value)
-    assert msg.startswith("disk full: saving checkpoint-6 needs about ") and "has 1000 B free" not in msg
+    assert msg.startswith("disk full: saving checkpoint-6 needs about ") and f"'{out}' has 1000 bytes free" in msg
     assert "the previous checkpoint checkpoint-4 is intact" in msg and "--resume_from_checkpoint latest" in msg
     assert sorted(p.name for p in out.iterdir()) == before
     assert ckpt.verify_checkpoint(out / "checkpoint-4") is None

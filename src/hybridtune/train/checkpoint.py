@@ -361,6 +361,10 @@ def _is_step_dir(p: Path) -> bool:
     return p.name.split("-", 1)[1].isdigit() and p.is_dir() and not p.is_symlink()
 
 
+def _is_step_link(p: Path) -> bool:
+    return p.name.split("-", 1)[1].isdigit() and p.is_symlink()
+
+
 def list_checkpoints(output_dir: Path) -> list[Path]:
     """Complete checkpoints in `output_dir`, oldest first (temp dirs never match)."""
     out = [p for p in Path(output_dir).glob("checkpoint-*") if _is_step_dir(p) and (p / META_FILE).is_file()]
@@ -450,7 +454,8 @@ def tidy_output_dir(output_dir: Path, fresh: bool, resume_from: str | None, over
     stale = [p for p in sorted(out.iterdir()) if _is_stale(p)]
     start = None
     if fresh:
-        checkpoints = [p for p in out.glob("checkpoint-*") if _is_step_dir(p)]
+        # Links too: never removed, and refused below (a save would not write through them).
+        checkpoints = [p for p in out.glob("checkpoint-*") if _is_step_dir(p) or _is_step_link(p)]
     else:
         start = _resume_step(resume_from)
         checkpoints = [p for p in list_checkpoints(out) if start is not None and _step(p) > start]

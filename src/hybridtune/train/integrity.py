@@ -330,7 +330,9 @@ def state_bytes(*states, d: Dist = ONE) -> int:
 
 
 def gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
+    if n >= 2**28:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{int(n)} bytes"
 
 
 def disk_full_message(target: Path, need: int, free: int | None, previous: Path | None) -> str:
