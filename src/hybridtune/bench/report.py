@@ -75,7 +75,7 @@ def markdown(doc: dict, title: str | None = None) -> str:
             "graph (one per distinct chunk count) is recorded before the timed steps and every mode's losses "
             "cover the same steps.",
         ]
-    longer = {  # results of sessions before the warm-up was one per run
+    longer = {  # documents written before the warm-up was one per run (some modes warmed up longer)
         k: r["warmup_steps"] for k, r in doc["modes"].items() if r.get("warmup_steps", s["warmup"]) != s["warmup"]
     }
     if longer:
