@@ -115,9 +115,11 @@ def test_restart_of_a_finished_run_replaces_its_checkpoints(tmp_path, small_data
     assert first.steps == 4 and [p.name for p in ckpt.list_checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
     fake_tmp(out, ".tmp-checkpoint-6-dead")  # left by a writer that died
 
-    # The same config (max_steps does not change what a run computes), not resumed: started again.
+    # Another max_steps over a finished run needs --overwrite (issue 16 item 3); it then starts again.
+    with pytest.raises(OutputDirError, match=r"finished run of another config \(max_steps: 4 -> 2\)"):
+        claim_output_dir(make_cfg(out, small_data, max_steps=2, save_steps=2, save_total_limit=2))
     caplog.set_level(logging.INFO, logger="hybridtune")
-    again = run(make_cfg(out, small_data, max_steps=2, save_steps=2, save_total_limit=2))
+    again = run(make_cfg(out, small_data, max_steps=2, save_steps=2, save_total_limit=2, overwrite=True))
     assert again.steps == 2 and again.losses == pytest.approx(first.losses[:2], rel=1e-6)
     removed = [r.getMessage() for r in caplog.records if "removed" in r.getMessage()]
     assert removed == [
@@ -130,7 +132,7 @@ def test_restart_of_a_finished_run_replaces_its_checkpoints(tmp_path, small_data
 
     # Interrupted at step 3: unfinished. The same command again is refused (nothing touched) and says how to
     # continue; --overwrite starts over.
-    part = run(make_cfg(out, small_data, max_steps=4, save_steps=2, save_total_limit=2), stop_after=3)
+    part = run(make_cfg(out, small_data, max_steps=4, save_steps=2, save_total_limit=2, overwrite=True), stop_after=3)
     assert part.interrupted and [p.name for p in ckpt.list_checkpoints(out)] == ["checkpoint-2", "checkpoint-3"]
     before = names(out)
     with pytest.raises(OutputDirError, match="unfinished run of this config .*--resume_from_checkpoint latest"):

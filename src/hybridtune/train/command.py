@@ -99,6 +99,7 @@ def _train(cfg) -> int:
             return e.exit_code  # every rank raised it; rank 0 alone says it
     finally:
         if trainer is not None:
+            trainer.close()
             distributed.shutdown(trainer.dist)
     if result.interrupted:
         return 130

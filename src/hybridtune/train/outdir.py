@@ -3,8 +3,12 @@ that says what computed its contents."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import logging
+import os
+import socket
 from pathlib import Path
 
 import hybridtune
@@ -30,49 +34,181 @@ NON_IDENTITY_KEYS = (
 )
 
 
+LOCK_FILE = ".hybridtune.lock"
+# Keys that may differ between a finished run and the same command run again over it (nothing it computed changes).
+RERUN_FREE_KEYS = ("overwrite", "resume_from_checkpoint", "logging_steps", "profile_steps", "num_threads")
+# Keys a resumed run may change: how often it logs, evaluates, saves and profiles, and how it spreads over processes.
+RESUME_FREE_KEYS = (*RERUN_FREE_KEYS, "eval_steps", "save_steps", "distributed", "fsdp_units")
+
+
 def identity(config: dict) -> dict:
     """What a run computes: its config (as a dict) without the keys that do not change it."""
     return {k: v for k, v in config.items() if k not in NON_IDENTITY_KEYS}
 
 
+def data_fingerprint(cfg: TrainConfig) -> dict[str, str]:
+    """sha256 of each local data file the run reads (a file edited in place is another run's data)."""
+    out = {}
+    for ds in cfg.resolved_datasets():
+        path = Path(ds.path)
+        if path.is_file():
+            h = hashlib.sha256()
+            with path.open("rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            out[ds.path] = h.hexdigest()
+    return out
+
+
+def _held_run(out: Path) -> dict | None:
+    """The run file of `out` ({"config": ..., "data": ...}), or None when there is none or it is unreadable."""
+    try:
+        held = json.loads((out / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return held if isinstance(held, dict) and isinstance(held.get("config"), dict) else None
+
+
+def changes(held: dict, cfg: TrainConfig, free: tuple[str, ...]) -> list[str]:
+    """`key: old -> new` for every key (and data file) that differs between a held run and `cfg`, bar `free`."""
+    now = to_dict(cfg)
+    keys = sorted(set(held["config"]) | set(now))
+    diff = [
+        f"{k}: {held['config'].get(k)!r} -> {now.get(k)!r}"
+        for k in keys
+        if k not in free and held["config"].get(k) != now.get(k)
+    ]
+    data = data_fingerprint(cfg)
+    if "data" in held and held["data"] != data:
+        diff += [f"data file {p} changed since that run" for p in sorted(data) if held["data"].get(p) != data[p]]
+    return diff
+
+
+def _foreign(out: Path) -> list[str]:
+    """Entries of `out` that no hybridtune run wrote (a run's own: run file, lock, metrics, checkpoints, profiles,
+    final model and base, and the temporary directories of its writes)."""
+    own = {RUN_FILE, LOCK_FILE, "metrics.jsonl", "final", "base_model"}
+    return sorted(
+        p.name
+        for p in out.iterdir()
+        if p.name not in own
+        and not ckpt.is_ours(p)
+        and not (p.name.startswith("profile-") and p.name.endswith(".json"))
+    )
+
+
 def check_output_dir(cfg: TrainConfig) -> bool:
-    """Refuse an output_dir that holds a different run. Returns True when metrics should start fresh."""
+    """Refuse an output_dir this run must not write into. Returns True when metrics should start fresh.
+
+    - empty or new: a fresh run.
+    - `--resume_from_checkpoint`: the directory must hold this run (its run file, the same config bar the keys a
+      resume may change, the same data) or be empty; what changed is listed and refused.
+    - the same command again over a finished run (every key the same): starts it again; another config, files
+      that are not a run's, or a run whose final model differs need `--overwrite`.
+    """
     out = Path(cfg.output_dir)
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(f"output_dir '{out}' is a file; choose a directory")
+    empty = not out.exists() or not any(p.name != LOCK_FILE for p in out.iterdir())
+    held = None if empty else _held_run(out)
     if cfg.resume_from_checkpoint:
+        if empty:
+            return False
+        if held is None:
+            raise OutputDirError(
+                f"output_dir '{out}' holds files that are not from a hybridtune run ({', '.join(_foreign(out)[:5])}); "
+                "resume into an empty --output_dir or the run's own"
+            )
+        diff = changes(held, cfg, RESUME_FREE_KEYS)
+        if diff and not cfg.overwrite:
+            raise OutputDirError(
+                f"resume_from_checkpoint: the config differs from the run in '{out}' ({'; '.join(diff)}); resume "
+                "with the run's own config, or pass --overwrite to continue under the new one"
+            )
+        if diff:
+            logger.warning("resuming under a changed config (--overwrite): %s", "; ".join(diff))
         return False
-    if not out.exists() or not any(out.iterdir()):
+    if empty:
         return True
-    run_file = out / RUN_FILE
-    if run_file.is_file():
-        try:
-            held = json.loads(run_file.read_text()).get("config", {})
-        except json.JSONDecodeError:
-            held = None
-        if held is not None and identity(held) == identity(to_dict(cfg)):
-            if not cfg.overwrite:
-                ckpt.check_restart(out)  # an unfinished run's checkpoints: resume it, or --overwrite
-            logger.info("output_dir %s holds an earlier run of the same config; starting it again", out)
-            return True
+    if held is not None and not changes(held, cfg, RERUN_FREE_KEYS):
+        if not cfg.overwrite:
+            ckpt.check_restart(out)  # an unfinished run's checkpoints: resume it, or --overwrite
+        logger.info("output_dir %s holds an earlier run of the same command; starting it again", out)
+        return True
     if cfg.overwrite:
-        logger.warning("output_dir %s holds another run; --overwrite given, its files will be replaced", out)
+        foreign = _foreign(out)
+        also = f" (its files that are not hybridtune's stay: {', '.join(foreign[:5])})" if foreign else ""
+        logger.warning("output_dir %s holds another run; --overwrite given, its files will be replaced%s", out, also)
         return True
-    what = "another hybridtune run" if run_file.is_file() else "files that are not from this run"
+    if held is None:
+        what = f"files that are not from a hybridtune run ({', '.join(_foreign(out)[:5])})"
+    elif _finished(out):
+        what = "a finished run of another config (" + "; ".join(changes(held, cfg, RERUN_FREE_KEYS)[:4]) + ")"
+    else:
+        what = "another hybridtune run (" + "; ".join(changes(held, cfg, RERUN_FREE_KEYS)[:4]) + ")"
     raise OutputDirError(
         f"output_dir '{out}' already holds {what}; choose another --output_dir, resume with "
         f"--resume_from_checkpoint latest, or pass --overwrite"
     )
 
 
-def claim_output_dir(cfg: TrainConfig) -> bool:
-    """`check_output_dir`, then remove what earlier processes left there that would mislead this run (rank 0)."""
-    fresh = check_output_dir(cfg)
-    done = ckpt.tidy_output_dir(Path(cfg.output_dir), fresh, cfg.resume_from_checkpoint, cfg.overwrite)
+def _finished(out: Path) -> bool:
+    return (out / "final").is_dir()
+
+
+class OutputLock:
+    """An exclusive lock on the output directory for the whole run (rank 0): a second run into the same directory
+    is refused while this one lives. The operating system releases it when the process ends, however it ends."""
+
+    def __init__(self, out: Path):
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / LOCK_FILE
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)  # never through a planted link
+        try:
+            self.fd = os.open(path, flags, 0o666)
+        except OSError as e:
+            raise OutputDirError(f"output_dir '{out}': cannot create its lock file {path} ({e.strerror})") from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(self.fd, 200, 0).decode("ascii", "replace").strip() or "another process"
+            os.close(self.fd)
+            self.fd = None
+            raise OutputDirError(
+                f"output_dir '{out}' is in use by another hybridtune run ({holder}); wait for it to end, or choose "
+                "another --output_dir"
+            ) from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"pid {os.getpid()} on {socket.gethostname()}".encode("ascii", "replace"), 0)
+
+    def release(self) -> None:
+        if getattr(self, "fd", None) is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    __del__ = release  # a trainer set up and dropped without training lets go too
+
+
+def claim_output_dir(cfg: TrainConfig) -> tuple[bool, OutputLock]:
+    """Lock the output directory, `check_output_dir`, then remove what earlier processes left there that would
+    mislead this run (rank 0). Returns (metrics start fresh, the lock held for the run)."""
+    out = Path(cfg.output_dir)
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(f"output_dir '{out}' is a file; choose a directory")
+    lock = OutputLock(out)
+    try:
+        fresh = check_output_dir(cfg)
+        done = ckpt.tidy_output_dir(out, fresh, cfg.resume_from_checkpoint, cfg.overwrite)
+    except BaseException:
+        lock.release()
+        raise
     if done:
         logger.info("%s", done)
-    return fresh
+    return fresh, lock
 
 
 def write_run_file(out: Path, cfg: TrainConfig) -> None:
-    """The run's config and hybridtune version, which a later run in the same directory compares itself with."""
-    data = {"config": to_dict(cfg), "hybridtune_version": hybridtune.__version__}
+    """The run's config, data checksums and hybridtune version, which a later run in the same directory compares
+    itself with."""
+    data = {"config": to_dict(cfg), "data": data_fingerprint(cfg), "hybridtune_version": hybridtune.__version__}
     ckpt.atomic_write_text(out / RUN_FILE, json.dumps(data, indent=2))

@@ -48,7 +48,7 @@ from hybridtune.train.choices import Choices, Facts, choose_bf16, pick_device, r
 from hybridtune.train.evaluation import eval_batches, evaluate
 from hybridtune.train.lora import apply_lora
 from hybridtune.train.metrics import MetricsLog, Throughput, format_step, memory_gib
-from hybridtune.train.outdir import claim_output_dir, write_run_file
+from hybridtune.train.outdir import OutputLock, claim_output_dir, write_run_file
 from hybridtune.train.profiling import StepProfiler, profile_window, write_profile
 from hybridtune.train.signals import StopRequest
 from hybridtune.train.step import fused_loss_blocker
@@ -101,6 +101,7 @@ class Trainer:
         self.out = Path(cfg.output_dir)
         self.metrics: MetricsLog | None = None
         self.stop = StopRequest()
+        self.lock: OutputLock | None = None
 
     # -- setup: a table of contents ----------------------------------------------------------------
 
@@ -119,7 +120,12 @@ class Trainer:
     def _setup_output_dir(self) -> None:
         cfg = self.cfg
         distributed.check_window(self.dist, cfg.gradient_accumulation_steps)
-        self.fresh_metrics = distributed.main_only(self.dist, lambda: claim_output_dir(cfg))
+
+        def claim() -> bool:
+            fresh, self.lock = claim_output_dir(cfg)  # rank 0 holds the directory's lock for the run
+            return fresh
+
+        self.fresh_metrics = distributed.main_only(self.dist, claim)
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         random.seed(cfg.seed)
@@ -240,16 +246,13 @@ class Trainer:
         where = self.cfg.resume_from_checkpoint
         if not where:
             return
-        path = Path(where)
-        if where == "latest":
-            found = ckpt.list_checkpoints(self.out)
-            if not found:
-                raise ConfigError(f"resume_from_checkpoint 'latest': no checkpoint in '{self.out}'")
-            path = found[-1]
-        if not (path / ckpt.META_FILE).is_file():
-            raise ConfigError(f"resume_from_checkpoint '{where}' is not a complete hybridtune checkpoint directory")
+        # Verified (checksums of every file) before anything in it is read; `latest` skips a damaged newest one.
+        path, skipped = ckpt.find_resume(where, self.out, self.dist)
+        for line in skipped:
+            logger.warning("%s", line)
+        lora = self.cfg.adapter == "lora"
         state = ckpt.load_checkpoint(
-            path, self.engine, self.optimizer, self.scheduler, self.dist, trainable_only=self.cfg.adapter == "lora"
+            path, self.engine, self.optimizer, self.scheduler, self.dist, trainable_only=lora, verified=True
         )
         self.stream.seek(state["data_position"])
         self.done_position = self.stream.position()
@@ -420,8 +423,17 @@ class Trainer:
     # -- the run -----------------------------------------------------------------------------------
 
     def train(self) -> TrainResult:
-        with self.stop.installed():
-            return self._run()
+        try:
+            with self.stop.installed():
+                return self._run()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Let go of the output directory (its lock); the trainer is done with it."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def _run(self) -> TrainResult:
         cfg = self.cfg
