@@ -157,30 +157,14 @@ LAYOUTS = {  # (H, HV, K, V) of the Qwen3.5 checkpoints
 }
 
 
-@pytest.fixture
-def grant_for_tests(request):
-    """On a Hopper + Triton < 3.7.1 GPU the FLA backward needs a grant. These tests ARE the numeric check;
-    they lift the guard only when the run says so explicitly (HYBRIDTUNE_FLA_GRANT_FOR_TESTS=1)."""
-    import os
-
-    if os.environ.get("HYBRIDTUNE_FLA_GRANT_FOR_TESTS") == "1":
-        for key in LAYOUTS.values():
-            fla_guard.grant(key, "tests/ops/test_gdn_ops.py: HYBRIDTUNE_FLA_GRANT_FOR_TESTS=1")
-
-
 @pytest.mark.cuda
-@pytest.mark.usefixtures("grant_for_tests")
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("lens", [[63], [75], [10, 53, 1, 75, 2], [1500], [700, 13, 787]])
-def test_fla_gdn_matches_fp32_reference(layout, lens):
-    from hybridtune.ops import fla_adapter
-
-    ok, why = fla_adapter.available()
-    if not ok:
-        pytest.fail(f"CUDA run without FLA: {why}")
+def test_fla_gdn_matches_fp32_reference(layout, lens, fla_selftest):
+    """The device self-test first (a pass grants the layout's backward past FLA's Hopper guard; a failure
+    fails here with its reason), then FLA against the fp32 reference on more packings than it tries."""
     H, HV, K, V = LAYOUTS[layout]
-    if fla_guard.guard_active() and not fla_guard.is_granted((H, HV, K, V)):
-        pytest.skip(f"FLA backward not granted for {(H, HV, K, V)} on this device (needs the kernel self-test)")
+    fla_selftest.require((H, HV, K, V))
     T = sum(lens)
     cu, ci = (_cu(lens).cuda(), _chunks(lens).cuda()) if len(lens) > 1 else (None, None)
     q, k, v, g, beta = _gdn_inputs(T, H, HV, K, V, torch.bfloat16, device="cuda")
@@ -197,7 +181,8 @@ def test_fla_gdn_matches_fp32_reference(layout, lens):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("lens", [[63], [10, 1, 64, 2, 700]])
-def test_fla_conv_matches_fp32_reference(lens):
+def test_fla_conv_matches_fp32_reference(lens, fla_selftest):
+    fla_selftest.conv(LAYOUTS["tiny"])  # its conv has these 256 channels
     T, D = sum(lens), 256
     cu, ci = (_cu(lens).cuda(), _chunks(lens).cuda()) if len(lens) > 1 else (None, None)
     x = torch.randn(1, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -209,6 +194,48 @@ def test_fla_conv_matches_fp32_reference(lens):
     yr = causal_conv1d_ref(xr, wr, None, cu_seqlens=cu)
     gxr, gwr = torch.autograd.grad(yr, (xr, wr), dy.float())
     assert rel_rms(y, yr) < 0.01 and rel_rms(gx, gxr) < 0.01 and rel_rms(gw, gwr) < 0.01
+
+
+def _verdict(kernel, key, passed, reason=""):
+    from hybridtune.kernels.selftest import Layout, Verdict
+
+    return Verdict(kernel, Layout(*key), passed, errors={"o": 0.001}, reason=reason, guard_active=True)
+
+
+def test_selftest_gate_runs_once_grants_and_fails_on_a_failing_kernel(fla_selftest_class):
+    """What a CUDA test does with the self-test's verdict (a fake self-test on the CPU): a pass with its grant
+    runs the test, a failure or a verdict not run FAILS it with the reason (never a skip), once per layout."""
+    ok, bad, unrun = (3, 6, 64, 64), (3, 6, 64, 32), (3, 6, 32, 32)
+    calls = []
+
+    def fake_verify(layouts, use_cache=True):
+        (lay,) = layouts
+        calls.append((lay.key, use_cache))
+        if lay.key == ok:
+            fla_guard.grant(ok, "test: fake self-test pass")
+            return [_verdict("gdn_chunk", ok, True), _verdict("causal_conv1d", ok, True)]
+        if lay.key == bad:
+            why = "rel err over tolerance: dk 0.31"
+            return [_verdict("gdn_chunk", bad, False, why), _verdict("causal_conv1d", bad, True)]
+        return [_verdict("gdn_chunk", unrun, None, "no CUDA device")]
+
+    gate = fla_selftest_class(fake_verify, "Fake H200")
+    try:
+        assert gate.require(ok).passed and gate.conv(ok).passed
+        gate.require(ok)
+        assert calls == [(ok, False)]  # once per layout, never from a cached verdict
+        with pytest.raises(pytest.fail.Exception, match=r"self-test FAILED .*\(3, 6, 64, 32\).*dk 0.31.*Fix: upgrade"):
+            gate.require(bad)
+        assert gate.conv(bad).passed  # the conv verdict of that layout is its own
+        with pytest.raises(pytest.fail.Exception, match="did not run.*no CUDA device"):
+            gate.require(unrun)
+        with pytest.raises(pytest.fail.Exception, match="no causal_conv1d verdict"):
+            gate.conv(unrun)
+        fla_guard.revoke(ok)  # a pass that left no grant is a failure too
+        with pytest.raises(pytest.fail.Exception, match="no fla_guard grant"):
+            gate.require(ok)
+    finally:
+        fla_guard.revoke(ok)
 
 
 def test_fla_tensor_cache_switch(monkeypatch):
