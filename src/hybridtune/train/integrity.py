@@ -32,7 +32,8 @@ from hybridtune.train import distributed
 from hybridtune.train.distributed import ONE, Dist
 
 FORMAT = 2  # checkpoint.json "format": 2 lists "files" with their checksums
-SLACK_BYTES = 16 * 2**20  # a save's files beyond its tensors: DCP metadata, RNG and trainer state, JSON
+SLACK_BYTES = 256 * 2**10  # per rank, beyond the tensors: RNG and trainer state, JSON, file headers
+ENTRY_BYTES = 1024  # per tensor or value saved: its entry in DCP's metadata (about 350 bytes each)
 
 
 class CheckpointError(UserError):
@@ -311,6 +312,7 @@ def state_bytes(*states, d: Dist = ONE) -> int:
 
     def visit(x) -> None:
         nonlocal mine
+        mine += ENTRY_BYTES
         if isinstance(x, torch.Tensor):
             local = x.to_local() if hasattr(x, "to_local") else x
             mine += local.numel() * local.element_size()
@@ -338,15 +340,16 @@ def gib(n: float) -> str:
 def disk_full_message(target: Path, need: int, free: int | None, previous: Path | None) -> str:
     where = Path(target).parent
     has = f"{gib(free)} free" if free is not None else "no space left"
-    kept = (
-        f"the previous checkpoint {previous.name} is intact"
-        if previous is not None
-        else "nothing earlier was changed (no earlier checkpoint exists)"
-    )
+    if previous is not None:
+        kept, then = (
+            f"the previous checkpoint {previous.name} is intact",
+            "continue with --resume_from_checkpoint latest",
+        )
+    else:
+        kept, then = "no earlier checkpoint exists, so the run starts again", "run again"
     return (
         f"disk full: saving {Path(target).name} needs about {gib(need)} and '{where}' has {has}; {kept}. Free "
-        "some space (or lower save_total_limit, or use an output_dir on a larger disk) and continue with "
-        "--resume_from_checkpoint latest"
+        f"some space (or lower save_total_limit, or use an output_dir on a larger disk) and {then}"
     )
 
 
