@@ -83,15 +83,15 @@ def test_a_signal_inside_a_step_resumes_on_the_uninterrupted_curve(
     assert _metric_steps(tmp_path) == list(range(1, 9))  # each step logged once, in order
 
 
-def test_a_second_ctrl_c_during_a_save_does_not_cut_it(tmp_path, small_data):
+def test_a_second_ctrl_c_during_a_save_does_not_cut_it(tmp_path, small_data, monkeypatch):
     t = _trainer(make_cfg(tmp_path, small_data, max_steps=4))
-    save = t.save
+    save = ckpt.save_checkpoint
 
-    def save_with_ctrl_c():
+    def save_with_ctrl_c(*args, **kw):
         os.kill(os.getpid(), signal.SIGINT)  # pressed again while the checkpoint is written
-        return save()
+        return save(*args, **kw)
 
-    t.save = save_with_ctrl_c
+    monkeypatch.setattr(ckpt, "save_checkpoint", save_with_ctrl_c)
     _signal_inside_step(t, 2, [signal.SIGINT])
     res = t.train()
     assert res.interrupted and res.steps == 2

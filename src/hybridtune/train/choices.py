@@ -1,9 +1,9 @@
 """Every `auto` setting of a run, resolved once: one frozen `Choices` with the reason for each value.
 
-"Why did my run pick modules and a dynamic layout?" is answered here and nowhere else. The functions are pure:
-they read the config and `Facts` (what the trainer measured about the device, the processes, the model and the
-data) and return values with reasons, or raise `ConfigError` for settings that do not go together. The trainer
-gathers the facts, calls `resolve`, logs `Choices.lines()` and then acts on the values.
+"Why did my run pick modules and a dynamic layout?" is answered here and nowhere else. `measure` reads the
+device, the processes, the model and the data into `Facts`; every other function is pure: it reads the config and
+the facts and returns values with reasons, or raises `ConfigError` for settings that do not go together. The
+trainer calls `measure`, then `resolve`, logs `Choices.lines()` and acts on the values.
 
 Order of dependence (each choice may read those above it):
 
@@ -18,6 +18,7 @@ Order of dependence (each choice may read those above it):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,9 @@ import torch
 from hybridtune.config import TrainConfig
 from hybridtune.data.collator import StaticLayout
 from hybridtune.errors import ConfigError
+from hybridtune.models.anatomy import param_count, router_loss
+from hybridtune.train import distributed
+from hybridtune.train.step import fused_loss_blocker
 
 # Estimated share of the step the filler costs (`FillerShares.cost`: tokens, and GDN chunks weighted by their
 # kernels' share) above which `pack_layout: auto` stays dynamic (the static graph's compile-time and CUDA-graph
@@ -98,6 +102,36 @@ def pick_device(name: str) -> torch.device:
             raise ConfigError("device 'cuda' asked for but no CUDA GPU is visible; use --device cpu")
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def measure(
+    cfg: TrainConfig,
+    device: torch.device,
+    d: distributed.Dist,
+    model: torch.nn.Module | None = None,
+    bf16: bool = False,
+    packs: list[tuple[int, ...]] = (),
+) -> Facts:
+    """The facts of this run; without a model, those known before it loads (device and processes). Under FSDP2 on
+    a GPU with `fsdp_units: auto`, a collective (the whole-model unit's share of the tightest GPU)."""
+    cuda = device.type == "cuda"
+    base = Facts(
+        device=device.type,
+        bf16_supported=cuda and torch.cuda.is_bf16_supported(),
+        engine=d.engine if d.enabled else "none",
+        world=d.world,
+    )
+    if model is None:
+        return base
+    share = distributed.whole_model_share(model, d, device, bf16) if cfg.fsdp_units == "auto" else None
+    return dataclasses.replace(
+        base,
+        n_params=param_count(model),
+        router_loss=router_loss(model),
+        fused_loss_blocker=fused_loss_blocker(model),
+        whole_model_share=share,
+        packs=tuple(packs),
+    )
 
 
 def choose_bf16(cfg: TrainConfig, facts: Facts) -> Choice:

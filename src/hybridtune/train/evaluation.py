@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import torch
@@ -10,7 +11,10 @@ from hybridtune.batch import CU_SEQ_LENS_Q, LABELS, NUM_TOKENS
 from hybridtune.data import IGNORE_INDEX, PackedCollator
 from hybridtune.data.packing import Example
 from hybridtune.train import distributed
+from hybridtune.train.metrics import MetricsLog
 from hybridtune.train.stream import to_device
+
+logger = logging.getLogger(__name__)
 
 
 def eval_batches(examples: list[Example], seq_len: int) -> Iterator[list[Example]]:
@@ -79,3 +83,17 @@ def evaluate(
         "exact_match": correct / max(counted, 1),
         "eval_examples": counted,
     }
+
+
+def report_eval(res: dict, step: int, metrics: MetricsLog | None) -> None:
+    """One eval line in the log and one row in metrics.jsonl (`res` gains its step)."""
+    res["step"] = step
+    if metrics is not None:
+        metrics.write({"type": "eval", **res})
+    logger.info(
+        "eval  step %d  eval_loss %.4f  exact_match %.3f (%d held-out examples)",
+        step,
+        res["eval_loss"],
+        res["exact_match"],
+        res["eval_examples"],
+    )

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from hybridtune.models.anatomy import text_config
+from hybridtune.models.flops import step_flops
 from hybridtune.train.checkpoint import atomic_write_text
 
 
@@ -25,24 +27,46 @@ def memory_gib(device: torch.device) -> float:
 
 
 class Throughput:
-    """Tokens per second over the window since the last `take()`."""
+    """Tokens and model FLOPs per second over the window since the last `take()`; MFU against `peak_flops` (the
+    measured dense-matmul FLOP/s of every GPU of the run together), when known."""
 
-    def __init__(self) -> None:
+    def __init__(self, peak_flops: float | None = None) -> None:
+        self.peak = peak_flops
         self.t0 = time.perf_counter()
         self.tokens = 0
+        self.flops = 0.0
 
-    def add(self, n: int) -> None:
+    def add(self, n: int, flops: float = 0.0) -> None:
         self.tokens += n
+        self.flops += flops
 
     def skip(self, seconds: float) -> None:
-        """Leave `seconds` (spent on something other than training, e.g. summarising a profile) out of the window."""
+        """Leave `seconds` (spent on something other than training: an eval, a save, a profile's summary) out of
+        the window."""
         self.t0 += seconds
 
-    def take(self) -> float:
+    def take(self) -> dict:
         now = time.perf_counter()
-        rate = self.tokens / max(now - self.t0, 1e-9)
-        self.t0, self.tokens = now, 0
-        return rate
+        dt = max(now - self.t0, 1e-9)
+        out = {"tokens_per_s": self.tokens / dt}
+        if self.flops:
+            out["tflops"] = self.flops / dt / 1e12
+            if self.peak:
+                out["mfu"] = self.flops / dt / self.peak
+        self.t0, self.tokens, self.flops = now, 0, 0.0
+        return out
+
+
+class StepFlops:
+    """Model FLOPs of a step (no recompute: what MFU counts) from its documents' lengths, for the model's family."""
+
+    def __init__(self, model: torch.nn.Module, adapter: str, lora_r: int, lora_targets: list[str]):
+        self.config = text_config(model)
+        self.kw = {"adapter": adapter, "lora_r": lora_r if adapter == "lora" else 0, "lora_targets": lora_targets}
+        self([1])  # a model the count does not know fails here, once, not at every step
+
+    def __call__(self, doc_lens) -> float:
+        return step_flops(self.config, list(doc_lens), **self.kw).model
 
 
 class MetricsLog:
@@ -74,8 +98,17 @@ class MetricsLog:
 
 
 def format_step(rec: dict) -> str:
-    """The one log line per step: `step loss grad_norm lr tok/s mem` (`mem`: the peak over ranks under torchrun)."""
+    """The one log line per step: `step loss grad_norm lr tok/s [tflops mfu] mem` (`mem`: the peak over ranks under
+    torchrun; `mfu`: model FLOPs, without recompute, over the measured peak of the run's devices).
+
+    >>> format_step({"step": 7, "loss": 1.5, "grad_norm": 0.25, "lr": 1e-4, "tokens_per_s": 31000.4,
+    ...              "tflops": 250.0, "mfu": 0.41, "mem_gib": 5.5})
+    'step     7  loss 1.5000  grad_norm 0.250  lr 1.00e-04  tok/s 31,000  tflops 250.0  mfu 41.0%  mem 5.50 GiB'
+    """
+    flops = f"tflops {rec['tflops']:.1f}  " if "tflops" in rec else ""
+    if "mfu" in rec:
+        flops += f"mfu {100 * rec['mfu']:.1f}%  "
     return (
         f"step {rec['step']:>5}  loss {rec['loss']:.4f}  grad_norm {rec['grad_norm']:.3f}  "
-        f"lr {rec['lr']:.2e}  tok/s {rec['tokens_per_s']:,.0f}  mem {rec['mem_gib']:.2f} GiB"
+        f"lr {rec['lr']:.2e}  tok/s {rec['tokens_per_s']:,.0f}  {flops}mem {rec['mem_gib']:.2f} GiB"
     )

@@ -33,25 +33,25 @@ import torch
 
 from hybridtune.batch import NUM_LOSS_TOKENS, NUM_TOKENS
 from hybridtune.compiler.strategies import compile_model
-from hybridtune.config import TrainConfig, compile_overrides
+from hybridtune.config import TrainConfig, compile_overrides, warmup_warning
 from hybridtune.data import PackedCollator
 from hybridtune.data.build import PreparedData, prepare
 from hybridtune.data.packing import Example
 from hybridtune.errors import ConfigError, TrainingDiverged
 from hybridtune.kernels.provision import prepare as prepare_kernels
-from hybridtune.models.anatomy import param_count, router_loss
+from hybridtune.models.flops import measure_peak
 from hybridtune.models.loading import load_model, tokenizer_for
 from hybridtune.models.patching import patch_model
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train import distributed, export
-from hybridtune.train.choices import Choices, Facts, choose_bf16, pick_device, resolve
-from hybridtune.train.evaluation import eval_batches, evaluate
+from hybridtune.train.choices import Choices, Facts, choose_bf16, measure, pick_device, resolve
+from hybridtune.train.evaluation import eval_batches, evaluate, report_eval
 from hybridtune.train.lora import apply_lora
-from hybridtune.train.metrics import MetricsLog, Throughput, format_step, memory_gib
+from hybridtune.train.metrics import MetricsLog, StepFlops, Throughput, format_step, memory_gib
+from hybridtune.train.optim import build_optimizer, build_scheduler
 from hybridtune.train.outdir import OutputLock, claim_output_dir, write_run_file
 from hybridtune.train.profiling import StepProfiler, profile_window, write_profile
 from hybridtune.train.signals import StopRequest
-from hybridtune.train.step import fused_loss_blocker
 from hybridtune.train.stream import BatchStream, to_device
 
 logger = logging.getLogger(__name__)
@@ -65,23 +65,6 @@ class TrainResult:
     output_dir: str = ""
     final_dir: str | None = None
     interrupted: bool = False
-
-
-def lr_lambda(kind: str, warmup: int, total: int) -> Callable[[int], float]:
-    """The learning-rate multiplier of step `step`: linear warmup, then constant, linear or cosine decay to 0."""
-
-    def f(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if kind == "constant":
-            return 1.0
-        progress = (step - warmup) / max(1, total - warmup)
-        progress = min(max(progress, 0.0), 1.0)
-        if kind == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return f
 
 
 def enable_checkpointing(model) -> None:
@@ -140,29 +123,12 @@ class Trainer:
         self.kernel_report = prepare_kernels(cfg.kernels, cfg.require_fast_path, cfg.base_model)
 
     def _facts(self, model: torch.nn.Module | None = None) -> Facts:
-        """What the choices depend on; without a model, what is known before it loads (device and processes)."""
-        d, cuda = self.dist, self.device.type == "cuda"
-        base = Facts(
-            device=self.device.type,
-            bf16_supported=cuda and torch.cuda.is_bf16_supported(),
-            engine=d.engine if d.enabled else "none",
-            world=d.world,
-        )
+        """What the choices depend on (`choices.measure`); without a model, what is known before it loads."""
         if model is None:
-            return base
-        share = None
-        if self.cfg.fsdp_units == "auto":
-            share = distributed.whole_model_share(model, d, self.device, self.use_bf16)
+            return measure(self.cfg, self.device, self.dist)
         packs = [tuple(len(e) for e in b) for b in self.data.bins]
         packs += [tuple(len(e) for e in b) for b in eval_batches(self._eval_examples(), self.cfg.sequence_len)]
-        return dataclasses.replace(
-            base,
-            n_params=param_count(model),
-            router_loss=router_loss(model),
-            fused_loss_blocker=fused_loss_blocker(model),
-            whole_model_share=share,
-            packs=tuple(packs),
-        )
+        return measure(self.cfg, self.device, self.dist, model, self.use_bf16, packs)
 
     def _setup_model(self) -> None:
         """Load, patch the mixers, checkpointing, LoRA, on the device. LoRA trains adapters only: the frozen base is
@@ -220,21 +186,29 @@ class Trainer:
         self.engine = distributed.wrap(distributed.LossModule(self.model), d, self.device, self.use_bf16)
         self.eval_model = self.engine.module if d.engine == "ddp" else self.engine
         self.autocast = lambda: torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16)
+        self._setup_flops()
+
+    def _setup_flops(self) -> None:
+        """MFU in the step line: the model FLOPs of each step over the measured matmul peak of the run's devices."""
+        cfg = self.cfg
+        try:
+            self.step_flops = StepFlops(self.model, cfg.adapter, cfg.lora_r, cfg.lora_target_modules)
+        except (AttributeError, ValueError, TypeError) as e:
+            self.step_flops = None
+            logger.info("mfu: not reported, the FLOP count does not know this model (%s)", e)
+        self.peak_flops = measure_peak(self.device)["flops_per_s"] * self.dist.world if self.step_flops else None
 
     def _setup_optimizer(self) -> None:
         """AdamW over the trainable parameters, the data stream and the learning-rate schedule."""
         cfg = self.cfg
         self.params = [p for p in self.engine.parameters() if p.requires_grad]
-        fused = self.device.type == "cuda"
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, fused=fused
-        )
+        self.optimizer = build_optimizer(self.params, cfg, self.device)
         self.stream = BatchStream(self.data.bins, cfg.micro_batch_size, cfg.seed)
         per_epoch = math.ceil(self.stream.micro_batches_per_epoch() / cfg.gradient_accumulation_steps)
         self.total_steps = cfg.max_steps if cfg.max_steps > 0 else max(1, math.ceil(per_epoch * cfg.num_epochs))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(cfg.lr_scheduler, cfg.warmup_steps, self.total_steps)
-        )
+        if cfg.max_steps <= 0 and self.dist.is_main and (warn := warmup_warning(cfg, self.total_steps)):
+            logger.warning("%s", warn)  # (with max_steps set, load_config has said it)
+        self.scheduler = build_scheduler(self.optimizer, cfg, self.total_steps)
         self.step = 0
         self.done_position = self.stream.position()  # the data position after the last completed step
 
@@ -284,7 +258,10 @@ class Trainer:
     # -- steps -------------------------------------------------------------------------------------
 
     def _window(self) -> list[dict]:
-        return [self.collate(self.stream.next_docs()) for _ in range(self.cfg.gradient_accumulation_steps)]
+        """The optimizer step's micro-batches, collated; the documents' lengths go to `self.window_lens`."""
+        docs = [self.stream.next_docs() for _ in range(self.cfg.gradient_accumulation_steps)]
+        self.window_lens = [len(e) for micro in docs for e in micro]
+        return [self.collate(micro) for micro in docs]
 
     def train_step(self) -> dict:
         cfg = self.cfg
@@ -330,6 +307,7 @@ class Trainer:
             "grad_norm": grad_norm,
             "lr": lr,
             "tokens": int(sum(b[NUM_TOKENS] for b in batches)),  # the documents' own, not filler
+            "model_flops": self.step_flops(self.window_lens) if self.step_flops else 0.0,
             "loss_tokens": n_tokens,
         }
 
@@ -371,39 +349,36 @@ class Trainer:
         """The held-out examples every evaluation reads (the static layout is fitted over their packs too)."""
         return self.data.eval_examples[: self.cfg.eval_max_examples]
 
-    def run_eval(self) -> dict | None:
-        if not self.data.eval_examples:
-            return None
+    def run_eval(self, result: TrainResult | None = None) -> dict | None:
+        """Evaluate at this step, log it (and into `result.evals`); None without held-out examples."""
         ex = self._eval_examples()
         if not ex:
-            return None  # eval_max_examples: 0
+            return None
         res = evaluate(self.eval_model, ex, self.cfg.sequence_len, self.device, self.autocast, self.dist, self.collate)
-        res["step"] = self.step
-        if self.metrics is not None:
-            self.metrics.write({"type": "eval", **res})
-        logger.info(
-            "eval  step %d  eval_loss %.4f  exact_match %.3f (%d held-out examples)",
-            self.step,
-            res["eval_loss"],
-            res["exact_match"],
-            res["eval_examples"],
-        )
+        report_eval(res, self.step, self.metrics)
+        if result is not None:
+            result.evals.append(res)
         return res
 
     def save(self) -> Path:
-        path = ckpt.save_checkpoint(
-            self.out / f"checkpoint-{self.step}",
-            self.engine,
-            self.optimizer,
-            self.scheduler,
-            self.step,
-            self.stream.position(),
-            {"base_model": self.loaded.name},
-            self.dist,
-            trainable_only=self.cfg.adapter == "lora",
-        )
-        if self.dist.is_main:
-            ckpt.prune_checkpoints(self.out, self.cfg.save_total_limit)
+        """A checkpoint of the last completed step (none twice for one step), which no second Ctrl-C cuts."""
+        path = self.out / f"checkpoint-{self.step}"
+        with self.stop.hold():
+            if path in ckpt.list_checkpoints(self.out):  # the same on every rank: one filesystem
+                return path
+            ckpt.save_checkpoint(
+                path,
+                self.engine,
+                self.optimizer,
+                self.scheduler,
+                self.step,
+                self.stream.position(),
+                {"base_model": self.loaded.name},
+                self.dist,
+                trainable_only=self.cfg.adapter == "lora",
+            )
+            if self.dist.is_main:
+                ckpt.prune_checkpoints(self.out, self.cfg.save_total_limit)
         return path
 
     def save_final(self) -> Path:
@@ -437,12 +412,9 @@ class Trainer:
 
     def _run(self) -> TrainResult:
         cfg = self.cfg
-        start = self.step
         result = TrainResult(steps=self.step, output_dir=str(self.out))
-        ev = self.run_eval()
-        if ev:
-            result.evals.append(ev)
-        tput = Throughput()
+        self.run_eval(result)
+        tput = Throughput(self.peak_flops)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         first = True
@@ -465,12 +437,12 @@ class Trainer:
                     write_profile(profiler, window[0], self.step, self.out, self.dist)
                     profiler = None
                     tput.skip(time.perf_counter() - t)
-                tput.add(rec["tokens"])
+                tput.add(rec["tokens"], rec.pop("model_flops"))
                 result.losses.append(rec["loss"])
                 if self.step % cfg.logging_steps == 0 or self.step == self.total_steps or self.step == 1 or stop:
                     # The peak over ranks (one scalar all-reduce, on logged steps only): ranks differ under FSDP2.
                     mem = distributed.all_max(memory_gib(self.device), self.dist)
-                    rec.update(tokens_per_s=tput.take(), mem_gib=mem, type="train")
+                    rec.update(**tput.take(), mem_gib=mem, type="train")
                     if self.metrics is not None:
                         self.metrics.write(rec)
                     logger.info("%s", format_step(rec))
@@ -478,19 +450,19 @@ class Trainer:
                     self.on_log(rec)
                 if stop:
                     result.interrupted = True
-                    path = self._save_held()
+                    path = self.save()
                     logger.warning(
                         "stopped (%s): saved %s; continue with --resume_from_checkpoint latest",
                         self.stop.requested or "a signal on another rank",
                         path,
                     )
                     break
+                t = time.perf_counter()
                 if eval_due:
-                    ev = self.run_eval()
-                    if ev:
-                        result.evals.append(ev)
+                    self.run_eval(result)
                 if save_due:
-                    self._save_held()
+                    self.save()
+                tput.skip(time.perf_counter() - t)  # tokens/s and MFU are the training steps' own
         except KeyboardInterrupt:
             # A second Ctrl-C: the step in flight is abandoned (its update was never applied, see signals.py).
             result.interrupted = True
@@ -504,16 +476,13 @@ class Trainer:
                 # checkpoint is the one to continue from.
                 logger.warning("interrupted: continue from the last checkpoint with --resume_from_checkpoint latest")
             else:
-                path = self._save_held()
+                path = self.save()
                 logger.warning("interrupted: saved %s; continue with --resume_from_checkpoint latest", path)
         else:
             if not result.interrupted:
-                ev = self.run_eval()
-                if ev:
-                    result.evals.append(ev)
+                self.run_eval(result)
                 with self.stop.hold():
-                    if self.step > start or not ckpt.list_checkpoints(self.out):
-                        self.save()  # (a run resumed at its last step has that checkpoint already)
+                    self.save()  # (a run resumed at its last step has that checkpoint already: kept)
                     result.final_dir = str(self.save_final())
         finally:
             if profiler is not None:
@@ -522,14 +491,6 @@ class Trainer:
                 self.metrics.close()
         result.steps = self.step
         return result
-
-    def _save_held(self) -> Path:
-        """A checkpoint of the last completed step, which no second Ctrl-C cuts."""
-        with self.stop.hold():
-            existing = self.out / f"checkpoint-{self.step}"
-            if self.dist.is_main and existing in ckpt.list_checkpoints(self.out):
-                return existing  # saved already at this step (save_steps)
-            return self.save()
 
 
 def train(cfg: TrainConfig, on_log: Callable[[dict], None] | None = None) -> TrainResult:
