@@ -26,6 +26,7 @@ from test_resume import make_cfg, run
 
 from hybridtune.errors import OutputDirError
 from hybridtune.train import checkpoint as ckpt
+from hybridtune.train import outdir
 from hybridtune.train.outdir import claim_output_dir
 
 
@@ -64,14 +65,14 @@ def test_fresh_run_removes_the_earlier_runs_checkpoints_and_stale_temp_dirs(tmp_
     (tmp_path / ".old-final-4242").mkdir()  # a commit replaced final/ but died before removing the old copy
     fake_tmp(tmp_path, ".old-checkpoint-3-77")  # died between the renames: the only copy, kept
     (tmp_path / "notes.txt").write_text("kept")
-    line = ckpt.tidy_output_dir(tmp_path, fresh=True, resume_from=None, overwrite=False)
+    line = outdir.tidy_output_dir(tmp_path, fresh=True, resume_from=None, overwrite=False)
     assert names(tmp_path) == [".old-checkpoint-3-77", "final", "notes.txt"]
     assert line == (
         f"output_dir {tmp_path}: removed 3 checkpoint(s) of the earlier run (checkpoint-2, checkpoint-7, "
         "checkpoint-10) and 2 stale temporary dir(s) (.old-final-4242, .tmp-checkpoint-12-abcd1234)"
     )
-    assert ckpt.tidy_output_dir(tmp_path, fresh=True, resume_from=None, overwrite=False) is None  # nothing left
-    assert ckpt.tidy_output_dir(tmp_path / "absent", fresh=True, resume_from=None, overwrite=False) is None
+    assert outdir.tidy_output_dir(tmp_path, fresh=True, resume_from=None, overwrite=False) is None  # nothing left
+    assert outdir.tidy_output_dir(tmp_path / "absent", fresh=True, resume_from=None, overwrite=False) is None
 
 
 def test_resume_keeps_checkpoints_up_to_its_step_and_refuses_later_ones_without_overwrite(tmp_path):
@@ -80,16 +81,16 @@ def test_resume_keeps_checkpoints_up_to_its_step_and_refuses_later_ones_without_
     fake_tmp(tmp_path, ".tmp-checkpoint-10-x")
     before = names(tmp_path)
     # `latest`: nothing is past it; only the temp dir goes.
-    line = ckpt.tidy_output_dir(tmp_path, fresh=False, resume_from="latest", overwrite=False)
+    line = outdir.tidy_output_dir(tmp_path, fresh=False, resume_from="latest", overwrite=False)
     assert line == f"output_dir {tmp_path}: removed 1 stale temporary dir(s) (.tmp-checkpoint-10-x)"
     assert names(tmp_path) == before[1:]
 
     fake_tmp(tmp_path, ".tmp-checkpoint-10-x")
     at4 = str(tmp_path / "checkpoint-4")
     with pytest.raises(OutputDirError, match=r"at step 4 but .* later checkpoints \(checkpoint-6, checkpoint-8\)"):
-        ckpt.tidy_output_dir(tmp_path, fresh=False, resume_from=at4, overwrite=False)
+        outdir.tidy_output_dir(tmp_path, fresh=False, resume_from=at4, overwrite=False)
     assert names(tmp_path) == before  # a refusal touches nothing
-    line = ckpt.tidy_output_dir(tmp_path, fresh=False, resume_from=at4, overwrite=True)
+    line = outdir.tidy_output_dir(tmp_path, fresh=False, resume_from=at4, overwrite=True)
     assert "removed 2 checkpoint(s) past the resumed step 4 (checkpoint-6, checkpoint-8)" in line
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-4"]
     assert names(tmp_path) == ["checkpoint-2", "checkpoint-4"]
@@ -98,13 +99,13 @@ def test_resume_keeps_checkpoints_up_to_its_step_and_refuses_later_ones_without_
 def test_restart_is_refused_over_an_unfinished_run_only(tmp_path):
     fake_checkpoint(tmp_path, 4)
     with pytest.raises(OutputDirError, match="unfinished run .*newest checkpoint-4.*--resume_from_checkpoint latest"):
-        ckpt.check_restart(tmp_path)
+        outdir.check_restart(tmp_path)
     fake_final(tmp_path, 4)
-    ckpt.check_restart(tmp_path)  # finished at its newest checkpoint: may start again
+    outdir.check_restart(tmp_path)  # finished at its newest checkpoint: may start again
     fake_checkpoint(tmp_path, 6)  # a later run of the same config got to step 6 and died; final/ is older
     with pytest.raises(OutputDirError, match="newest checkpoint-6"):
-        ckpt.check_restart(tmp_path)
-    ckpt.check_restart(tmp_path / "empty")
+        outdir.check_restart(tmp_path)
+    outdir.check_restart(tmp_path / "empty")
 
 
 def test_restart_of_a_finished_run_replaces_its_checkpoints(tmp_path, small_data, caplog):
@@ -153,10 +154,10 @@ def test_tidy_removes_only_what_hybridtune_wrote(tmp_path):
     (tmp_path / ".tmp-empty").mkdir()  # nothing in it to lose
     before = names(tmp_path)
     with pytest.raises(OutputDirError, match=r"holds checkpoint-4, not written by hybridtune .*it is not removed"):
-        ckpt.tidy_output_dir(tmp_path, fresh=True, resume_from=None, overwrite=True)
+        outdir.tidy_output_dir(tmp_path, fresh=True, resume_from=None, overwrite=True)
     assert names(tmp_path) == before  # a refusal touches nothing
     shutil.move(mine, tmp_path / "thesis")
-    line = ckpt.tidy_output_dir(tmp_path, fresh=True, resume_from=None, overwrite=True)
+    line = outdir.tidy_output_dir(tmp_path, fresh=True, resume_from=None, overwrite=True)
     assert (
         line
         == f"output_dir {tmp_path}: removed 1 checkpoint(s) of the earlier run (checkpoint-2) and 1 stale temporary dir(s) (.tmp-empty)"
@@ -175,9 +176,9 @@ def test_a_link_is_never_ours(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "checkpoint-2").symlink_to(target)
     (tmp_path / "out" / ".tmp-x").symlink_to(target)
-    assert ckpt.tidy_output_dir(tmp_path / "out", fresh=False, resume_from="latest", overwrite=True) is None
+    assert outdir.tidy_output_dir(tmp_path / "out", fresh=False, resume_from="latest", overwrite=True) is None
     with pytest.raises(OutputDirError, match="holds checkpoint-2, not written by hybridtune"):
-        ckpt.tidy_output_dir(tmp_path / "out", fresh=True, resume_from=None, overwrite=True)
+        outdir.tidy_output_dir(tmp_path / "out", fresh=True, resume_from=None, overwrite=True)
     assert (target / ckpt.META_FILE).is_file()
 
 

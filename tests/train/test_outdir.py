@@ -112,3 +112,12 @@ def test_the_run_file_holds_the_data_checksums(tmp_path, small_data):
     _train(make_cfg(out, small_data, max_steps=1, eval_steps=0))
     held = json.loads((out / outdir.RUN_FILE).read_text())
     assert list(held["data"]) == [small_data] and len(held["data"][small_data]) == 64
+
+
+def test_overwrite_never_replaces_a_final_dir_hybridtune_did_not_write(tmp_path, small_data):
+    out = tmp_path / "run"
+    (out / "final").mkdir(parents=True)
+    (out / "final" / "paper.pdf").write_text("mine")
+    with pytest.raises(OutputDirError, match="holds final/ not written by hybridtune; --overwrite never replaces it"):
+        outdir.check_output_dir(make_cfg(out, small_data, max_steps=1, overwrite=True))
+    assert (out / "final" / "paper.pdf").read_text() == "mine"

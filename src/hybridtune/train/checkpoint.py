@@ -357,25 +357,25 @@ def load_checkpoint(
     return trainer
 
 
-def _is_step_dir(p: Path) -> bool:
+def is_step_dir(p: Path) -> bool:
     return p.name.split("-", 1)[1].isdigit() and p.is_dir() and not p.is_symlink()
 
 
-def _is_step_link(p: Path) -> bool:
+def is_step_link(p: Path) -> bool:
     return p.name.split("-", 1)[1].isdigit() and p.is_symlink()
 
 
 def list_checkpoints(output_dir: Path) -> list[Path]:
     """Complete checkpoints in `output_dir`, oldest first (temp dirs never match)."""
-    out = [p for p in Path(output_dir).glob("checkpoint-*") if _is_step_dir(p) and (p / META_FILE).is_file()]
-    return sorted(out, key=_step)
+    out = [p for p in Path(output_dir).glob("checkpoint-*") if is_step_dir(p) and (p / META_FILE).is_file()]
+    return sorted(out, key=step_of)
 
 
 def _candidates(output_dir: Path) -> list[Path]:
     """Checkpoints `latest` considers, oldest first: the complete ones, and hybridtune's own that lost their
     checkpoint.json (named when skipped, not silently passed over)."""
-    out = [p for p in Path(output_dir).glob("checkpoint-*") if _is_step_dir(p) and is_ours(p)]
-    return sorted(set(out) | set(list_checkpoints(output_dir)), key=_step)
+    out = [p for p in Path(output_dir).glob("checkpoint-*") if is_step_dir(p) and is_ours(p)]
+    return sorted(set(out) | set(list_checkpoints(output_dir)), key=step_of)
 
 
 def _json(path: Path):
@@ -405,108 +405,8 @@ def prune_checkpoints(output_dir: Path, keep: int) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
-def _step(path: Path) -> int:
+def step_of(path: Path) -> int:
     return int(path.name.split("-", 1)[1])
-
-
-def _finished(output_dir: Path, newest: Path) -> bool:
-    """The run that wrote `newest` also wrote its final model: `final/` says it ran to that same step."""
-    try:
-        return json.loads((Path(output_dir) / FINAL_DIR / FINAL_META).read_text())["steps"] == _step(newest)
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
-def check_restart(output_dir: Path) -> None:
-    """A fresh run of the same config may start over a finished run, not over an unfinished one's checkpoints.
-
-    Starting again removes them (see `tidy_output_dir`); without --overwrite that is almost always a
-    forgotten `--resume_from_checkpoint latest` after a crash or Ctrl-C, so it is refused.
-    """
-    found = list_checkpoints(output_dir)
-    if found and not _finished(output_dir, found[-1]):
-        raise OutputDirError(
-            f"output_dir '{output_dir}' holds an unfinished run of this config (newest {found[-1].name}, no final "
-            "model after it); continue it with --resume_from_checkpoint latest, or pass --overwrite to start over "
-            "(its checkpoints are removed)"
-        )
-
-
-def tidy_output_dir(output_dir: Path, fresh: bool, resume_from: str | None, overwrite: bool) -> str | None:
-    """Before training, on rank 0: remove what earlier processes left in `output_dir` that would mislead this run.
-
-    Only directories hybridtune wrote are ever removed (`is_ours`: its marker, or an earlier version's
-    checkpoint.json); a `checkpoint-N` that is not hybridtune's is refused, since a save would replace it.
-    - Always: temporary directories of writes that never committed (`.tmp-*`: a process or rank died
-      mid-save), and `.old-X-*` copies whose replacement `X` was committed. (An `.old-X` without `X`, a crash
-      between the two renames of a commit, is the last committed copy of `X`: left alone.) Empty ones too.
-    - A fresh run (`fresh`: the caller has allowed it, i.e. an empty directory, a restart of a finished run
-      of the same config, or --overwrite): every `checkpoint-N/` of the earlier run. Left there, their higher
-      step numbers would make pruning delete this run's new checkpoints first and `latest` resume the old run.
-    - A run resumed from step S: checkpoints of `output_dir` past S are another continuation that this run
-      would replace; removed under --overwrite, refused otherwise (nothing is touched then).
-
-    Returns the one line that says what was removed, or None when nothing was.
-    """
-    out = Path(output_dir)
-    if not out.is_dir():
-        return None
-    stale = [p for p in sorted(out.iterdir()) if _is_stale(p)]
-    start = None
-    if fresh:
-        # Links too: never removed, and refused below (a save would not write through them).
-        checkpoints = [p for p in out.glob("checkpoint-*") if _is_step_dir(p) or _is_step_link(p)]
-    else:
-        start = _resume_step(resume_from)
-        checkpoints = [p for p in list_checkpoints(out) if start is not None and _step(p) > start]
-    foreign = sorted((p for p in checkpoints if not is_ours(p)), key=_step)
-    if foreign:
-        raise OutputDirError(
-            f"output_dir '{out}' holds {', '.join(p.name for p in foreign)}, not written by hybridtune (no {MARKER} "
-            "marker or checkpoint.json); it is not removed, and a save would replace it: move it away, or choose "
-            "another --output_dir"
-        )
-    if checkpoints and not fresh and not overwrite:
-        raise OutputDirError(
-            f"resume_from_checkpoint '{resume_from}' is at step {start} but output_dir '{out}' holds later "
-            f"checkpoints ({', '.join(p.name for p in sorted(checkpoints, key=_step))}) that this run would replace "
-            "and that 'latest' would pick; pass --overwrite to remove them, or resume into another --output_dir"
-        )
-    checkpoints.sort(key=_step)
-    for p in stale + checkpoints:
-        shutil.rmtree(p)
-    done = []
-    if checkpoints:
-        why = "of the earlier run" if fresh else f"past the resumed step {start}"
-        done.append(f"{len(checkpoints)} checkpoint(s) {why} ({', '.join(p.name for p in checkpoints)})")
-    if stale:
-        done.append(f"{len(stale)} stale temporary dir(s) ({', '.join(p.name for p in stale)})")
-    return f"output_dir {out}: removed " + " and ".join(done) if done else None
-
-
-def _is_stale(path: Path) -> bool:
-    """A temporary or replaced directory of hybridtune's that no commit needs any more (see tidy_output_dir)."""
-    if path.is_symlink() or not path.is_dir():
-        return False
-    if path.name.startswith(TMP_PREFIX):
-        pass
-    elif path.name.startswith(OLD_PREFIX):
-        committed = path.parent / path.name[len(OLD_PREFIX) :].rsplit("-", 1)[0]  # .old-<name>-<pid>
-        if not committed.exists():
-            return False
-    else:
-        return False
-    return is_ours(path) or not any(path.iterdir())
-
-
-def _resume_step(resume_from: str | None) -> int | None:
-    """The step a run resumes from, when that is a complete checkpoint (`latest`: none is past it)."""
-    if not resume_from or resume_from == "latest":
-        return None
-    try:
-        return int(json.loads((Path(resume_from) / META_FILE).read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # not a complete checkpoint: the resume itself says so, after the model is built
 
 
 def load_trainer_state(ckpt: Path) -> dict:

@@ -15,9 +15,9 @@ from hybridtune.train import distributed
 
 logger = logging.getLogger(__name__)
 
-FINAL_DIR = "final"
+FINAL_DIR = ckpt.FINAL_DIR
 BASE_DIR = "base_model"
-INFO_FILE = "hybridtune.json"
+INFO_FILE = ckpt.FINAL_META
 
 
 def gathered_state(engine: torch.nn.Module, model: torch.nn.Module, d: distributed.Dist) -> dict | None:

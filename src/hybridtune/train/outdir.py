@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import socket
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import hybridtune
 from hybridtune.config import TrainConfig, to_dict
 from hybridtune.errors import OutputDirError
 from hybridtune.train import checkpoint as ckpt
+from hybridtune.train.export import BASE_DIR, FINAL_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +89,7 @@ def changes(held: dict, cfg: TrainConfig, free: tuple[str, ...]) -> list[str]:
 def _foreign(out: Path) -> list[str]:
     """Entries of `out` that no hybridtune run wrote (a run's own: run file, lock, metrics, checkpoints, profiles,
     final model and base, and the temporary directories of its writes)."""
-    own = {RUN_FILE, LOCK_FILE, "metrics.jsonl", "final", "base_model"}
+    own = {RUN_FILE, LOCK_FILE, "metrics.jsonl"}
     return sorted(
         p.name
         for p in out.iterdir()
@@ -132,11 +134,17 @@ def check_output_dir(cfg: TrainConfig) -> bool:
         return True
     if held is not None and not changes(held, cfg, RERUN_FREE_KEYS):
         if not cfg.overwrite:
-            ckpt.check_restart(out)  # an unfinished run's checkpoints: resume it, or --overwrite
+            check_restart(out)  # an unfinished run's checkpoints: resume it, or --overwrite
         logger.info("output_dir %s holds an earlier run of the same command; starting it again", out)
         return True
     if cfg.overwrite:
         foreign = _foreign(out)
+        replaced = [n for n in foreign if n in (FINAL_DIR, BASE_DIR)]
+        if replaced:
+            raise OutputDirError(
+                f"output_dir '{out}' holds {' and '.join(f'{n}/' for n in replaced)} not written by hybridtune; "
+                "--overwrite never replaces it: move it away, or choose another --output_dir"
+            )
         also = f" (its files that are not hybridtune's stay: {', '.join(foreign[:5])})" if foreign else ""
         logger.warning("output_dir %s holds another run; --overwrite given, its files will be replaced%s", out, also)
         return True
@@ -153,7 +161,109 @@ def check_output_dir(cfg: TrainConfig) -> bool:
 
 
 def _finished(out: Path) -> bool:
-    return (out / "final").is_dir()
+    return (out / FINAL_DIR).is_dir()
+
+
+def _finished_at(output_dir: Path, newest: Path) -> bool:
+    """The run that wrote `newest` also wrote its final model: `final/` says it ran to that same step."""
+    try:
+        return json.loads((Path(output_dir) / ckpt.FINAL_DIR / ckpt.FINAL_META).read_text())["steps"] == ckpt.step_of(
+            newest
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def check_restart(output_dir: Path) -> None:
+    """A fresh run of the same config may start over a finished run, not over an unfinished one's checkpoints.
+
+    Starting again removes them (see `tidy_output_dir`); without --overwrite that is almost always a
+    forgotten `--resume_from_checkpoint latest` after a crash or Ctrl-C, so it is refused.
+    """
+    found = ckpt.list_checkpoints(output_dir)
+    if found and not _finished_at(output_dir, found[-1]):
+        raise OutputDirError(
+            f"output_dir '{output_dir}' holds an unfinished run of this config (newest {found[-1].name}, no final "
+            "model after it); continue it with --resume_from_checkpoint latest, or pass --overwrite to start over "
+            "(its checkpoints are removed)"
+        )
+
+
+def tidy_output_dir(output_dir: Path, fresh: bool, resume_from: str | None, overwrite: bool) -> str | None:
+    """Before training, on rank 0: remove what earlier processes left in `output_dir` that would mislead this run.
+
+    Only directories hybridtune wrote are ever removed (`is_ours`: its marker, or an earlier version's
+    checkpoint.json); a `checkpoint-N` that is not hybridtune's is refused, since a save would replace it.
+    - Always: temporary directories of writes that never committed (`.tmp-*`: a process or rank died
+      mid-save), and `.old-X-*` copies whose replacement `X` was committed. (An `.old-X` without `X`, a crash
+      between the two renames of a commit, is the last committed copy of `X`: left alone.) Empty ones too.
+    - A fresh run (`fresh`: the caller has allowed it, i.e. an empty directory, a restart of a finished run
+      of the same config, or --overwrite): every `checkpoint-N/` of the earlier run. Left there, their higher
+      step numbers would make pruning delete this run's new checkpoints first and `latest` resume the old run.
+    - A run resumed from step S: checkpoints of `output_dir` past S are another continuation that this run
+      would replace; removed under --overwrite, refused otherwise (nothing is touched then).
+
+    Returns the one line that says what was removed, or None when nothing was.
+    """
+    out = Path(output_dir)
+    if not out.is_dir():
+        return None
+    stale = [p for p in sorted(out.iterdir()) if _is_stale(p)]
+    start = None
+    if fresh:
+        # Links too: never removed, and refused below (a save would not write through them).
+        checkpoints = [p for p in out.glob("checkpoint-*") if ckpt.is_step_dir(p) or ckpt.is_step_link(p)]
+    else:
+        start = _resume_step(resume_from)
+        checkpoints = [p for p in ckpt.list_checkpoints(out) if start is not None and ckpt.step_of(p) > start]
+    foreign = sorted((p for p in checkpoints if not ckpt.is_ours(p)), key=ckpt.step_of)
+    if foreign:
+        raise OutputDirError(
+            f"output_dir '{out}' holds {', '.join(p.name for p in foreign)}, not written by hybridtune (no {ckpt.MARKER} "
+            "marker or checkpoint.json); it is not removed, and a save would replace it: move it away, or choose "
+            "another --output_dir"
+        )
+    if checkpoints and not fresh and not overwrite:
+        raise OutputDirError(
+            f"resume_from_checkpoint '{resume_from}' is at step {start} but output_dir '{out}' holds later "
+            f"checkpoints ({', '.join(p.name for p in sorted(checkpoints, key=ckpt.step_of))}) that this run would replace "
+            "and that 'latest' would pick; pass --overwrite to remove them, or resume into another --output_dir"
+        )
+    checkpoints.sort(key=ckpt.step_of)
+    for p in stale + checkpoints:
+        shutil.rmtree(p)
+    done = []
+    if checkpoints:
+        why = "of the earlier run" if fresh else f"past the resumed step {start}"
+        done.append(f"{len(checkpoints)} checkpoint(s) {why} ({', '.join(p.name for p in checkpoints)})")
+    if stale:
+        done.append(f"{len(stale)} stale temporary dir(s) ({', '.join(p.name for p in stale)})")
+    return f"output_dir {out}: removed " + " and ".join(done) if done else None
+
+
+def _is_stale(path: Path) -> bool:
+    """A temporary or replaced directory of hybridtune's that no commit needs any more (see tidy_output_dir)."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    if path.name.startswith(ckpt.TMP_PREFIX):
+        pass
+    elif path.name.startswith(ckpt.OLD_PREFIX):
+        committed = path.parent / path.name[len(ckpt.OLD_PREFIX) :].rsplit("-", 1)[0]  # .old-<name>-<pid>
+        if not committed.exists():
+            return False
+    else:
+        return False
+    return ckpt.is_ours(path) or not any(path.iterdir())
+
+
+def _resume_step(resume_from: str | None) -> int | None:
+    """The step a run resumes from, when that is a complete checkpoint (`latest`: none is past it)."""
+    if not resume_from or resume_from == "latest":
+        return None
+    try:
+        return int(json.loads((Path(resume_from) / ckpt.META_FILE).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not a complete checkpoint: the resume itself says so, after the model is built
 
 
 class OutputLock:
@@ -198,7 +308,7 @@ def claim_output_dir(cfg: TrainConfig) -> tuple[bool, OutputLock]:
     lock = OutputLock(out)
     try:
         fresh = check_output_dir(cfg)
-        done = ckpt.tidy_output_dir(out, fresh, cfg.resume_from_checkpoint, cfg.overwrite)
+        done = tidy_output_dir(out, fresh, cfg.resume_from_checkpoint, cfg.overwrite)
     except BaseException:
         lock.release()
         raise
