@@ -22,6 +22,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from hybridtune.errors import ConfigError
+from hybridtune.textfile import read_utf8
 
 logger = logging.getLogger(__name__)
 
@@ -332,8 +333,9 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     cfg = _build(TrainConfig, {**data, **cli}, where, lines)
     validate(cfg)
     check_output_dir(cfg.output_dir)
-    for warning in config_warnings(cfg, set(data) | set(cli)):
-        logger.warning(warning)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun every rank reads the config: one voice says it
+        for warning in config_warnings(cfg, set(data) | set(cli)):
+            logger.warning(warning)
     return cfg
 
 
@@ -343,28 +345,7 @@ def read_config_text(p: Path) -> str:
         raise ConfigError(f"config file '{p}' is a directory; pass a YAML file")
     if not p.is_file():
         raise ConfigError(f"config file '{p}' does not exist; pass a YAML file or leave it out for the defaults")
-    raw = p.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{p}:{decode_error_where(raw, e)}; save the file as UTF-8 text") from None
-    if "\0" in text:
-        line, column = text_position(text, text.index("\0"))
-        raise ConfigError(f"{p}:{line}: a NUL byte at column {column}: this is a binary file, not YAML text") from None
-    return text
-
-
-def text_position(text: str, index: int) -> tuple[int, int]:
-    """1-based (line, column) of `text[index]`."""
-    return text.count("\n", 0, index) + 1, index - (text.rfind("\n", 0, index) + 1) + 1
-
-
-def decode_error_where(raw: bytes, e: UnicodeDecodeError) -> str:
-    """'LINE: not valid UTF-8 at column COLUMN (byte 0xNN)' for a decode error in `raw` (column counts characters)."""
-    start = raw.rfind(b"\n", 0, e.start) + 1
-    line = raw.count(b"\n", 0, e.start) + 1
-    column = len(raw[start : e.start].decode("utf-8", errors="replace")) + 1
-    return f"{line}: not valid UTF-8 at column {column} (byte 0x{raw[e.start]:02x})"
+    return read_utf8(p, "YAML text", ConfigError)
 
 
 def check_output_dir(output_dir: str) -> None:

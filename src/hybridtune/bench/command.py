@@ -26,11 +26,15 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hybridtune.bench import results
+from hybridtune.bench import report, results
+from hybridtune.bench.data import pack_layouts
 from hybridtune.bench.modes import OPTION_KEYS, cudagraph_warmup, parse_mode, split_modes
 from hybridtune.bench.worker import FIRST_STEP_MARKER
 from hybridtune.config import DEFAULT_LORA_TARGETS
-from hybridtune.errors import ConfigError
+from hybridtune.errors import ConfigError, did_you_mean
+from hybridtune.kernels.environment import environment
+from hybridtune.models.presets import PRESETS
+from hybridtune.train.checkpoint import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +79,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def versions(env: dict) -> dict:
-    """Python, hybridtune and every installed distribution the doctor tracks, from `doctor.environment()`."""
+    """Python, hybridtune and every installed distribution the doctor tracks, from `kernels.environment.environment()`."""
     out = {"python": env["python"], "hybridtune": env["hybridtune"]}
     out.update({name: v for name, v in env["versions"].items() if v})
     if env["gpu"].get("cuda"):
@@ -155,17 +159,12 @@ def _kill(proc: subprocess.Popen) -> None:
 def main(argv: list[str]) -> int:
     import torch
 
-    from hybridtune.bench import report
-    from hybridtune.models.presets import PRESETS
-
     args = parse_args(argv)
     if args.results:
         results.read(args.results)  # a damaged table is said now, not after the run
     gpu = torch.cuda.is_available()
     preset = args.preset or ("qwen3_5-2b" if gpu else "tiny-qwen3_5")
     if preset not in PRESETS:
-        from hybridtune.errors import did_you_mean
-
         raise ConfigError(
             f"--preset '{preset}' is not a preset.{did_you_mean(preset, PRESETS)} Presets: {', '.join(PRESETS)}."
         )
@@ -195,9 +194,6 @@ def main(argv: list[str]) -> int:
         settings.update(warmup_asked=settings["warmup"], warmup=stretched)
     out = Path(args.out_dir)
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    from hybridtune.bench.data import pack_layouts
-    from hybridtune.kernels.doctor import environment
-
     lay = pack_layouts(settings["seq_len"], settings["layouts"], settings["seed"])
     env = environment()
     doc = {
@@ -247,6 +243,4 @@ def main(argv: list[str]) -> int:
 
 
 def _write_json(path: Path, doc: dict) -> None:
-    from hybridtune.train.checkpoint import atomic_write_text
-
     atomic_write_text(path, json.dumps(doc, indent=1, default=str))

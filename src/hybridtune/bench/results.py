@@ -28,6 +28,7 @@ from pathlib import Path
 from hybridtune.bench import table
 from hybridtune.bench.report import BASELINE
 from hybridtune.errors import ConfigError
+from hybridtune.kernels.environment import environment
 
 TABLE = Path("benchmarks/results.jsonl")
 REQUIRED = ("date", "commit", "device", "versions", "command", "tool", "shape", "mode", "gpus", "status", "source")
@@ -183,8 +184,6 @@ def train_row(
 
 def provenance_here(device: str | None = None) -> dict:
     """date, commit, device and versions of this machine (`hybridtune doctor`'s environment)."""
-    from hybridtune.kernels.doctor import environment
-
     env = environment()
     gpus = env["gpu"].get("devices") or []
     found = dict(env["versions"], cuda=env["gpu"].get("cuda"))

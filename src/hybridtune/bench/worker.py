@@ -21,7 +21,21 @@ from pathlib import Path
 
 import torch
 
+from hybridtune.bench.data import make_batches, pack_layouts
+from hybridtune.bench.modes import parse_mode
+from hybridtune.compiler.strategies import compile_model
+from hybridtune.kernels.provision import provision_kernels
 from hybridtune.models.flops import measure_peak, step_flops
+from hybridtune.models.patching import patch_model
+from hybridtune.models.presets import preset_config
+from hybridtune.ops import fla_guard
+from hybridtune.ops.gdn import conv_in_graph
+from hybridtune.train.checkpoint import atomic_write_text
+from hybridtune.train.lora import apply_lora
+from hybridtune.train.metrics import memory_gib
+from hybridtune.train.profiling import profile_run
+from hybridtune.train.step import forward_loss
+from hybridtune.train.stream import to_device
 
 FIRST_STEP_MARKER = "HYBRIDTUNE_BENCH_FIRST_STEP"
 HF_GUARD_NOTE = (
@@ -56,13 +70,10 @@ def _kernels(mode, cfg, device: torch.device, result: dict) -> None:
     """hybridtune modes lift FLA's guard through the kernel self-test; plain modes can only bypass it."""
     if device.type != "cuda":
         return
-    from hybridtune.ops import fla_guard
 
     if mode.patch:
-        from hybridtune.kernels.provision import prepare
-
         t0 = time.perf_counter()
-        report = prepare("check", False, cfg, log=False)
+        report = provision_kernels("check", False, cfg, log=False)
         result["kernel_selftest"] = report.selftest
         result["kernel_selftest_s"] = time.perf_counter() - t0
         result["fla_guard"] = {str(k): v for k, v in fla_guard.granted().items()} or "no grant"
@@ -77,8 +88,6 @@ def _kernels(mode, cfg, device: torch.device, result: dict) -> None:
 def build_model(spec: dict, mode, device: torch.device, result: dict):
     from transformers import AutoModelForCausalLM
 
-    from hybridtune.models.presets import preset_config
-
     cfg = preset_config(spec["preset"])
     _kernels(mode, cfg, device, result)
     if mode.liger:
@@ -88,9 +97,6 @@ def build_model(spec: dict, mode, device: torch.device, result: dict):
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     if mode.patch:
-        from hybridtune.models.patching import patch_model
-        from hybridtune.ops.gdn import conv_in_graph
-
         conv_in_graph(mode.conv)
 
         result["patch_report"] = str(patch_model(model))
@@ -99,8 +105,6 @@ def build_model(spec: dict, mode, device: torch.device, result: dict):
         if mode.input_require_grads:
             model.enable_input_require_grads()
     if spec["adapter"] == "lora":
-        from hybridtune.train.lora import apply_lora
-
         torch.manual_seed(spec["seed"] + 1)
         model = apply_lora(model, spec["lora_r"], 2 * spec["lora_r"], 0.0, spec["lora_targets"])
     model.train()
@@ -109,8 +113,6 @@ def build_model(spec: dict, mode, device: torch.device, result: dict):
     if mode.compile == "torch":
         model = torch.compile(model, backend=backend, mode=cmode)
     elif mode.compile in ("loop", "modules"):
-        from hybridtune.compiler.strategies import compile_model
-
         opts = {"static_shapes": mode.static} if mode.compile == "loop" else {}
         compile_model(model, mode.compile, backend=backend, mode=cmode, **opts)
     return cfg, model
@@ -118,12 +120,6 @@ def build_model(spec: dict, mode, device: torch.device, result: dict):
 
 def run_mode(spec: dict) -> dict:
     from torch._dynamo.utils import counters
-
-    from hybridtune.bench.data import make_batches, pack_layouts
-    from hybridtune.bench.modes import parse_mode
-    from hybridtune.train.metrics import memory_gib
-    from hybridtune.train.step import forward_loss
-    from hybridtune.train.stream import to_device
 
     mode = parse_mode(spec["mode"])
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -202,8 +198,6 @@ def run_mode(spec: dict) -> dict:
         result["peak_rss_gib"] = memory_gib(device)
     _flops(spec, mode, cfg, batches, timed, result)
     if spec.get("profile") and device.type == "cuda":
-        from hybridtune.train.profiling import profile_run
-
         result["profile"] = profile_run(lambda i: step(batches[i % len(batches)]), 3, device)
         result["host_syncs"] = find_syncs(lambda: step(batches[0]))
     return result
@@ -275,8 +269,6 @@ def main(argv: list[str]) -> int:
     except Exception as e:  # reported in the table, never a hang or a lost run
         result = {"error": f"{type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-6000:]}
         print(result["traceback"], file=sys.stderr, flush=True)
-    from hybridtune.train.checkpoint import atomic_write_text
-
     atomic_write_text(out, json.dumps(result, indent=1, default=str))
     return 0
 

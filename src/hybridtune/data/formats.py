@@ -19,6 +19,7 @@ from typing import Any
 from hybridtune.config import DatasetConfig
 from hybridtune.data.packing import Example
 from hybridtune.errors import DataError
+from hybridtune.textfile import nul_error, utf8_error
 
 logger = logging.getLogger(__name__)
 
@@ -85,15 +86,12 @@ def _decode_line(raw: bytes, p: Path, lineno: int) -> str:
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        column = len(raw[: e.start].decode("utf-8", errors="replace")) + 1
         raise DataError(
-            f"{p}:{lineno}: not valid UTF-8 at column {column} (byte 0x{raw[e.start]:02x}); save the file as UTF-8 JSONL "
-            "(a compressed or binary file is not JSONL)"
+            f"{p}:{utf8_error(raw, e, lineno)}; save the file as UTF-8 JSONL (a compressed or binary file is not JSONL)"
         ) from None
-    if "\0" in line:
-        raise DataError(
-            f"{p}:{lineno}: a NUL byte at column {line.index(chr(0)) + 1}: this is a binary file, not JSONL text"
-        ) from None
+    nul = nul_error(line, "JSONL text", lineno)
+    if nul:
+        raise DataError(f"{p}:{nul}") from None
     return line
 
 

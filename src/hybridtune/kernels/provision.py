@@ -380,7 +380,3 @@ def _run_selftest(model_type_or_config: Any, report: ProvisionReport) -> list[di
         logger.exception("kernel self-test crashed")
         return [{"kernel": "gdn_chunk", "layout": "all", "passed": False, "verdict": f"crashed: {e}"}]
     return [v.to_dict() for v in verdicts]
-
-
-# Temporary: the trainer and bench/worker.py still import the old name; removed once they call provision_kernels.
-prepare = provision_kernels

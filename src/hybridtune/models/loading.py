@@ -15,6 +15,7 @@ import torch
 
 from hybridtune.errors import ModelError, did_you_mean
 from hybridtune.models.presets import PRESETS, preset_config
+from hybridtune.models.tokenizer_files import bundled_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +30,6 @@ class LoadedModel:
 
 def load_tokenizer(path: str | None, model_path: str | None):
     from transformers import AutoTokenizer
-
-    from hybridtune.models.tokenizer_files import bundled_tokenizer
 
     if path:
         if not Path(path).is_dir():

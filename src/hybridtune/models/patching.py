@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hybridtune.models import qwen3_5, qwen3_next
+from hybridtune.models import attention, qwen3_5, qwen3_next
+from hybridtune.ops import gdn as gdn_ops
 
 ADAPTERS = (qwen3_5, qwen3_next)  # first match wins; each has NAME, matches(module), project(module, h)
 _ORIGINAL = "_hybridtune_original_forward"
@@ -82,8 +83,6 @@ def _configs(model: torch.nn.Module):
 
 
 def _route_attention(model: torch.nn.Module) -> str:
-    from hybridtune.models import attention
-
     impls = sorted({cfg._attn_implementation or "default" for cfg in _configs(model)})
     if any(i.startswith("flash_attention") for i in impls):
         return f"{'/'.join(impls)} (kept: flash-attention reads the varlen kwargs itself)"
@@ -103,8 +102,6 @@ def _route_attention(model: torch.nn.Module) -> str:
 def patch_model(model: torch.nn.Module) -> PatchReport:
     """Route the GDN mixers of `model` (any transformers model holding Qwen3.5- or Qwen3-Next-layout
     GatedDeltaNet modules) through `torch.ops.hybridtune.*`. Idempotent. Returns a `PatchReport`."""
-    from hybridtune.ops import gdn as gdn_ops
-
     report = PatchReport()
     # The trainer patches before moving the model, so say what each device will run.
     report.backend = "; ".join(f"{dev}: {gdn_ops.backend(dev)[1]}" for dev in ("cpu", "cuda"))

@@ -11,6 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hybridtune.errors import ModelError, did_you_mean
+from hybridtune.models.tokenizer_files import bundled_tokenizer
+
 # The published Qwen3.5 vocabulary; the real-shape presets keep it so the LM head costs what it costs.
 QWEN3_5_VOCAB = 248320
 
@@ -171,15 +174,11 @@ PRESETS: dict[str, Preset] = {
 
 def preset_config(name: str, vocab_size: int | None = None):
     """The transformers config of preset `name` (random-weight model; nothing downloaded)."""
-    from hybridtune.errors import ModelError, did_you_mean
-
     if name not in PRESETS:
         raise ModelError(f"unknown preset '{name}'.{did_you_mean(name, PRESETS)} Presets: {', '.join(PRESETS)}.")
     preset = PRESETS[name]
     if vocab_size is None:
         if preset.uses_bundled_tokenizer:
-            from hybridtune.models.tokenizer_files import bundled_tokenizer
-
             vocab_size = len(bundled_tokenizer())
         else:
             vocab_size = QWEN3_5_VOCAB

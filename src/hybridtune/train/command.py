@@ -68,9 +68,18 @@ def main(argv: list[str]) -> int:
     if "TORCHELASTIC_ERROR_FILE" in os.environ:
         from torch.distributed.elastic.multiprocessing.errors import record
 
-        # A rank's unexpected exception goes to the file torchrun reads; the launcher's one line quotes it.
-        return record(_train)(cfg)
+        # A rank's unexpected exception goes to the file torchrun reads; the launcher's one line quotes it. A
+        # UserError is not unexpected: rank 0 says it in one line here, and no traceback reaches torchrun's report.
+        return record(_train_or_say)(cfg)
     return _train(cfg)
+
+
+def _train_or_say(cfg) -> int:
+    try:
+        return _train(cfg)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
 
 
 def _train(cfg) -> int:
@@ -191,14 +200,46 @@ def launch(nproc: int, argv: list[str], cfg) -> int:
         if UserError.exit_code in codes and codes <= {UserError.exit_code, -signal.SIGTERM}:
             # A mistake in the input: rank 0 has already said which, in one line.
             raise SystemExit(UserError.exit_code) from None
-        # torchrun ends the surviving ranks with SIGTERM once one fails: those are not the cause.
-        cause = [(r, f) for r, f in failures if f.exitcode != -signal.SIGTERM] or failures
-        stopped = [str(r) for r, f in failures if (r, f) not in cause]
-        line = "; ".join(_describe(rank, f) for rank, f in cause)
-        if stopped:
-            line += f"; torchrun then stopped rank{'s' if len(stopped) > 1 else ''} {', '.join(stopped)}"
-        raise TrainingFailed(line) from None
+        raise TrainingFailed(blame(failures)) from None
     return 0
+
+
+def _message(failure) -> str:
+    message = failure.message or ""
+    if isinstance(message, dict):  # the JSON error file `record` wrote: {"message": ..., "extraInfo": ...}
+        message = str(message.get("message", ""))
+    return message.strip()
+
+
+def _waited(failure) -> bool:
+    """The rank failed waiting for the others in a collective (a timeout), not by itself."""
+    low = _message(failure).lower()
+    return failure.exitcode > 0 and ("timed out" in low or "timeout" in low)
+
+
+def blame(failures: list[tuple[int, object]]) -> str:
+    """One line naming the ranks that caused a failed run first, then the ones that only followed it: torchrun ends
+    the surviving ranks with SIGTERM once one fails, and a rank that stalls (stopped, hung) makes the others time out
+    in a collective before torchrun kills it.
+
+    >>> from types import SimpleNamespace as F
+    >>> blame([(0, F(exitcode=1, pid=10, message="collective timed out after 600 s")), (1, F(exitcode=-9, pid=11,
+    ...        message=""))])
+    'rank 1 (pid 11) was killed by SIGKILL; rank 0 then timed out waiting for it'
+    """
+    failures = sorted(failures, key=lambda rf: rf[0])
+    stopped = [r for r, f in failures if f.exitcode == -signal.SIGTERM]
+    waited = [r for r, f in failures if _waited(f)]
+    cause = [(r, f) for r, f in failures if r not in stopped and r not in waited]
+    if not cause:  # nothing else to blame: say what there is
+        cause, waited, stopped = [(r, f) for r, f in failures if r not in stopped] or failures, [], []
+    line = "; ".join(_describe(rank, f) for rank, f in cause)
+    if waited:
+        who = "it" if len(cause) == 1 else "them"
+        line += f"; rank{'s' if len(waited) > 1 else ''} {', '.join(map(str, waited))} then timed out waiting for {who}"
+    if stopped:
+        line += f"; torchrun then stopped rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))}"
+    return line
 
 
 def _describe(rank: int, failure) -> str:
@@ -211,10 +252,7 @@ def _describe(rank: int, failure) -> str:
     else:
         what = f"exited with code {code}"
     text = f"rank {rank} (pid {failure.pid}) {what}"
-    message = failure.message or ""
-    if isinstance(message, dict):  # the JSON error file `record` wrote: {"message": ..., "extraInfo": ...}
-        message = str(message.get("message", ""))
-    message = message.strip()
+    message = _message(failure)
     # torchrun's placeholders ("To enable traceback...", "Signal 9 (SIGKILL) received by PID ...") add nothing.
     if message and not message.startswith(("To enable traceback", "Signal ")):
         text += f": {message.splitlines()[0][:300]}"

@@ -31,9 +31,12 @@ logged step reports is the peak over ranks (`all_max`).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import logging
 import os
+import signal
+import sys
 import warnings
 from dataclasses import dataclass
 
@@ -52,6 +55,7 @@ TIMEOUT_ENV = "HYBRIDTUNE_DIST_TIMEOUT_S"
 # A collective that waits longer than this ends the run (a stuck rank, not a slow step). The first
 # collectives wait for every rank's model load, so this also bounds how unequal those may be.
 DEFAULT_TIMEOUT_S = 600
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,7 @@ def init(setting: str, adapter: str, device_kind: str) -> Dist:
     if not d.enabled:
         return d
     d = Dist(d.rank, d.world, d.local_rank, choose_engine(setting, adapter))
+    _end_with_launcher()
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", d.world))
     if local_world != d.world:
         # Checkpoints are committed by rank 0 renaming a directory every rank wrote into: one filesystem.
@@ -139,6 +144,24 @@ def init(setting: str, adapter: str, device_kind: str) -> Dist:
         "distributed: %d processes (%s, %s), engine %s", d.world, kw["backend"], "cuda" if cuda else "cpu", d.engine
     )
     return d
+
+
+def _end_with_launcher() -> None:
+    """A rank is stopped (SIGTERM: it saves and exits, see train/signals.py) when the torchrun launcher that started
+    it dies, even by SIGKILL; otherwise the ranks live on as orphans that keep writing into the output directory.
+    Linux only (prctl PR_SET_PDEATHSIG); elsewhere the ranks rely on torchrun's own stop."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl")
+    except (OSError, AttributeError) as e:
+        logger.warning("ranks will not stop with their launcher on this system (prctl: %s)", e)
+        return
+    if os.getppid() != parent:  # the launcher died before the line above: nothing would send the signal now
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def shutdown(d: Dist) -> None:

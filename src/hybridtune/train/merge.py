@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 from hybridtune.errors import ModelError, OutputDirError
+from hybridtune.train.checkpoint import atomic_dir
 
 logger = logging.getLogger(__name__)
 
@@ -19,8 +20,6 @@ logger = logging.getLogger(__name__)
 def merge(adapter_dir: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
     from peft import PeftConfig, PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from hybridtune.train.checkpoint import atomic_dir
 
     adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
     config_file = adapter_dir / "adapter_config.json"

@@ -38,7 +38,7 @@ from hybridtune.data import PackedCollator
 from hybridtune.data.build import PreparedData, prepare
 from hybridtune.data.packing import Example
 from hybridtune.errors import ConfigError, TrainingDiverged
-from hybridtune.kernels.provision import prepare as prepare_kernels
+from hybridtune.kernels.provision import provision_kernels
 from hybridtune.models.flops import measure_peak
 from hybridtune.models.loading import load_model, tokenizer_for
 from hybridtune.models.patching import patch_model
@@ -120,7 +120,7 @@ class Trainer:
 
     def _setup_kernels(self) -> None:
         cfg = self.cfg
-        self.kernel_report = prepare_kernels(cfg.kernels, cfg.require_fast_path, cfg.base_model)
+        self.kernel_report = provision_kernels(cfg.kernels, cfg.require_fast_path, cfg.base_model)
 
     def _facts(self, model: torch.nn.Module | None = None) -> Facts:
         """What the choices depend on (`choices.measure`); without a model, what is known before it loads."""
