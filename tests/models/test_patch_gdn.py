@@ -148,14 +148,14 @@ def test_conditional_generation_text_path_packed_equals_per_document():
     """The text path of Qwen3_5ForConditionalGeneration (every shipped Qwen3.5 checkpoint's class)."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-    from hybridtune.compiler.loop import find_text_model
+    from hybridtune.models.anatomy import text_model
 
     text = preset_config("tiny-qwen3_5", vocab_size=256).to_dict()
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=128, patch_size=4)
     torch.manual_seed(0)
     model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision)).eval()
     assert patch_model(model).num_routed == 3
-    assert type(find_text_model(model)).__name__ == "Qwen3_5TextModel"
+    assert type(text_model(model)).__name__ == "Qwen3_5TextModel"
     batch = _packed_batch(LENS, "cpu")
     with torch.no_grad():
         packed = model(**batch, use_cache=False).logits

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from hybridtune.batch import GDN_CHUNK_INDICES, NUM_LOSS_TOKENS, NUM_TOKENS
 from hybridtune.bench.data import make_batches, pack_layouts
 from hybridtune.bench.modes import parse_mode
 from hybridtune.compiler.strategies import compile_model
@@ -146,7 +147,7 @@ def run_mode(spec: dict) -> dict:
         if mode.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
         with autocast:
-            loss = forward_loss(model, b, b["num_loss_tokens"], fused=mode.loss == "fused")
+            loss = forward_loss(model, b, b[NUM_LOSS_TOKENS], fused=mode.loss == "fused")
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -155,7 +156,7 @@ def run_mode(spec: dict) -> dict:
 
     warmup = spec["warmup"]  # the same for every mode (stretched for CUDA graphs by the parent: cudagraph_warmup)
     if mode.cudagraphs:
-        result["cudagraph_shapes"] = len({b["gdn_chunk_indices"].shape[0] for b in batches})
+        result["cudagraph_shapes"] = len({b[GDN_CHUNK_INDICES].shape[0] for b in batches})
     result["warmup_steps"] = warmup
     times, losses, graphs_after_warmup = [], [], 0
     total = warmup + spec["steps"]
@@ -173,7 +174,7 @@ def run_mode(spec: dict) -> dict:
         print(f"step {i + 1}/{total} {times[-1] * 1e3:.1f} ms loss {losses[-1]:.5f}", flush=True)
     timed = times[warmup:]
     med = statistics.median(timed)
-    tokens = [b["num_tokens"] for b in batches]  # the documents' own tokens (a static layout adds filler)
+    tokens = [b[NUM_TOKENS] for b in batches]  # the documents' own tokens (a static layout adds filler)
     timed_tokens = [tokens[i % len(batches)] for i in range(warmup, total)]
     result.update(
         first_step_s=times[0],

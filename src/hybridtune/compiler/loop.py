@@ -35,15 +35,17 @@ from typing import Any
 
 import torch
 
+from hybridtune.batch import DYNAMIC_DIM0_KEYS, GDN_CHUNK_INDICES, INT_KEYS
 from hybridtune.compiler.introspect import resolve_method
+from hybridtune.models.anatomy import text_model
 from hybridtune.models.patching import is_patched, patch_model
 from hybridtune.ops import fla_adapter
 
 logger = logging.getLogger(__name__)
 HANDLE_ATTR = "_hybridtune_loop"
-_INT_KWARGS = ("max_length_q", "max_length_k")
-_CHUNKS_KWARG = "gdn_chunk_indices"
-_DYNAMIC_DIM0 = ("cu_seq_lens_q", "cu_seq_lens_k", _CHUNKS_KWARG)
+_INT_KWARGS = INT_KEYS
+_CHUNKS_KWARG = GDN_CHUNK_INDICES
+_DYNAMIC_DIM0 = DYNAMIC_DIM0_KEYS
 
 
 @dataclass
@@ -65,16 +67,6 @@ class LoopHandle:
             del d["forward"]
             return True
         return False
-
-
-def find_text_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The outermost module owning `embed_tokens` and a `layers` ModuleList (the decoder stack)."""
-    for _, m in model.named_modules():
-        if hasattr(m, "embed_tokens") and isinstance(getattr(m, "layers", None), torch.nn.ModuleList):
-            return m
-    raise ValueError(
-        f"compile_loop: no decoder stack (a module with `embed_tokens` and a `layers` ModuleList) in {type(model).__name__}"
-    )
 
 
 def class_body_forward(cls: type):
@@ -183,7 +175,7 @@ def compile_loop(
     report = None
     if patch and not is_patched(model):
         report = patch_model(model)
-    text = find_text_model(model)
+    text = text_model(model)
     existing = getattr(text.__dict__.get("forward"), HANDLE_ATTR, None)
     if existing is not None:
         return existing

@@ -28,12 +28,13 @@ from typing import Any
 from hybridtune.compiler.analyze import Findings, scan_callable, scan_class
 from hybridtune.compiler.decoration import Decoration, NotGeneratable
 from hybridtune.compiler.introspect import is_decorated
+from hybridtune.models.anatomy import PATCHED_FORWARD_ATTR
 
 DECISIONS = ("compile", "eager", "routed", "left")
 OVERRIDES = ("compile", "fullgraph", "eager", "off")
 ROUTED_ATTR = "_hybridtune_routed"
 # models/patching.py keeps the upstream forward of each mixer it routes under this instance key.
-PATCHED_KEY = "_hybridtune_original_forward"
+PATCHED_KEY = PATCHED_FORWARD_ATTR
 
 
 def is_routed(module: Any) -> bool:

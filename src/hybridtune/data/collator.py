@@ -35,6 +35,18 @@ from typing import NamedTuple
 
 import torch
 
+from hybridtune.batch import (
+    CU_SEQ_LENS_K,
+    CU_SEQ_LENS_Q,
+    GDN_CHUNK_INDICES,
+    INPUT_IDS,
+    LABELS,
+    MAX_LENGTH_K,
+    MAX_LENGTH_Q,
+    NUM_LOSS_TOKENS,
+    NUM_TOKENS,
+    POSITION_IDS,
+)
 from hybridtune.data.packing import Example
 
 IGNORE_INDEX = -100
@@ -137,11 +149,11 @@ def varlen_metadata(doc_lens: Sequence[int], chunk_size: int = GDN_CHUNK_SIZE) -
     cu[1:] = torch.cumsum(torch.tensor(doc_lens, dtype=torch.int64), 0).to(torch.int32)
     max_len = int(max(doc_lens))
     return {
-        "cu_seq_lens_q": cu,
-        "cu_seq_lens_k": cu.clone(),
-        "max_length_q": max_len,
-        "max_length_k": max_len,
-        "gdn_chunk_indices": chunk_indices(doc_lens, chunk_size),
+        CU_SEQ_LENS_Q: cu,
+        CU_SEQ_LENS_K: cu.clone(),
+        MAX_LENGTH_Q: max_len,
+        MAX_LENGTH_K: max_len,
+        GDN_CHUNK_INDICES: chunk_indices(doc_lens, chunk_size),
     }
 
 
@@ -183,14 +195,14 @@ class PackedCollator:
                 pos.extend(range(n))
                 lens.append(n)
         batch = {
-            "input_ids": torch.tensor([ids], dtype=torch.long),
-            "labels": torch.tensor([labels], dtype=torch.long),
-            "position_ids": torch.tensor([pos], dtype=torch.long),
+            INPUT_IDS: torch.tensor([ids], dtype=torch.long),
+            LABELS: torch.tensor([labels], dtype=torch.long),
+            POSITION_IDS: torch.tensor([pos], dtype=torch.long),
         }
         batch.update(varlen_metadata(lens, self.chunk_size))
         if self.layout is not None:
             # A python int that changes per batch would re-specialise a static graph; T bounds every document.
-            batch["max_length_q"] = batch["max_length_k"] = self.layout.tokens
-        batch["num_loss_tokens"] = sum(1 for x in labels if x != IGNORE_INDEX)
-        batch["num_tokens"] = num_tokens
+            batch[MAX_LENGTH_Q] = batch[MAX_LENGTH_K] = self.layout.tokens
+        batch[NUM_LOSS_TOKENS] = sum(1 for x in labels if x != IGNORE_INDEX)
+        batch[NUM_TOKENS] = num_tokens
         return batch

@@ -33,6 +33,7 @@ from typing import Any
 
 from hybridtune.kernels.environment import cache_dir, dist_version, environment
 from hybridtune.kernels.needs import read_config
+from hybridtune.models.anatomy import text_config
 from hybridtune.models.presets import preset_config
 from hybridtune.ops import fla_guard
 
@@ -131,7 +132,7 @@ def layouts_from_config(obj: Any) -> list[Layout]:
         obj = read_config(Path(obj))
     if hasattr(obj, "config") and not hasattr(obj, "model_type"):
         obj = obj.config
-    text = obj.get_text_config() if hasattr(obj, "get_text_config") else obj
+    text = text_config(obj)
     dims = [getattr(text, a, None) for a in ("linear_num_key_heads", "linear_num_value_heads")]
     dims += [getattr(text, a, None) for a in ("linear_key_head_dim", "linear_value_head_dim")]
     if any(not isinstance(d, int) or d <= 0 for d in dims):

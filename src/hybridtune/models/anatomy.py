@@ -1,10 +1,14 @@
 """Where things sit inside a transformers model (plain, peft-wrapped, or vision-language): one place for the
-questions every layer asks of a model. A leaf module: it imports nothing of ours, so any layer may use it.
+questions every layer asks of a model. A leaf module: it imports nothing of ours, so any layer may use it, and
+not torch at import time (the kernel resolver reads configs with it before torch is loaded).
 """
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 # The attribute under which a patched module keeps its original forward (models.patching writes it, the module
 # compiler and the kernel report read it).
@@ -20,14 +24,17 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 def text_config(obj):
     """The text part of a model's or a config's configuration (a vision-language config's `text_config`), or the
     configuration itself; None for a model without a config."""
-    cfg = getattr(unwrap(obj), "config", None) if isinstance(obj, torch.nn.Module) else obj
-    get = getattr(cfg, "get_text_config", None)
-    return get() if callable(get) else cfg
+    if hasattr(obj, "named_modules"):  # a model (torch.nn.Module): its config
+        obj = getattr(unwrap(obj), "config", None)
+    get = getattr(obj, "get_text_config", None)
+    return get() if callable(get) else obj
 
 
 def text_model(model: torch.nn.Module) -> torch.nn.Module:
     """The outermost module owning `embed_tokens` and a `layers` ModuleList: the decoder stack (of a causal LM, a
     vision-language model's language part, peft-wrapped or not)."""
+    import torch  # here, not at the top: see the module docstring
+
     for _, m in model.named_modules():
         if hasattr(m, "embed_tokens") and isinstance(getattr(m, "layers", None), torch.nn.ModuleList):
             return m

@@ -20,6 +20,8 @@ import logging
 
 import torch
 
+from hybridtune.batch import CU_SEQ_LENS_K, CU_SEQ_LENS_Q, POSITION_IDS
+
 IMPLEMENTATION = "hybridtune_varlen"
 
 logger = logging.getLogger(__name__)
@@ -46,7 +48,7 @@ def varlen_available() -> tuple[bool, str]:
 def _sdpa_fallback(module, query, key, value, attention_mask, scaling, dropout, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    position_ids = kwargs.get("position_ids")
+    position_ids = kwargs.get(POSITION_IDS)
     if attention_mask is None and position_ids is not None and query.shape[-2] > 1:
         # Never let packed documents see each other: document id = number of position restarts so far.
         pos = position_ids.reshape(-1, position_ids.shape[-1])
@@ -98,7 +100,7 @@ def varlen_attention_forward(
     **kwargs,
 ):
     """query [B, H, T, D], key/value [B, Hkv, T, D] -> (out [B, T, H, D], None)."""
-    cu_q = kwargs.get("cu_seq_lens_q")
+    cu_q = kwargs.get(CU_SEQ_LENS_Q)
     fn, has_gqa = _VARLEN_ATTN, _VARLEN_GQA
     if cu_q is None or fn is None or not query.is_cuda:
         return _sdpa_fallback(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
@@ -116,7 +118,7 @@ def varlen_attention_forward(
         raise ValueError(
             f"packed batch (cu_seq_lens_q given) must have batch size 1, got query of shape {tuple(query.shape)}"
         )
-    cu_k = kwargs.get("cu_seq_lens_k")
+    cu_k = kwargs.get(CU_SEQ_LENS_K)
     cu_k = cu_q if cu_k is None else cu_k
     q = query[0].transpose(0, 1)  # [T, H, D]
     k = key[0].transpose(0, 1)

@@ -57,6 +57,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hybridtune.models.anatomy import text_config
+
 ADAPTERS = ("lora", "full")
 
 
@@ -88,12 +90,6 @@ class LinearTerm:
     @property
     def active_params(self) -> int:
         return self.in_features * self.out_features * self.active
-
-
-def text_config(config):
-    """The text config of a composite (vision-language) config, or `config` itself."""
-    get = getattr(config, "get_text_config", None)
-    return get() if callable(get) else config
 
 
 def _head_dim(c) -> int:

@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hybridtune.batch import CU_SEQ_LENS_Q, GDN_CHUNK_INDICES
 from hybridtune.models import attention, qwen3_5, qwen3_next
+from hybridtune.models.anatomy import PATCHED_FORWARD_ATTR
 from hybridtune.ops import gdn as gdn_ops
 
 ADAPTERS = (qwen3_5, qwen3_next)  # first match wins; each has NAME, matches(module), project(module, h)
-_ORIGINAL = "_hybridtune_original_forward"
+_ORIGINAL = PATCHED_FORWARD_ATTR
 
 
 @dataclass
@@ -59,8 +61,8 @@ def _patched_forward(self, hidden_states, cache_params=None, attention_mask=None
         hidden_states,
         attention_mask,
         self._hybridtune_project,
-        kwargs.get("cu_seq_lens_q"),
-        kwargs.get("gdn_chunk_indices"),
+        kwargs.get(CU_SEQ_LENS_Q),
+        kwargs.get(GDN_CHUNK_INDICES),
     )
 
 
