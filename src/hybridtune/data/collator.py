@@ -51,8 +51,8 @@ from hybridtune.data.packing import Example
 
 IGNORE_INDEX = -100
 GDN_CHUNK_SIZE = 64
-# The GDN delta-rule kernels' share of a training step's GPU time: 14 of 122 ms for the 2B shape at 4096-token
-# packs on the H200 (bench/NOTES.md 16). They work per 64-token chunk, everything else per token, so a filler
+# The GDN delta-rule kernels' share of a training step's GPU time for the 2B shape at 4096-token packs, from its
+# profile (benchmarks/NOTES.md 16). They work per 64-token chunk, everything else per token, so a filler
 # document's cost is weighted by it (`StaticLayout.filler_cost`).
 GDN_TIME_SHARE = 0.12
 

@@ -338,7 +338,7 @@ def verify(layouts: Iterable[Layout], *, use_cache: bool = True, device_index: i
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Command line (used by bench/kernels/gpu_doctor.sh)
+# Command line (used by benchmarks/kernels.sh)
 
 
 def _parse_layout(text: str) -> Layout:

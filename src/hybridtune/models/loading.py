@@ -97,8 +97,8 @@ def load_model(base_model: str, tokenizer=None, seed: int = 42, dtype=None) -> L
             )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            # Random init in fp32, then cast: CPU normal_() in bf16 is several times slower (76 s vs 23 s for the
-            # 2B preset on the H200 machine), and a preset's weights are then the same whatever dtype is asked.
+            # Random init in fp32, then cast: CPU normal_() in bf16 is several times slower, and a preset's weights
+            # are then the same whatever dtype is asked.
             model = AutoModelForCausalLM.from_config(config)
         if dtype is not None and dtype != model.dtype:
             _cast_parameters(model, dtype)
