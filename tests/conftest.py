@@ -1,4 +1,12 @@
-"""Shared test setup: `cuda` tests skip cleanly without a GPU; tests never reach a hub."""
+"""Shared test setup: `cuda` tests skip cleanly without a GPU; `slow` tests wait for their tier; tests never reach
+a hub.
+
+Two tiers. `python -m pytest -q` (the README's test command) runs the fast tier: every module, in a few minutes
+on 2 cores. Tests marked `slow` (two-process torchrun runs, CPU compiles of whole models, the CLI in a fresh
+interpreter, the bench smoke) are skipped there, saying how to run them; `.ci/run` runs them as a second command,
+`python -m pytest -q -m slow`. Any `-m` expression chooses the tests itself (`-m slow`, `-m cuda`,
+`-m "not cuda"`), and `--run-slow` adds the slow tier to whatever else is selected.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +22,30 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny tensors: threads cost more than they save
 
 
+@pytest.fixture(autouse=True)
+def _hybridtune_logger_restored():
+    """`hybridtune.cli.main` called in a test sets up the `hybridtune` logger on that test's captured stderr: put
+    the logger back afterwards, so later tests never log into a closed capture."""
+    import logging
+
+    log = logging.getLogger("hybridtune")
+    saved = (log.handlers[:], log.level, log.propagate)
+    yield
+    log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--run-slow", action="store_true", default=False, help="run the tests marked slow too (CI runs them)"
+    )
+
+
 def pytest_collection_modifyitems(config, items):
+    if not (config.getoption("--run-slow") or config.getoption("markexpr")):
+        skip_slow = pytest.mark.skip(reason="slow tier: run with `-m slow` or --run-slow (.ci/run does)")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip_slow)
     try:
         import torch
 

@@ -68,6 +68,7 @@ def test_one_warmup_for_every_mode_stretched_for_cuda_graphs():
     assert "stretched from 3 to 8 steps for every mode" in markdown(doc)
 
 
+@pytest.mark.slow  # three modes, each in its own process, one of them compiled
 def test_bench_cpu_smoke(tmp_path, capsys):
     out = tmp_path / "bench"
     rc = main(

@@ -30,6 +30,7 @@ def _cli(*args):
     )
 
 
+@pytest.mark.slow  # three fresh interpreters, each importing the compiler stack
 def test_cli_family_dump_and_check(tmp_path):
     dump = tmp_path / "gen"
     r = _cli("--family", "qwen3_5", "--backend", "eager", "--dump", str(dump))
@@ -54,6 +55,7 @@ def test_cli_errors_are_one_line():
     assert r.returncode == 2
 
 
+@pytest.mark.slow  # a fresh interpreter sweeping two families
 @pytest.mark.parametrize("fmt", ["--json"])
 def test_cli_sweep_json(fmt):
     r = _cli("--sweep", "--families", "qwen3_5,mamba", fmt, "--jobs", "1")

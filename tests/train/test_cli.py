@@ -1,4 +1,8 @@
-"""The real CLI: a few training steps end to end, and every bad input gives one line and exit code 2."""
+"""The real CLI: a few training steps end to end, and every bad input gives one line and exit code 2.
+
+The end-to-end run starts a fresh interpreter (`python -m hybridtune`, slow tier); the bad-input checks call
+`hybridtune.cli.main` in this process (what `python -m hybridtune` runs, minus the interpreter start), so each
+costs what its check costs."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from hybridtune.cli import main
+
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 
@@ -19,6 +25,20 @@ def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.fixture
+def cli_here(capsys):
+    """`hybridtune ARGS` in this process: its exit code and output, as `cli` returns them."""
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        rc = main(list(args))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["hybridtune", *args], rc, out, err)
+
+    return run
+
+
+@pytest.mark.slow  # a fresh interpreter trains and then refuses
 def test_train_a_few_steps_then_refuse_a_different_run(tmp_path, small_data):
     out = tmp_path / "run"
     common = [
@@ -71,7 +91,7 @@ def one_line_error(r: subprocess.CompletedProcess, *needles: str) -> None:
         ('{"text": "a sentence of several tokens"}\n', ["no training examples left"]),  # longer than seq 2: dropped
     ],
 )
-def test_bad_data_is_one_line(tmp_path, content, needles):
+def test_bad_data_is_one_line(tmp_path, cli_here, content, needles):
     path = tmp_path / "d.jsonl"
     if content is not None:
         path.write_text(content)
@@ -80,13 +100,12 @@ def test_bad_data_is_one_line(tmp_path, content, needles):
         args += ["--dataset_type", "alpaca"]
     if content and "several" in content:
         args += ["--sequence_len", "2", "--excess_length_strategy", "drop"]
-    one_line_error(cli(*args), *needles)
+    one_line_error(cli_here(*args), *needles)
 
 
-def test_bad_config_is_one_line(tmp_path):
-    # In an empty directory, so the default output_dir holds no earlier run.
-    def run(*args):
-        return cli(*args, cwd=tmp_path)
+def test_bad_config_is_one_line(tmp_path, cli_here, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # an empty directory, so the default output_dir holds no earlier run
+    run = cli_here
 
     one_line_error(run("train", "--lora_rnk", "4"), "did you mean 'lora_r'")
     one_line_error(run("train", "--sequence_len", "1"), "sequence_len", "at least 2")
@@ -97,14 +116,14 @@ def test_bad_config_is_one_line(tmp_path):
     assert not os.listdir(tmp_path)  # a refused run writes nothing
 
 
-def test_foreign_output_dir_is_refused(tmp_path, small_data):
+def test_foreign_output_dir_is_refused(tmp_path, small_data, cli_here):
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("precious")
-    one_line_error(cli("train", "--dataset", small_data, "--output_dir", str(out)), "--overwrite")
+    one_line_error(cli_here("train", "--dataset", small_data, "--output_dir", str(out)), "--overwrite")
     assert (out / "notes.txt").read_text() == "precious" and sorted(os.listdir(out)) == ["notes.txt"]
 
 
 def test_help_lists_keys():
-    r = cli("train", "--help")
+    r = cli("train", "--help")  # `python -m hybridtune` itself, in the fast tier: the help needs no torch import
     assert r.returncode == 0 and "--gradient_accumulation_steps" in r.stdout and "--resume_from_checkpoint" in r.stdout

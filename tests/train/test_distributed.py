@@ -118,6 +118,7 @@ def assert_same_curve(got: list[dict], want: list[dict]) -> None:
         assert g["tokens"] == w["tokens"] and g["loss_tokens"] == w["loss_tokens"]  # the same global batch
 
 
+@pytest.mark.slow  # torchrun, twice
 @pytest.mark.parametrize(
     "adapter,engine,units", [("lora", "ddp", "auto"), ("full", "fsdp", "auto"), ("full", "fsdp", "model")]
 )
@@ -186,8 +187,11 @@ def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch,
         assert model.num_parameters() == pytest.approx(0.9e6, rel=0.2)  # the tiny preset, not one shard of it
 
 
-COMPILED_LOOP_RANK = """
-import dataclasses, json, sys, torch
+# One torchrun launch (2 gloo ranks on the CPU) serves the three checks below: the compiled loop under FSDP2 and
+# DDP, FSDP2's whole-model unit over a window, and the collectives `mem_gib` and eval take. Each check is a
+# function of its own here; every rank writes what it found to rank<k>.json (stdout interleaves).
+RANKS = """
+import contextlib, dataclasses, json, pathlib, sys, torch
 from hybridtune.compiler.loop import compile_loop
 from hybridtune.data import PackedCollator
 from hybridtune.data.packing import Example
@@ -195,19 +199,22 @@ from hybridtune.models.loading import load_model
 from hybridtune.models.patching import patch_model
 from hybridtune.train import distributed
 
-BACKEND = sys.argv[1]
+OUT, BACKEND = pathlib.Path(sys.argv[1]), sys.argv[2]
+PACKS = [(65, 23), (40, 23, 9), (90, 30), (12, 7, 50)]  # a new pack layout every micro-batch
 
-def run(d):
+def batch(sizes):
+    return PackedCollator()([Example(list(range(5, 5 + n)), [1] * n) for n in sizes])
+
+def compiled_loop(d):
     torch.manual_seed(0)
     model = load_model("tiny-qwen3_5").model
     patch_model(model)
     # The compiled loop is one graph over every layer: FSDP2 shards the model as one unit under it.
     wrapped = distributed.wrap(distributed.LossModule(model), d, torch.device("cpu"), False)
-    mine = [(65, 23), (40, 23, 9), (90, 30), (12, 7, 50)][d.rank :: d.world]  # a new pack layout every step
+    mine = PACKS[d.rank :: d.world]
 
     def step(sizes):
-        batch = PackedCollator()([Example(list(range(5, 5 + n)), [1] * n) for n in sizes])
-        loss = wrapped(batch, 100, True)
+        loss = wrapped(batch(sizes), 100, True)
         (loss * d.world).backward()
         norm = distributed.total_grad_norm(list(wrapped.parameters()))
         for p in wrapped.parameters():
@@ -222,62 +229,34 @@ def run(d):
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     return {"eager": eager, "compiled": compiled, "graphs": graphs, "compiled_calls": handle.calls}
 
-d = distributed.init("fsdp", "full", "cpu")
-res = {engine: run(dataclasses.replace(d, engine=engine, units="model")) for engine in ("fsdp", "ddp")}
-if d.is_main:
-    print(json.dumps(res), flush=True)
-distributed.shutdown(d)
-"""
-
-
-def test_compiled_loop_inside_fsdp2_and_ddp(tmp_path):
-    """The compiled `loop` strategy (one graph, patched GDN ops) runs under FSDP2 and DDP as eager does.
-
-    Dynamo's `eager` backend: the capture (one graph, no break at FSDP2's hooks, no recompile across pack
-    layouts) is what the engines could disturb; inductor's CPU build would cost minutes. `aot_eager` gives
-    the same numbers (checked by hand with this script: 2 processes, both engines, ~55 s).
-    """
-    script = tmp_path / "rank.py"
-    script.write_text(COMPILED_LOOP_RANK)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), "eager"]
-    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-4000:]
-    results = json.loads([x for x in r.stdout.splitlines() if x.startswith("{")][-1])
-    for engine, res in results.items():
-        for (le, ne), (lc, nc) in zip(res["eager"], res["compiled"]):
-            assert lc == pytest.approx(le, rel=LOSS_RTOL) and nc == pytest.approx(ne, rel=GRAD_NORM_RTOL), engine
-        assert res["graphs"] == 1 and res["compiled_calls"] == 2, (engine, res)  # no break, no recompile
-
-
-WINDOW_RANK = """
-import json, torch
-from hybridtune.data import PackedCollator
-from hybridtune.data.packing import Example
-from hybridtune.models.loading import load_model
-from hybridtune.train import distributed
-
-dist = torch.distributed
-COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor")
-calls = {"gather": 0, "reduce": 0}
-for name in COLLECTIVES:  # FSDP2 calls them through the module (torch 2.13: *_single; earlier: *_tensor)
-    if hasattr(dist, name):
-        def counted(*a, _f=getattr(dist, name), _k="gather" if "gather" in name else "reduce", **kw):
+@contextlib.contextmanager
+def counted_collectives(calls):
+    dist = torch.distributed
+    names = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor")
+    saved = {name: getattr(dist, name) for name in names if hasattr(dist, name)}
+    for name, f in saved.items():  # FSDP2 calls them through the module (torch 2.13: *_single; earlier: *_tensor)
+        def counted(*a, _f=f, _k="gather" if "gather" in name else "reduce", **kw):
             calls[_k] += 1
             return _f(*a, **kw)
         setattr(dist, name, counted)
+    try:
+        yield
+    finally:
+        for name, f in saved.items():
+            setattr(dist, name, f)
 
 def window(d, windowed):
     torch.manual_seed(0)
     model = load_model("tiny-qwen3_5").model
     wrapped = distributed.wrap(distributed.LossModule(model), d, torch.device("cpu"), False)
-    packs = [(65, 23), (40, 23, 9), (90, 30), (12, 7, 50)][d.rank :: d.world]  # 2 micro-batches per rank
-    calls.update(gather=0, reduce=0)
-    for i, sizes in enumerate(packs):
-        batch = PackedCollator()([Example(list(range(5, 5 + n)), [1] * n) for n in sizes])
-        last = i == len(packs) - 1
-        ctx = distributed.accumulation(wrapped, d, last) if windowed else distributed.contextlib.nullcontext()
-        with ctx:
-            (wrapped(batch, 300, True) * d.world).backward()
+    packs = PACKS[d.rank :: d.world]  # 2 micro-batches per rank
+    calls = {"gather": 0, "reduce": 0}
+    with counted_collectives(calls):
+        for i, sizes in enumerate(packs):
+            last = i == len(packs) - 1
+            ctx = distributed.accumulation(wrapped, d, last) if windowed else contextlib.nullcontext()
+            with ctx:
+                (wrapped(batch(sizes), 300, True) * d.world).backward()
     # Every parameter's whole gradient (FSDP2's are DTensor shards: gathered), in one order on every engine.
     grads = {}
     for name, p in wrapped.named_parameters():
@@ -286,37 +265,65 @@ def window(d, windowed):
     norm = float(distributed.total_grad_norm(list(wrapped.parameters())))
     return {"norm": norm, **calls}, grads
 
+def windows(d):
+    res, grads = {}, {}
+    for key, dd, windowed in [
+        ("ddp", dataclasses.replace(d, engine="ddp"), True),
+        ("per_micro_batch", dataclasses.replace(d, units="model"), False),
+        ("per_window", dataclasses.replace(d, units="model"), True),
+    ]:
+        res[key], grads[key] = window(dd, windowed)
+    # The largest element-wise difference from DDP's gradient, relative to that gradient's largest element.
+    for key in ("per_micro_batch", "per_window"):
+        assert grads[key].keys() == grads["ddp"].keys(), (key, sorted(grads[key])[:3], sorted(grads["ddp"])[:3])
+        res[key]["grad_rel_diff"] = max(
+            float((grads[key][n] - g).abs().max() / g.abs().max().clamp(min=1e-30)) for n, g in grads["ddp"].items()
+        )
+    return res
+
 d = distributed.init("fsdp", "full", "cpu")
-import dataclasses
-res, grads = {}, {}
-for key, dd, windowed in [
-    ("ddp", dataclasses.replace(d, engine="ddp"), True),
-    ("per_micro_batch", dataclasses.replace(d, units="model"), False),
-    ("per_window", dataclasses.replace(d, units="model"), True),
-]:
-    res[key], grads[key] = window(dd, windowed)
-# The largest element-wise difference from DDP's gradient, relative to that gradient's largest element.
-for key in ("per_micro_batch", "per_window"):
-    assert grads[key].keys() == grads["ddp"].keys(), (key, sorted(grads[key])[:3], sorted(grads["ddp"])[:3])
-    res[key]["grad_rel_diff"] = max(
-        float((grads[key][n] - g).abs().max() / g.abs().max().clamp(min=1e-30)) for n, g in grads["ddp"].items()
-    )
-if d.is_main:
-    print(json.dumps(res), flush=True)
+got = {
+    "compiled_loop": {e: compiled_loop(dataclasses.replace(d, engine=e, units="model")) for e in ("fsdp", "ddp")},
+    "window": windows(d),
+    "collectives": {"max": distributed.all_max(0.25 + d.rank, d), "sum": distributed.all_sum([1.5, d.rank], d)},
+}
+(OUT / f"rank{d.rank}.json").write_text(json.dumps(got))
 distributed.shutdown(d)
 """
 
 
-def test_fsdp2_whole_model_unit_reduces_once_per_window(tmp_path):
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    """What each of 2 torchrun ranks found running RANKS (launched once for every test that asks)."""
+    out = tmp_path_factory.mktemp("ranks")
+    script = out / "ranks.py"
+    script.write_text(RANKS)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    r = subprocess.run([*cmd, str(out), "eager"], env=ENV, capture_output=True, text=True, timeout=500)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return [json.loads((out / f"rank{k}.json").read_text()) for k in (0, 1)]
+
+
+@pytest.mark.slow  # torchrun
+def test_compiled_loop_inside_fsdp2_and_ddp(ranks):
+    """The compiled `loop` strategy (one graph, patched GDN ops) runs under FSDP2 and DDP as eager does.
+
+    Dynamo's `eager` backend: the capture (one graph, no break at FSDP2's hooks, no recompile across pack
+    layouts) is what the engines could disturb; inductor's CPU build would cost minutes. `aot_eager` gives
+    the same numbers (checked by hand with RANKS, `aot_eager` as its second argument).
+    """
+    for engine, res in ranks[0]["compiled_loop"].items():
+        for (le, ne), (lc, nc) in zip(res["eager"], res["compiled"]):
+            assert lc == pytest.approx(le, rel=LOSS_RTOL) and nc == pytest.approx(ne, rel=GRAD_NORM_RTOL), engine
+        assert res["graphs"] == 1 and res["compiled_calls"] == 2, (engine, res)  # no break, no recompile
+
+
+@pytest.mark.slow  # torchrun
+def test_fsdp2_whole_model_unit_reduces_once_per_window(ranks):
     """FSDP2 with the whole model as one unit (`fsdp_units: model`, what the compiled loop uses): over a window of
     2 micro-batches per rank, one all-gather and one reduce-scatter (not one of each per micro-batch), and the
     accumulated gradient is DDP's and the per-micro-batch sync's, element by element (GRAD_NORM_RTOL)."""
-    script = tmp_path / "rank.py"
-    script.write_text(WINDOW_RANK)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
-    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-4000:]
-    res = json.loads([x for x in r.stdout.splitlines() if x.startswith("{")][-1])
+    res = ranks[0]["window"]
     assert res["per_micro_batch"]["gather"] == 2 and res["per_micro_batch"]["reduce"] == 2, res
     assert res["per_window"]["gather"] == 1 and res["per_window"]["reduce"] == 1, res
     for key in ("per_micro_batch", "per_window"):
@@ -345,6 +352,7 @@ def worker_pids(root: int) -> dict[int, int]:
     return found
 
 
+@pytest.mark.slow  # torchrun
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the rank processes through Linux /proc")
 def test_dead_rank_ends_the_run_with_one_line(tmp_path, small_data, launch):
     out = tmp_path / "run"
@@ -473,25 +481,10 @@ def test_eval_rank_sums_add_up_to_one_process(monkeypatch, engine):
     assert all(0 < s[3] < want[3] for s, _, _ in ranks)  # each rank evaluated a part, not the whole
 
 
-COLLECTIVES_RANK = """
-import json, pathlib, sys
-from hybridtune.train import distributed
-
-d = distributed.init("ddp", "lora", "cpu")
-got = {"max": distributed.all_max(0.25 + d.rank, d), "sum": distributed.all_sum([1.5, d.rank], d)}
-pathlib.Path(sys.argv[1], f"rank{d.rank}.json").write_text(json.dumps(got))  # one file per rank: stdout interleaves
-distributed.shutdown(d)
-"""
-
-
-def test_all_max_and_all_sum_over_two_processes(tmp_path):
+@pytest.mark.slow  # torchrun
+def test_all_max_and_all_sum_over_two_processes(ranks):
     """`mem_gib` is logged as the max over ranks: the one all-reduce it takes, over real gloo ranks."""
-    script = tmp_path / "rank.py"
-    script.write_text(COLLECTIVES_RANK)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
-    r = subprocess.run([*cmd, str(tmp_path)], env=ENV, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-4000:]
-    got = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)]
+    got = [r["collectives"] for r in ranks]
     assert got == [{"max": 1.25, "sum": [3.0, 1.0]}] * 2, got
 
 
