@@ -109,3 +109,46 @@ def test_random_sigint_sigterm_sigkill_resume_on_the_uninterrupted_curve(tmp_pat
     a = load_file(str(ref / "final" / "adapter_model.safetensors"))
     b = load_file(str(out / "final" / "adapter_model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (seed, faults)
+
+
+def test_ctrl_c_under_nproc_saves_on_every_rank_and_resumes_on_the_curve(tmp_path, small_data):
+    """A terminal's Ctrl-C reaches the launcher and both ranks (and torchrun passes it on): the ranks agree on the
+    step to stop after, save it together, and the run resumes in two processes on the uninterrupted curve."""
+    steps = 24
+    base = [a for a in _command(small_data, tmp_path) if a != str(tmp_path)]
+    base = base[: base.index("--output_dir")] + ["--gradient_accumulation_steps", "2", "--nproc", "2"]
+    base[base.index("--max_steps") + 1] = str(steps)
+    base[base.index("--save_steps") + 1] = "0"  # the only checkpoint is the one the interrupt writes
+
+    ref = tmp_path / "ref"
+    r = subprocess.run([*base, "--output_dir", str(ref)], env=ENV, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    want = _losses(ref)
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [*base, "--output_dir", str(out)],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: the Ctrl-C below reaches it all, as a terminal's does
+    )
+    deadline = time.monotonic() + 600
+    while _logged_steps(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, err[-3000:]
+    saved = [p.name for p in out.glob("checkpoint-*")]
+    assert len(saved) == 1 and "continue from " + saved[0] in err, err[-3000:]
+    assert (out / saved[0] / "rng-1.pt").is_file()  # both ranks wrote it
+    r = subprocess.run(
+        [*base, "--output_dir", str(out), "--resume_from_checkpoint", "latest"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _losses(out) == want

@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 from hybridtune.config import config_help, load_config, parse_overrides
 from hybridtune.errors import ConfigError, UserError
@@ -165,6 +166,7 @@ def launch(nproc: int, argv: list[str], cfg) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    from hybridtune.train.checkpoint import list_checkpoints
     from hybridtune.train.distributed import GPU_ENV_DEFAULTS, Dist, check_window
 
     # Input mistakes are found here, once, before N processes each load a model and say it N times.
@@ -188,11 +190,17 @@ def launch(nproc: int, argv: list[str], cfg) -> int:
     try:
         run(args)
     except SignalException as e:
-        # Ctrl-C (or a SIGTERM to the launcher): torchrun has stopped every rank. A step in flight is lost;
-        # the newest complete checkpoint, if any was written, is where to continue.
-        logger.warning(
-            "interrupted (%s): every rank stopped; continue with --resume_from_checkpoint latest", e.sigval.name
-        )
+        # Ctrl-C (or a SIGTERM to the launcher): the ranks finish their step and save together within torchrun's
+        # grace period, else it stops them; the newest complete checkpoint, if any, is where to continue.
+        found = list_checkpoints(Path(cfg.output_dir))
+        if found:
+            logger.warning(
+                "interrupted (%s): every rank stopped; continue from %s with --resume_from_checkpoint latest",
+                e.sigval.name,
+                found[-1].name,
+            )
+        else:
+            logger.warning("interrupted (%s): every rank stopped before any checkpoint; run again", e.sigval.name)
         raise KeyboardInterrupt from None
     except ChildFailedError as e:
         failures = sorted(e.failures.items())

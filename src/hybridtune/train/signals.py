@@ -4,8 +4,9 @@ The first signal asks the run to stop at the end of the step in flight: the step
 the same last step (the request travels with the step's own all-reduce), a checkpoint is written, and the process
 exits with 130. A second Ctrl-C abandons the step in flight (raised as KeyboardInterrupt, the step's gradients are
 never applied, and the checkpoint holds the last complete step) unless the run is inside an update or a save,
-which always finish: a signal there is deferred and said so. Under torchrun the launcher follows a Ctrl-C with a
-SIGTERM to each rank; that one is not a second request.
+which always finish: a signal there is deferred and said so. A Ctrl-C in a terminal reaches every process of its
+group, and torchrun's launcher passes it on to its ranks (or follows it with a SIGTERM): a repeat within
+`SAME_PRESS_S` of the first, or a SIGTERM after it, is the same request, not a second one.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import contextlib
 import logging
 import signal
 import threading
+import time
 
 logger = logging.getLogger(__name__)
 
 SIGNALS = ("SIGINT", "SIGTERM")
+SAME_PRESS_S = 2.0
 
 
 class StopRequest:
@@ -26,18 +29,19 @@ class StopRequest:
     def __init__(self) -> None:
         self.requested: str | None = None  # the signal's name once one arrived
         self.critical = 0  # > 0 inside an update or a save
+        self.at = 0.0  # when the request arrived (time.monotonic)
         self._old: dict = {}
 
     def __call__(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         if self.requested is None:
-            self.requested = name
+            self.requested, self.at = name, time.monotonic()
             logger.warning(
                 "%s: stopping after the step in flight and saving a checkpoint (Ctrl-C again abandons the step)", name
             )
             return
-        if name != "SIGINT" or self.requested != "SIGINT":
-            return  # torchrun's SIGTERM after a Ctrl-C, or a repeated SIGTERM: the stop already asked for goes on
+        if name != "SIGINT" or self.requested != "SIGINT" or time.monotonic() - self.at < SAME_PRESS_S:
+            return  # the same press passed on by torchrun, its SIGTERM, or a repeated SIGTERM: the stop goes on
         if self.critical:
             logger.warning("SIGINT again: a checkpoint or an optimizer update is being written; it finishes first")
             return
