@@ -374,7 +374,7 @@ def test_dead_rank_ends_the_run_with_one_line(tmp_path, small_data, launch):
     # The last complete checkpoint resumes in one process.
     done = ckpt.list_checkpoints(out)[-1]
     step = int(done.name.split("-")[1])
-    rest = train_here({**s, "resume_from_checkpoint": str(done), "max_steps": step + 1, "save_steps": 0})
+    rest = train_here({**s, "resume_from_checkpoint": str(done), "max_steps": step + 1, "save_steps": 0, "overwrite": True})
     assert rest[-1]["step"] == step + 1  # metrics.jsonl continues the killed run's
     assert not list(out.glob(".tmp-*"))  # whatever the killed ranks left half-written is gone
 

@@ -65,12 +65,17 @@ def reference(tmp_path_factory, small_data):
         ([signal.SIGINT], 3),  # the step in flight completes, then the save
         ([signal.SIGTERM], 3),  # kill, docker stop, a scheduler: the same
         ([signal.SIGINT, signal.SIGINT], 2),  # a second Ctrl-C abandons step 3; its batches come first on resume
+        ([signal.SIGINT, signal.SIGINT], 3),  # ... but one press seen twice (terminal + torchrun) is one request
     ],
-    ids=["sigint", "sigterm", "sigint-twice"],
+    ids=["sigint", "sigterm", "sigint-twice", "sigint-same-press"],
 )
 def test_a_signal_inside_a_step_resumes_on_the_uninterrupted_curve(
-    tmp_path, small_data, reference, deterministic, signals, saved_at
+    tmp_path, small_data, reference, deterministic, signals, saved_at, monkeypatch
 ):
+    from hybridtune.train import signals as stop
+
+    if saved_at == 2:
+        monkeypatch.setattr(stop, "SAME_PRESS_S", 0.0)  # the second press comes later than a repeat of the first
     t = _trainer(make_cfg(tmp_path, small_data))
     _signal_inside_step(t, 3, signals)
     part = t.train()
@@ -83,7 +88,10 @@ def test_a_signal_inside_a_step_resumes_on_the_uninterrupted_curve(
     assert _metric_steps(tmp_path) == list(range(1, 9))  # each step logged once, in order
 
 
-def test_a_second_ctrl_c_during_a_save_does_not_cut_it(tmp_path, small_data, monkeypatch):
+def test_a_second_ctrl_c_during_a_save_does_not_cut_it(tmp_path, small_data, monkeypatch, caplog):
+    from hybridtune.train import signals as stop
+
+    monkeypatch.setattr(stop, "SAME_PRESS_S", 0.0)  # a real second press, not a repeat of the first
     t = _trainer(make_cfg(tmp_path, small_data, max_steps=4))
     save = ckpt.save_checkpoint
 
@@ -98,6 +106,7 @@ def test_a_second_ctrl_c_during_a_save_does_not_cut_it(tmp_path, small_data, mon
     path = tmp_path / "checkpoint-2"
     assert ckpt.list_checkpoints(tmp_path) == [path]
     assert ckpt.verify_checkpoint(path) is None  # complete and intact
+    assert any("it finishes first" in r.getMessage() for r in caplog.records)  # the press was seen, and deferred
 
 
 def test_a_non_finite_loss_stops_before_the_update_and_exports_nothing(tmp_path, small_data):

@@ -8,8 +8,14 @@ import random
 
 from test_resume import make_cfg, run
 
-from hybridtune.train.profiling import PROFILE_FILE, profile_window
-from hybridtune.train.profiling import exposed_length, kernel_group, summarize, union_length
+from hybridtune.train.profiling import (
+    PROFILE_FILE,
+    exposed_length,
+    kernel_group,
+    profile_window,
+    summarize,
+    union_length,
+)
 
 
 def _covered(intervals, length):

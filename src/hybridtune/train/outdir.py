@@ -116,12 +116,12 @@ def check_output_dir(cfg: TrainConfig) -> bool:
     if cfg.resume_from_checkpoint:
         if empty:
             return False
-        if held is None:
+        if held is None and _foreign(out):
             raise OutputDirError(
                 f"output_dir '{out}' holds files that are not from a hybridtune run ({', '.join(_foreign(out)[:5])}); "
                 "resume into an empty --output_dir or the run's own"
             )
-        diff = changes(held, cfg, RESUME_FREE_KEYS)
+        diff = changes(held, cfg, RESUME_FREE_KEYS) if held is not None else []  # (checkpoints alone: a copy)
         if diff and not cfg.overwrite:
             raise OutputDirError(
                 f"resume_from_checkpoint: the config differs from the run in '{out}' ({'; '.join(diff)}); resume "
@@ -149,7 +149,12 @@ def check_output_dir(cfg: TrainConfig) -> bool:
         logger.warning("output_dir %s holds another run; --overwrite given, its files will be replaced%s", out, also)
         return True
     if held is None:
-        what = f"files that are not from a hybridtune run ({', '.join(_foreign(out)[:5])})"
+        foreign = _foreign(out)
+        what = (
+            f"files that are not from a hybridtune run ({', '.join(foreign[:5])})"
+            if foreign
+            else f"checkpoints without their run's {RUN_FILE}"
+        )
     elif _finished(out):
         what = "a finished run of another config (" + "; ".join(changes(held, cfg, RERUN_FREE_KEYS)[:4]) + ")"
     else:
@@ -268,22 +273,34 @@ def _resume_step(resume_from: str | None) -> int | None:
 
 class OutputLock:
     """An exclusive lock on the output directory for the whole run (rank 0): a second run into the same directory
-    is refused while this one lives. The operating system releases it when the process ends, however it ends."""
+    is refused while this one lives. The operating system releases it when the process ends, however it ends.
+    `release(discard=True)` (a run refused or failed before writing anything) also removes the lock file and the
+    directories that taking the lock created, so a refused run leaves nothing behind."""
 
     def __init__(self, out: Path):
+        self.fd = None
+        self.made: list[Path] = []  # directories created here, deepest first
+        probe = out
+        while not probe.exists() and probe.parent != probe:
+            self.made.append(probe)
+            probe = probe.parent
         out.mkdir(parents=True, exist_ok=True)
-        path = out / LOCK_FILE
+        self.path = out / LOCK_FILE
+        self.made_file = not self.path.exists()
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)  # never through a planted link
         try:
-            self.fd = os.open(path, flags, 0o666)
+            self.fd = os.open(self.path, flags, 0o666)
         except OSError as e:
-            raise OutputDirError(f"output_dir '{out}': cannot create its lock file {path} ({e.strerror})") from None
+            self.release(discard=True)
+            raise OutputDirError(
+                f"output_dir '{out}': cannot create its lock file {self.path} ({e.strerror})"
+            ) from None
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = os.pread(self.fd, 200, 0).decode("ascii", "replace").strip() or "another process"
-            os.close(self.fd)
-            self.fd = None
+            self.made_file = False  # the holder's
+            self.release()
             raise OutputDirError(
                 f"output_dir '{out}' is in use by another hybridtune run ({holder}); wait for it to end, or choose "
                 "another --output_dir"
@@ -291,26 +308,38 @@ class OutputLock:
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"pid {os.getpid()} on {socket.gethostname()}".encode("ascii", "replace"), 0)
 
-    def release(self) -> None:
+    def release(self, discard: bool = False) -> None:
         if getattr(self, "fd", None) is not None:
+            if discard and self.made_file:
+                self.path.unlink(missing_ok=True)
             os.close(self.fd)
             self.fd = None
+        if discard:
+            for d in self.made:
+                try:
+                    d.rmdir()  # only when empty: nothing else was written
+                except OSError:
+                    break
+            self.made = []
 
-    __del__ = release  # a trainer set up and dropped without training lets go too
+    def __del__(self) -> None:  # a trainer set up and dropped without training lets go too
+        self.release()
 
 
 def claim_output_dir(cfg: TrainConfig) -> tuple[bool, OutputLock]:
-    """Lock the output directory, `check_output_dir`, then remove what earlier processes left there that would
-    mislead this run (rank 0). Returns (metrics start fresh, the lock held for the run)."""
+    """`check_output_dir` (nothing written when it refuses), lock the directory, check again under the lock (another
+    run may have started in between), then remove what earlier processes left there that would mislead this run
+    (rank 0). Returns (metrics start fresh, the lock held for the run)."""
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"output_dir '{out}' is a file; choose a directory")
+    check_output_dir(cfg)
     lock = OutputLock(out)
     try:
         fresh = check_output_dir(cfg)
         done = tidy_output_dir(out, fresh, cfg.resume_from_checkpoint, cfg.overwrite)
     except BaseException:
-        lock.release()
+        lock.release(discard=True)
         raise
     if done:
         logger.info("%s", done)

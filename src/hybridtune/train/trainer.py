@@ -39,6 +39,7 @@ from hybridtune.data.build import PreparedData, prepare
 from hybridtune.data.packing import Example
 from hybridtune.errors import ConfigError, TrainingDiverged
 from hybridtune.kernels.provision import provision_kernels
+from hybridtune.models.anatomy import unwrap
 from hybridtune.models.flops import measure_peak
 from hybridtune.models.loading import load_model, tokenizer_for
 from hybridtune.models.patching import patch_model
@@ -49,7 +50,7 @@ from hybridtune.train.evaluation import eval_batches, evaluate, report_eval
 from hybridtune.train.lora import apply_lora
 from hybridtune.train.metrics import MetricsLog, StepFlops, Throughput, format_step, memory_gib
 from hybridtune.train.optim import build_optimizer, build_scheduler
-from hybridtune.train.outdir import OutputLock, claim_output_dir, write_run_file
+from hybridtune.train.outdir import RUN_FILE, OutputLock, claim_output_dir, write_run_file
 from hybridtune.train.profiling import StepProfiler, profile_window, write_profile
 from hybridtune.train.signals import StopRequest
 from hybridtune.train.stream import BatchStream, to_device
@@ -70,8 +71,7 @@ class TrainResult:
 def enable_checkpointing(model) -> None:
     """Non-reentrant activation checkpointing on every decoder layer (peft-wrapped or not); non-reentrant
     needs no `enable_input_require_grads` hook for frozen embeddings, and traces under the compiled loop."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    unwrap(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 class Trainer:
@@ -89,6 +89,15 @@ class Trainer:
     # -- setup: a table of contents ----------------------------------------------------------------
 
     def setup(self) -> None:
+        try:
+            self._setup()
+        except BaseException:
+            if self.lock is not None:  # refused or failed before writing anything: leave no trace
+                self.lock.release(discard=not (self.out / RUN_FILE).exists())
+                self.lock = None
+            raise
+
+    def _setup(self) -> None:
         self._setup_output_dir()
         self._setup_data()  # before the model: bad input fails in a second, not after a model load
         self._setup_kernels()  # before anything imports the modeling module, where transformers picks its path
@@ -119,8 +128,7 @@ class Trainer:
         self.data: PreparedData = prepare(self.cfg, self.tokenizer)
 
     def _setup_kernels(self) -> None:
-        cfg = self.cfg
-        self.kernel_report = provision_kernels(cfg.kernels, cfg.require_fast_path, cfg.base_model)
+        self.kernel_report = provision_kernels(self.cfg.kernels, self.cfg.require_fast_path, self.cfg.base_model)
 
     def _facts(self, model: torch.nn.Module | None = None) -> Facts:
         """What the choices depend on (`choices.measure`); without a model, what is known before it loads."""
@@ -242,17 +250,11 @@ class Trainer:
         # A resumed run drops the rows an earlier process logged after its checkpoint: they are logged again.
         after = None if self.fresh_metrics else self.step
         self.metrics = MetricsLog(self.out / "metrics.jsonl", self.fresh_metrics, after) if d.is_main else None
+        procs = f" x {d.world} processes ({d.engine})" if d.enabled else ""
+        bins = cfg.micro_batch_size * cfg.gradient_accumulation_steps
         logger.info(
-            "training %s (%s) on %s%s: %d steps, %d bins/step of %d tokens, lr %.1e %s",
-            self.loaded.name,
-            cfg.adapter,
-            self.device,
-            f" x {d.world} processes ({d.engine})" if d.enabled else "",
-            self.total_steps,
-            cfg.micro_batch_size * cfg.gradient_accumulation_steps,
-            cfg.sequence_len,
-            cfg.learning_rate,
-            cfg.lr_scheduler,
+            f"training {self.loaded.name} ({cfg.adapter}) on {self.device}{procs}: {self.total_steps} steps, {bins} "
+            f"bins/step of {cfg.sequence_len} tokens, lr {cfg.learning_rate:.1e} {cfg.lr_scheduler}"
         )
 
     # -- steps -------------------------------------------------------------------------------------
@@ -404,8 +406,7 @@ class Trainer:
         finally:
             self.close()
 
-    def close(self) -> None:
-        """Let go of the output directory (its lock); the trainer is done with it."""
+    def close(self) -> None:  # let go of the output directory's lock
         if self.lock is not None:
             self.lock.release()
             self.lock = None
