@@ -26,8 +26,8 @@ def test_empty_tokenizer_directory(tmp_path):
 
     empty = tmp_path / "tok"
     empty.mkdir()
-    with pytest.raises(ModelError, match=r"tokenizer directory '.*tok' holds no loadable tokenizer"):
+    with pytest.raises(ModelError, match=r"'.*tok' holds no loadable tokenizer \(.*\); give a tokenizer directory"):
         tokenizer_for("tiny-qwen3_5", str(empty))
     (empty / "tokenizer_config.json").write_text("{garbled")
-    with pytest.raises(ModelError, match=r"tokenizer directory '.*tok' holds no loadable tokenizer"):
+    with pytest.raises(ModelError, match=r"'.*tok' holds no loadable tokenizer \(.*\); give a tokenizer directory"):
         tokenizer_for("tiny-qwen3_5", str(empty))

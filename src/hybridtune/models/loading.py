@@ -28,27 +28,24 @@ class LoadedModel:
     name: str
 
 
-def load_tokenizer(path: str | None, model_path: str | None):
+def _tokenizer_from(path: str, fix: str):
     from transformers import AutoTokenizer
 
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # transformers raises OSError/ValueError/KeyError for missing or odd files
+        raise ModelError(f"'{path}' holds no loadable tokenizer ({type(e).__name__}); {fix}") from None
+
+
+def load_tokenizer(path: str | None, model_path: str | None):
     if path:
         if not Path(path).is_dir():
             raise ModelError(f"tokenizer directory '{path}' does not exist; give a local directory (no hub downloads)")
-        try:
-            return AutoTokenizer.from_pretrained(path)
-        except Exception as e:  # transformers raises OSError/ValueError/KeyError for missing or odd files
-            raise ModelError(
-                f"tokenizer directory '{path}' holds no loadable tokenizer ({type(e).__name__}); give a directory "
-                "with tokenizer.json and tokenizer_config.json (e.g. the model's own)"
-            ) from None
+        return _tokenizer_from(
+            path, "give a tokenizer directory with tokenizer.json and tokenizer_config.json (e.g. the model's own)"
+        )
     if model_path is not None:
-        try:
-            return AutoTokenizer.from_pretrained(model_path)
-        except Exception as e:  # transformers raises OSError/ValueError/KeyError for missing or odd files
-            raise ModelError(
-                f"checkpoint '{model_path}' has no loadable tokenizer ({type(e).__name__}); "
-                "set `tokenizer` to a tokenizer directory"
-            ) from None
+        return _tokenizer_from(model_path, "set `tokenizer` to a tokenizer directory")
     return bundled_tokenizer()
 
 
