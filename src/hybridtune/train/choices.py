@@ -83,16 +83,17 @@ class Choices:
         out = []
         for name in ("bf16", "threads", "compile", "fsdp_units", "pack_layout", "fused_loss", "checkpointing"):
             c: Choice = getattr(self, name)
-            out.append(f"{name}: {_show(c.value)} ({c.reason})")
+            out.append(f"{name}: {_show(c.value, NONE.get(name, '-'))} ({c.reason})")
         return out
 
 
-def _show(value) -> str:
+NONE = {"threads": "torch's default", "pack_layout": "dynamic"}  # what a None value means, per choice
+
+
+def _show(value, none: str) -> str:
     if isinstance(value, StaticLayout):
         return f"static {value.tokens} tokens / {value.docs} documents"
-    if value is None:
-        return "-"
-    return str(value)
+    return none if value is None else str(value)
 
 
 def pick_device(name: str) -> torch.device:
@@ -225,16 +226,16 @@ def choose_pack_layout(cfg: TrainConfig, facts: Facts, strategy: str) -> Choice:
     if cfg.pack_layout == "dynamic":
         return Choice(None, "pack_layout: dynamic")
     if cfg.pack_layout == "auto" and strategy not in ("loop", "modules"):
-        return Choice(None, f"auto: dynamic without a compile (compile {strategy})")
+        return Choice(None, f"auto: without a compile (compile {strategy})")
     if cfg.pack_layout == "auto" and facts.router_loss:
-        return Choice(None, "auto: dynamic, the model's router loss would count the filler documents' tokens")
+        return Choice(None, "auto: the model's router loss would count the filler documents' tokens")
     if cfg.micro_batch_size > 1:
         if cfg.pack_layout == "static":
             raise ConfigError(
                 "pack_layout 'static' needs micro_batch_size 1 (a micro-batch of several bins is collated as "
                 "one pack); raise gradient_accumulation_steps instead, or use pack_layout: dynamic"
             )
-        return Choice(None, "auto: dynamic, micro_batch_size > 1 and the static layout fits single bins")
+        return Choice(None, "auto: micro_batch_size > 1, and the static layout fits single bins")
     packs = [list(p) for p in facts.packs]
     limit = AUTO_MAX_FILLER if cfg.pack_layout == "auto" else STATIC_MAX_FILLER
     layout = StaticLayout.fit(packs, max_filler=limit) if packs else None
@@ -242,7 +243,7 @@ def choose_pack_layout(cfg: TrainConfig, facts: Facts, strategy: str) -> Choice:
         why = f"the filler of any static layout for these packs would cost more than {limit:.0%} of the step"
         if cfg.pack_layout == "static":
             raise ConfigError(f"pack_layout 'static': {why}; use pack_layout: dynamic (or auto)")
-        return Choice(None, f"auto: dynamic, {why}")
+        return Choice(None, f"auto: {why}")
     shares = layout.filler_shares(packs)
     return Choice(
         layout,

@@ -103,9 +103,9 @@ def format_step(rec: dict) -> str:
 
     >>> format_step({"step": 7, "loss": 1.5, "grad_norm": 0.25, "lr": 1e-4, "tokens_per_s": 31000.4,
     ...              "tflops": 250.0, "mfu": 0.41, "mem_gib": 5.5})
-    'step     7  loss 1.5000  grad_norm 0.250  lr 1.00e-04  tok/s 31,000  tflops 250.0  mfu 41.0%  mem 5.50 GiB'
+    'step     7  loss 1.5000  grad_norm 0.250  lr 1.00e-04  tok/s 31,000  tflops 250  mfu 41.0%  mem 5.50 GiB'
     """
-    flops = f"tflops {rec['tflops']:.1f}  " if "tflops" in rec else ""
+    flops = f"tflops {rec['tflops']:.3g}  " if "tflops" in rec else ""
     if "mfu" in rec:
         flops += f"mfu {100 * rec['mfu']:.1f}%  "
     return (
