@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 
+from hybridtune import __version__
 from hybridtune.errors import UserError, did_you_mean
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -66,8 +67,6 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     if argv[0] in ("-V", "--version"):
-        from hybridtune import __version__
-
         print(f"hybridtune {__version__}")
         return 0
     name, rest = argv[0], argv[1:]

@@ -161,6 +161,7 @@ def launch(nproc: int, argv: list[str], cfg) -> int:
     A failed rank ends the whole run (torchrun stops the others); this turns its report into one line
     naming each failed rank and its exit code or signal, and the first line of its error when it left one.
     """
+    # Here, not at the top: the launcher alone needs torch and torchrun (see _train for the same reason).
     import torch
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
