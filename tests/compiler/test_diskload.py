@@ -90,3 +90,16 @@ def test_dump_refuses_an_unsafe_directory(tmp_path):
     os.chmod(d, 0o777)
     with pytest.raises(UnsafeGeneratedCode):
         write_dump(d, {"gen.py": TEXT})
+
+
+def test_dump_never_writes_through_a_planted_manifest_link(tmp_path):
+    """Issue 16 item 12: the manifest was written with write_text, which follows a link planted at its name."""
+    d = tmp_path / "dump"
+    write_dump(d, {"gen.py": TEXT})
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    (d / MANIFEST).unlink()
+    (d / MANIFEST).symlink_to(victim)
+    with pytest.raises(UnsafeGeneratedCode, match="is a symlink"):
+        write_dump(d, {"gen.py": TEXT})
+    assert victim.read_text() == "keep"

@@ -42,15 +42,19 @@ def write_dump(directory: str | os.PathLike, files: dict[str, str]) -> Path:
         if os.sep in name or name.startswith("."):
             raise ValueError(f"generated file name {name!r} must be a plain file name")
         data = text.encode()
-        target = path / name
-        if target.is_symlink():
-            raise UnsafeGeneratedCode(f"{target} is a symlink; remove it before dumping there")
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        _write_own(path / name, data)
         manifest[name] = hashlib.sha256(data).hexdigest()
-    (path / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    _write_own(path / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
     return path
+
+
+def _write_own(target: Path, data: bytes) -> None:
+    """Write `target` as this user's private file (code that will be executed), never through a planted link."""
+    if target.is_symlink():
+        raise UnsafeGeneratedCode(f"{target} is a symlink; remove it before dumping there")
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
 
 
 def _check_dir(path: Path) -> None:
