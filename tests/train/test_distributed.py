@@ -374,9 +374,102 @@ def test_dead_rank_ends_the_run_with_one_line(tmp_path, small_data, launch):
     # The last complete checkpoint resumes in one process.
     done = ckpt.list_checkpoints(out)[-1]
     step = int(done.name.split("-")[1])
-    rest = train_here({**s, "resume_from_checkpoint": str(done), "max_steps": step + 1, "save_steps": 0, "overwrite": True})
+    rest = train_here(
+        {**s, "resume_from_checkpoint": str(done), "max_steps": step + 1, "save_steps": 0, "overwrite": True}
+    )
     assert rest[-1]["step"] == step + 1  # metrics.jsonl continues the killed run's
     assert not list(out.glob(".tmp-*"))  # whatever the killed ranks left half-written is gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in state  # a zombie has ended; only its parent has not reaped it
+
+
+def _run_until_a_checkpoint(proc, out: Path) -> dict[int, int]:
+    deadline = time.monotonic() + 240
+    while not ckpt.list_checkpoints(out):
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "no checkpoint within 240 s"
+        time.sleep(0.2)
+    pids = worker_pids(proc.pid)
+    assert sorted(pids) == [0, 1], pids
+    return pids
+
+
+@pytest.mark.slow  # torchrun
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the rank processes through Linux /proc")
+def test_a_killed_launcher_takes_its_ranks_with_it(tmp_path, small_data, launch):
+    """Issue 16 item 4: SIGKILL of the `--nproc` launcher left both ranks running as orphans that kept writing into
+    the output directory. Each rank now gets SIGTERM when its launcher dies (it saves, then exits)."""
+    out = tmp_path / "run"
+    proc = launch(*args(settings(small_data, "lora", output_dir=out, max_steps=10_000)))
+    pids = _run_until_a_checkpoint(proc, out)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 90
+    while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [r for r, p in pids.items() if _alive(p)], "ranks outlived their launcher"
+    # Nothing writes into the directory any more: a resume there may start (its lock is free).
+    before = (out / "metrics.jsonl").read_text()
+    time.sleep(2)
+    assert (out / "metrics.jsonl").read_text() == before
+
+
+@pytest.mark.slow  # torchrun, and a collective timeout
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the rank processes through Linux /proc")
+def test_a_stalled_rank_is_blamed_not_the_one_that_waited_for_it(tmp_path, small_data):
+    """Issue 16 item 17: a stopped rank (SIGSTOP) made the other time out in a collective, and the one line blamed
+    the rank that timed out."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hybridtune",
+            "train",
+            "--nproc",
+            "2",
+            *args(settings(small_data, "lora", output_dir=out, max_steps=10_000)),
+        ],
+        env={**ENV, "HYBRIDTUNE_DIST_TIMEOUT_S": "10"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        pids = _run_until_a_checkpoint(proc, out)
+        os.kill(pids[1], signal.SIGSTOP)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    last = [x for x in err.splitlines() if x.strip()][-1]
+    assert last.startswith("error: rank 1 ") and "rank 0 then timed out waiting for it" in last, err[-3000:]
+
+
+@pytest.mark.slow  # torchrun
+def test_plain_torchrun_says_a_rank_input_error_in_one_line_without_its_traceback(tmp_path):
+    """Issue 16 item 17: under plain torchrun a rank's UserError reached torchrun's report as a traceback (the
+    rank's error file). Now rank 0 says it in one line; torchrun's own report (its banner) stays torchrun's."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "wizard", "content": "x"}]}\n')
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "hybridtune"]
+    cmd += ["train", "--device", "cpu", "--max_steps", "1", "--gradient_accumulation_steps", "2", "--dataset"]
+    r = subprocess.run(
+        [*cmd, str(bad), "--output_dir", str(tmp_path / "o")], env=ENV, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode != 0
+    said = [x for x in r.stderr.splitlines() if x.startswith("error: ")]
+    assert len(said) == 1 and "unknown role 'wizard'" in said[0], r.stderr[-3000:]
+    assert "copy child error file" not in r.stderr and "DataError" not in r.stderr, r.stderr[-3000:]
+    assert not (tmp_path / "o").exists()  # a refused run leaves nothing
 
 
 def test_window_must_split_evenly_before_any_launch(tmp_path):
