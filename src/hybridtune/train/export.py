@@ -1,23 +1,37 @@
 """The final model: the adapter (with the preset's base weights when they exist only in memory) or the full model,
-with its tokenizer, written atomically as safetensors that transformers and peft load."""
+with its tokenizer, written atomically as safetensors that transformers and peft load.
+
+- Modes. Every file and directory exported has the mode a plain open/mkdir gives under the umask (safetensors
+  writes through a 0600 temporary file, which would otherwise leave the weights unreadable to a serving account).
+- Disk space. The export's size (the tensors it writes, plus the tokenizer) is checked against the free space
+  before anything is written, and a write that runs out of space midway is removed; both are one line
+  (`DiskFullError`) naming the last checkpoint, which is intact: a run resumed from it at its last step only
+  evaluates and exports.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from hybridtune.train import checkpoint as ckpt
-from hybridtune.train import distributed
+from hybridtune.train import distributed, integrity
+from hybridtune.train.integrity import DiskFullError
 
 logger = logging.getLogger(__name__)
 
 FINAL_DIR = ckpt.FINAL_DIR
 BASE_DIR = "base_model"
 INFO_FILE = ckpt.FINAL_META
+TOKENIZER_BYTES_PER_TOKEN = 96  # tokenizer.json (+ vocab/merges where written): about 75 bytes a token for Qwen's
 
 
 def gathered_state(engine: torch.nn.Module, model: torch.nn.Module, d: distributed.Dist) -> dict | None:
@@ -38,8 +52,8 @@ def gathered_state(engine: torch.nn.Module, model: torch.nn.Module, d: distribut
     return {k: v for k, v in state.items() if k not in tied}
 
 
-def save_unwrapped_base(base, tmp: Path, peft_state: dict | None = None) -> None:
-    """Save the frozen base weights without LoRA layers: peft keeps the original Linear as `base_layer`.
+def unwrapped_base_state(base, peft_state: dict | None = None) -> dict:
+    """The frozen base weights without LoRA layers: peft keeps the original Linear as `base_layer`.
 
     `peft_state`: the gathered state dict of the whole peft model (FSDP2), in place of `base`'s own.
     """
@@ -53,7 +67,118 @@ def save_unwrapped_base(base, tmp: Path, peft_state: dict | None = None) -> None
         if "lora_" in name:
             continue
         state[name.replace(".base_layer.", ".")] = tensor
-    base.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+    return state
+
+
+def save_unwrapped_base(base, tmp: Path, peft_state: dict | None = None) -> None:
+    """Save the frozen base weights without LoRA layers (see `unwrapped_base_state`)."""
+    base.save_pretrained(tmp, state_dict=unwrapped_base_state(base, peft_state), safe_serialization=True)
+
+
+# -- modes and disk space ---------------------------------------------------------------------------------------
+
+
+def honour_umask_tree(root: Path) -> None:
+    """Give every directory and regular file under `root` (and `root`) the mode the umask gives a plain
+    mkdir/open; links are left alone (chmod would follow them)."""
+    root = Path(root)
+    integrity.honour_umask(root, directory=True)
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            if p.is_symlink():
+                continue
+            if p.is_dir():
+                integrity.honour_umask(p, directory=True)
+            elif p.is_file():
+                integrity.honour_umask(p, directory=False)
+
+
+def tensor_bytes(state: dict) -> int:
+    """The bytes a safetensors file of `state` holds: each tensor's data once (tied weights share one), plus
+    its header entry and some slack."""
+    seen, total = set(), integrity.SLACK_BYTES
+    for t in state.values():
+        if not isinstance(t, torch.Tensor):
+            continue
+        local = t.to_local() if hasattr(t, "to_local") else t
+        ptr = local.data_ptr() if local.device.type != "meta" else 0
+        key = (ptr, tuple(local.shape), local.dtype) if ptr else id(t)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += local.numel() * local.element_size() + integrity.ENTRY_BYTES
+    return total
+
+
+def tokenizer_bytes(tokenizer) -> int:
+    try:
+        return len(tokenizer) * TOKENIZER_BYTES_PER_TOKEN
+    except TypeError:
+        return 0
+
+
+_FULL = ("no space left on device", "storagefull", "disk quota exceeded", "os error 28", "code: 28")
+
+
+def is_disk_full(exc: BaseException, where: Path, need: int) -> bool:
+    """`integrity.is_disk_full`, which also knows safetensors' error (a plain Exception carrying the OS error's
+    text: `IoError(Os { code: 28, kind: StorageFull, ... })`)."""
+    if integrity.is_disk_full(exc, where, need):
+        return True
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(s in str(e).lower() for s in _FULL):
+            return True
+        todo += [e.__cause__, e.__context__]
+    return False
+
+
+def disk_full_message(out: Path, what: str, need: int, free: int | None, previous: Path | None) -> str:
+    has = f"{integrity.gib(free)} free" if free is not None else "no space left"
+    if previous is not None:
+        kept = f"the last checkpoint {previous.name} is intact"
+        then = (
+            "run again with --resume_from_checkpoint latest, which finishes the run (a run resumed at its last "
+            "step only evaluates and exports)"
+        )
+    else:
+        kept, then = "no checkpoint was saved", "run again"
+    return (
+        f"disk full: exporting {what} needs about {integrity.gib(need)} and '{out}' has {has}; {kept}. Free some "
+        f"space (or use an output_dir on a larger disk) and {then}"
+    )
+
+
+def _write_all(out: Path, parts: list[tuple[Path, int, Callable[[Path], None]]], previous: Path | None) -> None:
+    """Write each `(target, bytes, write)` atomically, after checking that all of them fit; a write that runs out
+    of space becomes DiskFullError, its partial temporary directory removed."""
+    need = sum(n for _, n, _ in parts)
+    what = " and ".join(f"{t.name}/" for t, _, _ in parts)
+    out.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(out).free
+    if free < need:
+        raise DiskFullError(disk_full_message(out, what, need, free, previous))
+    for target, _, write in parts:
+
+        def run(tmp: Path, write=write) -> None:
+            try:
+                write(tmp)
+                honour_umask_tree(tmp)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:
+                if is_disk_full(e, tmp.parent, need):  # asked while the partial export is still there
+                    raise DiskFullError(disk_full_message(out, what, need, None, previous)) from None
+                raise
+
+        ckpt.atomic_dir(target, run)
 
 
 def save_final(
@@ -72,31 +197,44 @@ def save_final(
     on a preset (`base_in_memory`), the base weights beside it in `out/base_model`. Every rank calls it (FSDP2
     gathers); rank 0 writes."""
     full = gathered_state(engine, model, d)
-    if not d.is_main:
-        distributed.barrier(d)
-        return out / FINAL_DIR
-    base_dir = None
-    if adapter == "lora" and base_in_memory:
-        # A preset's base weights exist only in memory: save them so the adapter can be loaded and merged.
-        base_dir = out / BASE_DIR
-        base = model.get_base_model()
+    final = out / FINAL_DIR
 
-        def write_base(tmp: Path) -> None:
-            save_unwrapped_base(base, tmp, full)
+    def export() -> None:  # rank 0
+        parts = []
+        tok = tokenizer_bytes(tokenizer)
+        base_dir = None
+        if adapter == "lora" and base_in_memory:
+            # A preset's base weights exist only in memory: save them so the adapter can be loaded and merged.
+            base_dir = out / BASE_DIR
+            base = model.get_base_model()
+            base_state = unwrapped_base_state(base, full)
+
+            def write_base(tmp: Path) -> None:
+                base.save_pretrained(tmp, state_dict=base_state, safe_serialization=True)
+                tokenizer.save_pretrained(tmp)
+
+            parts.append((base_dir, tensor_bytes(base_state) + tok, write_base))
+        if adapter == "lora":
+            from peft import get_peft_model_state_dict
+
+            weights = tensor_bytes(get_peft_model_state_dict(model, state_dict=full))
+        else:
+            weights = tensor_bytes(full if full is not None else model.state_dict())
+
+        def write(tmp: Path) -> None:
+            if base_dir is not None:
+                model.peft_config["default"].base_model_name_or_path = str(base_dir.resolve())
+            kw = {"state_dict": full} if full is not None else {}
+            model.save_pretrained(tmp, safe_serialization=True, **kw)
             tokenizer.save_pretrained(tmp)
+            info = {"base_model": base_name, "adapter": adapter, "steps": steps}
+            (tmp / INFO_FILE).write_text(json.dumps(info, indent=2))
 
-        ckpt.atomic_dir(base_dir, write_base)
+        parts.append((final, weights + tok, write))
+        done = ckpt.list_checkpoints(out)
+        _write_all(out, parts, done[-1] if done else None)
+        logger.info("saved final %s to %s", "adapter" if adapter == "lora" else "model", final)
 
-    def write(tmp: Path) -> None:
-        if base_dir is not None:
-            model.peft_config["default"].base_model_name_or_path = str(base_dir.resolve())
-        kw = {"state_dict": full} if full is not None else {}
-        model.save_pretrained(tmp, safe_serialization=True, **kw)
-        tokenizer.save_pretrained(tmp)
-        info = {"base_model": base_name, "adapter": adapter, "steps": steps}
-        (tmp / INFO_FILE).write_text(json.dumps(info, indent=2))
-
-    final = ckpt.atomic_dir(out / FINAL_DIR, write)
-    logger.info("saved final %s to %s", "adapter" if adapter == "lora" else "model", final)
-    distributed.barrier(d)
+    # Rank 0 writes; its error (a full disk) is raised on every rank rather than leaving the others waiting.
+    distributed.main_only(d, export)
     return final
