@@ -229,3 +229,47 @@ def test_help_is_one_sentence_per_key_without_figures():
         assert len(text) <= 200, (f.name, len(text))
         assert not re.search(r"\d+\s*%|\d+M\b|measured|\b\d+ s\b|minutes", text), (f.name, text)
         assert text.count(". ") == 0, (f.name, text)
+
+
+# --- red-team items: bounds that used to crash deep in torch or tokenizers -----------------------------------
+
+
+def test_num_threads_is_bounded_by_the_cpu_count(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"'num_threads' = 9 must be at most 8 \(4 x the 2 CPUs of this machine"):
+        load_config(None, parse_overrides(["--num_threads", "9"]))
+    assert load_config(None, parse_overrides(["--num_threads", "8"])).num_threads == 8
+
+
+def test_cli_huge_num_threads_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    # Used to start 100000 torch threads and crash in the tokenizers' thread pool (a segfault, rc 139): run it
+    # in a child so that a regression fails this test instead of taking the test session down.
+    argv = [sys.executable, "-m", "hybridtune", "train", "--num_threads", "100000", "--output_dir", str(tmp_path)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(err) == 1 and err[0].startswith("error: config key 'num_threads' = 100000 must be at most"), err
+
+
+def test_learning_rate_is_bounded():
+    # 1e38 used to end in Adam's "value cannot be converted to type float without overflow".
+    with pytest.raises(ConfigError, match=r"'learning_rate' = 1e\+38 must be at most 1e\+10 .*use e\.g\. 1e-4"):
+        load_config(None, parse_overrides(["--learning_rate", "1e38"]))
+    # Divergence tests use 1e6 on purpose.
+    assert load_config(None, parse_overrides(["--learning_rate", "1e6"])).learning_rate == 1e6
+    assert load_config(None, {"learning_rate": 1e10}).learning_rate == 1e10
+
+
+def test_empty_roles_to_train_is_refused(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("datasets:\n  - path: a.jsonl\n    type: chat\n    roles_to_train: []\n")
+    with pytest.raises(ConfigError, match=r"'datasets\[0\]\.roles_to_train' is empty.*e\.g\. \[assistant\]"):
+        load_config(p)
+    # Irrelevant for text data, and harmless when every token is trained on anyway.
+    p.write_text("datasets:\n  - path: a.jsonl\n    type: text\n    roles_to_train: []\n")
+    assert load_config(p).datasets[0].roles_to_train == []
+    p.write_text("train_on_inputs: true\ndatasets:\n  - path: a.jsonl\n    roles_to_train: []\n")
+    assert load_config(p).train_on_inputs

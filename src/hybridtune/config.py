@@ -47,6 +47,19 @@ BUNDLED_DATASET = "hybridtune:sample/arithmetic.jsonl"
 _YAML_BOOL_WORDS = {True: ("on", "yes", "true"), False: ("off", "no", "false")}
 # torch.manual_seed takes a 64-bit value and the trainer adds the rank to the seed.
 MAX_SEED = 2**63 - 1
+# No real fine-tune uses a learning rate above ~1 (they sit between 1e-6 and 1e-2); tests force a divergence with
+# 1e6 on purpose. Past about 3e37 Adam's step size (lr / (1 - beta1)) overflows float32 and torch raises a bare
+# RuntimeError, so refuse far below that and far above anything meaningful.
+MAX_LEARNING_RATE = 1e10
+# torch's intra-op threads beyond the core count only contend for the same cores; a few times the core count
+# is room enough for experiments. Tens of thousands exhaust the process's thread limit and the tokenizers'
+# thread pool panics (a segfault), so the bound follows the machine rather than a fixed number.
+THREADS_PER_CPU = 4
+
+
+def max_num_threads() -> int:
+    """The most CPU threads `num_threads` may ask for on this machine: THREADS_PER_CPU x os.cpu_count()."""
+    return THREADS_PER_CPU * (os.cpu_count() or 1)
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -413,6 +426,13 @@ def validate(cfg: TrainConfig) -> None:
         (cfg.lora_r >= 1, "lora_r", cfg.lora_r, "must be at least 1"),
         (0.0 <= cfg.lora_dropout < 1.0, "lora_dropout", cfg.lora_dropout, "must be in [0, 1)"),
         (cfg.learning_rate > 0, "learning_rate", cfg.learning_rate, "must be positive"),
+        (
+            cfg.learning_rate <= MAX_LEARNING_RATE,
+            "learning_rate",
+            cfg.learning_rate,
+            f"must be at most {MAX_LEARNING_RATE:g} (fine-tunes use 1e-6 to 1e-2; far larger overflows the "
+            "optimizer); use e.g. 1e-4",
+        ),
         (cfg.val_set_size >= 0, "val_set_size", cfg.val_set_size, "must be >= 0"),
         (cfg.max_steps == -1 or cfg.max_steps >= 1, "max_steps", cfg.max_steps, "must be -1 or at least 1"),
         (cfg.num_epochs > 0, "num_epochs", cfg.num_epochs, "must be positive"),
@@ -430,6 +450,13 @@ def validate(cfg: TrainConfig) -> None:
             "must be at least 1 (to evaluate nothing, set val_set_size: 0)",
         ),
         (cfg.num_threads >= 0, "num_threads", cfg.num_threads, "must be 0 (auto) or more"),
+        (
+            cfg.num_threads <= max_num_threads(),
+            "num_threads",
+            cfg.num_threads,
+            f"must be at most {max_num_threads()} ({THREADS_PER_CPU} x the {os.cpu_count() or 1} CPUs of this "
+            "machine; more threads only contend for the same cores); use 0 for auto",
+        ),
         (0 <= cfg.seed <= MAX_SEED, "seed", cfg.seed, f"must be between 0 and 2**63 - 1 ({MAX_SEED})"),
         (cfg.save_total_limit >= 1, "save_total_limit", cfg.save_total_limit, "must be at least 1"),
         (cfg.profile_steps >= 0, "profile_steps", cfg.profile_steps, "must be 0 (off) or more"),
@@ -449,6 +476,11 @@ def validate(cfg: TrainConfig) -> None:
     for i, ds in enumerate(cfg.resolved_datasets()):
         if not ds.path:
             raise ConfigError(f"config key 'datasets[{i}].path' is empty; give a JSONL or Parquet file")
+        if not ds.roles_to_train and ds.type in ("auto", "chat", "sharegpt") and not cfg.train_on_inputs:
+            raise ConfigError(
+                f"config key 'datasets[{i}].roles_to_train' is empty, so no token of a chat would be trained on; "
+                "name the roles to train on (e.g. [assistant])"
+            )
 
 
 def config_help() -> str:

@@ -186,3 +186,35 @@ def test_cli_data_error_is_one_line(tmp_path, capsys):
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "is a directory" in err[0], err
+
+
+# --- red-team items: null fields and roles_to_train that train nothing -----------------------------------------
+
+
+def test_null_field_says_null(tok, tmp_path):
+    p = write_rows(tmp_path, [{"instruction": None, "output": "x"}])
+    with pytest.raises(DataError, match=r"d\.jsonl:1: alpaca row has field 'instruction' but it is null;"):
+        load_examples(DatasetConfig(path=str(p), type="alpaca"), tok)
+    p = write_rows(tmp_path, [{"text": None}])
+    with pytest.raises(DataError, match=r"d\.jsonl:1: text row has field 'text' but it is null;"):
+        load_examples(DatasetConfig(path=str(p), type="text"), tok)
+
+
+def test_roles_to_train_that_never_occur(tok, tmp_path):
+    p = write_rows(tmp_path, [chat("4"), chat("5")])
+    with pytest.raises(
+        DataError,
+        match=r"d\.jsonl': roles_to_train \['wizard'\] names no role that occurs in its messages "
+        r"\(roles: assistant, user\)",
+    ):
+        load_examples(DatasetConfig(path=str(p), roles_to_train=["wizard"]), tok)
+    with pytest.raises(DataError, match=r"roles_to_train \[\] names no role"):
+        load_examples(DatasetConfig(path=str(p), roles_to_train=[]), tok)
+    # sharegpt's 'gpt' becomes 'assistant' before roles_to_train applies: say so.
+    row = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
+    p = write_rows(tmp_path, [row])
+    with pytest.raises(DataError, match=r"roles_to_train \['gpt'\] names no role.*gpt -> assistant"):
+        load_examples(DatasetConfig(path=str(p), roles_to_train=["gpt"]), tok)
+    # One role that occurs is enough; train_on_inputs trains everything anyway.
+    assert len(load_examples(DatasetConfig(path=str(p), roles_to_train=["gpt", "assistant"]), tok)) == 1
+    assert len(load_examples(DatasetConfig(path=str(p), roles_to_train=["gpt"]), tok, train_on_inputs=True)) == 1

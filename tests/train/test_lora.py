@@ -31,3 +31,23 @@ def test_moe_expert_rewrite_is_said(caplog):
     assert all(name in warnings[0] for name in moved)
     info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "LoRA r=4" in r.getMessage()]
     assert info and "(expert parameter)" in info[0] and "gate_proj" not in info[0]
+
+
+def test_rank_above_the_smallest_target_is_refused():
+    import pytest
+    import torch
+
+    from hybridtune.errors import ConfigError
+
+    model = load_model("tiny-qwen3_5").model
+    largest = min(
+        min(m.in_features, m.out_features)
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in DEFAULT_LORA_TARGETS
+    )
+    # 10**13 used to try to allocate 5 PB (an allocator traceback); largest + 1 gains nothing over full rank.
+    for r in (10**13, largest + 1):
+        with pytest.raises(ConfigError, match=rf"'lora_r' = {r} is larger than the largest sensible rank {largest}:"):
+            apply_lora(model, r, 8, 0.0, DEFAULT_LORA_TARGETS)
+    # Only the targeted layers count.
+    assert apply_lora(model, largest, 8, 0.0, DEFAULT_LORA_TARGETS) is not None

@@ -172,8 +172,10 @@ def detect_type(row: dict, ds: DatasetConfig, where: str) -> str:
 
 
 def _field(row: dict, key: str, where: str, fmt: str) -> Any:
-    if key not in row or row[key] is None:
+    if key not in row:
         raise DataError(f"{where}: {fmt} row has no field '{key}' (fields: {sorted(row)}); map it with `field_*` keys")
+    if row[key] is None:
+        raise DataError(f"{where}: {fmt} row has field '{key}' but it is null; give it a value or drop the row")
     return row[key]
 
 
@@ -225,8 +227,17 @@ def chat_spans(tokenizer, messages: list[dict], roles_to_train: list[str]) -> li
     return spans
 
 
-def to_example(row: dict, fmt: str, tokenizer, ds: DatasetConfig, train_on_inputs: bool, where: str) -> Example:
-    """One row -> Example. `fmt` is a concrete format (not 'auto')."""
+def to_example(
+    row: dict,
+    fmt: str,
+    tokenizer,
+    ds: DatasetConfig,
+    train_on_inputs: bool,
+    where: str,
+    roles_seen: set[str] | None = None,
+) -> Example:
+    """One row -> Example. `fmt` is a concrete format (not 'auto'). The chat roles of the row (as mapped) are
+    added to `roles_seen` when it is given."""
     eos = tokenizer.eos_token or ""
     if fmt == "text":
         text = _field(row, ds.field_text, where, "text")
@@ -282,6 +293,8 @@ def to_example(row: dict, fmt: str, tokenizer, ds: DatasetConfig, train_on_input
                 mapped = role
             what = f"message {j} (role {role!r}), key '{content_key}'"
             messages.append({"role": mapped, "content": message_content(m[content_key], where, what)})
+        if roles_seen is not None:
+            roles_seen.update(m["role"] for m in messages)
         if not tokenizer.chat_template:
             raise DataError(f"{where}: {fmt} data needs a tokenizer with a chat template; this tokenizer has none")
         try:
@@ -296,11 +309,19 @@ def load_examples(ds: DatasetConfig, tokenizer, train_on_inputs: bool = False) -
     """All examples of one data source, tokenized with their loss masks."""
     out: list[Example] = []
     fmt = ds.type
+    roles_seen: set[str] = set()
     for where, row in read_rows(ds.path):
         if fmt == "auto":
             fmt = detect_type(row, ds, where)
             logger.info("dataset %s: detected format '%s'", ds.path, fmt)
-        out.append(to_example(row, fmt, tokenizer, ds, train_on_inputs, where))
+        out.append(to_example(row, fmt, tokenizer, ds, train_on_inputs, where, roles_seen))
     if not out:
         raise DataError(f"dataset file '{ds.path}' has no rows; give a file with at least one example")
+    if fmt in ("chat", "sharegpt") and not train_on_inputs and not roles_seen & set(ds.roles_to_train):
+        mapped = " (sharegpt roles are mapped: human -> user, gpt -> assistant)" if fmt == "sharegpt" else ""
+        raise DataError(
+            f"dataset file '{ds.path}': roles_to_train {ds.roles_to_train} names no role that occurs in its messages "
+            f"(roles: {', '.join(sorted(roles_seen))}){mapped}, so nothing would be trained on; set roles_to_train "
+            "to roles of the data (e.g. [assistant])"
+        )
     return out

@@ -31,6 +31,7 @@ def apply_lora(model: torch.nn.Module, r: int, alpha: int, dropout: float, targe
         )
     if missing:
         logger.info("LoRA targets not in this model (skipped): %s", ", ".join(missing))
+    check_rank(model, r, found)
     cfg = LoraConfig(
         r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=found, task_type="CAUSAL_LM", bias="none"
     )
@@ -57,6 +58,26 @@ def apply_lora(model: torch.nn.Module, r: int, alpha: int, dropout: float, targe
             ",".join(params) or "(none)",
         )
     return peft_model
+
+
+def check_rank(model: torch.nn.Module, r: int, targets: list[str]) -> None:
+    """Refuse a rank above min(in, out) of the smallest targeted Linear: such a rank adds nothing a full-rank
+    update would not give, and a huge one would try to allocate its A and B matrices before failing."""
+    name, layer = min(
+        (
+            (n, m)
+            for n, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in targets
+        ),
+        key=lambda nm: min(nm[1].in_features, nm[1].out_features),
+    )
+    largest = min(layer.in_features, layer.out_features)
+    if r > largest:
+        raise ConfigError(
+            f"config key 'lora_r' = {r} is larger than the largest sensible rank {largest}: the targeted layer "
+            f"'{name}' is {layer.in_features} -> {layer.out_features}, and a rank above min(in, out) adds nothing "
+            f"a full-rank update would not give; set lora_r to at most {largest}"
+        )
 
 
 def applied_targets(peft_model) -> tuple[list[str], list[str]]:
