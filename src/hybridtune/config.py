@@ -7,7 +7,6 @@ that names the nearest known key; ill-typed values name the key, the file and li
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import difflib
 import logging
@@ -15,170 +14,42 @@ import math
 import os
 import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
 
+from hybridtune.config_schema import (  # re-exported: hybridtune.config is where users look for them
+    BUNDLED_DATASET,
+    DEFAULT_LORA_TARGETS,
+    MAX_LEARNING_RATE,
+    MAX_SEED,
+    THREADS_PER_CPU,
+    DatasetConfig,
+    TrainConfig,
+    max_num_threads,
+)
 from hybridtune.errors import ConfigError
 from hybridtune.textfile import read_utf8
 
-logger = logging.getLogger(__name__)
-
-# Default LoRA targets: attention projections, the GDN projections and the MLP (dense and MoE experts'
-# shared MLP). Names that a model lacks are simply not matched; at least one must match.
-DEFAULT_LORA_TARGETS = [
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "in_proj_qkv",
-    "in_proj_z",
-    "out_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
+__all__ = [
+    "BUNDLED_DATASET",
+    "DEFAULT_LORA_TARGETS",
+    "DatasetConfig",
+    "TrainConfig",
+    "compile_overrides",
+    "config_help",
+    "load_config",
+    "parse_overrides",
+    "to_dict",
+    "validate",
+    "warmup_warning",
 ]
 
-BUNDLED_DATASET = "hybridtune:sample/arithmetic.jsonl"
+logger = logging.getLogger(__name__)
 
 # YAML 1.1 reads these words (unquoted) as booleans; an enum key that has one of them as a value takes it back.
 _YAML_BOOL_WORDS = {True: ("on", "yes", "true"), False: ("off", "no", "false")}
-# torch.manual_seed takes a 64-bit value and the trainer adds the rank to the seed.
-MAX_SEED = 2**63 - 1
-# No real fine-tune uses a learning rate above ~1 (they sit between 1e-6 and 1e-2); tests force a divergence with
-# 1e6 on purpose. Past about 3e37 Adam's step size (lr / (1 - beta1)) overflows float32 and torch raises a bare
-# RuntimeError, so refuse far below that and far above anything meaningful.
-MAX_LEARNING_RATE = 1e10
-# torch's intra-op threads beyond the core count only contend for the same cores; a few times the core count
-# is room enough for experiments. Tens of thousands exhaust the process's thread limit and the tokenizers'
-# thread pool panics (a segfault), so the bound follows the machine rather than a fixed number.
-THREADS_PER_CPU = 4
-
-
-def max_num_threads() -> int:
-    """The most CPU threads `num_threads` may ask for on this machine: THREADS_PER_CPU x os.cpu_count()."""
-    return THREADS_PER_CPU * (os.cpu_count() or 1)
-
-
-def _f(default: Any, help: str, **kw: Any) -> Any:
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
-
-
-@dataclass
-class DatasetConfig:
-    """One data source. `type: auto` detects the format from the first row's fields."""
-
-    path: str = _f("", "JSONL or Parquet file (or 'hybridtune:sample/<name>' for bundled data)")
-    type: Literal["auto", "text", "alpaca", "chat", "sharegpt"] = _f("auto", "row format")
-    field_text: str = _f("text", "text: field holding the document")
-    field_instruction: str = _f("instruction", "alpaca: instruction field")
-    field_input: str = _f("input", "alpaca: optional input field")
-    field_output: str = _f("output", "alpaca: response field")
-    field_messages: str = _f("messages", "chat: list of {role, content}; sharegpt: 'conversations'")
-    message_field_role: str = _f("role", "chat: role key in a message ('from' for sharegpt)")
-    message_field_content: str = _f("content", "chat: content key in a message ('value' for sharegpt)")
-    roles_to_train: list[str] = _f(["assistant"], "chat/sharegpt: roles whose tokens are trained on")
-
-
-@dataclass
-class TrainConfig:
-    # model
-    base_model: str = _f("tiny-qwen3_5", "preset name (see `hybridtune doctor`) or local checkpoint directory")
-    tokenizer: str | None = _f(None, "tokenizer directory (default: the model's own, or the bundled one for presets)")
-    # data
-    datasets: list[DatasetConfig] = _f([DatasetConfig(path=BUNDLED_DATASET, type="chat")], "list of data sources")
-    dataset: str | None = _f(None, "shorthand for a single data file (replaces `datasets`)")
-    dataset_type: Literal["auto", "text", "alpaca", "chat", "sharegpt"] = _f("auto", "format of `dataset`")
-    val_set_size: float = _f(0.04, "held-out share (< 1) or count (>= 1) of examples for eval")
-    sequence_len: int = _f(256, "tokens per packed bin (and max tokens per example)")
-    sample_packing: bool = _f(True, "pack several examples per bin (off: one example per bin)")
-    excess_length_strategy: Literal["truncate", "drop"] = _f("truncate", "examples longer than sequence_len")
-    train_on_inputs: bool = _f(False, "also train on prompt/user tokens (default: assistant/response only)")
-    # adapter
-    adapter: Literal["lora", "full"] = _f(
-        "full", "full fine-tune (default, as in Axolotl when no adapter is set) or a LoRA adapter through peft"
-    )
-    lora_r: int = _f(16, "LoRA rank")
-    lora_alpha: int = _f(32, "LoRA alpha (scale = alpha / r)")
-    lora_dropout: float = _f(0.0, "LoRA dropout")
-    lora_target_modules: list[str] = _f(list(DEFAULT_LORA_TARGETS), "module names that get LoRA")
-    # optimisation
-    micro_batch_size: int = _f(1, "packed bins per forward (laid end to end in one [1, T] row)")
-    gradient_accumulation_steps: int = _f(1, "micro-batches per optimizer step")
-    num_epochs: float = _f(2.0, "passes over the training data (ignored when max_steps > 0)")
-    max_steps: int = _f(-1, "optimizer steps to run (-1: from num_epochs)")
-    learning_rate: float = _f(1e-3, "peak learning rate")
-    lr_scheduler: Literal["cosine", "linear", "constant"] = _f("cosine", "decay after warmup")
-    warmup_steps: int = _f(10, "linear warmup steps")
-    weight_decay: float = _f(0.0, "AdamW weight decay")
-    max_grad_norm: float = _f(1.0, "gradient clipping (0: off)")
-    bf16: Literal["auto"] | bool = _f("auto", "bf16 autocast: auto = on a GPU that supports it, off on CPU")
-    gradient_checkpointing: Literal["auto"] | bool = _f(
-        "auto",
-        "recompute activations in backward to save memory; auto = off, switched on (and the step retried) when a "
-        "one-process run's first step runs out of GPU memory",
-    )
-    pack_layout: Literal["auto", "static", "dynamic"] = _f(
-        "auto",
-        "static = every batch filled to one shape with filler documents (fewer recompiles), dynamic = no filler, "
-        "auto = static under a compiled run when the filler is cheap and the model has no router loss",
-    )
-    loss: Literal["auto", "fused", "plain"] = _f(
-        "auto",
-        "cross-entropy: fused = chunked against lm_head without [tokens, vocab] logits, plain = transformers' own, "
-        "auto = fused where the model's head allows it",
-    )
-    # evaluation, logging, checkpoints
-    eval_steps: int = _f(100, "evaluate every N steps (0: only at the end)")
-    eval_max_examples: int = _f(200, "cap on held-out examples per eval")
-    logging_steps: int = _f(10, "log every N steps")
-    save_steps: int = _f(0, "checkpoint every N steps (0: only at the end)")
-    save_total_limit: int = _f(2, "checkpoints kept (oldest removed first)")
-    profile_steps: int = _f(
-        0,
-        "profile N optimizer steps with torch.profiler and write the breakdown to profile-<first>-<last>.json (0: off)",
-    )
-    output_dir: str = _f("outputs/run", "where checkpoints, the final model and metrics.jsonl go")
-    overwrite: bool = _f(False, "allow an output_dir that already holds a different run")
-    resume_from_checkpoint: str | None = _f(None, "checkpoint directory, or 'latest' for the newest in output_dir")
-    seed: int = _f(42, "random seed (data order, init of LoRA, dropout)")
-    # speed
-    kernels: Literal["auto", "check", "off"] = _f(
-        "auto", "fast kernels: auto = install missing ones (pinned wheels, GPU only), check = report only, off = skip"
-    )
-    compile: Literal["auto", "off", "loop", "modules"] = _f(
-        "auto",
-        "torch.compile strategy: loop = the whole decoder loop as one graph, modules = per-class forwards, "
-        "auto = loop on a GPU and off on the CPU (where inductor's C++ build is slow)",
-    )
-    compile_overrides: list[str] = _f(
-        [], "per-class plan overrides for compile: modules, as Class=compile|fullgraph|eager|off (see doctor)"
-    )
-    require_fast_path: bool = _f(False, "refuse to train when a mixer would run on a slow fallback")
-    device: Literal["auto", "cpu", "cuda"] = _f("auto", "where to train")
-    distributed: Literal["auto", "ddp", "fsdp"] = _f(
-        "auto",
-        "engine under torchrun or --nproc N: ddp = the whole model on every rank, fsdp = FSDP2 (see fsdp_units), "
-        "auto = ddp for LoRA and fsdp for a full fine-tune",
-    )
-    fsdp_units: Literal["auto", "layer", "model"] = _f(
-        "auto",
-        "what FSDP2 gathers as one unit: layer = each decoder layer (least memory), model = the whole model (what "
-        "compile: loop needs), auto = model under compile: loop when it leaves room for activations",
-    )
-    num_threads: int = _f(
-        0, "CPU threads for torch (0 = auto: one thread for small models on the CPU, else torch's default)"
-    )
-
-    def resolved_datasets(self) -> list[DatasetConfig]:
-        if self.dataset:
-            return [DatasetConfig(path=self.dataset, type=self.dataset_type)]
-        return self.datasets
-
 
 # ---------------------------------------------------------------------------------------------------
 # parsing and validation

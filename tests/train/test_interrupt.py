@@ -111,7 +111,7 @@ def test_a_second_ctrl_c_during_a_save_does_not_cut_it(tmp_path, small_data, mon
 
 def test_a_non_finite_loss_stops_before_the_update_and_exports_nothing(tmp_path, small_data):
     t = _trainer(make_cfg(tmp_path, small_data, learning_rate=1e6, max_steps=6, warmup_steps=0))
-    with pytest.raises(TrainingDiverged, match=r"step \d: the loss is .*learning_rate 1e\+06 may be too high"):
+    with pytest.raises(TrainingDiverged, match=r"step \d: the loss is .*lower learning_rate \(1e\+06\)"):
         t.train()
     assert all(torch.isfinite(p).all() for p in t.model.parameters())  # the bad update was never applied
     assert not (tmp_path / "final").exists()
@@ -137,3 +137,47 @@ def test_eval_max_examples_zero_is_refused_not_logged_as_a_zero_loss(tmp_path, s
 
     with pytest.raises(ConfigError, match="'eval_max_examples' = 0 must be at least 1"):
         make_cfg(tmp_path, small_data, eval_max_examples=0)
+
+
+def test_divergence_on_the_last_update_exports_nothing(tmp_path, small_data):
+    """The last update is checked by no later step's loss: the weights (and the final eval) are, before the save."""
+    t = _trainer(make_cfg(tmp_path, small_data, learning_rate=1e6, max_steps=1, warmup_steps=0, eval_steps=0))
+    with pytest.raises(TrainingDiverged, match=r"step 1: the (eval loss is nan|trained weights are not finite)"):
+        t.train()
+    assert not (tmp_path / "final").exists()
+
+
+def test_ctrl_c_in_the_final_eval_keeps_the_last_checkpoint_and_the_resume_finishes(tmp_path, small_data, monkeypatch):
+    from hybridtune.train import signals as stop
+
+    monkeypatch.setattr(stop, "SAME_PRESS_S", 0.0)
+    t = _trainer(make_cfg(tmp_path, small_data, max_steps=2))
+    evaluate = t.run_eval
+
+    def pressed_twice(result=None):
+        if t.step == 2:  # the final eval
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return evaluate(result)
+
+    t.run_eval = pressed_twice
+    res = t.train()
+    assert res.interrupted and res.final_dir is None
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["checkpoint-2"]
+    done = _trainer(make_cfg(tmp_path, small_data, max_steps=2, resume_from_checkpoint="latest")).train()
+    assert done.losses == [] and done.final_dir is not None
+
+
+def test_sigterm_during_setup_leaves_nothing_behind(tmp_path, small_data, monkeypatch):
+    from hybridtune.train import trainer as trainer_module
+
+    out = tmp_path / "run"
+    t = trainer_module.Trainer(make_cfg(out, small_data, max_steps=2))
+
+    def killed():
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(t, "_setup_model", killed)
+    with pytest.raises(KeyboardInterrupt):
+        t.setup()
+    assert not out.exists()

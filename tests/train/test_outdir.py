@@ -41,7 +41,7 @@ def test_resume_from_another_runs_checkpoint_never_touches_a_users_files(tmp_pat
     target = tmp_path / "mine"
     _user_files(target)
     cfg = make_cfg(target, small_data, max_steps=4, resume_from_checkpoint=str(finished / "checkpoint-2"))
-    with pytest.raises(OutputDirError, match="not from a hybridtune run"):
+    with pytest.raises(OutputDirError, match="final/ not written by hybridtune"):
         Trainer(cfg).setup()
     for f in ("final/paper.pdf", "checkpoint-4/thesis.tex", ".tmp-cache/blob"):
         assert (target / f).read_text() == "mine", f
@@ -118,6 +118,107 @@ def test_overwrite_never_replaces_a_final_dir_hybridtune_did_not_write(tmp_path,
     out = tmp_path / "run"
     (out / "final").mkdir(parents=True)
     (out / "final" / "paper.pdf").write_text("mine")
-    with pytest.raises(OutputDirError, match="holds final/ not written by hybridtune; --overwrite never replaces it"):
+    with pytest.raises(OutputDirError, match=r"holds final/ not written by hybridtune.*--overwrite never does"):
         outdir.check_output_dir(make_cfg(out, small_data, max_steps=1, overwrite=True))
     assert (out / "final" / "paper.pdf").read_text() == "mine"
+
+
+# Red-team findings (each failed before its fix).
+
+
+def test_a_planted_metrics_link_is_never_written_through(tmp_path, small_data):
+    out = tmp_path / "run"
+    _train(make_cfg(out, small_data, max_steps=2, eval_steps=0, save_steps=1))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+
+    def plant():
+        (out / "metrics.jsonl").unlink()
+        (out / "metrics.jsonl").symlink_to(victim)
+
+    plant()
+    with pytest.raises(OutputDirError, match="metrics.jsonl' is not a plain file"):  # a resume appends: refused
+        _train(make_cfg(out, small_data, max_steps=2, eval_steps=0, save_steps=1, resume_from_checkpoint="latest"))
+    _train(make_cfg(out, small_data, max_steps=2, eval_steps=0, save_steps=1))  # a fresh log replaces the link
+    assert victim.read_text() == "keep" and not (out / "metrics.jsonl").is_symlink()
+
+
+@pytest.mark.parametrize("how", ["resume", "rerun"])
+def test_a_users_final_dir_is_never_replaced(tmp_path, small_data, finished, how):
+    out = tmp_path / "run"
+    _train(make_cfg(out, small_data, max_steps=2, eval_steps=0, save_steps=1))
+    import shutil
+
+    shutil.rmtree(out / "final")
+    (out / "final").mkdir()
+    (out / "final" / "paper.pdf").write_text("mine")
+    extra = dict(resume_from_checkpoint=str(finished / "checkpoint-2")) if how == "resume" else {}
+    if how == "rerun":
+        for p in out.glob("checkpoint-*"):
+            shutil.rmtree(p)
+    with pytest.raises(OutputDirError, match="holds final/ not written by hybridtune"):
+        outdir.check_output_dir(make_cfg(out, small_data, max_steps=2, eval_steps=0, save_steps=1, **extra))
+    assert (out / "final" / "paper.pdf").read_text() == "mine"
+
+
+def test_a_run_that_fails_its_checks_removes_nothing(tmp_path, small_data):
+    out = tmp_path / "run"
+    _train(make_cfg(out, small_data, max_steps=4, eval_steps=0, save_steps=2))
+    before = sorted(p.name for p in out.glob("checkpoint-*"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": 5}\n')
+    from hybridtune.errors import DataError
+
+    with pytest.raises(DataError):
+        _train(make_cfg(out, str(bad), max_steps=4, eval_steps=0, overwrite=True))
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == before == ["checkpoint-2", "checkpoint-4"]
+
+
+def test_pruning_removes_only_hybridtunes_checkpoints(tmp_path, small_data):
+    out = tmp_path / "run"
+    _train(make_cfg(out, small_data, max_steps=2, eval_steps=0, save_steps=2))
+    theirs = out / "checkpoint-1"
+    theirs.mkdir()
+    (theirs / "checkpoint.json").write_text('{"note": 1}')
+    (theirs / "results.csv").write_text("mine")
+    more = dict(max_steps=4, save_steps=1, save_total_limit=1, overwrite=True)  # (a longer run: accepted explicitly)
+    _train(make_cfg(out, small_data, eval_steps=0, resume_from_checkpoint=str(out / "checkpoint-2"), **more))
+    assert (theirs / "results.csv").read_text() == "mine"
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-4"]
+
+
+def test_resume_into_an_empty_dir_compares_with_the_checkpoints_own_record(tmp_path, small_data, finished):
+    ckpt_dir = str(finished / "checkpoint-2")
+    with pytest.raises(OutputDirError, match="sequence_len: 64 -> 32"):
+        outdir.check_output_dir(make_cfg(tmp_path / "new", small_data, max_steps=2, eval_steps=0, sequence_len=32,
+                                         resume_from_checkpoint=ckpt_dir))  # fmt: skip
+    assert (
+        outdir.check_output_dir(
+            make_cfg(tmp_path / "new", small_data, max_steps=2, eval_steps=0, resume_from_checkpoint=ckpt_dir)
+        )
+        is False
+    )
+
+
+def test_the_same_run_under_another_spelling_is_the_same_run(tmp_path, small_data, finished, monkeypatch):
+    """A trailing slash, an absolute path to the same data, save_total_limit: nothing the run computes changes."""
+    monkeypatch.chdir(tmp_path)
+    import os
+    import shutil
+
+    local = tmp_path / "data.jsonl"
+    shutil.copy(small_data, local)
+    out = tmp_path / "run"
+    _train(make_cfg(out, "data.jsonl", max_steps=1, eval_steps=0))
+    again = make_cfg(str(out) + os.sep, str(local), max_steps=1, eval_steps=0, save_total_limit=5)
+    assert outdir.check_output_dir(again)
+
+
+def test_a_lock_file_that_is_not_a_plain_file_is_one_line(tmp_path, small_data):
+    import os
+
+    out = tmp_path / "run"
+    out.mkdir()
+    os.mkfifo(out / outdir.LOCK_FILE)
+    with pytest.raises(OutputDirError, match="is not a plain file"):
+        outdir.claim_output_dir(make_cfg(out, small_data, max_steps=1))

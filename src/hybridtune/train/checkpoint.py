@@ -401,7 +401,8 @@ def is_ours(path: Path) -> bool:
 
 
 def prune_checkpoints(output_dir: Path, keep: int) -> None:
-    for p in list_checkpoints(output_dir)[:-keep]:
+    """Remove all but the newest `keep` checkpoints, counting and removing only hybridtune's own (`is_ours`)."""
+    for p in [p for p in list_checkpoints(output_dir) if is_ours(p)][:-keep]:
         shutil.rmtree(p, ignore_errors=True)
 
 

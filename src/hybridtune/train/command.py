@@ -112,7 +112,7 @@ def _train(cfg) -> int:
             trainer.close()
             distributed.shutdown(trainer.dist)
     if result.interrupted:
-        return 130
+        return 128 + signal.SIGTERM if result.signal == "SIGTERM" else 130  # the shell's convention
     if not trainer.dist.is_main:
         return 0
     if result.losses:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import torch
 
+from hybridtune.errors import OutputDirError
 from hybridtune.models.anatomy import text_config
 from hybridtune.models.flops import step_flops
 from hybridtune.train.checkpoint import atomic_write_text
@@ -77,6 +79,10 @@ class MetricsLog:
         it (and a line a kill left torn) are dropped, since the resumed run logs those steps again."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_symlink() and truncate:
+            self.path.unlink()  # a planted link is never written through; a fresh log replaces it
+        elif self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):
+            raise OutputDirError(f"'{self.path}' is not a plain file (a link?); move it away and run again")
         if not truncate and after_step is not None and self.path.is_file():
             kept = []
             for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
@@ -87,7 +93,8 @@ class MetricsLog:
                 if isinstance(row, dict) and row.get("step", 0) <= after_step:
                     kept.append(line + "\n")
             atomic_write_text(self.path, "".join(kept))
-        self.f = self.path.open("w" if truncate else "a", encoding="utf-8")
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if truncate else os.O_APPEND) | getattr(os, "O_NOFOLLOW", 0)
+        self.f = os.fdopen(os.open(self.path, flags, 0o666), "w", encoding="utf-8")
 
     def write(self, record: dict) -> None:
         self.f.write(json.dumps(record) + "\n")

@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import socket
+import stat
 from pathlib import Path
 
 import hybridtune
@@ -38,7 +39,15 @@ NON_IDENTITY_KEYS = (
 
 LOCK_FILE = ".hybridtune.lock"
 # Keys that may differ between a finished run and the same command run again over it (nothing it computed changes).
-RERUN_FREE_KEYS = ("overwrite", "resume_from_checkpoint", "logging_steps", "profile_steps", "num_threads")
+RERUN_FREE_KEYS = (
+    "overwrite",
+    "resume_from_checkpoint",
+    "logging_steps",
+    "profile_steps",
+    "num_threads",
+    "output_dir",  # the same directory under another spelling, or the run moved
+    "save_total_limit",
+)
 # Keys a resumed run may change: how often it logs, evaluates, saves and profiles, and how it spreads over processes.
 RESUME_FREE_KEYS = (*RERUN_FREE_KEYS, "eval_steps", "save_steps", "distributed", "fsdp_units")
 
@@ -62,6 +71,11 @@ def data_fingerprint(cfg: TrainConfig) -> dict[str, str]:
     return out
 
 
+def run_record(cfg: TrainConfig) -> dict:
+    """What a run computes, as the run file and every checkpoint record it: the config and its data's checksums."""
+    return {"config": to_dict(cfg), "data": data_fingerprint(cfg)}
+
+
 def _held_run(out: Path) -> dict | None:
     """The run file of `out` ({"config": ..., "data": ...}), or None when there is none or it is unreadable."""
     try:
@@ -71,40 +85,69 @@ def _held_run(out: Path) -> dict | None:
     return held if isinstance(held, dict) and isinstance(held.get("config"), dict) else None
 
 
-def changes(held: dict, cfg: TrainConfig, free: tuple[str, ...]) -> list[str]:
-    """`key: old -> new` for every key (and data file) that differs between a held run and `cfg`, bar `free`."""
-    now = to_dict(cfg)
-    keys = sorted(set(held["config"]) | set(now))
-    diff = [
-        f"{k}: {held['config'].get(k)!r} -> {now.get(k)!r}"
-        for k in keys
-        if k not in free and held["config"].get(k) != now.get(k)
+def _checkpoint_run(where: str, out: Path) -> dict | None:
+    """The run a checkpoint records in its checkpoint.json (JSON: safe to read before it is verified), or None."""
+    path = Path(where)
+    if where == "latest":
+        found = ckpt.list_checkpoints(out)
+        if not found:
+            return None
+        path = found[-1]
+    try:
+        run = json.loads((path / ckpt.META_FILE).read_text(encoding="utf-8")).get("run")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return run if isinstance(run, dict) and isinstance(run.get("config"), dict) else None
+
+
+def _without_data_paths(config: dict) -> dict:
+    c = dict(config)
+    c.pop("dataset", None)
+    c["datasets"] = [
+        {k: v for k, v in d.items() if k != "path"} for d in c.get("datasets") or [] if isinstance(d, dict)
     ]
+    return c
+
+
+def changes(held: dict, cfg: TrainConfig, free: tuple[str, ...]) -> list[str]:
+    """`key: old -> new` for every key (and data file) that differs between a held run and `cfg`, bar `free`. Data
+    files count by content: the same files under other paths (relative, absolute, moved) are the same data."""
+    now, old = to_dict(cfg), held["config"]
     data = data_fingerprint(cfg)
-    if "data" in held and held["data"] != data:
+    same_data = "data" in held and bool(data) and sorted(held["data"].values()) == sorted(data.values())
+    if same_data:
+        now, old = _without_data_paths(now), _without_data_paths(old)
+    keys = sorted(set(old) | set(now))
+    diff = [f"{k}: {old.get(k)!r} -> {now.get(k)!r}" for k in keys if k not in free and old.get(k) != now.get(k)]
+    if "data" in held and not same_data:
         diff += [f"data file {p} changed since that run" for p in sorted(data) if held["data"].get(p) != data[p]]
     return diff
 
 
 def _foreign(out: Path) -> list[str]:
     """Entries of `out` that no hybridtune run wrote (a run's own: run file, lock, metrics, checkpoints, profiles,
-    final model and base, and the temporary directories of its writes)."""
+    final model and base, and the temporary directories of its writes). A link is never a run's own."""
     own = {RUN_FILE, LOCK_FILE, "metrics.jsonl"}
     return sorted(
         p.name
         for p in out.iterdir()
-        if p.name not in own
-        and not ckpt.is_ours(p)
-        and not (p.name.startswith("profile-") and p.name.endswith(".json"))
+        if p.is_symlink()
+        or not (
+            (p.name in own and p.is_file())
+            or ckpt.is_ours(p)
+            or (p.name.startswith("profile-") and p.name.endswith(".json") and p.is_file())
+        )
     )
 
 
 def check_output_dir(cfg: TrainConfig) -> bool:
     """Refuse an output_dir this run must not write into. Returns True when metrics should start fresh.
 
+    - a final/ or base_model/ that hybridtune did not write: refused always (the export would replace it).
     - empty or new: a fresh run.
-    - `--resume_from_checkpoint`: the directory must hold this run (its run file, the same config bar the keys a
-      resume may change, the same data) or be empty; what changed is listed and refused.
+    - `--resume_from_checkpoint`: the directory must hold this run or be empty; the config (bar the keys a resume
+      may change) and the data must be those the run file, or else the checkpoint, records; what changed is
+      listed and refused (`--overwrite` accepts it).
     - the same command again over a finished run (every key the same): starts it again; another config, files
       that are not a run's, or a run whose final model differs need `--overwrite`.
     """
@@ -112,19 +155,26 @@ def check_output_dir(cfg: TrainConfig) -> bool:
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"output_dir '{out}' is a file; choose a directory")
     empty = not out.exists() or not any(p.name != LOCK_FILE for p in out.iterdir())
+    kept = [] if empty else [n for n in (FINAL_DIR, BASE_DIR) if n in _foreign(out)]
+    if kept:
+        raise OutputDirError(
+            f"output_dir '{out}' holds {' and '.join(f'{n}/' for n in kept)} not written by hybridtune, which this "
+            "run's export would replace (--overwrite never does): move it away, or choose another --output_dir"
+        )
     held = None if empty else _held_run(out)
     if cfg.resume_from_checkpoint:
-        if empty:
-            return False
-        if held is None and _foreign(out):
+        if held is None and not empty and _foreign(out):
             raise OutputDirError(
                 f"output_dir '{out}' holds files that are not from a hybridtune run ({', '.join(_foreign(out)[:5])}); "
                 "resume into an empty --output_dir or the run's own"
             )
-        diff = changes(held, cfg, RESUME_FREE_KEYS) if held is not None else []  # (checkpoints alone: a copy)
+        held = held or _checkpoint_run(cfg.resume_from_checkpoint, out)
+        if held is None:
+            logger.warning("resume_from_checkpoint: the checkpoint does not record its run's config; not compared")
+        diff = changes(held, cfg, RESUME_FREE_KEYS) if held is not None else []
         if diff and not cfg.overwrite:
             raise OutputDirError(
-                f"resume_from_checkpoint: the config differs from the run in '{out}' ({'; '.join(diff)}); resume "
+                f"resume_from_checkpoint: the config differs from the run it continues ({'; '.join(diff)}); resume "
                 "with the run's own config, or pass --overwrite to continue under the new one"
             )
         if diff:
@@ -139,12 +189,6 @@ def check_output_dir(cfg: TrainConfig) -> bool:
         return True
     if cfg.overwrite:
         foreign = _foreign(out)
-        replaced = [n for n in foreign if n in (FINAL_DIR, BASE_DIR)]
-        if replaced:
-            raise OutputDirError(
-                f"output_dir '{out}' holds {' and '.join(f'{n}/' for n in replaced)} not written by hybridtune; "
-                "--overwrite never replaces it: move it away, or choose another --output_dir"
-            )
         also = f" (its files that are not hybridtune's stay: {', '.join(foreign[:5])})" if foreign else ""
         logger.warning("output_dir %s holds another run; --overwrite given, its files will be replaced%s", out, also)
         return True
@@ -295,6 +339,10 @@ class OutputLock:
             raise OutputDirError(
                 f"output_dir '{out}': cannot create its lock file {self.path} ({e.strerror})"
             ) from None
+        if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+            self.made_file = False
+            self.release()
+            raise OutputDirError(f"output_dir '{out}': its lock file {self.path} is not a plain file; move it away")
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -327,9 +375,9 @@ class OutputLock:
 
 
 def claim_output_dir(cfg: TrainConfig) -> tuple[bool, OutputLock]:
-    """`check_output_dir` (nothing written when it refuses), lock the directory, check again under the lock (another
-    run may have started in between), then remove what earlier processes left there that would mislead this run
-    (rank 0). Returns (metrics start fresh, the lock held for the run)."""
+    """`check_output_dir` (nothing written when it refuses), lock the directory, and check again under the lock
+    (another run may have started in between). Returns (metrics start fresh, the lock held for the run). Nothing
+    is removed here: `tidy` runs once data, model and resume have passed their checks."""
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"output_dir '{out}' is a file; choose a directory")
@@ -337,17 +385,22 @@ def claim_output_dir(cfg: TrainConfig) -> tuple[bool, OutputLock]:
     lock = OutputLock(out)
     try:
         fresh = check_output_dir(cfg)
-        done = tidy_output_dir(out, fresh, cfg.resume_from_checkpoint, cfg.overwrite)
     except BaseException:
         lock.release(discard=True)
         raise
-    if done:
-        logger.info("%s", done)
     return fresh, lock
 
 
-def write_run_file(out: Path, cfg: TrainConfig) -> None:
-    """The run's config, data checksums and hybridtune version, which a later run in the same directory compares
-    itself with."""
-    data = {"config": to_dict(cfg), "data": data_fingerprint(cfg), "hybridtune_version": hybridtune.__version__}
+def tidy(cfg: TrainConfig, fresh: bool) -> None:
+    """Remove what earlier processes left in the output directory that would mislead this run (rank 0; see
+    `tidy_output_dir`), and say so."""
+    done = tidy_output_dir(Path(cfg.output_dir), fresh, cfg.resume_from_checkpoint, cfg.overwrite)
+    if done:
+        logger.info("%s", done)
+
+
+def write_run_file(out: Path, record: dict) -> None:
+    """The run's config, data checksums (`run_record`) and hybridtune version, which a later run in the same
+    directory compares itself with."""
+    data = {**record, "hybridtune_version": hybridtune.__version__}
     ckpt.atomic_write_text(out / RUN_FILE, json.dumps(data, indent=2))

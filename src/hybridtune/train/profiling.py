@@ -226,3 +226,33 @@ def write_profile(profiler: StepProfiler, first: int, last: int, out: Path, d: d
         logger.warning("profile of steps %d-%d failed on %s; %s", first, last, "; ".join(failed), path)
     else:
         logger.info("profile of steps %d-%d (rank 0): %s; all ranks in %s", first, last, summary_line(summary), path)
+
+
+class ProfileWindow:
+    """The steps a run profiles (`profile_steps`, see `profile_window`): the profiler starts before the first and is
+    written after the last, or earlier rather than profile an evaluation, a checkpoint or a stop (the same step on
+    every rank)."""
+
+    def __init__(self, n: int, total_steps: int, done: int, device: torch.device, out: Path, d: distributed.Dist):
+        self.window = profile_window(n, total_steps, done)
+        self.device, self.out, self.d = device, out, d
+        self.profiler: StepProfiler | None = None
+
+    def before(self, step: int) -> None:
+        if self.window and step == self.window[0]:
+            self.profiler = StepProfiler(self.device)
+            self.profiler.start()
+
+    def after(self, step: int, cut: bool) -> float:
+        """Write the window's profile when `step` ends it (or `cut` does); returns the seconds that took."""
+        if self.profiler is None or not (step == self.window[1] or cut):
+            return 0.0
+        t = time.perf_counter()
+        write_profile(self.profiler, self.window[0], step, self.out, self.d)
+        self.profiler = None
+        return time.perf_counter() - t
+
+    def cancel(self) -> None:
+        if self.profiler is not None:
+            self.profiler.cancel()
+            self.profiler = None

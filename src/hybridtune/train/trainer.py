@@ -37,22 +37,22 @@ from hybridtune.config import TrainConfig, compile_overrides, warmup_warning
 from hybridtune.data import PackedCollator
 from hybridtune.data.build import PreparedData, prepare
 from hybridtune.data.packing import Example
-from hybridtune.errors import ConfigError, TrainingDiverged
+from hybridtune.errors import ConfigError
 from hybridtune.kernels.provision import provision_kernels
 from hybridtune.models.anatomy import unwrap
 from hybridtune.models.flops import measure_peak
 from hybridtune.models.loading import load_model, tokenizer_for
 from hybridtune.models.patching import patch_model
 from hybridtune.train import checkpoint as ckpt
-from hybridtune.train import distributed, export
+from hybridtune.train import distributed, export, health
 from hybridtune.train.choices import Choices, Facts, choose_bf16, measure, pick_device, resolve
 from hybridtune.train.evaluation import eval_batches, evaluate, report_eval
 from hybridtune.train.lora import apply_lora
 from hybridtune.train.metrics import MetricsLog, StepFlops, Throughput, format_step, memory_gib
 from hybridtune.train.optim import build_optimizer, build_scheduler
-from hybridtune.train.outdir import RUN_FILE, OutputLock, claim_output_dir, write_run_file
-from hybridtune.train.profiling import StepProfiler, profile_window, write_profile
-from hybridtune.train.signals import StopRequest
+from hybridtune.train.outdir import RUN_FILE, OutputLock, claim_output_dir, run_record, tidy, write_run_file
+from hybridtune.train.profiling import ProfileWindow
+from hybridtune.train.signals import StopRequest, sigterm_interrupts
 from hybridtune.train.stream import BatchStream, to_device
 
 logger = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ class TrainResult:
     output_dir: str = ""
     final_dir: str | None = None
     interrupted: bool = False
+    signal: str | None = None  # the signal that stopped it (SIGINT, SIGTERM), when one did
 
 
 def enable_checkpointing(model) -> None:
@@ -85,12 +86,15 @@ class Trainer:
         self.metrics: MetricsLog | None = None
         self.stop = StopRequest()
         self.lock: OutputLock | None = None
+        self.run: dict | None = None  # rank 0: `outdir.run_record`
+        self.saved_step = -1  # the step of this process's newest checkpoint
 
     # -- setup: a table of contents ----------------------------------------------------------------
 
     def setup(self) -> None:
         try:
-            self._setup()
+            with sigterm_interrupts():  # a SIGTERM before training stops like Ctrl-C does here: cleanly, at once
+                self._setup()
         except BaseException:
             if self.lock is not None:  # refused or failed before writing anything: leave no trace
                 self.lock.release(discard=not (self.out / RUN_FILE).exists())
@@ -115,6 +119,7 @@ class Trainer:
 
         def claim() -> bool:
             fresh, self.lock = claim_output_dir(cfg)  # rank 0 holds the directory's lock for the run
+            self.run = run_record(cfg)  # the config and data checksums, in the run file and every checkpoint
             return fresh
 
         self.fresh_metrics = distributed.main_only(self.dist, claim)
@@ -139,9 +144,8 @@ class Trainer:
         return measure(self.cfg, self.device, self.dist, model, self.use_bf16, packs)
 
     def _setup_model(self) -> None:
-        """Load, patch the mixers, checkpointing, LoRA, on the device. LoRA trains adapters only: the frozen base is
-        held in bf16 (half the memory, no per-step casts of its weights under autocast); peft keeps the adapters in
-        fp32. A full fine-tune keeps fp32 masters."""
+        """Load, patch the mixers, checkpointing, LoRA, on the device. Under LoRA the frozen base is held in bf16
+        (half the memory, no per-step casts) and peft keeps the adapters in fp32; a full fine-tune keeps fp32."""
         cfg = self.cfg
         self.use_bf16 = choose_bf16(cfg, self._facts()).value
         base_dtype = torch.bfloat16 if self.use_bf16 and cfg.adapter == "lora" else None
@@ -238,15 +242,17 @@ class Trainer:
         )
         self.stream.seek(state["data_position"])
         self.done_position = self.stream.position()
-        self.step = state["step"]
+        self.step = self.saved_step = state["step"]
         written = f" (written by {state['world']} process(es))" if state.get("world", 1) != self.dist.world else ""
         logger.info("resumed from %s at step %d%s", path, self.step, written)
 
     def _setup_metrics(self) -> None:
         cfg, d = self.cfg, self.dist
+        # Only now, with data, model and resume checked, is anything an earlier run left removed.
+        distributed.main_only(d, lambda: tidy(cfg, self.fresh_metrics))
         if d.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
-            write_run_file(self.out, cfg)
+            write_run_file(self.out, self.run)
         # A resumed run drops the rows an earlier process logged after its checkpoint: they are logged again.
         after = None if self.fresh_metrics else self.step
         self.metrics = MetricsLog(self.out / "metrics.jsonl", self.fresh_metrics, after) if d.is_main else None
@@ -290,11 +296,7 @@ class Trainer:
         total, stop, grad_norm = torch.cat([summed, norm.double().to(summed.device).reshape(1)]).tolist()
         if not (math.isfinite(total) and math.isfinite(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)  # the update is never applied: the model stays finite
-            raise TrainingDiverged(
-                f"step {self.step + 1}: the loss is {total} and the gradient norm {grad_norm}; the run stopped before "
-                f"applying the update and exports nothing (learning_rate {cfg.learning_rate:g} may be too high; "
-                f"lower it, or resume from the last checkpoint with --resume_from_checkpoint latest)"
-            )
+        health.check_step(self.step + 1, total, grad_norm, cfg.learning_rate)
         lr = self.scheduler.get_last_lr()[0]
         with self.stop.hold():  # a second Ctrl-C never cuts an update in half
             self.optimizer.step()
@@ -345,8 +347,6 @@ class Trainer:
         )
         return self.train_step()
 
-    # -- eval, save, export ------------------------------------------------------------------------
-
     def _eval_examples(self) -> list[Example]:
         """The held-out examples every evaluation reads (the static layout is fitted over their packs too)."""
         return self.data.eval_examples[: self.cfg.eval_max_examples]
@@ -360,27 +360,25 @@ class Trainer:
         report_eval(res, self.step, self.metrics)
         if result is not None:
             result.evals.append(res)
+        health.check_eval(self.step, res["eval_loss"], self.cfg.learning_rate)
         return res
 
     def save(self) -> Path:
-        """A checkpoint of the last completed step (none twice for one step), which no second Ctrl-C cuts."""
+        """A checkpoint of the last completed step (once per step), which no second Ctrl-C cuts; refused when the
+        weights are not finite (a diverged last update)."""
         path = self.out / f"checkpoint-{self.step}"
+        if self.saved_step == self.step:
+            return path
         with self.stop.hold():
-            if path in ckpt.list_checkpoints(self.out):  # the same on every rank: one filesystem
-                return path
+            health.check_weights(self.step, self.params, self.dist, "saving a checkpoint", self.cfg.learning_rate)
+            extra = {"base_model": self.loaded.name, "run": self.run}
             ckpt.save_checkpoint(
-                path,
-                self.engine,
-                self.optimizer,
-                self.scheduler,
-                self.step,
-                self.stream.position(),
-                {"base_model": self.loaded.name},
-                self.dist,
+                path, self.engine, self.optimizer, self.scheduler, self.step, self.stream.position(), extra, self.dist,
                 trainable_only=self.cfg.adapter == "lora",
-            )
+            )  # fmt: skip
             if self.dist.is_main:
                 ckpt.prune_checkpoints(self.out, self.cfg.save_total_limit)
+        self.saved_step = self.step
         return path
 
     def save_final(self) -> Path:
@@ -407,9 +405,7 @@ class Trainer:
             self.close()
 
     def close(self) -> None:  # let go of the output directory's lock
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
+        self.lock = self.lock.release() if self.lock is not None else None
 
     def _run(self) -> TrainResult:
         cfg = self.cfg
@@ -419,25 +415,16 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         first = True
-        window = profile_window(cfg.profile_steps, self.total_steps, self.step)
-        profiler = None
+        prof = ProfileWindow(cfg.profile_steps, self.total_steps, self.step, self.device, self.out, self.dist)
         try:
             while self.step < self.total_steps:
-                if window and self.step + 1 == window[0]:
-                    profiler = StepProfiler(self.device)
-                    profiler.start()
+                prof.before(self.step + 1)
                 rec = self.first_step() if first else self.train_step()  # this process's first (resumed too)
                 first = False
                 stop = rec.pop("stop")
                 eval_due = bool(cfg.eval_steps) and self.step % cfg.eval_steps == 0 and self.step < self.total_steps
                 save_due = bool(cfg.save_steps) and self.step % cfg.save_steps == 0 and self.step < self.total_steps
-                if profiler is not None and (self.step == window[1] or eval_due or save_due or stop):
-                    # The window ends early rather than profile an evaluation or a checkpoint (same step on every
-                    # rank); summarising and gathering are left out of the logged tokens/s.
-                    t = time.perf_counter()
-                    write_profile(profiler, window[0], self.step, self.out, self.dist)
-                    profiler = None
-                    tput.skip(time.perf_counter() - t)
+                tput.skip(prof.after(self.step, cut=eval_due or save_due or stop))  # (summaries are not training)
                 tput.add(rec["tokens"], rec.pop("model_flops"))
                 result.losses.append(rec["loss"])
                 if self.step % cfg.logging_steps == 0 or self.step == self.total_steps or self.step == 1 or stop:
@@ -450,13 +437,10 @@ class Trainer:
                 if self.on_log:
                     self.on_log(rec)
                 if stop:
-                    result.interrupted = True
+                    result.interrupted, result.signal = True, self.stop.requested
                     path = self.save()
-                    logger.warning(
-                        "stopped (%s): saved %s; continue with --resume_from_checkpoint latest",
-                        self.stop.requested or "a signal on another rank",
-                        path,
-                    )
+                    why = self.stop.requested or "a signal on another rank"
+                    logger.warning("stopped (%s): saved %s; continue with --resume_from_checkpoint latest", why, path)
                     break
                 t = time.perf_counter()
                 if eval_due:
@@ -467,9 +451,7 @@ class Trainer:
         except KeyboardInterrupt:
             # A second Ctrl-C: the step in flight is abandoned (its update was never applied, see signals.py).
             result.interrupted = True
-            if profiler is not None:
-                profiler.cancel()  # not a window's profile, and not recording the save below
-                profiler = None
+            prof.cancel()  # not a window's profile, and not recording the save below
             self.optimizer.zero_grad(set_to_none=True)
             self.stream.seek(self.done_position)  # the abandoned step's batches come first on resume
             if self.dist.enabled:
@@ -481,17 +463,34 @@ class Trainer:
                 logger.warning("interrupted: saved %s; continue with --resume_from_checkpoint latest", path)
         else:
             if not result.interrupted:
-                self.run_eval(result)
-                with self.stop.hold():
-                    self.save()  # (a run resumed at its last step has that checkpoint already: kept)
-                    result.final_dir = str(self.save_final())
+                self._finish(result)
         finally:
-            if profiler is not None:
-                profiler.cancel()
+            prof.cancel()
             if self.metrics is not None:
                 self.metrics.close()
         result.steps = self.step
         return result
+
+    def _finish(self, result: TrainResult) -> None:
+        """The last step's checkpoint first (so nothing after it can lose the run), then the final eval, then the
+        export. A stop asked for before the export leaves the checkpoint to finish from: a resume at the last step
+        only evaluates and exports."""
+        self.save()
+        try:
+            if not self.stop.requested:
+                self.run_eval(result)
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C during the final eval
+        if self.stop.requested:
+            result.interrupted, result.signal = True, self.stop.requested
+            logger.warning(
+                "stopped (%s) after the last step's checkpoint; --resume_from_checkpoint latest evaluates and exports",
+                self.stop.requested,
+            )
+            return
+        with self.stop.hold():
+            health.check_weights(self.step, self.params, self.dist, "the export", self.cfg.learning_rate)
+            result.final_dir = str(self.save_final())
 
 
 def train(cfg: TrainConfig, on_log: Callable[[dict], None] | None = None) -> TrainResult:
