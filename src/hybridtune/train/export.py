@@ -11,7 +11,6 @@ with its tokenizer, written atomically as safetensors that transformers and peft
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -118,28 +117,6 @@ def tokenizer_bytes(tokenizer) -> int:
         return 0
 
 
-_FULL = ("no space left on device", "storagefull", "disk quota exceeded", "os error 28", "code: 28")
-
-
-def is_disk_full(exc: BaseException, where: Path, need: int) -> bool:
-    """`integrity.is_disk_full`, which also knows safetensors' error (a plain Exception carrying the OS error's
-    text: `IoError(Os { code: 28, kind: StorageFull, ... })`)."""
-    if integrity.is_disk_full(exc, where, need):
-        return True
-    seen, todo = set(), [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if any(s in str(e).lower() for s in _FULL):
-            return True
-        todo += [e.__cause__, e.__context__]
-    return False
-
-
 def disk_full_message(out: Path, what: str, need: int, free: int | None, previous: Path | None) -> str:
     has = f"{integrity.gib(free)} free" if free is not None else "no space left"
     if previous is not None:
@@ -174,7 +151,7 @@ def _write_all(out: Path, parts: list[tuple[Path, int, Callable[[Path], None]]],
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as e:
-                if is_disk_full(e, tmp.parent, need):  # asked while the partial export is still there
+                if integrity.is_disk_full(e, tmp.parent, need):  # asked while the partial export is still there
                     raise DiskFullError(disk_full_message(out, what, need, None, previous)) from None
                 raise
 

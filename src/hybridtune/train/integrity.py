@@ -363,10 +363,16 @@ def check_free_space(target: Path, need: int, previous: Path | None) -> None:
 _WRITE_FAILED = ("unexpected pos", "failed writing", "file write failed", "no space left")
 
 
+# The text of an out-of-space error where it comes as a plain Exception (safetensors: `IoError(Os { code: 28, kind:
+# StorageFull, ... })`) rather than an OSError with its errno.
+_NO_SPACE = ("no space left on device", "storagefull", "disk quota exceeded", "os error 28", "code: 28")
+
+
 def is_disk_full(exc: BaseException, where: Path, need: int) -> bool:
     """Whether a save failed for lack of space; call it while the partial save is still on the disk.
 
-    ENOSPC or EDQUOT anywhere in the causes (DCP wraps every rank's failure), or a short write (torch.save's
+    ENOSPC or EDQUOT anywhere in the causes (DCP wraps every rank's failure), its text in an error that carries no
+    errno (safetensors), or a short write (torch.save's
     zip writer says 'unexpected pos') on a disk that now has less room than the whole save needs.
     """
     from torch.distributed.checkpoint.api import CheckpointException
@@ -378,6 +384,8 @@ def is_disk_full(exc: BaseException, where: Path, need: int) -> bool:
             continue
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(s in str(e).lower() for s in _NO_SPACE):
             return True
         if isinstance(e, (RuntimeError, OSError)) and any(s in str(e).lower() for s in _WRITE_FAILED):
             try:
