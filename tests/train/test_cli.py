@@ -68,7 +68,10 @@ def test_train_a_few_steps_then_refuse_a_different_run(tmp_path, small_data):
     # A different run into the same directory is refused, and nothing there is touched.
     r = cli("train", *common, "--max_steps", "6", "--lora_r", "4", "--output_dir", str(out))
     assert r.returncode == 2
-    assert r.stderr.strip().count("\n") == 0 and "already holds a finished run of another config (lora_r: 16 -> 4)" in r.stderr
+    assert (
+        r.stderr.strip().count("\n") == 0
+        and "already holds a finished run of another config (lora_r: 16 -> 4)" in r.stderr
+    )
     assert sorted(p.name for p in out.iterdir()) == before
 
 
