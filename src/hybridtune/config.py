@@ -190,8 +190,11 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
     return out
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Build a `TrainConfig` from an optional YAML file and overrides (overrides win)."""
+def load_config(
+    path: str | Path | None = None, overrides: dict[str, Any] | None = None, warn: bool = True
+) -> TrainConfig:
+    """Build a `TrainConfig` from an optional YAML file and overrides (overrides win); `warn`: log the config's
+    warnings (a launcher whose rank 0 will say them passes False)."""
     data: dict[str, Any] = {}
     lines: dict[str, int] = {}
     where = "command line"
@@ -217,7 +220,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     cfg = _build(TrainConfig, {**data, **cli}, where, lines)
     validate(cfg)
     check_output_dir(cfg.output_dir)
-    if os.environ.get("RANK", "0") == "0":  # under torchrun every rank reads the config: one voice says it
+    if warn and os.environ.get("RANK", "0") == "0":  # under torchrun every rank reads the config: one voice says it
         for warning in config_warnings(cfg, set(data) | set(cli)):
             logger.warning(warning)
     return cfg

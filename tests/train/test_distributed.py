@@ -466,6 +466,21 @@ def test_plain_torchrun_says_a_rank_input_error_in_one_line_without_its_tracebac
     assert not (tmp_path / "o").exists()  # a refused run leaves nothing
 
 
+@pytest.mark.slow  # torchrun
+def test_nproc_says_a_rank_input_error_in_one_line_without_torchruns_lines(tmp_path, launch):
+    """Issue 16 item 17: under --nproc, 5-6 torchrun log lines surrounded the one line (and the launcher said the
+    config's warnings a second time)."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "wizard", "content": "x"}]}\n')
+    proc = launch("--device", "cpu", "--max_steps", "1", "--gradient_accumulation_steps", "2", "--dataset", str(bad),
+                  "--output_dir", str(tmp_path / "o"))  # fmt: skip
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2, err
+    assert "torch/distributed" not in err and "exitcode" not in err, err
+    assert [x for x in err.splitlines() if x.startswith("error: ")] == [err.strip().splitlines()[-1]]
+    assert err.count("not shorter than the run") == 1  # the warmup warning, once
+
+
 def test_window_must_split_evenly_before_any_launch(tmp_path):
     """3 micro-batches cannot split over 2 ranks without changing the global batch: refused up front."""
     from hybridtune.errors import ConfigError

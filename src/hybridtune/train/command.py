@@ -63,8 +63,9 @@ def main(argv: list[str]) -> int:
     path = None
     if argv and not argv[0].startswith("--"):
         path, argv = argv[0], argv[1:]
-    cfg = load_config(path, parse_overrides(argv))
-    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+    launching = nproc > 1 and "WORLD_SIZE" not in os.environ
+    cfg = load_config(path, parse_overrides(argv), warn=not launching)  # (launching: rank 0 says the warnings)
+    if launching:
         return launch(nproc, config_args, cfg)
     if "TORCHELASTIC_ERROR_FILE" in os.environ:
         from torch.distributed.elastic.multiprocessing.errors import record
@@ -188,6 +189,11 @@ def launch(nproc: int, argv: list[str], cfg) -> int:
         ["--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0", "-m", "hybridtune", "train", *argv]
     )
     logger.info("launching %d processes through torchrun", nproc)
+    # torchrun's own log lines (its OMP_NUM_THREADS banner, "closing signal", "failed (exitcode ...)") would surround
+    # the ranks' one line; what they say is in that line or in the one below. Its default of 1 thread is kept.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    logging.getLogger("torch.distributed.run").setLevel(logging.ERROR)
     try:
         run(args)
     except SignalException as e:
