@@ -48,6 +48,7 @@ distributed.shutdown(d)
 """
 
 
+@pytest.mark.slow  # torchrun
 @pytest.mark.parametrize("engine", ["ddp", "fsdp"])
 def test_checksums_over_two_ranks(tmp_path, engine):
     script = tmp_path / "rank.py"
