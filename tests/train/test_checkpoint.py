@@ -140,7 +140,7 @@ def test_restart_of_a_finished_run_replaces_its_checkpoints(tmp_path, small_data
         claim_output_dir(make_cfg(out, small_data, max_steps=4, save_steps=2, save_total_limit=2))[0]
     assert names(out) == before
     cfg = make_cfg(out, small_data, max_steps=4, save_steps=2, save_total_limit=2, overwrite=True)
-    fresh, lock = claim_output_dir(cfg)
+    fresh, lock, _ = claim_output_dir(cfg)
     assert fresh and ckpt.list_checkpoints(out)  # the claim removes nothing: data, model and resume are unchecked
     outdir.tidy(cfg, fresh)  # what the trainer does once they pass
     lock.release()

@@ -22,21 +22,6 @@ from hybridtune.train.export import BASE_DIR, FINAL_DIR
 logger = logging.getLogger(__name__)
 
 RUN_FILE = "hybridtune_run.json"
-# Keys that do not change what a run computes: a run may continue or resume under other values.
-NON_IDENTITY_KEYS = (
-    "overwrite",
-    "resume_from_checkpoint",
-    "max_steps",
-    "eval_steps",
-    "save_steps",
-    "logging_steps",
-    "profile_steps",
-    "num_threads",
-    "distributed",
-    "fsdp_units",
-)
-
-
 LOCK_FILE = ".hybridtune.lock"
 # Keys that may differ between a finished run and the same command run again over it (nothing it computed changes).
 RERUN_FREE_KEYS = (
@@ -50,11 +35,6 @@ RERUN_FREE_KEYS = (
 )
 # Keys a resumed run may change: how often it logs, evaluates, saves and profiles, and how it spreads over processes.
 RESUME_FREE_KEYS = (*RERUN_FREE_KEYS, "eval_steps", "save_steps", "distributed", "fsdp_units")
-
-
-def identity(config: dict) -> dict:
-    """What a run computes: its config (as a dict) without the keys that do not change it."""
-    return {k: v for k, v in config.items() if k not in NON_IDENTITY_KEYS}
 
 
 def data_fingerprint(cfg: TrainConfig) -> dict[str, str]:
@@ -109,11 +89,11 @@ def _without_data_paths(config: dict) -> dict:
     return c
 
 
-def changes(held: dict, cfg: TrainConfig, free: tuple[str, ...]) -> list[str]:
-    """`key: old -> new` for every key (and data file) that differs between a held run and `cfg`, bar `free`. Data
-    files count by content: the same files under other paths (relative, absolute, moved) are the same data."""
+def changes(held: dict, cfg: TrainConfig, free: tuple[str, ...], data: dict[str, str]) -> list[str]:
+    """`key: old -> new` for every key (and data file) that differs between a held run and `cfg` (whose data files
+    hash to `data`, `data_fingerprint`), bar `free`. Data files count by content: the same files under other paths
+    (relative, absolute, moved) are the same data."""
     now, old = to_dict(cfg), held["config"]
-    data = data_fingerprint(cfg)
     same_data = "data" in held and bool(data) and sorted(held["data"].values()) == sorted(data.values())
     if same_data:
         now, old = _without_data_paths(now), _without_data_paths(old)
@@ -140,7 +120,7 @@ def _foreign(out: Path) -> list[str]:
     )
 
 
-def check_output_dir(cfg: TrainConfig) -> bool:
+def check_output_dir(cfg: TrainConfig, data: dict[str, str] | None = None) -> bool:
     """Refuse an output_dir this run must not write into. Returns True when metrics should start fresh.
 
     - a final/ or base_model/ that hybridtune did not write: refused always (the export would replace it).
@@ -150,59 +130,67 @@ def check_output_dir(cfg: TrainConfig) -> bool:
       listed and refused (`--overwrite` accepts it).
     - the same command again over a finished run (every key the same): starts it again; another config, files
       that are not a run's, or a run whose final model differs need `--overwrite`.
+
+    `data`: the run's `data_fingerprint`, when the caller has it (hashed here otherwise, only if needed).
     """
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"output_dir '{out}' is a file; choose a directory")
     empty = not out.exists() or not any(p.name != LOCK_FILE for p in out.iterdir())
-    kept = [] if empty else [n for n in (FINAL_DIR, BASE_DIR) if n in _foreign(out)]
+    foreign = [] if empty else _foreign(out)
+    kept = [n for n in (FINAL_DIR, BASE_DIR) if n in foreign]
     if kept:
         raise OutputDirError(
             f"output_dir '{out}' holds {' and '.join(f'{n}/' for n in kept)} not written by hybridtune, which this "
             "run's export would replace (--overwrite never does): move it away, or choose another --output_dir"
         )
     held = None if empty else _held_run(out)
+
+    def diff(run: dict, free: tuple[str, ...]) -> list[str]:
+        nonlocal data
+        data = data_fingerprint(cfg) if data is None else data
+        return changes(run, cfg, free, data)
+
     if cfg.resume_from_checkpoint:
-        if held is None and not empty and _foreign(out):
+        if held is None and foreign:
             raise OutputDirError(
-                f"output_dir '{out}' holds files that are not from a hybridtune run ({', '.join(_foreign(out)[:5])}); "
+                f"output_dir '{out}' holds files that are not from a hybridtune run ({', '.join(foreign[:5])}); "
                 "resume into an empty --output_dir or the run's own"
             )
         held = held or _checkpoint_run(cfg.resume_from_checkpoint, out)
         if held is None:
             logger.warning("resume_from_checkpoint: the checkpoint does not record its run's config; not compared")
-        diff = changes(held, cfg, RESUME_FREE_KEYS) if held is not None else []
-        if diff and not cfg.overwrite:
+        changed = diff(held, RESUME_FREE_KEYS) if held is not None else []
+        if changed and not cfg.overwrite:
             raise OutputDirError(
-                f"resume_from_checkpoint: the config differs from the run it continues ({'; '.join(diff)}); resume "
+                f"resume_from_checkpoint: the config differs from the run it continues ({'; '.join(changed)}); resume "
                 "with the run's own config, or pass --overwrite to continue under the new one"
             )
-        if diff:
-            logger.warning("resuming under a changed config (--overwrite): %s", "; ".join(diff))
+        if changed:
+            logger.warning("resuming under a changed config (--overwrite): %s", "; ".join(changed))
         return False
     if empty:
         return True
-    if held is not None and not changes(held, cfg, RERUN_FREE_KEYS):
+    changed = diff(held, RERUN_FREE_KEYS) if held is not None else []
+    if held is not None and not changed:
         if not cfg.overwrite:
             check_restart(out)  # an unfinished run's checkpoints: resume it, or --overwrite
         logger.info("output_dir %s holds an earlier run of the same command; starting it again", out)
         return True
     if cfg.overwrite:
-        foreign = _foreign(out)
         also = f" (its files that are not hybridtune's stay: {', '.join(foreign[:5])})" if foreign else ""
         logger.warning("output_dir %s holds another run; --overwrite given, its files will be replaced%s", out, also)
         return True
     if held is None:
-        foreign = _foreign(out)
         what = (
             f"files that are not from a hybridtune run ({', '.join(foreign[:5])})"
             if foreign
             else f"checkpoints without their run's {RUN_FILE}"
         )
     elif _finished(out):
-        what = "a finished run of another config (" + "; ".join(changes(held, cfg, RERUN_FREE_KEYS)[:4]) + ")"
+        what = "a finished run of another config (" + "; ".join(changed[:4]) + ")"
     else:
-        what = "another hybridtune run (" + "; ".join(changes(held, cfg, RERUN_FREE_KEYS)[:4]) + ")"
+        what = "another hybridtune run (" + "; ".join(changed[:4]) + ")"
     raise OutputDirError(
         f"output_dir '{out}' already holds {what}; choose another --output_dir, resume with "
         f"--resume_from_checkpoint latest, or pass --overwrite"
@@ -374,21 +362,20 @@ class OutputLock:
         self.release()
 
 
-def claim_output_dir(cfg: TrainConfig) -> tuple[bool, OutputLock]:
+def claim_output_dir(cfg: TrainConfig) -> tuple[bool, OutputLock, dict]:
     """`check_output_dir` (nothing written when it refuses), lock the directory, and check again under the lock
-    (another run may have started in between). Returns (metrics start fresh, the lock held for the run). Nothing
-    is removed here: `tidy` runs once data, model and resume have passed their checks."""
-    out = Path(cfg.output_dir)
-    if out.exists() and not out.is_dir():
-        raise OutputDirError(f"output_dir '{out}' is a file; choose a directory")
-    check_output_dir(cfg)
-    lock = OutputLock(out)
+    (another run may have started in between). Returns (metrics start fresh, the lock held for the run, the
+    `run_record`: its data files are hashed once, here). Nothing is removed here: `tidy` runs once data, model and
+    resume have passed their checks."""
+    record = run_record(cfg)
+    check_output_dir(cfg, record["data"])
+    lock = OutputLock(Path(cfg.output_dir))
     try:
-        fresh = check_output_dir(cfg)
+        fresh = check_output_dir(cfg, record["data"])
     except BaseException:
         lock.release(discard=True)
         raise
-    return fresh, lock
+    return fresh, lock, record
 
 
 def tidy(cfg: TrainConfig, fresh: bool) -> None:

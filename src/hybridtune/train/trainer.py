@@ -50,7 +50,7 @@ from hybridtune.train.evaluation import eval_batches, evaluate, report_eval
 from hybridtune.train.lora import apply_lora
 from hybridtune.train.metrics import MetricsLog, StepFlops, Throughput, format_step, memory_gib
 from hybridtune.train.optim import build_optimizer, build_scheduler
-from hybridtune.train.outdir import RUN_FILE, OutputLock, claim_output_dir, run_record, tidy, write_run_file
+from hybridtune.train.outdir import RUN_FILE, OutputLock, claim_output_dir, tidy, write_run_file
 from hybridtune.train.profiling import ProfileWindow
 from hybridtune.train.signals import StopRequest, sigterm_interrupts
 from hybridtune.train.stream import BatchStream, to_device
@@ -118,8 +118,9 @@ class Trainer:
         distributed.check_window(self.dist, cfg.gradient_accumulation_steps)
 
         def claim() -> bool:
-            fresh, self.lock = claim_output_dir(cfg)  # rank 0 holds the directory's lock for the run
-            self.run = run_record(cfg)  # the config and data checksums, in the run file and every checkpoint
+            # Rank 0 holds the directory's lock for the run; the run's record (config and data checksums) goes in
+            # the run file and every checkpoint.
+            fresh, self.lock, self.run = claim_output_dir(cfg)
             return fresh
 
         self.fresh_metrics = distributed.main_only(self.dist, claim)
