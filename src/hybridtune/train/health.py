@@ -35,8 +35,9 @@ def check_eval(step: int, eval_loss: float, lr: float) -> None:
 def check_weights(step: int, params: list[torch.nn.Parameter], d: distributed.Dist, before: str, lr: float) -> None:
     """Before a save or the export: every trained weight finite (a collective: under FSDP2 each rank holds a
     shard). The last update of a run is checked by no later step's loss, so this is where it is caught."""
-    bad = float(any(not bool(torch.isfinite(p).all()) for p in params))
-    if distributed.all_max(bad, d):
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in params]  # this rank's shard of each
+    finite = torch.stack([torch.isfinite(t).all() for t in local]).all() if local else True
+    if distributed.all_max(float(not bool(finite)), d):  # one host sync, one collective
         raise TrainingDiverged(
             f"step {step}: the trained weights are not finite, so the run stopped before {before}; {_advice(lr)}"
         )

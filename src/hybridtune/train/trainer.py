@@ -37,7 +37,7 @@ from hybridtune.config import TrainConfig, compile_overrides, warmup_warning
 from hybridtune.data import PackedCollator
 from hybridtune.data.build import PreparedData, prepare
 from hybridtune.data.packing import Example
-from hybridtune.errors import ConfigError
+from hybridtune.errors import ConfigError, TrainingDiverged
 from hybridtune.kernels.provision import provision_kernels
 from hybridtune.models.anatomy import unwrap
 from hybridtune.models.flops import measure_peak
@@ -109,6 +109,7 @@ class Trainer:
         self._setup_choices()
         self._setup_compile()
         self._setup_engine()
+        self._setup_flops()
         self._setup_optimizer()
         self._setup_resume()
         self._setup_metrics()
@@ -118,9 +119,7 @@ class Trainer:
         distributed.check_window(self.dist, cfg.gradient_accumulation_steps)
 
         def claim() -> bool:
-            # Rank 0 holds the directory's lock for the run; the run's record (config and data checksums) goes in
-            # the run file and every checkpoint.
-            fresh, self.lock, self.run = claim_output_dir(cfg)
+            fresh, self.lock, self.run = claim_output_dir(cfg)  # the lock, and the record every checkpoint carries
             return fresh
 
         self.fresh_metrics = distributed.main_only(self.dist, claim)
@@ -199,7 +198,6 @@ class Trainer:
         self.engine = distributed.wrap(distributed.LossModule(self.model), d, self.device, self.use_bf16)
         self.eval_model = self.engine.module if d.engine == "ddp" else self.engine
         self.autocast = lambda: torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16)
-        self._setup_flops()
 
     def _setup_flops(self) -> None:
         """MFU in the step line: the model FLOPs of each step over the measured matmul peak of the run's devices."""
@@ -295,9 +293,11 @@ class Trainer:
         loss_sum = torch.stack(losses).double().sum()
         summed = distributed.all_sum_(torch.stack([loss_sum, loss_sum.new_tensor(float(bool(self.stop.requested)))]), d)
         total, stop, grad_norm = torch.cat([summed, norm.double().to(summed.device).reshape(1)]).tolist()
-        if not (math.isfinite(total) and math.isfinite(grad_norm)):
+        try:
+            health.check_step(self.step + 1, total, grad_norm, cfg.learning_rate)
+        except TrainingDiverged:
             self.optimizer.zero_grad(set_to_none=True)  # the update is never applied: the model stays finite
-        health.check_step(self.step + 1, total, grad_norm, cfg.learning_rate)
+            raise
         lr = self.scheduler.get_last_lr()[0]
         with self.stop.hold():  # a second Ctrl-C never cuts an update in half
             self.optimizer.step()
@@ -374,7 +374,7 @@ class Trainer:
             health.check_weights(self.step, self.params, self.dist, "saving a checkpoint", self.cfg.learning_rate)
             extra = {"base_model": self.loaded.name, "run": self.run}
             ckpt.save_checkpoint(
-                path, self.engine, self.optimizer, self.scheduler, self.step, self.stream.position(), extra, self.dist,
+                path, self.engine, self.optimizer, self.scheduler, self.step, self.done_position, extra, self.dist,
                 trainable_only=self.cfg.adapter == "lora",
             )  # fmt: skip
             if self.dist.is_main:
@@ -489,8 +489,7 @@ class Trainer:
                 self.stop.requested,
             )
             return
-        with self.stop.hold():
-            health.check_weights(self.step, self.params, self.dist, "the export", self.cfg.learning_rate)
+        with self.stop.hold():  # (the weights were checked by the save above, or by the one that wrote them)
             result.final_dir = str(self.save_final())
 
 
