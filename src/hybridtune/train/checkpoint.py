@@ -202,7 +202,9 @@ def _before_save(target: Path, need: int, previous: Path | None) -> None:
             f"'{target}' exists and was not written by hybridtune (no {MARKER} marker or checkpoint.json): a save "
             "would replace it; move it away or choose another --output_dir"
         )
-    integrity.check_free_space(target, need, previous)
+    integrity.check_free_space(
+        target.parent, need, lambda free: integrity.disk_full_message(target, need, free, previous)
+    )
 
 
 def save_checkpoint(
@@ -234,17 +236,9 @@ def save_checkpoint(
     files: dict[str, dict] = {}
 
     def guarded(write: Callable[[Path], None]) -> Callable[[Path], None]:
-        def run(tmp: Path) -> None:
-            try:
-                write(tmp)
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as e:  # DCP's CheckpointException is a BaseException
-                if integrity.is_disk_full(e, tmp.parent, need):  # asked while the partial save is still there
-                    raise DiskFullError(integrity.disk_full_message(target, need, None, previous)) from None
-                raise
-
-        return run
+        return integrity.disk_full_guard(
+            write, need, lambda free: integrity.disk_full_message(target, need, free, previous)
+        )
 
     def write_all(tmp: Path) -> None:
         with _quiet_single_process():

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +22,6 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train import distributed, integrity
-from hybridtune.train.integrity import DiskFullError
 
 logger = logging.getLogger(__name__)
 
@@ -67,11 +65,6 @@ def unwrapped_base_state(base, peft_state: dict | None = None) -> dict:
             continue
         state[name.replace(".base_layer.", ".")] = tensor
     return state
-
-
-def save_unwrapped_base(base, tmp: Path, peft_state: dict | None = None) -> None:
-    """Save the frozen base weights without LoRA layers (see `unwrapped_base_state`)."""
-    base.save_pretrained(tmp, state_dict=unwrapped_base_state(base, peft_state), safe_serialization=True)
 
 
 # -- modes and disk space ---------------------------------------------------------------------------------------
@@ -139,23 +132,18 @@ def _write_all(out: Path, parts: list[tuple[Path, int, Callable[[Path], None]]],
     need = sum(n for _, n, _ in parts)
     what = " and ".join(f"{t.name}/" for t, _, _ in parts)
     out.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(out).free
-    if free < need:
-        raise DiskFullError(disk_full_message(out, what, need, free, previous))
+
+    def message(free: int | None) -> str:
+        return disk_full_message(out, what, need, free, previous)
+
+    integrity.check_free_space(out, need, message)
     for target, _, write in parts:
 
-        def run(tmp: Path, write=write) -> None:
-            try:
-                write(tmp)
-                honour_umask_tree(tmp)
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as e:
-                if integrity.is_disk_full(e, tmp.parent, need):  # asked while the partial export is still there
-                    raise DiskFullError(disk_full_message(out, what, need, None, previous)) from None
-                raise
+        def write_with_modes(tmp: Path, write=write) -> None:
+            write(tmp)
+            honour_umask_tree(tmp)
 
-        ckpt.atomic_dir(target, run)
+        ckpt.atomic_dir(target, integrity.disk_full_guard(write_with_modes, need, message))
 
 
 def save_final(

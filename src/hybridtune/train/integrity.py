@@ -22,6 +22,7 @@ import os
 import pickle
 import shutil
 import stat
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -353,11 +354,31 @@ def disk_full_message(target: Path, need: int, free: int | None, previous: Path 
     )
 
 
-def check_free_space(target: Path, need: int, previous: Path | None) -> None:
-    """Refuse a save of about `need` bytes into `target`'s parent before writing anything, when it cannot fit."""
-    free = shutil.disk_usage(Path(target).parent).free
+def check_free_space(where: Path, need: int, message: Callable[[int | None], str]) -> None:
+    """Refuse a write of about `need` bytes into directory `where` before anything is written, when it cannot fit:
+    DiskFullError(message(free bytes))."""
+    free = shutil.disk_usage(where).free
     if free < need:
-        raise DiskFullError(disk_full_message(target, need, free, previous))
+        raise DiskFullError(message(free))
+
+
+def disk_full_guard(
+    write: Callable[[Path], None], need: int, message: Callable[[int | None], str]
+) -> Callable[[Path], None]:
+    """`write(tmp)` with a failure for lack of space turned into DiskFullError(message(None)); the caller's atomic
+    write then removes the partial temporary directory. Interrupts pass through unchanged."""
+
+    def run(tmp: Path) -> None:
+        try:
+            write(tmp)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # DCP's CheckpointException is a BaseException
+            if is_disk_full(e, tmp.parent, need):  # asked while the partial write is still there
+                raise DiskFullError(message(None)) from None
+            raise
+
+    return run
 
 
 _WRITE_FAILED = ("unexpected pos", "failed writing", "file write failed", "no space left")
