@@ -68,7 +68,11 @@ class DatasetConfig:
 @dataclass
 class TrainConfig:
     # model
-    base_model: str = _f("tiny-qwen3_5", "preset name (see `hybridtune doctor`) or local checkpoint directory")
+    base_model: str = _f(
+        "tiny-qwen3_5",
+        "a local checkpoint directory, a hub id org/name (at `revision`), or a preset with random weights "
+        "(`hybridtune doctor` lists them)",
+    )
     tokenizer: str | None = _f(None, "tokenizer directory (default: the model's own, or the bundled one for presets)")
     # data
     datasets: list[DatasetConfig] = _f([DatasetConfig(path=BUNDLED_DATASET, type="chat")], "list of data sources")
