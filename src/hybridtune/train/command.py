@@ -15,9 +15,13 @@ logger = logging.getLogger(__name__)
 
 USAGE = """usage: hybridtune train [CONFIG.yaml] [--key value ...] [--nproc N]
 
-Fine-tune a model. With no arguments: LoRA on the tiny Qwen3.5 preset with the bundled arithmetic
-chats (a few minutes on a CPU). A YAML file sets keys; --key value (or --key=value) overrides them.
---dataset FILE is the shorthand for one data file (format detected, or --dataset_type).
+Fine-tune a model. The default is a full fine-tune (every weight trained); --adapter lora trains a
+LoRA adapter instead. With no arguments: a full fine-tune of the tiny Qwen3.5 preset (random weights)
+on the bundled arithmetic chats (a few minutes on a CPU). A YAML file sets keys; --key value (or
+--key=value) overrides them. --dataset FILE is the shorthand for one data file (format detected, or
+--dataset_type). --base_model takes a local checkpoint directory, a hub id (org/name, with
+--revision) or a preset; `hybridtune doctor` lists the presets and the bundled example configs
+(e.g. `hybridtune train hybridtune:configs/arithmetic-lora.yaml`).
 
 --nproc N trains with N processes on this machine (one per GPU) through torchrun; the same as
 `torchrun --nproc-per-node N -m hybridtune train ...`. The engine is the `distributed` key (DDP for
@@ -72,8 +76,22 @@ def main(argv: list[str]) -> int:
 
         # A rank's unexpected exception goes to the file torchrun reads; the launcher's one line quotes it. A
         # UserError is not unexpected: rank 0 says it in one line here, and no traceback reaches torchrun's report.
-        return record(_train_or_say)(cfg)
+        return _leave(record(_train_or_say)(cfg))
     return _train(cfg)
+
+
+def _leave(code: int) -> int:
+    """End a torchrun rank at once with `code`, its output flushed, past the interpreter's teardown: there, threads
+    that torch's C++ side leaves running (the profiler's, the process group's) have aborted a finished rank
+    ("terminate called without an active exception", SIGSEGV) after its last line, failing a run that had saved
+    everything. Everything of the run is closed by now (files, lock, process group)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing more can reach it anyway
+            pass
+    os._exit(code)
 
 
 def _train_or_say(cfg) -> int:
