@@ -78,10 +78,10 @@ fi
 if has bench; then
   if [ -f benchmarks/single_gpu.sh ]; then  # its bench job: the same question as the results table's rows
     part bench env OUT= R="$W/bench" NO_RESULTS=1 T0="$(left)" CPUS_0="${CPUS_BENCH:-5-10}" PY="$PY" \
-      bash benchmarks/single_gpu.sh "$BENCH --preset $BASE --seq-len $SEQ"
+      bash benchmarks/single_gpu.sh "$BENCH --base_model $BASE --sequence_len $SEQ"
   else
-    part bench $(cpus "${CPUS_BENCH:-5-10}") $PY -m hybridtune $BENCH --preset "$BASE" --seq-len "$SEQ" \
-      --out-dir "$W/bench/lane0-1-bench"
+    part bench $(cpus "${CPUS_BENCH:-5-10}") $PY -m hybridtune $BENCH --base_model "$BASE" --sequence_len "$SEQ" \
+      --output_dir "$W/bench/lane0-1-bench"
   fi
 fi
 if has train; then

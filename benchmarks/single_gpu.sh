@@ -10,7 +10,7 @@
 #   tests ARGS...   pytest -m cuda ARGS (HYBRIDTUNE_FLA_GRANT_FOR_TESTS=$GRANT, default 0)
 #   train-smoke     hybridtune train on the tiny preset, 30 steps (the GPU training path end to end)
 # Every job gets the seconds left of T0 (default 560) less 10; a job with 30 s or less left is skipped and says so.
-# STARTUP (default 400) is each bench's --startup-timeout unless the lane names its own. NO_RESULTS=1: no rows.
+# STARTUP (default 400) is each bench's --startup_timeout unless the lane names its own. NO_RESULTS=1: no rows.
 # With OUT set (a lent machine): the work folder, logs and bench.json files come back in $OUT/work.tar.gz and the
 # table in $OUT/results.jsonl (take its new rows, or add a bench.json here: python -m hybridtune.bench.results
 # add-bench FILE); SAVE_CACHE=1 also returns the compile caches for the next call's .cache/.
@@ -21,9 +21,9 @@
 #                                       "bench --modes ht-loop:cg=on,conv=op,hf-eager --profile"
 #   no CUDA graphs (train's step):      "bench --modes ht-loop:conv=op,ht-loop,hf-eager"
 #   0.8B / 9B (x2, 4 layouts each seen twice in the warm-up):
-#     "bench --preset qwen3_5-0.8b --modes ht-loop:cg=on,hf-eager --layouts 4 --warmup 8 --steps 12"
-#     "bench --preset qwen3_5-9b --modes ht-loop:cg=on,hf-eager --layouts 4 --warmup 8 --steps 12 --startup-timeout 450"
-#   16k-token packs:                    "bench --modes hf-eager,ht-loop --seq-len 16384 --steps 8 --warmup 2"
+#     "bench --base_model qwen3_5-0.8b --modes ht-loop:cg=on,hf-eager --layouts 4 --warmup 8 --steps 12"
+#     "bench --base_model qwen3_5-9b --modes ht-loop:cg=on,hf-eager --layouts 4 --warmup 8 --steps 12 --startup_timeout 450"
+#   16k-token packs:                    "bench --modes hf-eager,ht-loop --sequence_len 16384 --steps 8 --warmup 2"
 #   CUDA tests beside a bench:          "bench ... then tests tests/compiler/test_loop.py -k static"
 #   HYBRIDTUNE_GIT_COMMIT=<sha> T0=545 bash benchmarks/single_gpu.sh "bench --modes hf-eager,ht-loop:cg=on"
 [ $# -ge 1 ] || { sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 2; }
@@ -40,8 +40,8 @@ job() {  # job LANE GPU N KIND ARGS...: the lane's Nth job
   case $kind in
     bench)
       local res=(--results "$RESULTS"); [ "${NO_RESULTS:-0}" = 1 ] && res=()
-      CUDA_VISIBLE_DEVICES=$gpu timeout "$left" $cpus $HT bench --startup-timeout "${STARTUP:-400}" "$@" \
-        --out-dir "$R/$name" "${res[@]}" > "$R/$name.log" 2>&1 ;;
+      CUDA_VISIBLE_DEVICES=$gpu timeout "$left" $cpus $HT bench --startup_timeout "${STARTUP:-400}" "$@" \
+        --output_dir "$R/$name" "${res[@]}" > "$R/$name.log" 2>&1 ;;
     tests)
       CUDA_VISIBLE_DEVICES=$gpu HYBRIDTUNE_FLA_GRANT_FOR_TESTS=${GRANT:-0} timeout "$left" $cpus \
         ${PY:-python3} -m pytest -p no:cacheprovider -m cuda -v -rA --durations=0 "$@" > "$R/$name.log" 2>&1 ;;

@@ -82,9 +82,9 @@ def test_bench_cpu_smoke(tmp_path, capsys):
             "1",
             "--layouts",
             "2",
-            "--compile-backend",
+            "--compile_backend",
             "aot_eager",
-            "--out-dir",
+            "--output_dir",
             str(out),
         ]
     )
@@ -122,9 +122,9 @@ def test_mode_that_does_not_start_is_stopped(tmp_path):
             "1",
             "--warmup",
             "1",
-            "--startup-timeout",
+            "--startup_timeout",
             "0.5",
-            "--out-dir",
+            "--output_dir",
             str(out),
             "--results",
             str(tmp_path / "results.jsonl"),
@@ -139,16 +139,18 @@ def test_mode_that_does_not_start_is_stopped(tmp_path):
     assert row["tokens_per_s"] is None and row["shape"] == "tiny-qwen3_5" and row["command"].startswith("hybridtune")
 
 
-def test_bad_preset_is_one_line(capsys):
-    assert main(["bench", "--preset", "qwen3_5-2c"]) == 2
+@pytest.mark.parametrize("flag", ["--base_model", "--preset"])  # --preset: the spelling of earlier releases
+def test_bad_preset_is_one_line(capsys, flag):
+    assert main(["bench", flag, "qwen3_5-2c"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: --preset 'qwen3_5-2c'") and "qwen3_5-2b" in err and "\n" not in err
+    assert err.startswith("error: --base_model 'qwen3_5-2c' is not a preset") and "qwen3_5-2b" in err
+    assert "\n" not in err
 
 
 def test_a_damaged_results_table_is_said_before_the_run(tmp_path, capsys):
     table = tmp_path / "results.jsonl"
     table.write_text("{broken\n")
-    assert main(["bench", "--modes", "ht-eager", "--results", str(table), "--out-dir", str(tmp_path / "b")]) == 2
+    assert main(["bench", "--modes", "ht-eager", "--results", str(table), "--output_dir", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err.strip()
     assert "results.jsonl:1: not a JSON row" in err and "\n" not in err
     assert not (tmp_path / "b" / "bench.json").exists()

@@ -2,11 +2,11 @@
 
 Each mode runs in a fresh subprocess (`hybridtune.bench.worker`), so one mode's compiled graphs,
 patched classes, allocator state or crash never touch the next. A mode that has not finished its first
-step within `--startup-timeout` seconds is stopped and reported as "no first step within N s"; a mode
+step within `--startup_timeout` seconds is stopped and reported as "no first step within N s"; a mode
 that crashes is reported with its error. The matmul peak used for FLOP utilisation is measured first,
 in its own process, on the same device.
 
-Output in `--out-dir`: bench.json (command, commit, versions, device, settings, every mode's raw
+Output in `--output_dir`: bench.json (command, commit, versions, device, settings, every mode's raw
 numbers), bench.md (the table), bench.png (bar chart), logs/<mode>.log (each worker's output). With
 `--results TABLE` each mode also becomes a row of that append-only table (`hybridtune.bench.results`).
 """
@@ -42,35 +42,90 @@ GPU_MODES = "hf-eager,hf-compile,hf-liger,ht-eager,ht-loop,ht-modules"
 CPU_MODES = "hf-eager,ht-eager,ht-loop"
 
 
+# Spellings of earlier releases (recorded in benchmarks/results.jsonl's commands), still accepted and not listed.
+OLD_FLAGS = {
+    "base_model": ["preset"],
+    "sequence_len": ["seq-len"],
+    "lora_target_modules": ["lora-targets"],
+    "learning_rate": ["lr"],
+    "output_dir": ["out-dir"],
+}
+
+
+def _flag(ap: argparse.ArgumentParser, key: str, **kw) -> None:
+    """`--key` as `hybridtune train` spells its config keys (snake_case), listed with its help; the dashed form
+    (`--key-name`, which train also accepts) and the old spellings of OLD_FLAGS work too, unlisted."""
+    ap.add_argument(f"--{key}", **kw)
+    names = [key, *OLD_FLAGS.get(key, [])]
+    hidden = sorted({f"--{s}" for n in names for s in (n.replace("_", "-"), n.replace("-", "_"))} - {f"--{key}"})
+    if hidden:
+        same = {k: v for k, v in kw.items() if k in ("type", "action", "choices")}
+        ap.add_argument(*hidden, dest=key, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **same)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="hybridtune bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default=None, help="model preset (default: qwen3_5-2b on a GPU, tiny-qwen3_5 on CPU)")
-    ap.add_argument(
-        "--modes",
+    ap = argparse.ArgumentParser(
+        prog="hybridtune bench",
+        description=__doc__.split("\n\n")[0],
+        epilog="Flags are spelled as `hybridtune train`'s config keys where they mean the same; the dashed "
+        "spellings (--sequence-len) and those of earlier releases (--preset, --seq-len, --lr, --lora-targets, "
+        "--out-dir) still work.",
+    )
+    _flag(
+        ap,
+        "base_model",
+        default=None,
+        help="a preset (random weights; `hybridtune doctor` lists them) (default: qwen3_5-2b on a GPU, "
+        "tiny-qwen3_5 on the CPU)",
+    )
+    _flag(
+        ap,
+        "modes",
         default=None,
         help="comma-separated MODE[:key=value,...], keys "
         + ", ".join(f"{k}={'|'.join(v)}" for k, v in OPTION_KEYS.items())
         + f" (default GPU: {GPU_MODES}; CPU: {CPU_MODES})",
     )
-    ap.add_argument("--seq-len", type=int, default=None, help="tokens per pack (default 4096 on a GPU, 256 on CPU)")
-    ap.add_argument("--steps", type=int, default=None, help="timed steps after warm-up (default 20 GPU, 3 CPU)")
-    ap.add_argument("--warmup", type=int, default=None, help="warm-up steps, not timed (default 3 GPU, 1 CPU)")
-    ap.add_argument("--layouts", type=int, default=8, help="distinct pack layouts, cycled through the steps")
-    ap.add_argument("--adapter", choices=("lora", "full"), default="lora")
-    ap.add_argument("--lora-r", type=int, default=16)
-    ap.add_argument("--lora-targets", default=",".join(DEFAULT_LORA_TARGETS), help="comma-separated module names")
-    ap.add_argument("--lr", type=float, default=1e-4)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--startup-timeout", type=float, default=600.0, help="seconds a mode may take to its first step")
-    ap.add_argument("--mode-timeout", type=float, default=1800.0, help="seconds a whole mode may take")
-    ap.add_argument(
-        "--compile-backend", default="inductor", help="torch.compile backend (aot_eager for a quick CPU check)"
+    _flag(ap, "sequence_len", type=int, default=None, help="tokens per pack (default 4096 on a GPU, 256 on the CPU)")
+    _flag(ap, "steps", type=int, default=None, help="timed steps after the warm-up (default 20 on a GPU, 3 on the CPU)")
+    _flag(ap, "warmup", type=int, default=None, help="warm-up steps, not timed (default 3 on a GPU, 1 on the CPU)")
+    _flag(ap, "layouts", type=int, default=8, help="distinct pack layouts, cycled through the steps (default 8)")
+    _flag(
+        ap,
+        "adapter",
+        choices=("lora", "full"),
+        default="lora",
+        help="lora (default here, as in the published tables; `hybridtune train` defaults to full) or full",
     )
-    ap.add_argument("--profile", action="store_true", help="GPU: also profile 3 steps per mode (kernel time table)")
-    ap.add_argument("--out-dir", default="outputs/bench")
-    ap.add_argument("--title", default=None, help="title of the markdown table and the chart")
-    ap.add_argument(
-        "--results",
+    _flag(ap, "lora_r", type=int, default=16, help="LoRA rank (alpha is twice the rank) (default 16)")
+    _flag(
+        ap,
+        "lora_target_modules",
+        default=",".join(DEFAULT_LORA_TARGETS),
+        help="comma-separated module names that get LoRA (default: train's, " + ",".join(DEFAULT_LORA_TARGETS) + ")",
+    )
+    _flag(ap, "learning_rate", type=float, default=1e-4, help="AdamW learning rate, constant (default 1e-4)")
+    _flag(ap, "seed", type=int, default=0, help="seed of the weights, the packs and the adapters (default 0)")
+    _flag(
+        ap,
+        "startup_timeout",
+        type=float,
+        default=600.0,
+        help="seconds a mode may take to its first step before it is stopped (default 600)",
+    )
+    _flag(ap, "mode_timeout", type=float, default=1800.0, help="seconds a whole mode may take (default 1800)")
+    _flag(
+        ap,
+        "compile_backend",
+        default="inductor",
+        help="torch.compile backend (default inductor; aot_eager for a quick CPU check)",
+    )
+    _flag(ap, "profile", action="store_true", help="GPU: also profile 3 steps per mode (kernel time table)")
+    _flag(ap, "output_dir", default="outputs/bench", help="where bench.json, bench.md, bench.png and logs/ go")
+    _flag(ap, "title", default=None, help="title of the markdown table and the chart (default: from the settings)")
+    _flag(
+        ap,
+        "results",
         type=Path,
         default=None,
         help="append one row per mode to this results table (e.g. benchmarks/results.jsonl)",
@@ -163,10 +218,11 @@ def main(argv: list[str]) -> int:
     if args.results:
         results.read(args.results)  # a damaged table is said now, not after the run
     gpu = torch.cuda.is_available()
-    preset = args.preset or ("qwen3_5-2b" if gpu else "tiny-qwen3_5")
+    preset = args.base_model or ("qwen3_5-2b" if gpu else "tiny-qwen3_5")
     if preset not in PRESETS:
         raise ConfigError(
-            f"--preset '{preset}' is not a preset.{did_you_mean(preset, PRESETS)} Presets: {', '.join(PRESETS)}."
+            f"--base_model '{preset}' is not a preset (bench builds random weights of a preset's shape)."
+            f"{did_you_mean(preset, PRESETS)} Presets: {', '.join(PRESETS)}."
         )
     modes = [parse_mode(s) for s in split_modes(args.modes or (GPU_MODES if gpu else CPU_MODES))]
     labels = [m.label for m in modes]
@@ -174,14 +230,14 @@ def main(argv: list[str]) -> int:
         raise ConfigError(f"--modes names a mode twice: {','.join(labels)}")
     settings = {
         "preset": preset,
-        "seq_len": args.seq_len or (4096 if gpu else 256),
+        "seq_len": args.sequence_len or (4096 if gpu else 256),
         "steps": args.steps if args.steps is not None else (20 if gpu else 3),
         "warmup": args.warmup if args.warmup is not None else (3 if gpu else 1),
         "layouts": args.layouts,
         "adapter": args.adapter,
         "lora_r": args.lora_r,
-        "lora_targets": [t for t in args.lora_targets.split(",") if t],
-        "lr": args.lr,
+        "lora_targets": [t for t in args.lora_target_modules.split(",") if t],
+        "lr": args.learning_rate,
         "seed": args.seed,
         "compile_backend": args.compile_backend,
         "dtype": "bf16 weights + bf16 autocast" if gpu else "fp32",
@@ -192,7 +248,7 @@ def main(argv: list[str]) -> int:
     stretched = cudagraph_warmup(settings["warmup"], settings["layouts"], modes)
     if stretched != settings["warmup"]:
         settings.update(warmup_asked=settings["warmup"], warmup=stretched)
-    out = Path(args.out_dir)
+    out = Path(args.output_dir)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     lay = pack_layouts(settings["seq_len"], settings["layouts"], settings["seed"])
     env = environment()
