@@ -79,10 +79,20 @@ def test_help_lists_every_key_with_default():
 def test_shipped_configs_load():
     from pathlib import Path
 
-    files = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
-    assert files
-    for f in files:
-        load_config(f)
+    from hybridtune.config import bundled_configs
+
+    shipped = bundled_configs()  # the package's configs/ (package-data: they ship in the wheel)
+    assert "hybridtune:configs/arithmetic-lora.yaml" in shipped
+    assert set(shipped.values()) == set((Path(__file__).resolve().parents[1] / "src/hybridtune/configs").glob("*.yaml"))
+    for name, f in shipped.items():
+        assert load_config(name) == load_config(f)  # by its bundled name, as `hybridtune train NAME` takes it
+    assert load_config("hybridtune:configs/arithmetic-lora.yaml").adapter == "lora"
+    with pytest.raises(
+        ConfigError,
+        match=r"'hybridtune:configs/arithmetic-lora\.yml' is not a bundled config\. "
+        r"Did you mean 'hybridtune:configs/arithmetic-lora\.yaml'\?",
+    ):
+        load_config("hybridtune:configs/arithmetic-lora.yml")
 
 
 # --- issue 16 items 14-16: bad values that used to pass validation or crash --------------------------------------

@@ -16,9 +16,9 @@ from hybridtune import __version__
 from hybridtune.errors import UserError, did_you_mean
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("hybridtune.train.command", "fine-tune a model (LoRA or full) on packed data"),
+    "train": ("hybridtune.train.command", "fine-tune a model on packed data (full fine-tune by default, or LoRA)"),
     "bench": ("hybridtune.bench.command", "training modes side by side: tokens/s, memory, FLOP utilisation, loss"),
-    "doctor": ("hybridtune.kernels.doctor", "report versions, GPU, kernel paths and how to fix gaps"),
+    "doctor": ("hybridtune.kernels.doctor", "versions, GPU, kernel paths and fixes; the presets and example configs"),
     "compile": ("hybridtune.compiler.command", "generate standalone per-class forwards (--family, --sweep)"),
     "merge": ("hybridtune.train.merge", "merge a LoRA adapter into its base model and save safetensors"),
 }

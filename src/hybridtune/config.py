@@ -29,7 +29,7 @@ from hybridtune.config_schema import (  # re-exported: hybridtune.config is wher
     TrainConfig,
     max_num_threads,
 )
-from hybridtune.errors import ConfigError
+from hybridtune.errors import ConfigError, did_you_mean
 from hybridtune.textfile import read_utf8
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_LORA_TARGETS",
     "DatasetConfig",
     "TrainConfig",
+    "bundled_configs",
     "compile_overrides",
     "config_help",
     "load_config",
@@ -199,7 +200,7 @@ def load_config(
     lines: dict[str, int] = {}
     where = "command line"
     if path is not None:
-        p = Path(path)
+        p = resolve_config_path(path)
         text = read_config_text(p)
         try:
             loaded = yaml.safe_load(text)
@@ -224,6 +225,29 @@ def load_config(
         for warning in config_warnings(cfg, set(data) | set(cli)):
             logger.warning(warning)
     return cfg
+
+
+# Example configs shipped in the wheel, named on the command line as `hybridtune:configs/<name>.yaml`.
+BUNDLED_CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+BUNDLED_CONFIG_PREFIX = "hybridtune:configs/"
+
+
+def bundled_configs() -> dict[str, Path]:
+    """The example configs shipped with hybridtune: `hybridtune:configs/<name>.yaml` -> its file."""
+    return {BUNDLED_CONFIG_PREFIX + f.name: f for f in sorted(BUNDLED_CONFIG_DIR.glob("*.yaml"))}
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """A config path: `hybridtune:configs/<name>.yaml` for a bundled example, else a local file."""
+    name = str(path)
+    if not name.startswith("hybridtune:"):
+        return Path(path).expanduser()
+    shipped = bundled_configs()
+    if name not in shipped:
+        raise ConfigError(
+            f"'{name}' is not a bundled config.{did_you_mean(name, shipped)} Bundled configs: {', '.join(shipped)}."
+        )
+    return shipped[name]
 
 
 def read_config_text(p: Path) -> str:

@@ -1,5 +1,8 @@
 """`hybridtune doctor [--model M] [--json]`: versions, GPU, the path each mixer takes, and how to fix each gap.
 
+Without `--model` it also lists the model presets (name, family, parameters, what each is for; their weights
+are random) and the example configs shipped with hybridtune (`hybridtune train hybridtune:configs/NAME.yaml`).
+
 Doctor never installs anything: it runs the provisioning logic under `check` and says what `kernels: auto`
 would do. With `--model` (a preset name or a local checkpoint directory) it parses what the architecture
 asks for, builds the model on the meta device (no memory, no weights) to report each mixer's path, and on a
@@ -20,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from hybridtune.compiler.plan import plan_model
+from hybridtune.config import bundled_configs
+from hybridtune.config_schema import TrainConfig
 from hybridtune.errors import ModelError, did_you_mean
 from hybridtune.kernels import gates
 from hybridtune.kernels.environment import dist_version, environment
@@ -66,6 +71,33 @@ def resolve_model(spec: str) -> tuple[str, Any]:
     )
 
 
+FAMILIES = {"qwen3_5_text": "Qwen3.5 dense", "qwen3_next": "Qwen3-Next MoE"}
+
+
+def preset_table() -> list[dict[str, Any]]:
+    """Every preset: name, family, parameters, what it is for; all of them are random weights, never downloaded."""
+    default = TrainConfig().base_model
+    return [
+        {
+            "name": p.name,
+            "family": FAMILIES.get(p.model_type, p.model_type),
+            "model_type": p.model_type,
+            "parameters": p.parameters,
+            "for": p.description,
+            "random_weights": True,
+            "default": p.name == default,
+        }
+        for p in PRESETS.values()
+    ]
+
+
+def _count(n: int) -> str:
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return str(n)
+
+
 def _build_meta(config: Any) -> tuple[Any | None, str]:
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
@@ -109,6 +141,8 @@ def diagnose(model: str | None = None) -> dict[str, Any]:
     """Everything doctor reports, as one JSON-able dict."""
     out: dict[str, Any] = {"environment": environment(), "attention": attention_backend()}
     out["fla_hopper_guard_active"] = fla_guard.guard_active()
+    out["presets"] = preset_table()
+    out["bundled_configs"] = {name: str(path) for name, path in bundled_configs().items()}
     if model is None:
         return out
     label, config = resolve_model(model)
@@ -157,6 +191,18 @@ def render(d: dict[str, Any]) -> str:
         lines.append("  FLA Hopper guard: active (GDN backward refused until a layout passes the self-test)")
     lines.append(f"packed attention: {d['attention']['packed_path']}")
     if "model" not in d:
+        lines.append(
+            "presets (base_model: NAME; random weights, built here, never downloaded: demos, tests, benchmarks):"
+        )
+        width = max(len(p["name"]) for p in d["presets"])
+        lines.append(f"  {'name':<{width}}  {'family':<14} {'params':>6}  for")
+        for p in d["presets"]:
+            default = " (the default base_model)" if p["default"] else ""
+            lines.append(f"  {p['name']:<{width}}  {p['family']:<14} {_count(p['parameters']):>6}  {p['for']}{default}")
+        lines.append("  a real model: base_model: a local checkpoint directory or a hub id org/name")
+        lines.append("example configs (hybridtune train NAME; copy the file to start your own):")
+        for name, path in d["bundled_configs"].items():
+            lines.append(f"  {name}  {path}")
         lines.append("(pass --model PRESET_OR_DIR for the per-mixer paths and the self-test)")
         return "\n".join(lines)
     m, prov = d["model"], d["provision"]

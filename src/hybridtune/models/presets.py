@@ -25,6 +25,7 @@ class Preset:
     description: str
     build_config: Callable[[int], Any]  # vocab_size -> transformers PretrainedConfig
     uses_bundled_tokenizer: bool  # tiny presets size their vocab to the bundled tokenizer
+    parameters: int  # of the model built (tied weights once); a test builds each on the meta device and counts
 
 
 def _hybrid_layer_types(n_layers: int, full_every: int = 4) -> list[str]:
@@ -148,7 +149,12 @@ PRESETS: dict[str, Preset] = {
     p.name: p
     for p in [
         Preset(
-            "tiny-qwen3_5", "qwen3_5_text", "4 layers (3 GDN + 1 attention), hidden 128; CPU demo", _tiny_qwen3_5, True
+            "tiny-qwen3_5",
+            "qwen3_5_text",
+            "4 layers (3 GDN + 1 attention), hidden 128; CPU demo",
+            _tiny_qwen3_5,
+            True,
+            parameters=869_560,
         ),
         Preset(
             "tiny-qwen3_next",
@@ -156,17 +162,31 @@ PRESETS: dict[str, Preset] = {
             "4 layers (3 GDN + 1 attention), 4-expert MoE; CPU tests",
             _tiny_qwen3_next,
             True,
+            parameters=822_968,
         ),
-        Preset("qwen3_5-0.8b", "qwen3_5_text", "Qwen3.5-0.8B shape, random weights", _qwen3_5_0_8b, False),
         Preset(
-            "qwen3_5-2b", "qwen3_5_text", "Qwen3.5-2B shape (18 GDN + 6 attention), random weights", _qwen3_5_2b, False
+            "qwen3_5-0.8b",
+            "qwen3_5_text",
+            "Qwen3.5-0.8B text shape, random weights; benchmarks",
+            _qwen3_5_0_8b,
+            False,
+            parameters=752_393_024,
+        ),
+        Preset(
+            "qwen3_5-2b",
+            "qwen3_5_text",
+            "Qwen3.5-2B text shape (18 GDN + 6 attention), random weights; benchmarks",
+            _qwen3_5_2b,
+            False,
+            parameters=1_881_825_088,
         ),
         Preset(
             "qwen3_5-9b",
             "qwen3_5_text",
-            "Qwen3.5-9B shape (24 GDN + 8 attention, HV = 2H), random weights",
+            "Qwen3.5-9B text shape (24 GDN + 8 attention, HV = 2H), random weights; benchmarks",
             _qwen3_5_9b,
             False,
+            parameters=8_953_803_264,
         ),
     ]
 }
