@@ -54,11 +54,15 @@ class DatasetConfig:
     """One data source. `type: auto` detects the format from the first row's fields."""
 
     path: str = _f("", "JSONL or Parquet file (or 'hybridtune:sample/<name>' for bundled data)")
-    type: Literal["auto", "text", "alpaca", "chat", "sharegpt"] = _f("auto", "row format")
+    type: Literal["auto", "text", "alpaca", "chat", "sharegpt", "prompt_completion"] = _f(
+        "auto", "row format (auto: from the first row's fields)"
+    )
     field_text: str = _f("text", "text: field holding the document")
     field_instruction: str = _f("instruction", "alpaca: instruction field")
     field_input: str = _f("input", "alpaca: optional input field")
     field_output: str = _f("output", "alpaca: response field")
+    field_prompt: str = _f("prompt", "prompt_completion: the prompt (text, or a list of messages)")
+    field_completion: str = _f("completion", "prompt_completion: what is trained on (text, or a list of messages)")
     field_messages: str = _f("messages", "chat: list of {role, content}; sharegpt: 'conversations'")
     message_field_role: str = _f("role", "chat: role key in a message ('from' for sharegpt)")
     message_field_content: str = _f("content", "chat: content key in a message ('value' for sharegpt)")
@@ -74,10 +78,17 @@ class TrainConfig:
         "(`hybridtune doctor` lists them)",
     )
     tokenizer: str | None = _f(None, "tokenizer directory (default: the model's own, or the bundled one for presets)")
+    chat_template: str | None = _f(
+        None,
+        "chat template for chat data: a .jinja/.txt file, or the name of one of the tokenizer's named templates "
+        "(default: the tokenizer's own); saved with the final model",
+    )
     # data
     datasets: list[DatasetConfig] = _f([DatasetConfig(path=BUNDLED_DATASET, type="chat")], "list of data sources")
     dataset: str | None = _f(None, "shorthand for a single data file (replaces `datasets`)")
-    dataset_type: Literal["auto", "text", "alpaca", "chat", "sharegpt"] = _f("auto", "format of `dataset`")
+    dataset_type: Literal["auto", "text", "alpaca", "chat", "sharegpt", "prompt_completion"] = _f(
+        "auto", "format of `dataset`"
+    )
     val_set_size: float = _f(0.04, "held-out share (< 1) or count (>= 1) of examples for eval")
     sequence_len: int = _f(256, "tokens per packed bin (and max tokens per example)")
     sample_packing: bool = _f(True, "pack several examples per bin (off: one example per bin)")

@@ -55,9 +55,9 @@ def test_chat_content_that_is_not_text_is_an_error(tok, tmp_path, reply, got):
 def test_chat_content_parts_of_type_text_are_joined(tok):
     parts = [{"type": "text", "text": "4"}, {"type": "text", "text": ", of course"}]
     ex = to_example(chat(parts), "chat", tok, DatasetConfig(), False, "x")
-    assert trained_text(tok, ex) == "4, of course<|im_end|>\n"
+    assert trained_text(tok, ex) == "4, of course<|im_end|>"
     # A whole number is its own text.
-    assert trained_text(tok, to_example(chat(4), "chat", tok, DatasetConfig(), False, "x")) == "4<|im_end|>\n"
+    assert trained_text(tok, to_example(chat(4), "chat", tok, DatasetConfig(), False, "x")) == "4<|im_end|>"
 
 
 def test_sharegpt_value_that_is_not_text_is_an_error(tok, tmp_path):
@@ -87,7 +87,7 @@ def test_alpaca_null_input_is_no_input(tok):
     ex = to_example(
         {"instruction": "Say hi", "input": None, "output": "hi"}, "alpaca", tok, DatasetConfig(), False, "x"
     )
-    assert trained_text(tok, ex) == "hi<|im_end|>\n" and "None" not in tok.decode(ex.input_ids)
+    assert trained_text(tok, ex) == "hi<|im_end|>" and "None" not in tok.decode(ex.input_ids)
 
 
 def test_parquet_content_parts(tok, tmp_path):

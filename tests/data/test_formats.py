@@ -43,8 +43,8 @@ def test_chat_trains_on_assistant_turns_only(tok):
     }
     ex = to_example(row, "chat", tok, DatasetConfig(), False, "x")
     assert tok.decode(ex.input_ids) == tok.apply_chat_template(row["messages"], tokenize=False)
-    # Both replies with their end-of-turn markers, and nothing of the prompts or headers.
-    assert trained_text(tok, ex) == "4<|im_end|>\n6<|im_end|>\n"
+    # Both replies with their end-of-turn markers (not the newline after them), and nothing of the prompts or headers.
+    assert trained_text(tok, ex) == "4<|im_end|>6<|im_end|>"
     assert "assistant" in untrained_text(tok, ex) and "2+2=" in untrained_text(tok, ex)
 
 
@@ -54,21 +54,21 @@ def test_chat_train_on_inputs_and_custom_roles(tok):
     assert all(ex.loss_mask)
     # Only the assistant turn has a generation header to leave out; other trained roles train whole.
     ex = to_example(row, "chat", tok, DatasetConfig(roles_to_train=["user"]), False, "x")
-    assert trained_text(tok, ex) == "<|im_start|>user\na<|im_end|>\n"
+    assert trained_text(tok, ex) == "<|im_start|>user\na<|im_end|>"
 
 
 def test_sharegpt_maps_roles(tok):
     row = {"conversations": [{"from": "human", "value": "5+1="}, {"from": "gpt", "value": "6"}]}
     assert detect_type(row, DatasetConfig(), "x") == "sharegpt"
     ex = to_example(row, "sharegpt", tok, DatasetConfig(), False, "x")
-    assert trained_text(tok, ex) == "6<|im_end|>\n"
+    assert trained_text(tok, ex) == "6<|im_end|>"
 
 
 def test_alpaca_trains_on_output(tok):
     row = {"instruction": "Add the numbers", "input": "1 2", "output": "3"}
     assert detect_type(row, DatasetConfig(), "x") == "alpaca"
     ex = to_example(row, "alpaca", tok, DatasetConfig(), False, "x")
-    assert trained_text(tok, ex) == "3<|im_end|>\n"
+    assert trained_text(tok, ex) == "3<|im_end|>"
     assert "Add the numbers" in untrained_text(tok, ex) and "1 2" in untrained_text(tok, ex)
 
 
@@ -86,7 +86,7 @@ def test_custom_field_mapping(tok):
     ds = DatasetConfig(field_instruction="q", field_output="a")
     row = {"q": "What?", "a": "That"}
     assert detect_type(row, ds, "x") == "alpaca"
-    assert trained_text(tok, to_example(row, "alpaca", tok, ds, False, "x")) == "That<|im_end|>\n"
+    assert trained_text(tok, to_example(row, "alpaca", tok, ds, False, "x")) == "That<|im_end|>"
 
 
 def test_jsonl_and_parquet_give_the_same_examples(tok, tmp_path):

@@ -2,13 +2,17 @@
 
 Formats: `text` (train on everything), `alpaca` (instruction/input/output; train on the output),
 `chat` (a list of {role, content} rendered by the tokenizer's chat template; train on assistant
-turns), `sharegpt` (conversations of {from, value}, mapped onto chat roles). Files: JSONL or Parquet.
+turns; OpenAI-style messages with tool_calls, role "tool", reasoning_content and a row's `tools`),
+`sharegpt` (conversations of {from, value}, mapped onto chat roles), `prompt_completion` (TRL's:
+prompt and completion as two texts, or as two lists of messages; train on the completion).
+Files: JSONL or Parquet. Locating turns in a rendered chat is data/chat.py's.
 
 Errors name the file, the line (JSONL) or row (Parquet), the field, and what to do.
 """
 
 from __future__ import annotations
 
+import bisect
 import codecs
 import json
 import logging
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridtune.config import DatasetConfig
+from hybridtune.data.chat import TurnNotFound, chat_spans
 from hybridtune.data.packing import Example
 from hybridtune.errors import DataError
 from hybridtune.textfile import nul_error, utf8_error
@@ -107,6 +112,8 @@ def _json_kind(value: Any) -> str:
         return "a list"
     if isinstance(value, dict):
         return "an object"
+    if isinstance(value, str):
+        return "a string"
     return f"a {type(value).__name__}"
 
 
@@ -161,13 +168,16 @@ def detect_type(row: dict, ds: DatasetConfig, where: str) -> str:
         msgs = row.get(key)
         if isinstance(msgs, list) and msgs and isinstance(msgs[0], dict):
             return "sharegpt" if "from" in msgs[0] and "value" in msgs[0] else "chat"
+    if ds.field_prompt in row and ds.field_completion in row:
+        return "prompt_completion"
     if ds.field_instruction in row and ds.field_output in row:
         return "alpaca"
     if ds.field_text in row:
         return "text"
     raise DataError(
         f"{where}: cannot tell the format from fields {sorted(row)}; expected 'messages' (chat), "
-        f"'conversations' (sharegpt), 'instruction'+'output' (alpaca) or 'text'; or set `type` / `--dataset_type`"
+        f"'conversations' (sharegpt), 'prompt'+'completion' (prompt_completion), 'instruction'+'output' (alpaca) "
+        "or 'text'; or set `type` / `--dataset_type`"
     )
 
 
@@ -183,48 +193,95 @@ def _tokenize_spans(tokenizer, spans: list[tuple[str, bool]]) -> Example:
     """Tokenize the concatenated text once; a token is trained on if it starts inside a trained span."""
     text = "".join(s for s, _ in spans)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    bounds = []
+    starts, trains = [], []
     pos = 0
     for s, train in spans:
-        bounds.append((pos, pos + len(s), train))
+        starts.append(pos)
+        trains.append(train)
         pos += len(s)
     mask = []
     for start, end in enc["offset_mapping"]:
-        # Attribute each token to the span holding its first character (byte-level BPE may merge across
-        # a boundary; the chat templates we render put special tokens at every boundary, so it does not).
-        trained = next((t for a, b, t in bounds if a <= start < b), False) if end > start else False
+        # Attribute each token to the span holding its first character (byte-level BPE may merge across a
+        # boundary: '<think>\n' + '\n</think>' is one '\n\n' token, left with the untrained header).
+        trained = end > start and trains[bisect.bisect_right(starts, start) - 1]
         mask.append(1 if trained else 0)
     return Example(list(enc["input_ids"]), mask)
 
 
-def chat_spans(tokenizer, messages: list[dict], roles_to_train: list[str]) -> list[tuple[str, bool]]:
-    """Split the rendered chat into (text, trained) spans by rendering growing prefixes.
-
-    Works with any chat template that renders a conversation prefix-stably: the text that message i
-    adds is render(messages[:i+1]) minus render(messages[:i]); for a trained role, the header is
-    render(messages[:i], add_generation_prompt=True) and only what follows it is trained (content and
-    end-of-turn token), so the model learns to stop.
-    """
-    spans: list[tuple[str, bool]] = []
-    prev = ""
-    for i, msg in enumerate(messages):
-        cur = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
-        if not cur.startswith(prev):
-            raise ValueError("chat template is not prefix-stable; cannot locate turns")
-        piece = cur[len(prev) :]
-        if msg["role"] in roles_to_train:
-            header = (
-                tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
-            )
-            if i and header.startswith(prev) and cur.startswith(header):
-                spans.append((header[len(prev) :], False))
-                spans.append((cur[len(header) :], True))
-            else:
-                spans.append((piece, True))
+def parse_messages(raw: Any, fmt: str, ds: DatasetConfig, where: str, key: str) -> list[dict]:
+    """A row's list of messages as the chat template takes them: role (sharegpt's mapped), content as text, and
+    the other fields (tool_calls, reasoning_content, tool_call_id, name, ...) passed on; null fields dropped
+    (Arrow gives every message every field of the column)."""
+    role_key, content_key = ds.message_field_role, ds.message_field_content
+    if fmt == "sharegpt" and role_key == "role":
+        role_key, content_key = "from", "value"
+    if not isinstance(raw, list) or not raw:
+        raise DataError(f"{where}: field '{key}' must be a non-empty list of messages")
+    messages = []
+    for j, m in enumerate(raw):
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        if not isinstance(m, dict) or role_key not in m or (content_key not in m and not calls):
+            raise DataError(f"{where}: message {j} of '{key}' needs '{role_key}' and '{content_key}' fields, got {m!r}")
+        role = m[role_key]
+        if fmt == "sharegpt":
+            if not isinstance(role, str) or role not in SHAREGPT_ROLES:
+                raise DataError(
+                    f"{where}: message {j} has unknown sharegpt role {role!r} (key '{role_key}'); "
+                    f"known roles: {', '.join(sorted(SHAREGPT_ROLES))}"
+                )
+            mapped = SHAREGPT_ROLES[role]
         else:
-            spans.append((piece, False))
-        prev = cur
-    return spans
+            known = sorted(set(CHAT_ROLES) | set(ds.roles_to_train))
+            if not isinstance(role, str) or role not in known:
+                raise DataError(
+                    f"{where}: message {j} has unknown role {role!r} (key '{role_key}'); known roles: "
+                    f"{', '.join(known)}; fix the row, or name the role in roles_to_train to train on it"
+                )
+            mapped = role
+        what = f"message {j} (role {role!r})"
+        msg = {k: v for k, v in m.items() if k not in (role_key, content_key) and v is not None}
+        if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+            raise DataError(f"{where}: {what}: 'tool_calls' must be a list of objects, got {_json_kind(calls)}")
+        reasoning = m.get("reasoning_content")
+        if reasoning is not None and not isinstance(reasoning, str):
+            raise DataError(f"{where}: {what}: 'reasoning_content' must be text, got {_json_kind(reasoning)}")
+        content = m.get(content_key)
+        # An assistant message that only calls tools has no content (OpenAI writes null).
+        text = "" if content is None and calls else message_content(content, where, f"{what}, key '{content_key}'")
+        messages.append({**msg, "role": mapped, "content": text})
+    return messages
+
+
+def _tools(row: dict, where: str) -> list | None:
+    """A row's `tools` (function schemas for the template's tools block): a list of objects, or that list as a
+    JSON string (as datasets store a column whose schemas differ row to row)."""
+    tools = row.get("tools")
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as e:
+            raise DataError(
+                f"{where}: field 'tools' is a string but not JSON ({e.msg}); give a list of tools"
+            ) from None
+    if tools is None or (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        return tools or None
+    raise DataError(f"{where}: field 'tools' must be a list of tool objects, got {_json_kind(tools)}")
+
+
+def _chat_example(tokenizer, messages, trained, tools, train_on_inputs: bool, where: str, fmt: str) -> Example:
+    if not tokenizer.chat_template:
+        raise DataError(
+            f"{where}: {fmt} data needs a tokenizer with a chat template; this tokenizer has none (set `chat_template`)"
+        )
+    try:
+        spans = chat_spans(tokenizer, messages, trained, tools)
+    except TurnNotFound as e:
+        raise DataError(
+            f"{where}: {e}; check the row, or set `chat_template` to a template that renders every trained turn"
+        ) from None
+    except Exception as e:  # jinja errors from templates that reject a role order, etc.
+        raise DataError(f"{where}: the chat template cannot render this conversation ({e})") from None
+    return _tokenize_spans(tokenizer, [(s, t or train_on_inputs) for s, t in spans])
 
 
 def to_example(
@@ -254,55 +311,36 @@ def to_example(
         if tokenizer.chat_template:
             user = f"{instruction}\n\n{inp}" if inp else instruction
             messages = [{"role": "user", "content": user}, {"role": "assistant", "content": output}]
-            spans = chat_spans(tokenizer, messages, ["assistant"])
-        else:
-            prompt = (ALPACA_PROMPT_INPUT if inp else ALPACA_PROMPT).format(instruction=instruction, input=inp)
-            spans = [(prompt, False), (output + eos, True)]
-        return _tokenize_spans(tokenizer, [(s, t or train_on_inputs) for s, t in spans])
+            return _chat_example(tokenizer, messages, [False, True], None, train_on_inputs, where, fmt)
+        prompt = (ALPACA_PROMPT_INPUT if inp else ALPACA_PROMPT).format(instruction=instruction, input=inp)
+        return _tokenize_spans(tokenizer, [(prompt, train_on_inputs), (output + eos, True)])
+    if fmt == "prompt_completion":
+        prompt = _field(row, ds.field_prompt, where, fmt)
+        completion = _field(row, ds.field_completion, where, fmt)
+        if isinstance(prompt, list) and isinstance(completion, list):  # conversational: lists of messages
+            p = parse_messages(prompt, "chat", ds, where, ds.field_prompt)
+            c = parse_messages(completion, "chat", ds, where, ds.field_completion)
+            trained = [False] * len(p) + [True] * len(c)
+            return _chat_example(tokenizer, p + c, trained, _tools(row, where), train_on_inputs, where, fmt)
+        if isinstance(prompt, list) or isinstance(completion, list):
+            raise DataError(
+                f"{where}: '{ds.field_prompt}' is {_json_kind(prompt)} and '{ds.field_completion}' is "
+                f"{_json_kind(completion)}; give both as text or both as lists of messages"
+            )
+        prompt = field_text(prompt, where, f"field '{ds.field_prompt}'")
+        completion = field_text(completion, where, f"field '{ds.field_completion}'")
+        # As TRL: plain texts are concatenated without a chat template, and the completion ends with EOS.
+        return _tokenize_spans(tokenizer, [(prompt, train_on_inputs), (completion + eos, True)])
     if fmt in ("chat", "sharegpt"):
         key = ds.field_messages
         if fmt == "sharegpt" and key not in row and "conversations" in row:
             key = "conversations"
-        raw = _field(row, key, where, fmt)
-        role_key, content_key = ds.message_field_role, ds.message_field_content
-        if fmt == "sharegpt" and role_key == "role":
-            role_key, content_key = "from", "value"
-        if not isinstance(raw, list) or not raw:
-            raise DataError(f"{where}: field '{key}' must be a non-empty list of messages")
-        messages = []
-        for j, m in enumerate(raw):
-            if not isinstance(m, dict) or role_key not in m or content_key not in m:
-                raise DataError(
-                    f"{where}: message {j} of '{key}' needs '{role_key}' and '{content_key}' fields, got {m!r}"
-                )
-            role = m[role_key]
-            if fmt == "sharegpt":
-                if not isinstance(role, str) or role not in SHAREGPT_ROLES:
-                    raise DataError(
-                        f"{where}: message {j} has unknown sharegpt role {role!r} (key '{role_key}'); "
-                        f"known roles: {', '.join(sorted(SHAREGPT_ROLES))}"
-                    )
-                mapped = SHAREGPT_ROLES[role]
-            else:
-                known = sorted(set(CHAT_ROLES) | set(ds.roles_to_train))
-                if not isinstance(role, str) or role not in known:
-                    raise DataError(
-                        f"{where}: message {j} has unknown role {role!r} (key '{role_key}'); known roles: "
-                        f"{', '.join(known)}; fix the row, or name the role in roles_to_train to train on it"
-                    )
-                mapped = role
-            what = f"message {j} (role {role!r}), key '{content_key}'"
-            messages.append({"role": mapped, "content": message_content(m[content_key], where, what)})
+        messages = parse_messages(_field(row, key, where, fmt), fmt, ds, where, key)
         if roles_seen is not None:
             roles_seen.update(m["role"] for m in messages)
-        if not tokenizer.chat_template:
-            raise DataError(f"{where}: {fmt} data needs a tokenizer with a chat template; this tokenizer has none")
-        try:
-            spans = chat_spans(tokenizer, messages, ds.roles_to_train)
-        except Exception as e:  # jinja errors from templates that reject a role order, etc.
-            raise DataError(f"{where}: the chat template cannot render this conversation ({e})") from None
-        return _tokenize_spans(tokenizer, [(s, t or train_on_inputs) for s, t in spans])
-    raise DataError(f"{where}: unknown dataset type '{fmt}'; use text, alpaca, chat or sharegpt")
+        trained = [m["role"] in ds.roles_to_train for m in messages]
+        return _chat_example(tokenizer, messages, trained, _tools(row, where), train_on_inputs, where, fmt)
+    raise DataError(f"{where}: unknown dataset type '{fmt}'; use text, alpaca, chat, sharegpt or prompt_completion")
 
 
 def load_examples(ds: DatasetConfig, tokenizer, train_on_inputs: bool = False) -> list[Example]:

@@ -34,7 +34,7 @@ import torch
 from hybridtune.batch import NUM_LOSS_TOKENS, NUM_TOKENS
 from hybridtune.compiler.strategies import compile_model
 from hybridtune.config import TrainConfig, compile_overrides, warmup_warning
-from hybridtune.data import PackedCollator
+from hybridtune.data import PackedCollator, with_chat_template
 from hybridtune.data.build import PreparedData, prepare
 from hybridtune.data.packing import Example
 from hybridtune.errors import ConfigError, TrainingDiverged
@@ -129,7 +129,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)
 
     def _setup_data(self) -> None:
-        self.tokenizer = tokenizer_for(self.cfg.base_model, self.cfg.tokenizer)
+        tokenizer = tokenizer_for(self.cfg.base_model, self.cfg.tokenizer)
+        self.tokenizer = with_chat_template(tokenizer, self.cfg.chat_template)
         self.data: PreparedData = prepare(self.cfg, self.tokenizer)
 
     def _setup_kernels(self) -> None:
