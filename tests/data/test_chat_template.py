@@ -110,12 +110,14 @@ def qwen(request):
     return qwen_tokenizer(request.param)
 
 
-def expected_mask(tok, rendered: str, input_ids: list[int], trained: list[str]) -> list[int]:
-    """The reference mask: locate each expected trained text in order in the rendering (plain string search), then
-    a token is trained when its first character lies in one of those ranges."""
+def expected_mask(tok, rendered: str, input_ids: list[int], trained: list) -> list[int]:
+    """The reference mask: locate each expected trained text in order in the rendering (plain string search; a
+    pair (before, text) finds `text` right after `before`), then a token is trained when its first character lies
+    in one of those ranges."""
     ranges, pos = [], 0
-    for text in trained:
-        at = rendered.index(text, pos)
+    for item in trained:
+        before, text = item if isinstance(item, tuple) else ("", item)
+        at = rendered.index(before + text, pos) + len(before)
         ranges.append((at, at + len(text)))
         pos = at + len(text)
     offsets = tok(rendered, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
@@ -295,6 +297,33 @@ def test_chat_template_by_name_and_its_errors(tmp_path):
     bad.write_text("{% for m in messages %}\n{{ m.content }\n")
     with pytest.raises(ConfigError, match=r"bad\.jinja' is not a valid Jinja template \(line 2: "):
         with_chat_template(tok, str(bad))
+
+
+def test_a_checkpoints_own_and_named_templates_from_disk(tmp_path):
+    # A checkpoint's tokenizer as transformers saves it: chat_template.jinja (its own template, used by default)
+    # and additional_chat_templates/<name>.jinja (named ones, chosen with `chat_template: <name>`).
+    from hybridtune.models.loading import load_tokenizer
+
+    tok = copy.deepcopy(bundled_tokenizer())
+    tok.chat_template = {"default": QWEN3_5_TEMPLATE.read_text(), "plain": bundled_tokenizer().chat_template}
+    tok.save_pretrained(tmp_path)
+    assert (tmp_path / "additional_chat_templates" / "plain.jinja").is_file()
+    own = load_tokenizer(str(tmp_path), None)
+    row = {"messages": CONVERSATION, "tools": TOOLS}
+    ex = to_example(row, "chat", own, DatasetConfig(), False, "x")
+    rendered = own.apply_chat_template(as_rendered(CONVERSATION), tools=TOOLS, tokenize=False)
+    assert ex.loss_mask == expected_mask(own, rendered, ex.input_ids, EXPECTED_TRAINED)
+    # The plain ChatML template keeps content as it is (a <think> block in it too) and ignores the rest.
+    plain = with_chat_template(own, "plain")
+    ex = to_example(row, "chat", plain, DatasetConfig(), False, "x")
+    rendered = plain.apply_chat_template(as_rendered(CONVERSATION), tokenize=False)
+    trained = [
+        ("<|im_start|>assistant\n", "<|im_end|>"),  # the tool call's turn: no content, the calls not rendered
+        "<think>\nThe tool said sunny.\n</think>\n\nSunny, 21C.<|im_end|>",
+        "Checking.<|im_end|>",
+        "Rain and wind.<|im_end|>",
+    ]
+    assert ex.loss_mask == expected_mask(plain, rendered, ex.input_ids, trained)
 
 
 def test_chat_template_is_a_config_key(tmp_path):
