@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import logging
 import math
 import os
@@ -332,7 +333,12 @@ def validate(cfg: TrainConfig) -> None:
             "optimizer); use e.g. 1e-4",
         ),
         (cfg.val_set_size >= 0, "val_set_size", cfg.val_set_size, "must be >= 0"),
-        (cfg.max_steps == -1 or cfg.max_steps >= 1, "max_steps", cfg.max_steps, "must be -1 or at least 1"),
+        (
+            cfg.max_steps >= -1,
+            "max_steps",
+            cfg.max_steps,
+            "must be -1 (from num_epochs), 0 (only evaluate and export) or more",
+        ),
         (cfg.num_epochs > 0, "num_epochs", cfg.num_epochs, "must be positive"),
         (cfg.warmup_steps >= 0, "warmup_steps", cfg.warmup_steps, "must be >= 0"),
         (cfg.weight_decay >= 0, "weight_decay", cfg.weight_decay, "must be >= 0"),
@@ -358,6 +364,8 @@ def validate(cfg: TrainConfig) -> None:
         (0 <= cfg.seed <= MAX_SEED, "seed", cfg.seed, f"must be between 0 and 2**63 - 1 ({MAX_SEED})"),
         (cfg.save_total_limit >= 1, "save_total_limit", cfg.save_total_limit, "must be at least 1"),
         (cfg.profile_steps >= 0, "profile_steps", cfg.profile_steps, "must be 0 (off) or more"),
+        (cfg.eval_samples >= 0, "eval_samples", cfg.eval_samples, "must be 0 (off) or more"),
+        (cfg.eval_max_new_tokens >= 1, "eval_max_new_tokens", cfg.eval_max_new_tokens, "must be at least 1"),
     ]
     for ok, key, value, what in checks:
         if not ok:
@@ -369,6 +377,11 @@ def validate(cfg: TrainConfig) -> None:
                 f"config key 'compile_overrides' entry {item!r} must look like Class=compile|fullgraph|eager|off "
                 "(e.g. Qwen3_5MLP=eager)"
             )
+    if cfg.report_to != "none" and importlib.util.find_spec(cfg.report_to) is None:  # the extra has its name
+        raise ConfigError(
+            f"config key 'report_to' = '{cfg.report_to}' needs the {cfg.report_to} package, which is not installed; "
+            f"pip install 'hybridtune[{cfg.report_to}]'"
+        )
     if cfg.adapter == "lora" and not cfg.lora_target_modules:
         raise ConfigError("config key 'lora_target_modules' is empty; name at least one module (e.g. q_proj)")
     for i, ds in enumerate(cfg.resolved_datasets()):

@@ -106,7 +106,9 @@ class TrainConfig:
     micro_batch_size: int = _f(1, "packed bins per forward (laid end to end in one [1, T] row)")
     gradient_accumulation_steps: int = _f(1, "micro-batches per optimizer step")
     num_epochs: float = _f(2.0, "passes over the training data (ignored when max_steps > 0)")
-    max_steps: int = _f(-1, "optimizer steps to run (-1: from num_epochs)")
+    max_steps: int = _f(
+        -1, "optimizer steps to run (-1: from num_epochs; 0: only evaluate and export the starting model)"
+    )
     learning_rate: float = _f(1e-3, "peak learning rate")
     lr_scheduler: Literal["cosine", "linear", "constant"] = _f("cosine", "decay after warmup")
     warmup_steps: int = _f(10, "linear warmup steps")
@@ -131,7 +133,15 @@ class TrainConfig:
     # evaluation, logging, checkpoints
     eval_steps: int = _f(100, "evaluate every N steps (0: only at the end)")
     eval_max_examples: int = _f(200, "cap on held-out examples per eval")
-    logging_steps: int = _f(10, "log every N steps")
+    eval_samples: int = _f(
+        0, "greedy generations logged at each eval, from the prompts of the first held-out chat/alpaca examples"
+    )
+    eval_max_new_tokens: int = _f(64, "eval_samples: the most tokens each generation adds")
+    logging_steps: int = _f(10, "log every N steps (the logged loss is the mean over the steps since the last log)")
+    report_to: Literal["none", "tensorboard", "wandb"] = _f(
+        "none", "also send the metrics to TensorBoard (output_dir/runs/<run_name>) or Weights & Biases"
+    )
+    run_name: str | None = _f(None, "the run's name in TensorBoard / W&B (default: output_dir's name)")
     save_steps: int = _f(0, "checkpoint every N steps (0: only at the end)")
     save_total_limit: int = _f(2, "checkpoints kept (oldest removed first)")
     profile_steps: int = _f(

@@ -136,6 +136,8 @@ def _train(cfg) -> int:
         return 0
     if result.losses:
         summary = f"done: {result.steps} steps, loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}"
+    elif result.steps == 0:
+        summary = "done: max_steps 0, nothing trained: the starting model evaluated and exported"
     else:
         summary = f"done: nothing left to train (the run was at step {result.steps} of {result.steps})"
     if len(result.evals) >= 2:

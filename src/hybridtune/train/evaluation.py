@@ -12,6 +12,7 @@ from hybridtune.data import IGNORE_INDEX, PackedCollator
 from hybridtune.data.packing import Example
 from hybridtune.train import distributed
 from hybridtune.train.metrics import MetricsLog
+from hybridtune.train.samples import log_samples
 from hybridtune.train.stream import to_device
 
 logger = logging.getLogger(__name__)
@@ -86,8 +87,11 @@ def evaluate(
 
 
 def report_eval(res: dict, step: int, metrics: MetricsLog | None) -> None:
-    """One eval line in the log and one row in metrics.jsonl (`res` gains its step)."""
+    """One eval line in the log (and one per `samples` entry) and one row in metrics.jsonl (`res` gains its step;
+    `samples`, None where this rank generates none, is dropped then)."""
     res["step"] = step
+    if res.get("samples") is None:
+        res.pop("samples", None)
     if metrics is not None:
         metrics.write({"type": "eval", **res})
     logger.info(
@@ -97,3 +101,4 @@ def report_eval(res: dict, step: int, metrics: MetricsLog | None) -> None:
         res["exact_match"],
         res["eval_examples"],
     )
+    log_samples(res.get("samples", []), step)

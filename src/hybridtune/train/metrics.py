@@ -1,8 +1,9 @@
-"""Per-step metrics: throughput, memory, and the metrics.jsonl log."""
+"""Per-step metrics: throughput, memory, the logged step's record and line, and the metrics.jsonl log."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -13,6 +14,8 @@ from hybridtune.errors import OutputDirError
 from hybridtune.models.anatomy import text_config
 from hybridtune.models.flops import step_flops
 from hybridtune.train.checkpoint import atomic_write_text
+
+logger = logging.getLogger(__name__)
 
 
 def memory_gib(device: torch.device) -> float:
@@ -71,12 +74,61 @@ class StepFlops:
         return step_flops(self.config, list(doc_lens), **self.kw).model
 
 
-class MetricsLog:
-    """Appends one JSON object per line; each record is flushed so a crash loses nothing logged."""
+class StepLog:
+    """Every step's record in (`add`), the logged step's record and line out (`log`): tokens/s and MFU over the
+    steps since the last log (a `Throughput`), `loss` = the mean of those steps' losses (`loss_steps` of them;
+    `step_loss` = the logged step's own), the run's length and the time left (`eta_s`: the steps to go at the
+    wall-clock pace since this process's first step, evals and saves included; the first step, which compiles,
+    only while it is the one step there is)."""
 
-    def __init__(self, path: Path, truncate: bool, after_step: int | None = None) -> None:
+    def __init__(self, total_steps: int, done: int, logging_steps: int, peak_flops: float | None = None) -> None:
+        self.tput = Throughput(peak_flops)
+        self.total, self.every = total_steps, logging_steps
+        self.losses: list[float] = []
+        self.t0 = time.perf_counter()
+        self.first: tuple[int, float] | None = None  # (step, wall time) at the end of this process's first step
+
+    def skip(self, seconds: float) -> None:
+        """Leave `seconds` out of tokens/s and MFU (`Throughput.skip`); the time left still counts them."""
+        self.tput.skip(seconds)
+
+    def add(self, rec: dict) -> None:
+        """A completed step's record (its `model_flops` is taken out of it)."""
+        self.tput.add(rec["tokens"], rec.pop("model_flops"))
+        self.losses.append(rec["loss"])
+        if self.first is None:
+            self.first = (rec["step"], time.perf_counter())
+
+    def due(self, step: int, stop: bool) -> bool:
+        """Whether this step is logged: every `logging_steps`, the first, the last, and a stopping one."""
+        return step % self.every == 0 or step == self.total or step == 1 or stop
+
+    def eta(self, step: int) -> float:
+        first_step, t_first = self.first or (step, self.t0)
+        now = time.perf_counter()
+        per_step = (now - t_first) / (step - first_step) if step > first_step else now - self.t0
+        return per_step * max(self.total - step, 0)
+
+    def log(self, rec: dict, mem_gib: float, metrics: MetricsLog | None) -> dict:
+        """Complete the logged step's record (the window's loss mean, throughput, memory, time left), write it to
+        metrics.jsonl (and the trackers) and log its line."""
+        window, self.losses = self.losses or [rec["loss"]], []
+        rec.update(loss=sum(window) / len(window), step_loss=rec["loss"], loss_steps=len(window), **self.tput.take())
+        rec.update(mem_gib=mem_gib, total_steps=self.total, eta_s=self.eta(rec["step"]), type="train")
+        if metrics is not None:
+            metrics.write(rec)
+        logger.info("%s", format_step(rec))
+        return rec
+
+
+class MetricsLog:
+    """Appends one JSON object per line; each record is flushed so a crash loses nothing logged. A `tracker`
+    (trackers.py) gets every record too, and is closed with the log."""
+
+    def __init__(self, path: Path, truncate: bool, after_step: int | None = None, tracker=None) -> None:
         """`truncate`: start an empty file. `after_step`: a resumed run's step; rows an earlier process logged past
         it (and a line a kill left torn) are dropped, since the resumed run logs those steps again."""
+        self.tracker = tracker
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.is_symlink() and truncate:
@@ -99,23 +151,41 @@ class MetricsLog:
     def write(self, record: dict) -> None:
         self.f.write(json.dumps(record) + "\n")
         self.f.flush()
+        if self.tracker is not None:
+            self.tracker.log(record)
 
     def close(self) -> None:
         self.f.close()
+        if self.tracker is not None:
+            tracker, self.tracker = self.tracker, None
+            tracker.close()
+
+
+def format_duration(seconds: float) -> str:
+    """`H:MM:SS`.
+
+    >>> format_duration(3725.4), format_duration(59.6)
+    ('1:02:05', '0:01:00')
+    """
+    s = round(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 def format_step(rec: dict) -> str:
-    """The one log line per step: `step loss grad_norm lr tok/s [tflops mfu] mem` (`mem`: the peak over ranks under
-    torchrun; `mfu`: model FLOPs, without recompute, over the measured peak of the run's devices).
+    """The one log line per logged step, on a terminal or not: `step N/TOTAL loss grad_norm lr tok/s [tflops mfu]
+    mem eta` (`loss`: the mean over the steps since the last logged one; `mem`: the peak over ranks under torchrun;
+    `mfu`: model FLOPs, without recompute, over the measured peak of the run's devices; `eta`: the time left).
 
-    >>> format_step({"step": 7, "loss": 1.5, "grad_norm": 0.25, "lr": 1e-4, "tokens_per_s": 31000.4,
-    ...              "tflops": 250.0, "mfu": 0.41, "mem_gib": 5.5})
-    'step     7  loss 1.5000  grad_norm 0.250  lr 1.00e-04  tok/s 31,000  tflops 250  mfu 41.0%  mem 5.50 GiB'
+    >>> format_step({"step": 7, "total_steps": 100, "loss": 1.5, "grad_norm": 0.25, "lr": 1e-4,
+    ...              "tokens_per_s": 31000.4, "tflops": 250.0, "mfu": 0.41, "mem_gib": 5.5, "eta_s": 83.0})
+    'step     7/100  loss 1.5000  grad_norm 0.250  lr 1.00e-04  tok/s 31,000  tflops 250  mfu 41.0%  mem 5.50 GiB  eta 0:01:23'
     """
     flops = f"tflops {rec['tflops']:.3g}  " if "tflops" in rec else ""
     if "mfu" in rec:
         flops += f"mfu {100 * rec['mfu']:.1f}%  "
+    total = f"/{rec['total_steps']}" if "total_steps" in rec else ""
+    eta = f"  eta {format_duration(rec['eta_s'])}" if "eta_s" in rec else ""
     return (
-        f"step {rec['step']:>5}  loss {rec['loss']:.4f}  grad_norm {rec['grad_norm']:.3f}  "
-        f"lr {rec['lr']:.2e}  tok/s {rec['tokens_per_s']:,.0f}  {flops}mem {rec['mem_gib']:.2f} GiB"
+        f"step {rec['step']:>5}{total}  loss {rec['loss']:.4f}  grad_norm {rec['grad_norm']:.3f}  "
+        f"lr {rec['lr']:.2e}  tok/s {rec['tokens_per_s']:,.0f}  {flops}mem {rec['mem_gib']:.2f} GiB{eta}"
     )

@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 RUN_FILE = "hybridtune_run.json"
 LOCK_FILE = ".hybridtune.lock"
+TRACKER_DIR = "runs"  # TensorBoard's event files and W&B's offline runs (trackers.py)
 # Keys that may differ between a finished run and the same command run again over it (nothing it computed changes).
 RERUN_FREE_KEYS = (
     "overwrite",
@@ -32,9 +33,19 @@ RERUN_FREE_KEYS = (
     "num_threads",
     "output_dir",  # the same directory under another spelling, or the run moved
     "save_total_limit",
+    "report_to",  # where the metrics also go, and under which name
+    "run_name",
 )
 # Keys a resumed run may change: how often it logs, evaluates, saves and profiles, and how it spreads over processes.
-RESUME_FREE_KEYS = (*RERUN_FREE_KEYS, "eval_steps", "save_steps", "distributed", "fsdp_units")
+RESUME_FREE_KEYS = (
+    *RERUN_FREE_KEYS,
+    "eval_steps",
+    "eval_samples",
+    "eval_max_new_tokens",
+    "save_steps",
+    "distributed",
+    "fsdp_units",
+)
 
 
 def data_fingerprint(cfg: TrainConfig) -> dict[str, str]:
@@ -116,6 +127,7 @@ def _foreign(out: Path) -> list[str]:
             (p.name in own and p.is_file())
             or ckpt.is_ours(p)
             or (p.name.startswith("profile-") and p.name.endswith(".json") and p.is_file())
+            or (p.name == TRACKER_DIR and p.is_dir())
         )
     )
 

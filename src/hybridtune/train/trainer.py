@@ -48,12 +48,14 @@ from hybridtune.train import distributed, export, health
 from hybridtune.train.choices import Choices, Facts, choose_bf16, measure, pick_device, resolve
 from hybridtune.train.evaluation import eval_batches, evaluate, report_eval
 from hybridtune.train.lora import apply_lora
-from hybridtune.train.metrics import MetricsLog, StepFlops, Throughput, format_step, memory_gib
+from hybridtune.train.metrics import MetricsLog, StepFlops, StepLog, memory_gib
 from hybridtune.train.optim import build_optimizer, build_scheduler
 from hybridtune.train.outdir import RUN_FILE, OutputLock, claim_output_dir, tidy, write_run_file
 from hybridtune.train.profiling import ProfileWindow
+from hybridtune.train.samples import generate_samples
 from hybridtune.train.signals import StopRequest, sigterm_interrupts
 from hybridtune.train.stream import BatchStream, to_device
+from hybridtune.train.trackers import open_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -217,8 +219,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.params, cfg, self.device)
         self.stream = BatchStream(self.data.bins, cfg.micro_batch_size, cfg.seed)
         per_epoch = math.ceil(self.stream.micro_batches_per_epoch() / cfg.gradient_accumulation_steps)
-        self.total_steps = cfg.max_steps if cfg.max_steps > 0 else max(1, math.ceil(per_epoch * cfg.num_epochs))
-        if cfg.max_steps <= 0 and self.dist.is_main and (warn := warmup_warning(cfg, self.total_steps)):
+        self.total_steps = cfg.max_steps if cfg.max_steps >= 0 else max(1, math.ceil(per_epoch * cfg.num_epochs))
+        if cfg.max_steps < 0 and self.dist.is_main and (warn := warmup_warning(cfg, self.total_steps)):
             logger.warning("%s", warn)  # (with max_steps set, load_config has said it)
         self.scheduler = build_scheduler(self.optimizer, cfg, self.total_steps)
         self.step = 0
@@ -254,8 +256,7 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             write_run_file(self.out, self.run)
         # A resumed run drops the rows an earlier process logged after its checkpoint: they are logged again.
-        after = None if self.fresh_metrics else self.step
-        self.metrics = MetricsLog(self.out / "metrics.jsonl", self.fresh_metrics, after) if d.is_main else None
+        self.metrics = open_metrics(cfg, self.out, self.fresh_metrics, self.step) if d.is_main else None
         procs = f" x {d.world} processes ({d.engine})" if d.enabled else ""
         bins = cfg.micro_batch_size * cfg.gradient_accumulation_steps
         logger.info(
@@ -355,10 +356,12 @@ class Trainer:
 
     def run_eval(self, result: TrainResult | None = None) -> dict | None:
         """Evaluate at this step, log it (and into `result.evals`); None without held-out examples."""
-        ex = self._eval_examples()
-        if not ex:
-            return None
-        res = evaluate(self.eval_model, ex, self.cfg.sequence_len, self.device, self.autocast, self.dist, self.collate)
+        ex, cfg = self._eval_examples(), self.cfg
+        if not ex or (result is not None and result.evals and result.evals[-1]["step"] == self.step):
+            return None  # (nothing held out, or this step's eval is done: a run at its last step or max_steps 0)
+        res = evaluate(self.eval_model, ex, cfg.sequence_len, self.device, self.autocast, self.dist, self.collate)
+        if cfg.eval_samples:  # greedy generations from held-out prompts (rank 0)
+            res["samples"] = generate_samples(self.model, ex, self.tokenizer, cfg, self.device, self.autocast, self.dist)
         report_eval(res, self.step, self.metrics)
         if result is not None:
             result.evals.append(res)
@@ -413,7 +416,7 @@ class Trainer:
         cfg = self.cfg
         result = TrainResult(steps=self.step, output_dir=str(self.out))
         self.run_eval(result)
-        tput = Throughput(self.peak_flops)
+        steps = StepLog(self.total_steps, self.step, cfg.logging_steps, self.peak_flops)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         first = True
@@ -426,16 +429,12 @@ class Trainer:
                 stop = rec.pop("stop")
                 eval_due = bool(cfg.eval_steps) and self.step % cfg.eval_steps == 0 and self.step < self.total_steps
                 save_due = bool(cfg.save_steps) and self.step % cfg.save_steps == 0 and self.step < self.total_steps
-                tput.skip(prof.after(self.step, cut=eval_due or save_due or stop))  # (summaries are not training)
-                tput.add(rec["tokens"], rec.pop("model_flops"))
-                result.losses.append(rec["loss"])
-                if self.step % cfg.logging_steps == 0 or self.step == self.total_steps or self.step == 1 or stop:
+                steps.skip(prof.after(self.step, cut=eval_due or save_due or stop))  # (summaries are not training)
+                steps.add(rec)
+                result.losses.append(rec["loss"])  # the step's own (the logged one is the window's mean)
+                if steps.due(self.step, stop):
                     # The peak over ranks (one scalar all-reduce, on logged steps only): ranks differ under FSDP2.
-                    mem = distributed.all_max(memory_gib(self.device), self.dist)
-                    rec.update(**tput.take(), mem_gib=mem, type="train")
-                    if self.metrics is not None:
-                        self.metrics.write(rec)
-                    logger.info("%s", format_step(rec))
+                    steps.log(rec, distributed.all_max(memory_gib(self.device), self.dist), self.metrics)
                 if self.on_log:
                     self.on_log(rec)
                 if stop:
@@ -449,7 +448,7 @@ class Trainer:
                     self.run_eval(result)
                 if save_due:
                     self.save()
-                tput.skip(time.perf_counter() - t)  # tokens/s and MFU are the training steps' own
+                steps.skip(time.perf_counter() - t)  # tokens/s and MFU are the training steps' own
         except KeyboardInterrupt:
             # A second Ctrl-C: the step in flight is abandoned (its update was never applied, see signals.py).
             result.interrupted = True
@@ -477,7 +476,8 @@ class Trainer:
         """The last step's checkpoint first (so nothing after it can lose the run), then the final eval, then the
         export. A stop asked for before the export leaves the checkpoint to finish from: a resume at the last step
         only evaluates and exports."""
-        self.save()
+        if self.step > 0:  # (max_steps 0: the starting model is evaluated and exported, without a checkpoint)
+            self.save()
         try:
             if not self.stop.requested:
                 self.run_eval(result)

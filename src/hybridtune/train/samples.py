@@ -1,0 +1,125 @@
+"""`eval_samples`: a few greedy generations from held-out prompts at each eval.
+
+A sample's prompt is an example's tokens up to its first trained token (a chat's conversation up to and including
+the first trained assistant turn's header; an alpaca example's prompt), its reference the trained tokens that
+follow, up to the end of that turn; examples with nothing before their first trained token (plain text) have no
+prompt and are passed over. The same first N such examples of the held-out set are generated at every eval, so the
+log shows one set of prompts evolving.
+
+Generation is transformers' own `generate` (greedy, the model's recurrent and key/value cache) on the trained model
+itself: the patched GDN mixers take the upstream forward whenever a cache is given (models/patching.py), the
+compiled loop calls the upstream forward with a cache (compiler/loop.py), and the attention implementation falls
+back to SDPA without packing metadata. It stops at the reference's last token (the format's end of turn) or the
+tokenizer's end-of-sequence token, and equals stock transformers' greedy decoding of the same weights (tested).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from transformers import GenerationConfig
+
+from hybridtune.config import TrainConfig
+from hybridtune.data.packing import Example
+from hybridtune.train import distributed
+
+logger = logging.getLogger(__name__)
+
+
+def sample_prompts(examples: list[Example], n: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, reference ids) of the first `n` examples that have a prompt.
+
+    >>> ex = [Example([1, 2, 3], [1, 1, 1]), Example([5, 6, 7, 8, 9, 4], [0, 0, 1, 1, 0, 1])]
+    >>> sample_prompts(ex, 2)
+    [([5, 6], [7, 8])]
+    """
+    out = []
+    for ex in examples:
+        if len(out) == n:
+            break
+        first = next((i for i, m in enumerate(ex.loss_mask) if m), None)
+        if not first:  # nothing trained, or nothing before the first trained token
+            continue
+        end = next((i for i in range(first, len(ex)) if not ex.loss_mask[i]), len(ex))
+        out.append((ex.input_ids[:first], ex.input_ids[first:end]))
+    return out
+
+
+@torch.no_grad()
+def greedy(
+    model: torch.nn.Module,
+    prompt: list[int],
+    max_new_tokens: int,
+    stop: list[int],
+    pad_token_id: int,
+    device: torch.device,
+) -> list[int]:
+    """The tokens greedy decoding adds to `prompt` (transformers `generate`, with the model's cache)."""
+    ids = torch.tensor([prompt], device=device)
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        eos_token_id=stop,
+        pad_token_id=pad_token_id,
+        use_cache=True,
+    )
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    return out[0, len(prompt) :].tolist()
+
+
+def generate_samples(
+    model: torch.nn.Module,
+    examples: list[Example],
+    tokenizer,
+    cfg: TrainConfig,
+    device: torch.device,
+    autocast,
+    d: distributed.Dist = distributed.ONE,
+) -> list[dict] | None:
+    """`cfg.eval_samples` samples `{prompt, generated, reference}` (decoded text) from `examples`, at most
+    `cfg.eval_max_new_tokens` generated tokens each, on rank 0 (None on the other ranks, and under FSDP2, whose
+    sharded weights a single rank cannot run: said once)."""
+    if d.engine == "fsdp":
+        if not getattr(generate_samples, "warned", False):
+            generate_samples.warned = True
+            if d.is_main:
+                logger.warning("eval_samples: not generated under FSDP2 (sharded weights); the eval runs without them")
+        return None
+    if not d.is_main:
+        return None
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos if eos is not None else 0)
+    was_training = model.training
+    model.eval()
+    out = []
+    try:
+        for prompt, reference in sample_prompts(examples, cfg.eval_samples):
+            stop = sorted({reference[-1]} | ({eos} if eos is not None else set()))
+            with autocast():
+                new = greedy(model, prompt, cfg.eval_max_new_tokens, stop, pad, device)
+            out.append(
+                {
+                    "prompt": tokenizer.decode(prompt),
+                    "generated": tokenizer.decode(new),
+                    "reference": tokenizer.decode(reference),
+                }
+            )
+    finally:
+        model.train(was_training)
+    return out
+
+
+def log_samples(samples: list[dict], step: int) -> None:
+    """One line per sample: the prompt's end and what the model wrote, newlines shown as \\n."""
+
+    def one_line(text: str, keep: int) -> str:  # keep > 0: the first `keep` characters; < 0: the last
+        text = text.replace("\n", "\\n")
+        if len(text) <= abs(keep):
+            return text
+        return text[:keep] + "..." if keep > 0 else "..." + text[keep:]
+
+    for i, s in enumerate(samples, 1):
+        prompt, generated = one_line(s["prompt"], -60), one_line(s["generated"], 200)
+        logger.info("eval  step %d  sample %d/%d  %s -> %s", step, i, len(samples), prompt, generated)

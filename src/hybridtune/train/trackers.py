@@ -1,0 +1,153 @@
+"""Trackers (`report_to`): the records of metrics.jsonl also go to TensorBoard or Weights & Biases, from rank 0.
+
+Each record becomes scalars named `<type>/<key>` (`train/loss`, `train/grad_norm`, `train/lr`,
+`train/tokens_per_s`, `eval/eval_loss`, `eval/exact_match`, ...) at its optimizer step, so a resumed run continues
+the same step axis; an eval's `samples` (eval_samples) become a text table. The `MetricsLog` that writes
+metrics.jsonl hands every record to the tracker and closes it with itself, at the end of a run or on its
+interruption.
+
+- tensorboard: event files in `output_dir/runs/<run_name>/` (`tensorboard --logdir output_dir/runs`). A fresh run
+  replaces the event files an earlier run of the directory left there (as it starts metrics.jsonl empty); a
+  resumed run hides the steps the stopped process logged past its checkpoint (`purge_step`), which it logs again.
+- wandb: a run of the `WANDB_PROJECT` project (default "hybridtune") named `run_name`, its files under
+  `output_dir/runs/`; a resumed run continues the same W&B run (its id is kept in `runs/<run_name>.wandb-id`).
+  `WANDB_MODE=offline` writes locally only (`wandb sync` uploads later).
+
+Both packages are optional (`pip install 'hybridtune[tensorboard]'`, `'hybridtune[wandb]'`): imported here only
+when asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from hybridtune.config import TrainConfig, to_dict
+from hybridtune.errors import ConfigError
+from hybridtune.train.metrics import MetricsLog
+from hybridtune.train.outdir import TRACKER_DIR
+
+NOT_SCALARS = ("step", "type", "total_steps")
+
+
+def scalars(record: dict) -> dict[str, float]:
+    """The record's numbers under `<type>/<key>`.
+
+    >>> scalars({"type": "train", "step": 3, "loss": 1.5, "lr": 1e-3, "samples": []})
+    {'train/loss': 1.5, 'train/lr': 0.001}
+    """
+    kind = record.get("type", "train")
+    return {
+        f"{kind}/{k}": float(v)
+        for k, v in record.items()
+        if k not in NOT_SCALARS and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+def samples_markdown(samples: list[dict]) -> str:
+    """An eval's generations as a markdown table (TensorBoard renders text as markdown)."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", "<br>")
+
+    rows = ["| prompt | generated | reference |", "| --- | --- | --- |"]
+    rows += [f"| {cell(s['prompt'])} | {cell(s['generated'])} | {cell(s['reference'])} |" for s in samples]
+    return "\n".join(rows)
+
+
+def _missing(name: str) -> ConfigError:
+    return ConfigError(
+        f"config key 'report_to' = '{name}' needs the {name} package, which is not installed; "
+        f"pip install 'hybridtune[{name}]'"
+    )
+
+
+class TensorBoard:
+    def __init__(self, logdir: Path, fresh: bool, resumed_step: int) -> None:
+        try:  # optional dependency: imported only when report_to asks for it
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise _missing("tensorboard") from None
+        if fresh and logdir.is_dir():
+            for old in logdir.glob("events.out.tfevents.*"):
+                old.unlink()
+        purge = None if fresh else resumed_step + 1
+        self.writer = SummaryWriter(log_dir=str(logdir), purge_step=purge)
+
+    def log(self, record: dict) -> None:
+        step = record["step"]
+        for tag, value in scalars(record).items():
+            self.writer.add_scalar(tag, value, step)
+        if record.get("samples"):
+            self.writer.add_text(f"{record.get('type', 'eval')}/samples", samples_markdown(record["samples"]), step)
+        self.writer.flush()  # a record is on disk once logged, as in metrics.jsonl
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandB:
+    def __init__(self, root: Path, name: str, fresh: bool, config: dict) -> None:
+        try:  # optional dependency: imported only when report_to asks for it
+            import wandb
+        except ImportError:
+            raise _missing("wandb") from None
+        self.wandb = wandb
+        id_file = root / f"{name}.wandb-id"
+        run_id = id_file.read_text().strip() if not fresh and id_file.is_file() else secrets.token_hex(4)
+        try:
+            self.run = wandb.init(
+                project=os.environ.get("WANDB_PROJECT", "hybridtune"),
+                name=name,
+                id=run_id,
+                resume="allow",
+                dir=str(root),
+                config=config,
+            )
+        except Exception as e:  # wandb's own kinds (no login, no network): say it in one line
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(
+                f"report_to: wandb could not start a run ({first}); run `wandb login`, or set WANDB_MODE=offline "
+                "to log locally"
+            ) from None
+        id_file.write_text(run_id + "\n")
+
+    def log(self, record: dict) -> None:
+        data: dict = scalars(record)
+        if record.get("samples"):
+            rows = [[s["prompt"], s["generated"], s["reference"]] for s in record["samples"]]
+            data[f"{record.get('type', 'eval')}/samples"] = self.wandb.Table(
+                columns=["prompt", "generated", "reference"], data=rows
+            )
+        self.run.log(data, step=record["step"])
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def run_name(cfg: TrainConfig) -> str:
+    """`run_name`, or the output directory's name."""
+    return cfg.run_name or Path(cfg.output_dir).resolve().name or "run"
+
+
+def open_tracker(cfg: TrainConfig, out: Path, fresh: bool, step: int) -> TensorBoard | WandB | None:
+    """The tracker `report_to` names (None for `none`); `fresh`: a new run's log, else resumed at `step`."""
+    if cfg.report_to == "none":
+        return None
+    root = out / TRACKER_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    if cfg.report_to == "tensorboard":
+        return TensorBoard(root / run_name(cfg), fresh, step)
+    return WandB(root, run_name(cfg), fresh, to_dict(cfg))
+
+
+def open_metrics(cfg: TrainConfig, out: Path, fresh: bool, step: int) -> MetricsLog:
+    """metrics.jsonl (a fresh one, or a resumed run's without the rows logged past `step`) and the tracker."""
+    tracker = open_tracker(cfg, out, fresh, step)
+    try:
+        return MetricsLog(out / "metrics.jsonl", fresh, None if fresh else step, tracker)
+    except BaseException:
+        if tracker is not None:
+            tracker.close()
+        raise

@@ -1,0 +1,111 @@
+"""The logged step: the loss averaged over the logging window, `step N/TOTAL` and the time left in the plain log
+line (not on a terminal), and `--max_steps 0` (evaluate and export the starting model)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hybridtune.cli import main
+from hybridtune.config import load_config
+from hybridtune.models.loading import load_model, tokenizer_for
+from hybridtune.train.metrics import StepLog
+from hybridtune.train.trainer import Trainer
+
+
+def rows(out: Path, kind: str) -> list[dict]:
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["type"] == kind]
+
+
+def settings(out: Path, data: str, **kw) -> dict:
+    return {
+        "dataset": data,
+        "sequence_len": 64,
+        "val_set_size": 8,
+        "eval_steps": 0,
+        "warmup_steps": 1,
+        "device": "cpu",
+        "output_dir": str(out),
+        **kw,
+    }
+
+
+def test_step_log_window_mean_and_time_left(monkeypatch):
+    # perf_counter, call by call: the start (100), step 1's end (112, this process's first step), step 3's (120)
+    clock = iter([100.0, 100.0, 112.0, 112.0, 112.0, 120.0, 120.0])
+    monkeypatch.setattr("hybridtune.train.metrics.time.perf_counter", lambda: next(clock))
+    log = StepLog(total_steps=10, done=0, logging_steps=3)
+    got = []
+    for step, loss in zip(range(1, 4), [4.0, 3.0, 2.0]):
+        rec = {"step": step, "loss": loss, "grad_norm": 1.0, "lr": 1e-3, "tokens": 10, "model_flops": 0.0}
+        log.add(rec)
+        if log.due(step, stop=False):
+            got.append(log.log(rec, 0.5, None))
+    assert got[0]["eta_s"] == pytest.approx(9 * 12.0)  # one step done: its 12 s (compilation included) x 9
+    assert [r["step"] for r in got] == [1, 3]
+    # Step 1 alone; then steps 2 and 3 averaged (not step 3's own loss), which stays as step_loss.
+    assert (got[0]["loss"], got[0]["loss_steps"]) == (4.0, 1)
+    assert (got[1]["loss"], got[1]["step_loss"], got[1]["loss_steps"]) == (2.5, 2.0, 2)
+    assert got[1]["total_steps"] == 10
+    # Time left at step 3 (logged at 120): 2 steps took 120 - 112 = 8 s after the first, so 7 steps x 4 s.
+    assert got[1]["eta_s"] == pytest.approx(28.0)
+
+
+def test_trainer_logs_the_window_mean_and_keeps_each_step(tmp_path, small_data):
+    t = Trainer(load_config(None, settings(tmp_path / "run", small_data, max_steps=5, logging_steps=2)))
+    t.setup()
+    result = t.train()
+    logged = rows(tmp_path / "run", "train")
+    assert [r["step"] for r in logged] == [1, 2, 4, 5]  # every 2 steps, the first and the last
+    per_step = result.losses  # each optimizer step's own loss, in order
+    for r, window in zip(logged, [[1], [2], [3, 4], [5]]):
+        mean = sum(per_step[s - 1] for s in window) / len(window)
+        assert r["loss"] == pytest.approx(mean, rel=1e-12) and r["loss_steps"] == len(window)
+        assert r["step_loss"] == per_step[r["step"] - 1]
+    assert logged[2]["loss"] != logged[2]["step_loss"]  # a real window: the mean is not the last step's loss
+
+
+def test_plain_step_line_has_total_and_time_left(tmp_path, small_data, capsys):
+    """Outside a terminal (the captured stderr here, a log file, CI) every logged step says N/TOTAL and the time
+    left; no progress bar is drawn."""
+    argv = [f"--{k}={v}" for k, v in settings(tmp_path / "run", small_data, max_steps=4, logging_steps=2).items()]
+    assert main(["train", *argv]) == 0
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if " step " in x and "loss" in x and "eval" not in x]
+    line = re.compile(
+        r"INFO step +(\d+)/4  loss \d+\.\d{4}  grad_norm \d+\.\d{3}  lr \S+  tok/s [\d,]+  .*mem \d+\.\d\d GiB  "
+        r"eta \d+:\d\d:\d\d$"
+    )
+    assert [int(line.search(x).group(1)) for x in lines] == [1, 2, 4], lines
+    assert lines[-1].endswith("eta 0:00:00")
+    assert "━" not in err and "train " not in err  # no progress bar (rich) outside a terminal
+
+
+def test_max_steps_0_evaluates_and_exports_the_starting_model(tmp_path, small_data, capsys):
+    out = tmp_path / "run"
+    argv = [f"--{k}={v}" for k, v in settings(out, small_data, max_steps=0, warmup_steps=10).items()]
+    assert main(["train", *argv]) == 0
+    err = capsys.readouterr().err
+    assert "warmup_steps" not in err  # no warning about a warmup longer than a run that trains nothing
+    assert rows(out, "train") == []
+    evals = rows(out, "eval")
+    assert [r["step"] for r in evals] == [0] and evals[0]["eval_examples"] == 8  # one eval, not two
+    assert not list(out.glob("checkpoint-*"))
+    # final/ holds the starting model: the preset's seeded initialisation, bit for bit.
+    cfg = load_config(None, settings(out, small_data))
+    start = load_model(cfg.base_model, tokenizer_for(cfg.base_model), seed=cfg.seed).model.state_dict()
+    saved = load_file(out / "final" / "model.safetensors")
+    assert saved and all(torch.equal(saved[k], start[k].to(saved[k].dtype)) for k in saved)
+    assert "done: max_steps 0, nothing trained: the starting model evaluated and exported; final model in" in err
+
+
+def test_max_steps_below_minus_1_is_refused():
+    from hybridtune.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"'max_steps' = -2 must be -1 \(from num_epochs\), 0"):
+        load_config(None, {"max_steps": -2})
