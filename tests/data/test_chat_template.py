@@ -189,6 +189,20 @@ def test_non_thinking_reply_and_alpaca_with_the_qwen_template(qwen):
     assert alpaca == ex
 
 
+def test_trained_tool_results_train_their_grouped_turn(qwen):
+    # roles_to_train [assistant, tool]: the two tool results share one rendered user turn, trained once, whole.
+    ds = DatasetConfig(roles_to_train=["assistant", "tool"])
+    ex = to_example({"messages": CONVERSATION, "tools": TOOLS}, "chat", qwen, ds, False, "x")
+    rendered = qwen.apply_chat_template(as_rendered(CONVERSATION), tools=TOOLS, tokenize=False)
+    trained = list(EXPECTED_TRAINED)
+    trained.insert(1, "<|im_start|>user\n<tool_response>\nsunny, 21C\n</tool_response><|im_end|>")
+    trained.insert(
+        4,
+        "<|im_start|>user\n<tool_response>\nrain\n</tool_response>\n<tool_response>\nwind\n</tool_response><|im_end|>",
+    )
+    assert ex.loss_mask == expected_mask(qwen, rendered, ex.input_ids, trained)
+
+
 def test_spans_concatenate_to_the_rendering_and_train_on_inputs_trains_all(qwen):
     spans = chat_spans(qwen, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], [False, True])
     assert "".join(s for s, _ in spans) == qwen.apply_chat_template(
