@@ -70,7 +70,9 @@ def run(r: Path, name: str) -> dict:
     out.update(
         windows=windows,
         peak_mem_gib=max(x.get("mem_gib", 0) for x in recs),
-        loss=[recs[0]["step"], recs[0]["loss"], recs[-1]["step"], recs[-1]["loss"]],
+        # Each step's own loss (`step_loss`; the logged `loss` is the mean over the logging window), as rows of runs
+        # from before that mean record.
+        loss=[recs[0]["step"], recs[0]["loss"], recs[-1]["step"], recs[-1].get("step_loss", recs[-1]["loss"])],
         status="ok" if used else f"no window after step {FIRST_STEP}",
     )
     if used:
