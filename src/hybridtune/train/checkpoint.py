@@ -351,6 +351,29 @@ def load_checkpoint(
     return trainer
 
 
+def load_weights(path: Path, model: torch.nn.Module, trainable_only: bool) -> dict:
+    """The model weights of checkpoint `path` alone (no optimizer, RNG or scheduler), into `model` as the trainer
+    built it before wrapping (patched or not, peft-wrapped for LoRA): the checkpoint names its tensors after the
+    trainer's `LossModule`, which wraps it here too. Verified first, loaded with nothing that runs code; returns
+    the trainer state (`step`, ...). For a checkpoint used outside training (generate, eval, export)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    path = Path(path)
+    why = verify_checkpoint(path)
+    if why:
+        raise CheckpointError(f"checkpoint '{path}' cannot be loaded: {why}")
+    wrapped = distributed.LossModule(model)
+    state = {"model": get_model_state_dict(wrapped, options=_options(trainable_only))}
+    try:
+        with _quiet_single_process():
+            integrity.safe_dcp_load(state, path / STATE_DIR)
+        trainer = load_trainer_state(path)
+    except CheckpointError as e:
+        raise CheckpointError(f"checkpoint '{path}' cannot be loaded: {e}") from None
+    set_model_state_dict(wrapped, state["model"], options=_options(trainable_only, load=True))
+    return trainer
+
+
 def is_step_dir(p: Path) -> bool:
     return p.name.split("-", 1)[1].isdigit() and p.is_dir() and not p.is_symlink()
 

@@ -1,0 +1,93 @@
+"""`hybridtune chat MODEL`: talk to a model. The conversation is kept (rendered whole by the chat template each
+turn); on a terminal the reply streams token by token. `/reset` starts over, `/exit` or Ctrl-D ends."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TextIO
+
+from hybridtune.infer.generate import Sampling, add_model_args, complete, open_for_generation, render, sampling_of
+
+HELP = "commands: /reset (forget the conversation), /exit (or Ctrl-D)"
+
+
+def chat_loop(
+    model,
+    tokenizer,
+    sampling: Sampling,
+    stdin: TextIO,
+    stdout: TextIO,
+    system: str | None = None,
+    stream: bool | None = None,
+    chat: bool = True,
+) -> list[dict]:
+    """Read user turns from `stdin` until /exit or end of input, answer each on `stdout`; returns the conversation.
+
+    `stream`: print tokens as they come (default: when `stdout` is a terminal); otherwise each reply is printed
+    whole. Without `chat` (a base model) the turns are joined as plain text."""
+    tty = stdin.isatty() and stdout.isatty()
+    stream = stdout.isatty() if stream is None else stream
+    start = [{"role": "system", "content": system}] if system else []
+    messages = list(start)
+    if tty:
+        print(HELP, file=stdout)
+    while True:
+        if tty:
+            print("> ", end="", file=stdout, flush=True)
+        line = stdin.readline()
+        if not line:  # Ctrl-D / end of input
+            if tty:
+                print(file=stdout)
+            break
+        text = line.rstrip("\r\n")
+        if not text.strip():
+            continue
+        if text.strip() == "/exit":
+            break
+        if text.strip() == "/reset":
+            messages = list(start)
+            print("(conversation reset)", file=stdout, flush=True)
+            continue
+        messages.append({"role": "user", "content": text})
+        prompt = render(tokenizer, messages, chat)
+        streamer = _Streamer(tokenizer, stdout) if stream else None
+        [(ids, _)] = complete(model, tokenizer, [prompt], sampling, chat, 1, streamer=streamer)
+        reply = tokenizer.decode(ids, skip_special_tokens=True)
+        if streamer is None:
+            print(reply, file=stdout, flush=True)
+        messages.append({"role": "assistant", "content": reply})
+    return messages
+
+
+def _streamer_class():
+    from transformers import TextStreamer
+
+    class Streamer(TextStreamer):
+        """transformers' TextStreamer, writing to a given stream (it prints to sys.stdout)."""
+
+        def __init__(self, tokenizer, out: TextIO):
+            super().__init__(tokenizer, skip_prompt=True, skip_special_tokens=True)
+            self.out = out
+
+        def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+            print(text, end="\n" if stream_end else "", file=self.out, flush=True)
+
+    return Streamer
+
+
+def _Streamer(tokenizer, out: TextIO):  # noqa: N802 (a class made on first use: transformers loads lazily)
+    return _streamer_class()(tokenizer, out)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="hybridtune chat", description=__doc__.split("\n\n")[0])
+    add_model_args(parser)
+    parser.add_argument("--system", help="a system message that starts the conversation")
+    args = parser.parse_args(argv)
+    sampling = sampling_of(args)
+    opened = open_for_generation(args)
+    chat_loop(
+        opened.model, opened.tokenizer, sampling, sys.stdin, sys.stdout, args.system, chat=not args.no_chat_template
+    )
+    return 0

@@ -1,0 +1,160 @@
+"""`hybridtune eval --model M --dataset F`: held-out loss, perplexity, exact match and token counts of a model on a
+dataset, computed as the trainer computes its eval (the same data preparation, the same packed forward through
+hybridtune's ops, `train.evaluation.evaluate`), so a run's logged eval and this command agree on the same data.
+
+`--split all` (the default) evaluates every example of the file; `--split heldout` the held-out examples a run
+with this config holds out (its `val_set_size` and `seed`, its `eval_max_examples`): for a model that comes from
+a run's output directory and that run's own data, the very examples its logged evals read. Data keys
+(format, fields, `sequence_len`, `train_on_inputs`) are the run's when the model comes from one, else the defaults;
+the flags below override them. Exact match is reported for prompt/response data (chat, sharegpt, alpaca,
+prompt_completion) only: for plain text it means nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+
+import torch
+
+from hybridtune.config import TrainConfig, load_config, to_dict
+from hybridtune.data import PackedCollator
+from hybridtune.data.build import prepare
+from hybridtune.data.formats import detect_type, load_examples, read_rows
+from hybridtune.data.packing import Example, fit_to_length
+from hybridtune.errors import ConfigError, DataError
+from hybridtune.infer.generate import MODEL_HELP
+from hybridtune.infer.load import Opened, open_model
+from hybridtune.train.choices import choose_bf16, measure, pick_device
+from hybridtune.train.distributed import ONE, LossModule
+from hybridtune.train.evaluation import evaluate
+
+logger = logging.getLogger(__name__)
+
+RESPONSE_FORMATS = ("chat", "sharegpt", "alpaca", "prompt_completion")  # formats where exact match means something
+
+
+def eval_config(run: TrainConfig | None, overrides: dict) -> TrainConfig:
+    """The run's config (or the defaults) with the command's data keys on top."""
+    base = to_dict(run) if run is not None else {}
+    if "dataset" in overrides:
+        base.pop("datasets", None)  # a file given on the command line replaces the run's list
+    return load_config(None, {**base, **overrides}, warn=False)
+
+
+def eval_examples(cfg: TrainConfig, tokenizer, split: str) -> tuple[list[Example], int]:
+    """The examples evaluated, and how many were dropped as longer than sequence_len (or without a scored token).
+
+    `heldout`: the trainer's own held-out examples (`data.build.prepare`, capped at eval_max_examples). `all`:
+    every example of the data, prepared as the held-out ones are (overlong ones dropped, not truncated)."""
+    if split == "heldout":
+        held = prepare(cfg, tokenizer).eval_examples
+        if not held:
+            raise DataError(f"val_set_size={cfg.val_set_size} holds out no example of this data; use --split all")
+        return held[: cfg.eval_max_examples], 0
+    examples: list[Example] = []
+    for ds in cfg.resolved_datasets():
+        examples.extend(load_examples(ds, tokenizer, cfg.train_on_inputs))
+    kept, stats = fit_to_length(examples, cfg.sequence_len, "drop")
+    if not kept:
+        raise DataError(
+            f"no example to evaluate ({stats.examples_in} read, {stats.dropped} longer than sequence_len="
+            f"{cfg.sequence_len} or without a scored token); raise --sequence_len or check the data"
+        )
+    return kept, stats.dropped
+
+
+def data_formats(cfg: TrainConfig) -> set[str]:
+    """The row format of each data source (its first row's, where `auto`)."""
+    found = set()
+    for ds in cfg.resolved_datasets():
+        if ds.type != "auto":
+            found.add(ds.type)
+            continue
+        for where, row in read_rows(ds.path):
+            found.add(detect_type(row, ds, where))
+            break
+    return found
+
+
+def run_eval(opened: Opened, cfg: TrainConfig, split: str = "all", device: str = "cpu") -> dict:
+    """The eval of `opened` (opened with `patched=True`) on the data of `cfg`; the trainer's numbers for the same
+    examples, plus perplexity and token counts."""
+    examples, dropped = eval_examples(cfg, opened.tokenizer, split)
+    dev = pick_device(device)
+    bf16 = choose_bf16(cfg, measure(cfg, dev, ONE)).value
+    model = opened.model.to(dev)
+
+    def autocast():
+        return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16)
+
+    res = evaluate(LossModule(model), examples, cfg.sequence_len, dev, autocast, ONE, PackedCollator())
+    formats = data_formats(cfg)
+    scored = sum(sum(e.loss_mask[1:]) for e in examples)  # targets: masked-in tokens past each document's first
+    return {
+        "model": opened.name,
+        "step": opened.step,
+        "split": split,
+        "eval_loss": res["eval_loss"],
+        "perplexity": math.exp(min(res["eval_loss"], 700.0)),
+        "exact_match": res["exact_match"] if formats and formats <= set(RESPONSE_FORMATS) else None,
+        "eval_examples": res["eval_examples"],
+        "dropped_examples": dropped,
+        "eval_tokens": scored,
+        "tokens": sum(len(e) for e in examples),
+        "formats": sorted(formats),
+    }
+
+
+def format_result(res: dict) -> str:
+    em = "n/a (plain text)" if res["exact_match"] is None else f"{res['exact_match']:.3f}"
+    lines = [
+        f"eval_loss    {res['eval_loss']:.4f}",
+        f"perplexity   {res['perplexity']:.3f}",
+        f"exact_match  {em}",
+        f"examples     {res['eval_examples']} ({res['split']}; {res['dropped_examples']} dropped as too long)",
+        f"tokens       {res['eval_tokens']} scored of {res['tokens']}",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hybridtune eval", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--model", required=True, help=MODEL_HELP)
+    parser.add_argument(
+        "--dataset", help="data file (JSONL, Parquet, ...; default: the data of the run the model comes from)"
+    )
+    parser.add_argument("--dataset_type", help="row format of --dataset (auto, text, alpaca, chat, sharegpt, ...)")
+    parser.add_argument(
+        "--split", choices=["all", "heldout"], default="all", help="every example (default), or a run's held-out split"
+    )
+    parser.add_argument("--sequence_len", type=int, help="tokens per packed eval row; longer examples are dropped")
+    parser.add_argument("--val_set_size", type=float, help="--split heldout: the held-out share or count")
+    parser.add_argument("--max_examples", type=int, help="--split heldout: at most this many (eval_max_examples)")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run (auto: GPU)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    overrides: dict = {}
+    for key, value in (
+        ("dataset", args.dataset),
+        ("dataset_type", args.dataset_type),
+        ("sequence_len", args.sequence_len),
+        ("val_set_size", args.val_set_size),
+        ("eval_max_examples", args.max_examples),
+    ):
+        if value is not None:
+            overrides[key] = value
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    opened = open_model(args.model, patched=True)
+    if opened.run is None and "dataset" not in overrides:
+        raise ConfigError(f"--model {args.model} does not come from a run's output directory: give --dataset FILE")
+    cfg = eval_config(opened.run, overrides)
+    res = run_eval(opened, cfg, args.split, args.device)
+    print(json.dumps(res, indent=2) if args.json else format_result(res))
+    return 0

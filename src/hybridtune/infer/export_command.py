@@ -1,0 +1,69 @@
+"""`hybridtune export OUTPUT_DIR/checkpoint-N OUT`: a training checkpoint as the model transformers and peft load.
+
+The checkpoint (torch DCP, which neither loads) is verified, its model rebuilt from the run's recorded config and
+its weights loaded (`infer.load`), then exported exactly as the run's own final model is (`train.export.save_final`):
+`OUT/final/` holds the full model or the LoRA adapter with the tokenizer (safetensors), `OUT/base_model/` a
+preset's base weights beside an adapter, and `OUT/hybridtune_run.json` the run's record, so that OUT is a finished
+output directory of that run at step N (`hybridtune generate OUT`, `hybridtune eval --model OUT --split heldout`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from hybridtune.errors import ModelError
+from hybridtune.infer.load import open_model
+from hybridtune.train import checkpoint as ckpt
+from hybridtune.train import distributed, export
+from hybridtune.train.card import model_card
+from hybridtune.train.merge import check_out_dir
+from hybridtune.train.outdir import RUN_FILE
+
+logger = logging.getLogger(__name__)
+
+
+def export_checkpoint(checkpoint: str | Path, out: str | Path, overwrite: bool = False) -> Path:
+    """Export checkpoint directory `checkpoint` into `out` (see the module docstring); returns `out/final`."""
+    src, out = Path(checkpoint).expanduser(), Path(out).expanduser()
+    if not (src / ckpt.META_FILE).is_file():
+        what = "a run's final model, already loadable" if (src / export.INFO_FILE).is_file() else "not a checkpoint"
+        raise ModelError(
+            f"'{src}' is {what}: give a checkpoint directory (OUTPUT_DIR/checkpoint-N, which holds {ckpt.META_FILE})"
+        )
+    check_out_dir(out, overwrite)
+    opened = open_model(str(src))
+    run = opened.run
+    meta = json.loads((src / ckpt.META_FILE).read_text(encoding="utf-8"))  # verified by the load above
+    record = (
+        meta.get("run")
+        if isinstance(meta.get("run"), dict)
+        else json.loads((src.parent / RUN_FILE).read_text(encoding="utf-8"))
+    )
+    step = int(opened.step)
+    card = model_card(run, opened.loaded, step, src.parent)
+    final = export.save_final(
+        out, opened.model, opened.model, opened.tokenizer, distributed.ONE, adapter=run.adapter, loaded=opened.loaded,
+        steps=step, card=card,
+    )  # fmt: skip
+    ckpt.atomic_write_text(out / RUN_FILE, json.dumps(record, indent=2))
+    logger.info("exported %s (step %d) to %s", src, opened.step, final)
+    return final
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="hybridtune export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory: OUTPUT_DIR/checkpoint-N")
+    parser.add_argument(
+        "out", metavar="OUT", help="where to write (must not exist or be empty); the model in OUT/final"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT")
+    args = parser.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    final = export_checkpoint(args.checkpoint, args.out, args.overwrite)
+    print(final)
+    return 0

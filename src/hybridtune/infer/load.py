@@ -1,0 +1,212 @@
+"""Open what training left behind, or any model, for use: one loader for `generate`, `chat`, `eval` and `export`.
+
+What MODEL may name, and how each opens:
+
+```
+OUTPUT_DIR                  a run's output directory: its final/ (else its newest checkpoint, said so)
+OUTPUT_DIR/final            the exported full model (transformers) or LoRA adapter (peft)
+OUTPUT_DIR/checkpoint-N     a training checkpoint (torch DCP): the model is rebuilt from the run's recorded config
+                            (checkpoint.json, else the run file) and the checkpoint's weights loaded into it, after
+                            its checksums are verified and with nothing that runs code (train/checkpoint.py)
+ADAPTER_DIR                 a peft adapter: its base from adapter_config.json, else a `base_model/` inside or beside
+MODEL_DIR, hub id, preset   a base model, as training opens one (models/loading.py)
+```
+
+The model comes back as stock transformers (and peft) build it, in eval mode: generation runs transformers'
+own `generate` with the model's recurrent cache. `patched=True` routes its GDN mixers through hybridtune's ops
+as training does (patched before the adapter is applied, as the trainer does), which packed evaluation needs:
+documents packed into one row must not see each other.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hybridtune.config import TrainConfig, load_config
+from hybridtune.data.chat import with_chat_template
+from hybridtune.errors import ConfigError, ModelError
+from hybridtune.models.hub import resolve_source
+from hybridtune.models.loading import LoadedModel, load_model, load_tokenizer, tokenizer_for
+from hybridtune.models.patching import patch_model
+from hybridtune.train import checkpoint as ckpt
+from hybridtune.train.export import BASE_DIR, FINAL_DIR, INFO_FILE
+from hybridtune.train.lora import lora_from_config
+from hybridtune.train.outdir import RUN_FILE
+
+logger = logging.getLogger(__name__)
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+@dataclass
+class Opened:
+    model: torch.nn.Module  # a transformers model, or peft's PeftModel around one; in eval mode
+    tokenizer: object
+    kind: str  # "checkpoint", "adapter", "model" (a model directory) or "named" (a preset or hub id)
+    name: str  # MODEL as the user gave it
+    path: Path | None  # the directory opened (final/, checkpoint-N/, ...); None for a preset or hub id
+    run: TrainConfig | None = None  # the config of the run that trained it, when that is known
+    step: int | None = None  # the step of a checkpoint, or of a run's final/
+    base: str | None = None  # an adapter's base model as opened
+    loaded: LoadedModel | None = None  # the base as models.loading loaded it (where it came from, its dtype)
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def run_config(record: dict | None, where: Path) -> TrainConfig | None:
+    """A run's config from its record ({"config": ...}, as the run file and checkpoint.json hold it)."""
+    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+        return None
+    try:
+        return load_config(None, dict(record["config"]), warn=False)
+    except ConfigError as e:
+        raise ModelError(
+            f"{where}: the run's recorded config does not load under this hybridtune version ({e}); "
+            "export the model with the version that trained it"
+        ) from None
+
+
+def _run_of(path: Path) -> tuple[TrainConfig | None, int | None]:
+    """The run config and step recorded for a final/ or checkpoint-N/ directory, when it is a run's own."""
+    meta = _json(path / ckpt.META_FILE)
+    if meta is not None and "step" in meta:  # a checkpoint records its run itself
+        cfg = run_config(meta.get("run"), path / ckpt.META_FILE)
+        if cfg is None:
+            cfg = run_config(_json(path.parent / RUN_FILE), path.parent / RUN_FILE)
+        return cfg, int(meta["step"])
+    info = _json(path / INFO_FILE)
+    if info is not None and "steps" in info:  # a run's final/: the run file beside it
+        return run_config(_json(path.parent / RUN_FILE), path.parent / RUN_FILE), int(info["steps"])
+    return None, None
+
+
+def resolve_dir(path: Path) -> Path:
+    """An output directory stands for its final/ (else its newest complete checkpoint); anything else for itself."""
+    if (path / RUN_FILE).is_file() and not (path / "config.json").is_file():
+        if (path / FINAL_DIR).is_dir():
+            logger.info("%s is a run's output directory: opening its %s/", path, FINAL_DIR)
+            return path / FINAL_DIR
+        found = ckpt.list_checkpoints(path)
+        if found:
+            logger.info(
+                "%s is a run's output directory without %s/: opening its newest %s", path, FINAL_DIR, found[-1].name
+            )
+            return found[-1]
+        raise ModelError(f"output directory '{path}' holds no {FINAL_DIR}/ and no checkpoint yet; train first")
+    return path
+
+
+def open_model(spec: str, *, patched: bool = False, dtype: torch.dtype | None = None) -> Opened:
+    """Open MODEL `spec` (see the module docstring) on the CPU, in eval mode. Raises ModelError (one line) for what
+    cannot be opened, CheckpointError for a damaged checkpoint."""
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        loaded = load_model(spec, dtype=dtype)  # a preset or hub id; its own errors say what is missing
+        if patched:
+            patch_model(loaded.model)
+        return Opened(loaded.model.eval(), loaded.tokenizer, "named", spec, None, loaded=loaded)
+    path = resolve_dir(path)
+    run, step = _run_of(path)
+    if (path / ckpt.META_FILE).is_file() or (path / ckpt.STATE_DIR).is_dir():
+        opened = _open_checkpoint(path, run, patched, dtype)
+    elif (path / ADAPTER_CONFIG).is_file():
+        opened = _open_adapter(path, patched, dtype)
+    elif (path / "config.json").is_file():
+        loaded = load_model(str(path), dtype=dtype)
+        if patched:
+            patch_model(loaded.model)
+        opened = Opened(loaded.model, loaded.tokenizer, "model", spec, path, loaded=loaded)
+    else:
+        raise ModelError(
+            f"'{path}' holds no model: expected config.json (a model), {ADAPTER_CONFIG} (a LoRA adapter), "
+            f"{ckpt.META_FILE} (a checkpoint) or {RUN_FILE} (a run's output directory)"
+        )
+    opened.name, opened.run, opened.step = spec, run, step if opened.step is None else opened.step
+    opened.model.eval()
+    return opened
+
+
+# -- adapters ------------------------------------------------------------------------------------------------
+
+
+def adapter_base(adapter_dir: Path) -> str:
+    """The base model of a peft adapter: the recorded `base_model_name_or_path` when it is a directory here, a
+    preset or a hub id; else a `base_model/` inside the adapter directory or beside it (a run's export on a preset
+    saves the base there, and a moved output directory keeps it beside final/)."""
+    from hybridtune.train.merge import read_adapter_config
+
+    recorded = read_adapter_config(adapter_dir / ADAPTER_CONFIG).get("base_model_name_or_path")
+    saved = [d for d in (adapter_dir / BASE_DIR, adapter_dir.parent / BASE_DIR) if (d / "config.json").is_file()]
+    if isinstance(recorded, str) and recorded:
+        p = Path(recorded).expanduser()
+        if p.is_dir():
+            return str(p)
+        if saved:
+            return str(saved[0])
+        if not p.is_absolute() and not recorded.startswith("."):
+            return recorded  # a preset or hub id: load_model says whether it exists
+    if saved:
+        return str(saved[0])
+    raise ModelError(
+        f"the adapter's base model {recorded!r} is not a local directory and no {BASE_DIR}/ lies beside "
+        f"'{adapter_dir}'; edit base_model_name_or_path in {adapter_dir / ADAPTER_CONFIG}"
+    )
+
+
+def _open_adapter(path: Path, patched: bool, dtype: torch.dtype | None) -> Opened:
+    from peft import PeftModel
+
+    from hybridtune.train.merge import read_adapter_config
+
+    base_name = adapter_base(path)
+    revision = read_adapter_config(path / ADAPTER_CONFIG).get("revision") if not Path(base_name).is_dir() else None
+    source = resolve_source(base_name, revision if isinstance(revision, str) else None)
+    tok = load_tokenizer(str(path), None) if (path / "tokenizer_config.json").is_file() else tokenizer_for(source)
+    loaded = load_model(source, tok, dtype=dtype)
+    if patched:
+        patch_model(loaded.model)
+    try:
+        model = PeftModel.from_pretrained(loaded.model, str(path))
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as e:  # missing or mismatched adapter weights
+        raise ModelError(f"cannot load the adapter in '{path}' onto '{base_name}': {e}") from None
+    return Opened(model, tok, "adapter", str(path), path, base=base_name, loaded=loaded)
+
+
+# -- checkpoints ---------------------------------------------------------------------------------------------
+
+
+def _open_checkpoint(path: Path, run: TrainConfig | None, patched: bool, dtype: torch.dtype | None) -> Opened:
+    """The model the trainer built for `run` (base, patch, LoRA), with the checkpoint's weights."""
+    if run is None:
+        raise ModelError(
+            f"checkpoint '{path}' records no run config (checkpoint.json 'run', or {RUN_FILE} in its output "
+            "directory), which rebuilding its model needs; open it inside its own output directory"
+        )
+    # As the trainer builds it (Trainer._setup_data, _setup_model): the base as the run named it, the run's chat
+    # template, fp32 weights (a full fine-tune's masters, as the checkpoint holds them; LoRA's base as asked).
+    source = resolve_source(run.base_model, run.revision)
+    tok = with_chat_template(tokenizer_for(source, run.tokenizer), run.chat_template)
+    lora = run.adapter == "lora"
+    loaded = load_model(source, tok, seed=run.seed, dtype=(dtype or torch.float32) if lora else torch.float32)
+    model = loaded.model
+    if patched:
+        patch_model(model)
+    if lora:
+        model = lora_from_config(model, run)
+    state = ckpt.load_weights(path, model, trainable_only=lora)
+    if dtype is not None and not lora:
+        model.to(dtype)
+    logger.info("opened %s: %s (%s) at step %d", path, run.base_model, run.adapter, state["step"])
+    base = run.base_model if lora else None
+    return Opened(model, tok, "checkpoint", str(path), path, run, int(state["step"]), base, loaded)
