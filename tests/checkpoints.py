@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from transformers.utils import logging as tf_logging
 
 KINDS = ("qwen3_5_text", "qwen3_5_vl", "qwen3_5_moe_vl", "qwen3_next")
 ARCHITECTURES = {
@@ -216,7 +217,13 @@ def make_checkpoint(
     sharded = kind in VL_KINDS if sharded is None else sharded
     # A shard limit of about half the model's bytes: two or three shards (transformers writes the index).
     size = sum(p.numel() * p.element_size() for p in model.parameters())
-    model.save_pretrained(str(out), max_shard_size=size // 2 + 1 if sharded else "1GB")
+    bars = tf_logging.is_progress_bar_enabled()
+    tf_logging.disable_progress_bar()  # no "Writing model shards" bars in the tests' captured stderr
+    try:
+        model.save_pretrained(str(out), max_shard_size=size // 2 + 1 if sharded else "1GB")
+    finally:
+        if bars:
+            tf_logging.enable_progress_bar()
     if mtp if mtp is not None else kind in MTP_KINDS:
         add_tensors(out, _mtp_tensors(kind, dtype, seed))
     tok = _tokenizer()

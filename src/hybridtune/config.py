@@ -184,7 +184,16 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
             out[key] = raw
         # Paths and names stay strings even when they look like numbers or dates.
         if (
-            key in ("base_model", "tokenizer", "chat_template", "dataset", "output_dir", "resume_from_checkpoint")
+            key
+            in (
+                "base_model",
+                "revision",
+                "tokenizer",
+                "chat_template",
+                "dataset",
+                "output_dir",
+                "resume_from_checkpoint",
+            )
             and out[key] is not None
         ):
             out[key] = str(raw)

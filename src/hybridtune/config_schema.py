@@ -77,6 +77,9 @@ class TrainConfig:
         "a local checkpoint directory, a hub id org/name (at `revision`), or a preset with random weights "
         "(`hybridtune doctor` lists them)",
     )
+    revision: str | None = _f(
+        None, "hub id only: the branch, tag or commit of base_model to load (default: main), as transformers takes it"
+    )
     tokenizer: str | None = _f(None, "tokenizer directory (default: the model's own, or the bundled one for presets)")
     chat_template: str | None = _f(
         None,

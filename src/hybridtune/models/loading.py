@@ -1,8 +1,10 @@
-"""Load a model and its tokenizer: a built-in preset (random weights) or a local checkpoint directory.
+"""Load a model and its tokenizer: a built-in preset (random weights, said loudly), a local checkpoint directory, or a
+hub id resolved through the local hub cache (models.hub).
 
-Nothing is ever downloaded: a name that is neither a preset nor an existing directory is an error.
-A Qwen3.5 `ForConditionalGeneration` checkpoint loads text-only through `AutoModelForCausalLM`
-(the vision tower is not instantiated).
+A checkpoint loads in its original class (config.json `architectures[0]`, e.g. Qwen3_5ForConditionalGeneration with
+its vision tower), so state-dict keys, peft adapter keys and `save_pretrained` follow the checkpoint's own tree.
+Training touches the text model only: every parameter outside the decoder stack and the output head (the vision
+tower) is frozen, also in a full fine-tune, and stays in the dtype it was saved in; `dtype` applies to the text part.
 """
 
 from __future__ import annotations
@@ -12,20 +14,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
 
-from hybridtune.errors import ModelError, did_you_mean
+from hybridtune.errors import ModelError
+from hybridtune.models.anatomy import output_head, text_model
+from hybridtune.models.hub import ModelSource, check_checkpoint_dir, resolve_source
 from hybridtune.models.presets import PRESETS, preset_config
 from hybridtune.models.tokenizer_files import bundled_tokenizer
 
 logger = logging.getLogger(__name__)
 
+# The model classes a checkpoint's `architectures` may name: generative ones (a text head on top).
+_GENERATIVE = ("ForCausalLM", "ForConditionalGeneration")
+
 
 @dataclass
 class LoadedModel:
+    """A loaded model and where it came from. `name`: the base model as the user named it (preset, path or hub id);
+    `source_dir`: the local directory it was read from (a hub snapshot for a hub id; None for a preset);
+    `revision`: the commit a hub id resolved to; `source_dtype`: the dtype its text weights were saved in (float32
+    for a preset); `random_init`: True for a preset (seeded random weights, not a trained model)."""
+
     model: torch.nn.Module
     tokenizer: object
     source: str  # "preset" or "checkpoint"
     name: str
+    source_dir: Path | None = None
+    revision: str | None = None
+    source_dtype: torch.dtype = torch.float32
+    random_init: bool = False
 
 
 def _tokenizer_from(path: str, fix: str):
@@ -49,60 +66,130 @@ def load_tokenizer(path: str | None, model_path: str | None):
     return bundled_tokenizer()
 
 
-def tokenizer_for(base_model: str, tokenizer_path: str | None = None):
-    """The tokenizer a run uses: `tokenizer_path`, else the checkpoint's own, else the bundled one for presets."""
-    if base_model in PRESETS:
-        return load_tokenizer(tokenizer_path, None)
-    check_checkpoint_dir(base_model)
-    return load_tokenizer(tokenizer_path, str(Path(base_model).expanduser()))
+def _source(base_model: str | ModelSource, revision: str | None) -> ModelSource:
+    return base_model if isinstance(base_model, ModelSource) else resolve_source(base_model, revision)
 
 
-def check_checkpoint_dir(base_model: str) -> Path:
-    path = Path(base_model).expanduser()
-    if not path.is_dir():
-        hint = did_you_mean(base_model, PRESETS, what="preset ") or f" Presets: {', '.join(PRESETS)}."
-        raise ModelError(f"base_model '{base_model}' is neither a preset nor a local checkpoint directory.{hint}")
-    if not (path / "config.json").is_file():
-        raise ModelError(f"checkpoint directory '{path}' has no config.json; point base_model at a saved model")
-    return path
+def tokenizer_for(base_model: str | ModelSource, tokenizer_path: str | None = None, revision: str | None = None):
+    """The tokenizer a run uses: `tokenizer_path`, else the checkpoint's own (a hub id's from its snapshot), else the
+    bundled one for presets."""
+    source = _source(base_model, revision)
+    return load_tokenizer(tokenizer_path, None if source.path is None else str(source.path))
 
 
-def _cast_parameters(model, dtype: torch.dtype) -> None:
-    """Parameters to `dtype`, buffers untouched (rotary `inv_freq` stays fp32, as `from_config(dtype=...)` keeps it);
-    tied weights stay tied (one Parameter, cast once)."""
+def _cast_parameters(model: torch.nn.Module, dtype: torch.dtype, params=None) -> None:
+    """Parameters (`params`, default all) to `dtype`, buffers untouched (rotary `inv_freq` stays fp32, as
+    `from_config(dtype=...)` keeps it); tied weights stay tied (one Parameter, cast once)."""
     with torch.no_grad():
-        for p in model.parameters():
-            if p.is_floating_point():
+        for p in model.parameters() if params is None else params:
+            if p.is_floating_point() and p.dtype != dtype:
                 p.data = p.data.to(dtype)
     model.config.dtype = dtype
 
 
-def load_model(base_model: str, tokenizer=None, seed: int = 42, dtype=None) -> LoadedModel:
-    """Build a preset (seeded random init) or load a local checkpoint directory."""
-    from transformers import AutoModelForCausalLM
+def text_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters of the decoder stack and the output head (tied ones once): what training may touch."""
+    head = output_head(model)
+    params = {id(p): p for p in text_model(model).parameters()}
+    if head is not None:
+        params.update({id(p): p for p in head.parameters()})
+    return list(params.values())
 
-    tok = tokenizer if tokenizer is not None else tokenizer_for(base_model)
-    if base_model in PRESETS:
-        preset = PRESETS[base_model]
-        vocab = len(tok) if preset.uses_bundled_tokenizer else None
-        config = preset_config(base_model, vocab_size=vocab)
-        config.pad_token_id = tok.pad_token_id
-        config.eos_token_id = tok.eos_token_id
-        if len(tok) > config.vocab_size:
-            raise ModelError(
-                f"tokenizer has {len(tok)} tokens but preset '{base_model}' has a vocabulary of {config.vocab_size}"
-            )
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            # Random init in fp32, then cast: CPU normal_() in bf16 is several times slower, and a preset's weights
-            # are then the same whatever dtype is asked.
-            model = AutoModelForCausalLM.from_config(config)
-        if dtype is not None and dtype != model.dtype:
-            _cast_parameters(model, dtype)
-        return LoadedModel(model, tok, "preset", base_model)
-    path = check_checkpoint_dir(base_model)
+
+def freeze_non_text(model: torch.nn.Module) -> list[str]:
+    """Freeze every parameter outside the text model (a vision tower); returns their names."""
+    keep = {id(p) for p in text_parameters(model)}
+    frozen = []
+    for name, p in model.named_parameters():
+        if id(p) not in keep:
+            p.requires_grad_(False)
+            frozen.append(name)
+    return frozen
+
+
+def model_class(config) -> type:
+    """The class a checkpoint was saved from (`architectures[0]`) when transformers has it and it is generative
+    (a causal LM or a vision-language model); else AutoModelForCausalLM (by `model_type`). Never remote code."""
+    archs = getattr(config, "architectures", None) or []
+    cls = getattr(transformers, archs[0], None) if archs else None
+    if isinstance(cls, type) and archs[0].endswith(_GENERATIVE):
+        return cls
+    return transformers.AutoModelForCausalLM
+
+
+def _load_preset(name: str, tok, seed: int, dtype) -> LoadedModel:
+    preset = PRESETS[name]
+    vocab = len(tok) if preset.uses_bundled_tokenizer else None
+    config = preset_config(name, vocab_size=vocab)
+    config.pad_token_id = tok.pad_token_id
+    config.eos_token_id = tok.eos_token_id
+    if len(tok) > config.vocab_size:
+        raise ModelError(f"tokenizer has {len(tok)} tokens but preset '{name}' has a vocabulary of {config.vocab_size}")
+    logger.warning(
+        "base_model '%s' is a preset: its weights are RANDOM (seed %d), a shape for demos, tests and benchmarks, "
+        "not a trained model. To fine-tune a real model give a hub id (e.g. Qwen/Qwen3.5-0.8B) or a local "
+        "checkpoint directory as base_model",
+        name,
+        seed,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        # Random init in fp32, then cast: CPU normal_() in bf16 is several times slower, and a preset's weights
+        # are then the same whatever dtype is asked.
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    if dtype is not None and dtype != model.dtype:
+        _cast_parameters(model, dtype)
+    return LoadedModel(model, tok, "preset", name, random_init=True)
+
+
+def _load_checkpoint(source: ModelSource, tok, dtype) -> LoadedModel:
+    path = source.path
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+        config = transformers.AutoConfig.from_pretrained(str(path))
+        cls = model_class(config)
+        # dtype "auto": as saved (a bf16 checkpoint stays bf16 until the cast below, the vision tower for good).
+        model = cls.from_pretrained(str(path), config=config, dtype="auto")
     except (OSError, ValueError, KeyError) as e:
-        raise ModelError(f"cannot load checkpoint '{path}': {e}") from None
-    return LoadedModel(model, tok, "checkpoint", str(path))
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelError(f"cannot load checkpoint '{path}': {first}") from None
+    source_dtype = text_model(model).embed_tokens.weight.dtype
+    frozen = freeze_non_text(model)
+    if dtype is not None:
+        _cast_parameters(model, dtype, text_parameters(model))
+    logger.info(
+        "base_model %s: %s in %s%s",
+        source.name,
+        type(model).__name__,
+        str(source_dtype).removeprefix("torch."),
+        f" (commit {source.revision})" if source.revision else "",
+    )
+    if frozen:
+        roots = sorted({".".join(n.split(".")[:2]) for n in frozen})  # e.g. model.visual
+        count = sum(p.numel() for n, p in model.named_parameters() if not p.requires_grad)
+        logger.info(
+            "frozen: %.2fM parameters outside the text model (%s), kept as saved", count / 1e6, ", ".join(roots)
+        )
+    return LoadedModel(
+        model,
+        tok,
+        "checkpoint",
+        source.name,
+        source_dir=path,
+        revision=source.revision,
+        source_dtype=source_dtype,
+    )
+
+
+def load_model(
+    base_model: str | ModelSource, tokenizer=None, seed: int = 42, dtype=None, revision: str | None = None
+) -> LoadedModel:
+    """Build a preset (seeded random init) or load a checkpoint (a local directory or a hub id at `revision`, or an
+    already resolved ModelSource). `dtype`: the text model's parameters (None: as saved; presets: fp32)."""
+    source = _source(base_model, revision)
+    tok = tokenizer if tokenizer is not None else tokenizer_for(source)
+    if source.is_preset:
+        return _load_preset(source.name, tok, seed, dtype)
+    return _load_checkpoint(source, tok, dtype)
+
+
+__all__ = ["LoadedModel", "ModelSource", "check_checkpoint_dir", "load_model", "resolve_source", "tokenizer_for"]

@@ -41,6 +41,7 @@ from hybridtune.errors import ConfigError, TrainingDiverged
 from hybridtune.kernels.provision import provision_kernels
 from hybridtune.models.anatomy import unwrap
 from hybridtune.models.flops import measure_peak
+from hybridtune.models.hub import resolve_source
 from hybridtune.models.loading import load_model, tokenizer_for
 from hybridtune.models.patching import patch_model
 from hybridtune.train import checkpoint as ckpt
@@ -131,12 +132,13 @@ class Trainer:
         torch.manual_seed(cfg.seed)
 
     def _setup_data(self) -> None:
-        tokenizer = tokenizer_for(self.cfg.base_model, self.cfg.tokenizer)
+        self.source = resolve_source(self.cfg.base_model, self.cfg.revision)  # a hub id: its local snapshot
+        tokenizer = tokenizer_for(self.source, self.cfg.tokenizer)
         self.tokenizer = with_chat_template(tokenizer, self.cfg.chat_template)
         self.data: PreparedData = prepare(self.cfg, self.tokenizer)
 
     def _setup_kernels(self) -> None:
-        self.kernel_report = provision_kernels(self.cfg.kernels, self.cfg.require_fast_path, self.cfg.base_model)
+        self.kernel_report = provision_kernels(self.cfg.kernels, self.cfg.require_fast_path, self.source.config_ref)
 
     def _facts(self, model: torch.nn.Module | None = None) -> Facts:
         """What the choices depend on (`choices.measure`); without a model, what is known before it loads."""
@@ -147,12 +149,15 @@ class Trainer:
         return measure(self.cfg, self.device, self.dist, model, self.use_bf16, packs)
 
     def _setup_model(self) -> None:
-        """Load, patch the mixers, checkpointing, LoRA, on the device. Under LoRA the frozen base is held in bf16
-        (half the memory, no per-step casts) and peft keeps the adapters in fp32; a full fine-tune keeps fp32."""
+        """Load, patch the mixers, checkpointing, LoRA, on the device. A full fine-tune holds fp32 master weights
+        whatever dtype the checkpoint was saved in (bf16 autocast computes; parameters, gradients and AdamW moments
+        are fp32). Under LoRA the frozen base is held in bf16 when bf16 computes (half the memory, no per-step casts),
+        fp32 otherwise, and peft keeps the adapters in fp32. Parameters outside the text model (a vision tower) are
+        frozen and stay as saved (models.loading)."""
         cfg = self.cfg
         self.use_bf16 = choose_bf16(cfg, self._facts()).value
-        base_dtype = torch.bfloat16 if self.use_bf16 and cfg.adapter == "lora" else None
-        self.loaded = load_model(cfg.base_model, self.tokenizer, seed=cfg.seed, dtype=base_dtype)
+        base_dtype = torch.bfloat16 if self.use_bf16 and cfg.adapter == "lora" else torch.float32
+        self.loaded = load_model(self.source, self.tokenizer, seed=cfg.seed, dtype=base_dtype)
         model = self.loaded.model
         self.patch_report = patch_model(model)
         logger.info("%s", self.patch_report)
