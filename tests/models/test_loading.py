@@ -5,12 +5,14 @@ weights; a vision tower is frozen and stays in its saved dtype while `dtype` app
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
 import torch
 
 from checkpoints import ARCHITECTURES, KINDS, VL_KINDS, make_checkpoint, read_tensors
+from hybridtune.errors import ModelError
 from hybridtune.models.loading import load_model
 
 
@@ -73,3 +75,17 @@ def test_a_preset_says_loudly_that_its_weights_are_random(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="hybridtune"):
         load_model(str(make_checkpoint(tmp_path, "qwen3_5_text")))
     assert not [r for r in caplog.records if "RANDOM" in r.getMessage()]
+
+
+def test_a_damaged_checkpoint_is_one_line(tmp_path):
+    ckpt = make_checkpoint(tmp_path, "qwen3_5_text")
+    weights = ckpt / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ModelError, match=r"a weight file is damaged or incomplete .*; download or copy it again"):
+        load_model(str(ckpt))
+    weights.write_bytes(whole)
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps(config | {"hidden_size": 32}))
+    with pytest.raises(ModelError, match=r"the shapes of its weights do not match its config.json"):
+        load_model(str(ckpt))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from safetensors import SafetensorError
 
 from hybridtune.errors import ModelError
 from hybridtune.models.anatomy import output_head, text_model
@@ -149,6 +150,17 @@ def _load_checkpoint(source: ModelSource, tok, dtype) -> LoadedModel:
         cls = model_class(config)
         # dtype "auto": as saved (a bf16 checkpoint stays bf16 until the cast below, the vision tower for good).
         model = cls.from_pretrained(str(path), config=config, dtype="auto")
+    except SafetensorError as e:
+        raise ModelError(
+            f"cannot load checkpoint '{path}': a weight file is damaged or incomplete ({e}); download or copy it again"
+        ) from None
+    except RuntimeError as e:
+        if "mismatch" not in str(e):
+            raise
+        raise ModelError(
+            f"cannot load checkpoint '{path}': the shapes of its weights do not match its config.json "
+            "(transformers logged which above)"
+        ) from None
     except (OSError, ValueError, KeyError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ModelError(f"cannot load checkpoint '{path}': {first}") from None
