@@ -290,7 +290,7 @@ def check_output_dir(output_dir: str) -> None:
         )
 
 
-LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
+LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_parameters")
 
 
 def config_warnings(cfg: TrainConfig, given: set[str]) -> list[str]:
@@ -391,8 +391,13 @@ def validate(cfg: TrainConfig) -> None:
             f"config key 'report_to' = '{cfg.report_to}' needs the {cfg.report_to} package, which is not installed; "
             f"pip install 'hybridtune[{cfg.report_to}]'"
         )
-    if cfg.adapter == "lora" and not cfg.lora_target_modules:
+    if cfg.adapter == "lora" and not cfg.lora_target_modules and not cfg.lora_target_parameters:
         raise ConfigError("config key 'lora_target_modules' is empty; name at least one module (e.g. q_proj)")
+    if cfg.adapter == "lora" and cfg.lora_target_parameters and cfg.lora_dropout:
+        raise ConfigError(
+            f"config key 'lora_dropout' = {cfg.lora_dropout} with lora_target_parameters: peft's LoRA on parameters "
+            "has no dropout; set lora_dropout: 0"
+        )
     for i, ds in enumerate(cfg.resolved_datasets()):
         if not ds.path:
             raise ConfigError(f"config key 'datasets[{i}].path' is empty; give a JSONL or Parquet file")

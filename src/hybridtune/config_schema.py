@@ -105,6 +105,12 @@ class TrainConfig:
     lora_alpha: int = _f(32, "LoRA alpha (scale = alpha / r)")
     lora_dropout: float = _f(0.0, "LoRA dropout")
     lora_target_modules: list[str] = _f(list(DEFAULT_LORA_TARGETS), "module names that get LoRA")
+    lora_target_parameters: list[str] = _f(
+        [],
+        "parameters that get LoRA through peft's target_parameters, named as peft matches them (the end of a "
+        "parameter's name): the routed experts' fused 3-D weights, e.g. [gate_up_proj, down_proj]; needs "
+        "lora_dropout: 0",
+    )
     # optimisation
     micro_batch_size: int = _f(1, "packed bins per forward (laid end to end in one [1, T] row)")
     gradient_accumulation_steps: int = _f(1, "micro-batches per optimizer step")

@@ -1,5 +1,11 @@
 """The final model: the adapter (with the preset's base weights when they exist only in memory) or the full model,
-with its tokenizer, written atomically as safetensors that transformers and peft load.
+with its tokenizer and a model card (README.md), written atomically as safetensors that transformers and peft load.
+
+- Form. A full fine-tune is written as its source checkpoint is (models/source.py): the original architecture and
+  config, the source's dtype, every tensor training did not touch copied bit for bit (a frozen vision tower, the
+  `mtp.*` weights transformers never loads), the source's processor and chat-template files. An adapter's keys
+  follow the original tree; `base_model_name_or_path` is the base as the user named it (a hub id, with its
+  `revision`, or the checkpoint directory), for a preset the `base_model/` written beside `final/`.
 
 - Modes. Every file and directory exported has the mode a plain open/mkdir gives under the umask (safetensors
   writes through a 0600 temporary file, which would otherwise leave the weights unreadable to a serving account).
@@ -20,6 +26,9 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from hybridtune.models import source
+from hybridtune.models.anatomy import unwrap
+from hybridtune.models.loading import LoadedModel
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train import distributed, integrity
 
@@ -59,12 +68,28 @@ def unwrapped_base_state(base, peft_state: dict | None = None) -> dict:
         items = base.state_dict().items()
     else:
         items = ((k.removeprefix(prefix), v) for k, v in peft_state.items() if k.startswith(prefix))
-    state = {}
-    for name, tensor in items:
-        if "lora_" in name:
-            continue
-        state[name.replace(".base_layer.", ".")] = tensor
-    return state
+    return {strip_base_layer(name): tensor for name, tensor in items if "lora_" not in name}
+
+
+def strip_base_layer(name: str) -> str:
+    """A parameter's name in the model peft wraps: every `.base_layer` peft inserted removed (peft nests one wrapper
+    per adapted parameter of a module, e.g. `experts.base_layer.base_layer.gate_up_proj` when both expert weights
+    are adapted), as peft itself unwraps names."""
+    while ".base_layer." in name:
+        head, _, tail = name.rpartition(".base_layer.")
+        name = f"{head}.{tail}"
+    return name
+
+
+def adapter_base(loaded: LoadedModel, base_dir: Path | None) -> tuple[str, str | None]:
+    """(base_model_name_or_path, revision) for adapter_config.json: a hub id as named with the commit it resolved
+    to; a local checkpoint as the directory named (made absolute, so it does not depend on the working directory);
+    a preset's `base_model/` written beside the adapter."""
+    if base_dir is not None:
+        return str(base_dir.resolve()), None
+    if loaded.revision is not None:  # a hub id
+        return loaded.name, loaded.revision
+    return str(Path(loaded.name).expanduser().absolute()), None
 
 
 # -- modes and disk space ---------------------------------------------------------------------------------------
@@ -86,9 +111,9 @@ def honour_umask_tree(root: Path) -> None:
                 integrity.honour_umask(p, directory=False)
 
 
-def tensor_bytes(state: dict) -> int:
-    """The bytes a safetensors file of `state` holds: each tensor's data once (tied weights share one), plus
-    its header entry and some slack."""
+def tensor_bytes(state: dict, dtype: torch.dtype | None = None) -> int:
+    """The bytes a safetensors file of `state` holds (its floating tensors in `dtype`, when given): each tensor's
+    data once (tied weights share one), plus its header entry and some slack."""
     seen, total = set(), integrity.SLACK_BYTES
     for t in state.values():
         if not isinstance(t, torch.Tensor):
@@ -99,7 +124,8 @@ def tensor_bytes(state: dict) -> int:
         if key in seen:
             continue
         seen.add(key)
-        total += local.numel() * local.element_size() + integrity.ENTRY_BYTES
+        size = dtype.itemsize if dtype is not None and local.is_floating_point() else local.element_size()
+        total += local.numel() * size + integrity.ENTRY_BYTES
     return total
 
 
@@ -154,13 +180,13 @@ def save_final(
     d: distributed.Dist,
     *,
     adapter: str,
-    base_name: str,
-    base_in_memory: bool,
+    loaded: LoadedModel,
     steps: int,
+    card: str | None = None,
 ) -> Path:
-    """`out/final`: the model (adapter or full) with its tokenizer, loadable by peft / transformers; for an adapter
-    on a preset (`base_in_memory`), the base weights beside it in `out/base_model`. Every rank calls it (FSDP2
-    gathers); rank 0 writes."""
+    """`out/final`: the model (adapter or full) with its tokenizer, loadable by peft / transformers in the
+    original class, and `card` as its README.md; for an adapter on a preset (`loaded.random_init`), the base weights
+    beside it in `out/base_model`. Every rank calls it (FSDP2 gathers); rank 0 writes."""
     full = gathered_state(engine, model, d)
     final = out / FINAL_DIR
 
@@ -168,7 +194,7 @@ def save_final(
         parts = []
         tok = tokenizer_bytes(tokenizer)
         base_dir = None
-        if adapter == "lora" and base_in_memory:
+        if adapter == "lora" and loaded.source_dir is None:
             # A preset's base weights exist only in memory: save them so the adapter can be loaded and merged.
             base_dir = out / BASE_DIR
             base = model.get_base_model()
@@ -184,16 +210,25 @@ def save_final(
 
             weights = tensor_bytes(get_peft_model_state_dict(model, state_dict=full))
         else:
-            weights = tensor_bytes(full if full is not None else model.state_dict())
+            state = full if full is not None else unwrap(model).state_dict()
+            weights = max(tensor_bytes(state, loaded.source_dtype), source.weight_bytes(loaded.source_dir))
 
         def write(tmp: Path) -> None:
-            if base_dir is not None:
-                model.peft_config["default"].base_model_name_or_path = str(base_dir.resolve())
-            kw = {"state_dict": full} if full is not None else {}
-            model.save_pretrained(tmp, safe_serialization=True, **kw)
+            if adapter == "lora":
+                config = model.peft_config["default"]
+                config.base_model_name_or_path, config.revision = adapter_base(loaded, base_dir)
+                model.save_pretrained(
+                    tmp, safe_serialization=True, **({"state_dict": full} if full is not None else {})
+                )
+            else:
+                frozen = source.frozen_names(unwrap(model))
+                source.save_like_source(unwrap(model), tmp, state, loaded.source_dir, loaded.source_dtype, frozen)
             tokenizer.save_pretrained(tmp)
-            info = {"base_model": base_name, "adapter": adapter, "steps": steps}
+            source.carry_files(tmp, loaded.source_dir)
+            info = {"base_model": loaded.name, "revision": loaded.revision, "adapter": adapter, "steps": steps}
             (tmp / INFO_FILE).write_text(json.dumps(info, indent=2))
+            if card is not None:
+                (tmp / "README.md").write_text(card, encoding="utf-8")
 
         parts.append((final, weights + tok, write))
         done = ckpt.list_checkpoints(out)

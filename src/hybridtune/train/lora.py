@@ -3,39 +3,96 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import torch
 
 from hybridtune.errors import ConfigError
+from hybridtune.models.anatomy import text_model
 
 logger = logging.getLogger(__name__)
 
 
+def text_prefix(model: torch.nn.Module) -> str:
+    """The name of the decoder stack inside `model` (`model` for a causal LM, `model.language_model` for a
+    vision-language model)."""
+    stack = text_model(model)
+    return next(n for n, m in model.named_modules() if m is stack)
+
+
 def present_targets(model: torch.nn.Module, wanted: list[str]) -> tuple[list[str], list[str]]:
-    """Split `wanted` module names into those the model has (as a Linear's last name part) and those it lacks."""
-    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    """Split `wanted` module names into those the text model has (as a Linear's last name part) and those it lacks."""
+    names = {n.rsplit(".", 1)[-1] for n, m in text_model(model).named_modules() if isinstance(m, torch.nn.Linear)}
     found = [w for w in wanted if w in names]
     missing = [w for w in wanted if w not in names]
     return found, missing
 
 
-def apply_lora(model: torch.nn.Module, r: int, alpha: int, dropout: float, targets: list[str]):
-    """Wrap `model` with a peft LoRA adapter on the named Linear modules; everything else is frozen."""
+def target_regex(model: torch.nn.Module, names: list[str]) -> str:
+    """peft's `target_modules` as a regex (peft full-matches it against module names): the named Linear layers
+    inside the text model only, so a vision tower's layers of the same names are not adapted."""
+    alternatives = "|".join(re.escape(n) for n in names)
+    return rf"{re.escape(text_prefix(model))}\.(?:.*\.)?(?:{alternatives})"
+
+
+def check_parameters(model: torch.nn.Module, wanted: list[str]) -> None:
+    """Every `lora_target_parameters` entry must name a parameter of the text model: its full name or the end of
+    one (after a dot), as peft matches them."""
+    prefix = text_prefix(model) + "."
+    names = [n for n, _ in model.named_parameters() if n.startswith(prefix)]
+    for w in wanted:
+        if any(n == w or n.endswith("." + w) for n in names):
+            continue
+        # The fused expert weights are bare 3-D parameters (a conv's 3-D `weight` is not one).
+        fused = sorted({n.rsplit(".", 1)[-1] for n, p in model.named_parameters() if p.dim() == 3 and n in names})
+        fused = [f for f in fused if f != "weight"]
+        hint = f"e.g. {', '.join(fused)} (the routed experts' weights)" if fused else "it has no 3-D expert weights"
+        raise ConfigError(
+            f"config key 'lora_target_parameters' entry {w!r} names no parameter of this model's text model; {hint}"
+        )
+
+
+def apply_lora(
+    model: torch.nn.Module,
+    r: int,
+    alpha: int,
+    dropout: float,
+    targets: list[str],
+    target_parameters: list[str] | tuple[str, ...] = (),
+):
+    """Wrap `model` with a peft LoRA adapter on the named Linear modules of its text model and on the named
+    parameters (peft's `target_parameters`: the fused 3-D weights of MoE experts); everything else is frozen."""
     from peft import LoraConfig, get_peft_model
 
     found, missing = present_targets(model, targets)
-    if not found:
+    if not found and not target_parameters:
         raise ConfigError(
             f"none of lora_target_modules {targets} names a Linear layer of this model; "
             f"e.g. {sorted(present_targets(model, ['q_proj', 'in_proj_qkv', 'out_proj', 'gate_proj'])[0])}"
         )
     if missing:
         logger.info("LoRA targets not in this model (skipped): %s", ", ".join(missing))
-    check_rank(model, r, found)
+    check_parameters(model, list(target_parameters))
+    check_rank(model, r, found, list(target_parameters))
     cfg = LoraConfig(
-        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=found, task_type="CAUSAL_LM", bias="none"
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=target_regex(model, found) if found else [],
+        target_parameters=list(target_parameters) or None,
+        task_type="CAUSAL_LM",
+        bias="none",
     )
-    peft_model = get_peft_model(model, cfg)
+    try:
+        peft_model = get_peft_model(model, cfg)
+    except ValueError as e:
+        if "lora_dropout" not in str(e):
+            raise
+        # peft moved MLP names onto expert parameters (see below), and its LoRA on parameters has no dropout.
+        raise ConfigError(
+            f"config key 'lora_dropout' = {dropout}: peft adapts this model's {', '.join(found)} as expert "
+            "parameters, whose LoRA has no dropout; set lora_dropout: 0"
+        ) from None
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in peft_model.parameters())
     applied, params = applied_targets(peft_model)
@@ -49,41 +106,55 @@ def apply_lora(model: torch.nn.Module, r: int, alpha: int, dropout: float, targe
     )
     rewritten = [t for t in found if t not in applied]
     if rewritten:
-        # peft maps MLP names onto the fused 3-D expert weights of MoE models (e.g. Qwen3-Next) and then no
-        # longer targets the Linear layers of those names (the shared expert's): say so, never silently.
+        # peft maps MLP names onto the fused 3-D expert weights of some MoE models (e.g. Qwen3-Next, as it loads
+        # adapters trained on transformers 4) and then no longer targets the Linear layers of those names (the
+        # shared expert's): say so, never silently.
         logger.warning(
             "peft adapted %s as expert parameters %s, not as the Linear layers of those names (e.g. a shared "
-            "expert's MLP gets no LoRA); name the modules in lora_target_modules to adapt them",
+            "expert's MLP gets no LoRA); peft does the same when it loads the adapter",
             ",".join(rewritten),
             ",".join(params) or "(none)",
         )
     return peft_model
 
 
-def check_rank(model: torch.nn.Module, r: int, targets: list[str]) -> None:
-    """Refuse a rank above min(in, out) of the smallest targeted Linear: such a rank adds nothing a full-rank
-    update would not give, and a huge one would try to allocate its A and B matrices before failing."""
-    name, layer = min(
-        (
-            (n, m)
-            for n, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in targets
-        ),
-        key=lambda nm: min(nm[1].in_features, nm[1].out_features),
+def lora_from_config(model: torch.nn.Module, cfg):
+    """`apply_lora` with a run config's `lora_*` keys."""
+    return apply_lora(
+        model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules, cfg.lora_target_parameters
     )
-    largest = min(layer.in_features, layer.out_features)
+
+
+def check_rank(model: torch.nn.Module, r: int, targets: list[str], parameters: list[str] = ()) -> None:
+    """Refuse a rank above min(in, out) of the smallest targeted Linear (or expert matrix): such a rank adds
+    nothing a full-rank update would not give, and a huge one would try to allocate its A and B matrices before
+    failing."""
+    shapes = [
+        (n, (m.in_features, m.out_features))
+        for n, m in text_model(model).named_modules()
+        if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in targets
+    ]
+    shapes += [
+        (n, tuple(p.shape[-2:][::-1]))
+        for n, p in text_model(model).named_parameters()
+        if p.dim() >= 2 and any(n == w or n.endswith("." + w) for w in parameters)
+    ]
+    if not shapes:
+        return
+    name, (fan_in, fan_out) = min(shapes, key=lambda s: min(s[1]))
+    largest = min(fan_in, fan_out)
     if r > largest:
         raise ConfigError(
             f"config key 'lora_r' = {r} is larger than the largest sensible rank {largest}: the targeted layer "
-            f"'{name}' is {layer.in_features} -> {layer.out_features}, and a rank above min(in, out) adds nothing "
+            f"'{name}' is {fan_in} -> {fan_out}, and a rank above min(in, out) adds nothing "
             f"a full-rank update would not give; set lora_r to at most {largest}"
         )
 
 
 def applied_targets(peft_model) -> tuple[list[str], list[str]]:
-    """(module names, parameter names) the adapter really targets, as peft recorded them."""
-    cfg = peft_model.peft_config["default"]
-    modules = cfg.target_modules
-    modules = sorted(modules) if isinstance(modules, (set, list, tuple)) else [str(modules)]
-    params = sorted(getattr(cfg, "target_parameters", None) or [])
+    """(module names, parameter names) the adapter really targets, as peft placed it: the last parts of the names
+    of the modules and parameters it wrapped."""
+    tuner = peft_model.base_model
+    modules = sorted({n.rsplit(".", 1)[-1] for n in getattr(tuner, "targeted_module_names", [])})
+    params = sorted({n.rsplit(".", 1)[-1] for n in getattr(tuner, "targeted_parameter_names", [])})
     return modules, params

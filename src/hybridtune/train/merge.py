@@ -1,7 +1,12 @@
 """`hybridtune merge ADAPTER_DIR OUT_DIR`: fold a LoRA adapter into its base and save safetensors.
 
-The result loads with `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)` and gives the
-same logits as base + adapter. The output is written atomically; an existing OUT_DIR is refused.
+The base loads in its original class (config.json `architectures[0]`, e.g. Qwen3_5ForConditionalGeneration), the
+class the adapter's keys follow. The result is written as the base checkpoint is (models/source.py): its
+architecture and config, in its dtype, with the tensors transformers does not load (`mtp.*`) and its processor
+files carried over; it loads with `from_pretrained(OUT_DIR)` in that class and gives the logits of base + adapter.
+The base is the adapter's `base_model_name_or_path` (a directory, or a hub id at its `revision` from the local hub
+cache); where that is missing, a `base_model/` beside the adapter (what training writes for a preset). The output is
+written atomically; an existing OUT_DIR is refused.
 """
 
 from __future__ import annotations
@@ -12,14 +17,38 @@ import logging
 from pathlib import Path
 
 from hybridtune.errors import ModelError, OutputDirError
+from hybridtune.models import source
+from hybridtune.models.anatomy import text_model
+from hybridtune.models.hub import looks_like_hub_id, resolve_source
+from hybridtune.models.loading import model_class
 from hybridtune.train.checkpoint import atomic_dir
+from hybridtune.train.export import BASE_DIR
 
 logger = logging.getLogger(__name__)
 
 
+def resolve_base(adapter_dir: Path, config_file: Path, base_name, revision: str | None) -> Path:
+    """The local directory of the adapter's base: the recorded directory, else a `base_model/` beside (or in) the
+    adapter directory, else the recorded hub id from the local hub cache."""
+    if isinstance(base_name, str) and base_name and Path(base_name).expanduser().is_dir():
+        return Path(base_name).expanduser()
+    for beside in (adapter_dir.parent / BASE_DIR, adapter_dir / BASE_DIR):
+        if (beside / "config.json").is_file():
+            logger.info(
+                "the adapter's base %r is not a local directory; using %s beside the adapter", base_name, beside
+            )
+            return beside
+    if isinstance(base_name, str) and base_name and looks_like_hub_id(base_name):
+        return resolve_source(base_name, revision).path  # a download that cannot happen is one line (ModelError)
+    raise ModelError(
+        f"the adapter's base model {base_name!r} is not a local directory (nor a hub id), and no {BASE_DIR}/ is "
+        f"beside the adapter; edit base_model_name_or_path in {config_file}"
+    )
+
+
 def merge(adapter_dir: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
     from peft import PeftConfig, PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
     config_file = adapter_dir / "adapter_config.json"
@@ -28,21 +57,19 @@ def merge(adapter_dir: str | Path, out_dir: str | Path, overwrite: bool = False)
             f"'{adapter_dir}' has no adapter_config.json; give the adapter directory (e.g. OUTPUT_DIR/final)"
         )
     check_out_dir(out_dir, overwrite)
-    base_name = read_adapter_config(config_file).get("base_model_name_or_path")
-    base_path = Path(base_name) if isinstance(base_name, str) and base_name else None
-    if base_path is None or not base_path.is_dir():
-        raise ModelError(
-            f"the adapter's base model {base_name!r} is not a local directory; "
-            f"edit base_model_name_or_path in {config_file}"
-        )
+    recorded = read_adapter_config(config_file)
+    revision = recorded.get("revision") if isinstance(recorded.get("revision"), str) else None
+    base_path = resolve_base(adapter_dir, config_file, recorded.get("base_model_name_or_path"), revision)
     try:
         PeftConfig.from_pretrained(str(adapter_dir))
     except (ValueError, TypeError, KeyError) as e:  # an unknown peft_type or field
         raise ModelError(f"{config_file}: not a LoRA adapter config peft can read ({type(e).__name__}: {e})") from None
     try:
-        base = AutoModelForCausalLM.from_pretrained(str(base_path))
+        cls = model_class(AutoConfig.from_pretrained(str(base_path)))
+        base = cls.from_pretrained(str(base_path), dtype="auto")  # as saved
     except (OSError, ValueError, KeyError) as e:
         raise ModelError(f"cannot load the adapter's base model '{base_path}': {e}") from None
+    dtype = text_model(base).embed_tokens.weight.dtype
     try:
         model = PeftModel.from_pretrained(base, str(adapter_dir))
     except (OSError, ValueError, KeyError, RuntimeError) as e:  # missing or mismatched adapter weights
@@ -51,9 +78,10 @@ def merge(adapter_dir: str | Path, out_dir: str | Path, overwrite: bool = False)
     tok_dir = adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else base_path
 
     def write(tmp: Path) -> None:
-        merged.save_pretrained(tmp, safe_serialization=True)
+        source.save_like_source(merged, tmp, merged.state_dict(), base_path, dtype)
         if (tok_dir / "tokenizer_config.json").is_file():
             AutoTokenizer.from_pretrained(str(tok_dir)).save_pretrained(tmp)
+        source.carry_files(tmp, base_path)
         (tmp / "hybridtune.json").write_text(
             json.dumps({"merged_from": str(adapter_dir), "base": str(base_path)}, indent=2)
         )

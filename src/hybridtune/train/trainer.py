@@ -46,9 +46,10 @@ from hybridtune.models.loading import load_model, tokenizer_for
 from hybridtune.models.patching import patch_model
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train import distributed, export, health
+from hybridtune.train.card import model_card
 from hybridtune.train.choices import Choices, Facts, choose_bf16, measure, pick_device, resolve
 from hybridtune.train.evaluation import eval_batches, evaluate, report_eval
-from hybridtune.train.lora import apply_lora
+from hybridtune.train.lora import lora_from_config
 from hybridtune.train.metrics import MetricsLog, StepFlops, StepLog, memory_gib
 from hybridtune.train.optim import build_optimizer, build_scheduler
 from hybridtune.train.outdir import RUN_FILE, OutputLock, claim_output_dir, tidy, write_run_file
@@ -164,7 +165,7 @@ class Trainer:
         if cfg.gradient_checkpointing is True:
             enable_checkpointing(model)
         if cfg.adapter == "lora":
-            model = apply_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+            model = lora_from_config(model, cfg)
         model.to(self.device)
         model.train()
         self.model = model
@@ -392,18 +393,13 @@ class Trainer:
         return path
 
     def save_final(self) -> Path:
-        """The final model (adapter or full) with tokenizer, loadable by peft / transformers. Rank 0 writes it."""
+        """The final model (adapter or full) with tokenizer and model card, loadable by peft / transformers in the
+        original class (train/export.py). Rank 0 writes it."""
+        card = model_card(self.cfg, self.loaded, self.step, self.out) if self.dist.is_main else None
         return export.save_final(
-            self.out,
-            self.model,
-            self.engine,
-            self.tokenizer,
-            self.dist,
-            adapter=self.cfg.adapter,
-            base_name=self.loaded.name,
-            base_in_memory=self.loaded.source == "preset",
-            steps=self.step,
-        )
+            self.out, self.model, self.engine, self.tokenizer, self.dist, adapter=self.cfg.adapter, loaded=self.loaded,
+            steps=self.step, card=card,
+        )  # fmt: skip
 
     # -- the run -----------------------------------------------------------------------------------
 

@@ -1,0 +1,123 @@
+"""The model card of a final export (`final/README.md`): YAML front matter the Hugging Face hub reads (base model as
+the user named it, library, tags), then what was trained, from what, on which data, with which settings, the final
+metrics and the hybridtune version. A preset's weights are random: its card says so before anything else."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hybridtune import __version__
+from hybridtune.config import TrainConfig
+from hybridtune.models.anatomy import unwrap
+from hybridtune.models.loading import LoadedModel
+
+SETTINGS = (
+    "sequence_len",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "learning_rate",
+    "lr_scheduler",
+    "warmup_steps",
+    "weight_decay",
+    "max_grad_norm",
+    "seed",
+)
+LORA_SETTINGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_parameters")
+RANDOM_WARNING = (
+    "> **WARNING: this model was trained from the preset `{name}`, whose weights are RANDOM** (a seeded random\n"
+    "> initialisation for demos, tests and benchmarks, not a trained model). It has learnt only what this run taught\n"
+    "> it; do not use it as a language model."
+)
+
+
+def last_metrics(out_dir: Path, steps: int | None = None) -> tuple[dict | None, dict | None]:
+    """(the last train row, the last eval row) of the run's metrics.jsonl up to step `steps` (a checkpoint exported
+    later: its own step's); None where there is none."""
+    train = evaluation = None
+    path = Path(out_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return None, None
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(row, dict) or (steps is not None and row.get("step", 0) > steps):
+            continue
+        if row.get("type") == "train":
+            train = row
+        elif row.get("type") == "eval":
+            evaluation = row
+    return train, evaluation
+
+
+def _yaml_str(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid YAML scalar
+
+
+def front_matter(cfg: TrainConfig, loaded: LoadedModel) -> str:
+    lines = ["---"]
+    if not loaded.random_init:
+        lines.append(f"base_model: {_yaml_str(loaded.name)}")
+    lines.append(f"library_name: {'peft' if cfg.adapter == 'lora' else 'transformers'}")
+    lines.append("pipeline_tag: text-generation")
+    tags = ["hybridtune", "lora" if cfg.adapter == "lora" else "full-fine-tune"]
+    model_type = getattr(getattr(loaded.model, "config", None), "model_type", None)
+    if model_type:
+        tags.append(model_type)
+    if loaded.random_init:
+        tags.append("random-weights")
+    lines += ["tags:", *(f"- {_yaml_str(t)}" for t in tags), "---"]
+    return "\n".join(lines)
+
+
+def model_card(cfg: TrainConfig, loaded: LoadedModel, steps: int, out_dir: Path) -> str:
+    """The card's Markdown text for a run of `cfg` from `loaded` that ran `steps` optimizer steps and logged into
+    `out_dir`/metrics.jsonl."""
+    kind = "A LoRA adapter" if cfg.adapter == "lora" else "A full fine-tune"
+    base = f"`{loaded.name}`" + (f" (commit `{loaded.revision}`)" if loaded.revision else "")
+    parts = [front_matter(cfg, loaded), "", f"# {Path(out_dir).resolve().name}", ""]
+    if loaded.random_init:
+        parts += [RANDOM_WARNING.format(name=loaded.name), ""]
+    parts += [f"{kind} of {base}, trained with hybridtune {__version__} for {steps} steps.", ""]
+    parts += ["## Data", ""]
+    for ds in cfg.resolved_datasets():
+        parts.append(f"- `{ds.path}` ({ds.type})")
+    parts.append(f"- held out for evaluation: {cfg.val_set_size:g}")
+    parts += ["", "## Settings", "", "| key | value |", "| --- | --- |", f"| adapter | {cfg.adapter} |"]
+    keys = SETTINGS + (LORA_SETTINGS if cfg.adapter == "lora" else ())
+    parts += [f"| {k} | {_cell(getattr(cfg, k))} |" for k in keys]
+    train, evaluation = last_metrics(out_dir, steps)
+    parts += ["", "## Final metrics", ""]
+    if train is None and evaluation is None:
+        parts.append("None logged.")
+    if train is not None:
+        parts.append(f"- train loss {train['loss']:.4f} at step {train['step']}")
+    if evaluation is not None:
+        parts.append(
+            f"- eval loss {evaluation['eval_loss']:.4f}, exact match {evaluation.get('exact_match', float('nan')):.3f} "
+            f"at step {evaluation['step']} ({evaluation.get('eval_examples', '?')} held-out examples)"
+        )
+    parts += ["", "## Use", "", "```python", *_usage(cfg, loaded), "```", ""]
+    return "\n".join(parts)
+
+
+def _cell(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value) or "(none)"
+    return str(value)
+
+
+def _usage(cfg: TrainConfig, loaded: LoadedModel) -> list[str]:
+    """How to load it: in the original class (a vision-language checkpoint's adapter follows that tree)."""
+    cls = type(unwrap(loaded.model)).__name__
+    if cfg.adapter == "lora":
+        return [
+            "from peft import PeftModel",
+            f"from transformers import {cls}",
+            "",
+            f"base = {cls}.from_pretrained({json.dumps(loaded.name)})  # the base model (a preset: ../base_model)",
+            'model = PeftModel.from_pretrained(base, "path/to/final")',
+        ]
+    return [f"from transformers import {cls}", "", f'model = {cls}.from_pretrained("path/to/final")']
