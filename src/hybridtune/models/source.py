@@ -149,6 +149,12 @@ def carry_untouched(out_dir: Path, source_dir: Path | None) -> list[str]:
     out_dir = Path(out_dir)
     written = weight_map(out_dir)
     files = weight_map(source_dir)
+    if source_dir is not None and not files:
+        logger.warning(
+            "source checkpoint %s has no safetensors weights: tensors it holds that transformers does not load "
+            "(mtp.*) are not carried into the export",
+            source_dir,
+        )
     missing = sorted(k for k in files if k not in written)
     shards = sorted(set(written.values()))
     n = len(shards) + (1 if missing else 0)
