@@ -79,12 +79,25 @@ def data_formats(cfg: TrainConfig) -> set[str]:
     return found
 
 
+def as_trained(model: torch.nn.Module, bf16: bool) -> None:
+    """The dtypes the trainer evaluates its model in (train.trainer._setup_model): a full fine-tune's fp32 masters;
+    under LoRA the frozen base in bf16 when bf16 computes, else fp32, and the adapters in fp32. A model saved in
+    bf16 is upcast exactly; a full fine-tune exported in bf16 was rounded there, so its eval differs from the logged
+    one by that rounding alone."""
+    lora = hasattr(model, "peft_config")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.is_floating_point():
+                p.data = p.data.to(torch.bfloat16 if lora and bf16 and "lora_" not in name else torch.float32)
+
+
 def run_eval(opened: Opened, cfg: TrainConfig, split: str = "all", device: str = "cpu") -> dict:
     """The eval of `opened` (opened with `patched=True`) on the data of `cfg`; the trainer's numbers for the same
     examples, plus perplexity and token counts."""
     examples, dropped = eval_examples(cfg, opened.tokenizer, split)
     dev = pick_device(device)
     bf16 = choose_bf16(cfg, measure(cfg, dev, ONE)).value
+    as_trained(opened.model, bf16)
     model = opened.model.to(dev)
 
     def autocast():
