@@ -3,8 +3,8 @@ dataset, computed as the trainer computes its eval (the same data preparation, t
 hybridtune's ops, `train.evaluation.evaluate`), so a run's logged eval and this command agree on the same data.
 
 `--split all` (the default) evaluates every example of the file; `--split heldout` the held-out examples a run
-with this config holds out (its `val_set_size` and `seed`, its `eval_max_examples`): for a model that comes from
-a run's output directory and that run's own data, the very examples its logged evals read. Data keys
+with this config holds out (its `val_set_size` and `seed`, or its `test_datasets`; its `eval_max_examples`): for a
+model that comes from a run's output directory and that run's own data, the very examples its logged evals read. Data keys
 (format, fields, `sequence_len`, `train_on_inputs`) are the run's when the model comes from one, else the defaults;
 the flags below override them. Exact match is reported for prompt/response data (chat, sharegpt, alpaca,
 prompt_completion) only: for plain text it means nothing.
@@ -39,8 +39,9 @@ RESPONSE_FORMATS = ("chat", "sharegpt", "alpaca", "prompt_completion")  # format
 def eval_config(run: TrainConfig | None, overrides: dict) -> TrainConfig:
     """The run's config (or the defaults) with the command's data keys on top."""
     base = to_dict(run) if run is not None else {}
-    if "dataset" in overrides:
-        base.pop("datasets", None)  # a file given on the command line replaces the run's list
+    if "dataset" in overrides:  # a file given on the command line replaces the run's data, its eval set too
+        base.pop("datasets", None)
+        base.pop("test_datasets", None)
     return load_config(None, {**base, **overrides}, warn=False)
 
 
