@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -105,16 +106,16 @@ def test_a_fresh_run_replaces_the_earlier_event_files(tmp_path, small_data):
     assert [s for s, _ in tensorboard_scalars(out / "runs" / "run")["train/loss"]] == [1, 2]
 
 
-def wandb_history(run_dir: Path) -> list[dict]:
+def wandb_history(run_dir: Path) -> tuple[list[dict], bool]:
     """The history rows of an offline W&B run (one per step: the records logged at one step are merged), read from
     its .wandb file (a LevelDB-style log of protobuf records after a 7-byte header; 32 KiB blocks, each record
-    chunk: crc32, length, type, data)."""
+    chunk: crc32, length, type, data), and whether the run's exit record is there yet."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     (path,) = glob.glob(str(run_dir / "run-*.wandb"))
     data = Path(path).read_bytes()
     assert data[:4] == b":W&B"
-    pos, block, pending, out = 7, 32768, b"", []
+    pos, block, pending, out, exited = 7, 32768, b"", [], False
     while pos + 7 <= len(data):
         if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
             pos += block - pos % block
@@ -127,12 +128,14 @@ def wandb_history(run_dir: Path) -> list[dict]:
         if kind in (1, 4):  # FULL or LAST: a whole record
             record = pb.Record()
             record.ParseFromString(pending)
+            if record.WhichOneof("record_type") == "exit":
+                exited = True
             if record.WhichOneof("record_type") == "history":
                 row = {
                     item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item
                 }
                 out.append({**row, "_step": record.history.step.num})
-    return out
+    return out, exited
 
 
 @pytest.mark.slow  # wandb runs its own service process
@@ -146,7 +149,12 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path, small_data, monkeypatch):
     out = tmp_path / "run"
     train(load_config(None, settings(out, small_data, report_to="wandb", max_steps=3, eval_steps=0)))
     (run_dir,) = (out / "runs" / "wandb").glob("offline-run-*")
-    history = wandb_history(run_dir)
+    # wandb's service process writes the file: finish() has been seen to return before the last records landed.
+    deadline = time.monotonic() + 60
+    while not (found := wandb_history(run_dir))[1] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    history, exited = found
+    assert exited
     train_rows = {r["_step"]: r for r in history if "train/loss" in r}
     want = rows(out, "train")
     assert sorted(train_rows) == [r["step"] for r in want] == [1, 2, 3]
