@@ -1,12 +1,15 @@
 """Checkpoints through the whole Trainer on the CPU: a full fine-tune of a bf16 checkpoint keeps fp32 master weights
 (parameters and every AdamW state tensor fp32, so updates far below bf16's resolution still land), and a Qwen3.5
 vision-language checkpoint trains (LoRA and full, fused and transformers' own loss, evaluation) in its original
-class, its vision tower frozen and untouched."""
+class, its vision tower frozen and untouched, also under FSDP2 with two ranks (slow tier)."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -93,3 +96,22 @@ def test_a_vision_language_checkpoint_trains_in_its_original_class(tmp_path, dat
     assert all(torch.equal(p.detach(), before["model." + n]) for n, p in vision.items())
     trained = [p for n, p in base.named_parameters() if p.requires_grad]
     assert trained and {p.dtype for p in trained} == {torch.float32}
+
+
+@pytest.mark.slow  # torchrun
+def test_fsdp2_trains_the_vision_language_checkpoint_as_one_process_does(tmp_path, data):
+    """FSDP2 (2 gloo ranks) over a model whose frozen vision tower is bf16 and whose text model is fp32: the same
+    losses as one process (FSDP2 checks the dtypes of trainable parameters only; the all-gather mixes dtypes)."""
+    ckpt = make_checkpoint(tmp_path, "qwen3_5_vl", torch.bfloat16)
+    common = dict(max_steps=4, gradient_accumulation_steps=2, warmup_steps=2, lr_scheduler="cosine")
+    one = _train(tmp_path / "one", data, ckpt, **common).result.losses
+    argv = [f"--{k}={v}" for k, v in common.items()]
+    argv += ["--base_model", str(ckpt), "--dataset", data, "--output_dir", str(tmp_path / "two"), "--sequence_len=64"]
+    argv += ["--eval_steps=0", "--logging_steps=1", "--val_set_size=4", "--distributed=fsdp", "--fsdp_units=auto"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "-m", "hybridtune", "train", "--nproc", "2", *argv]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    two = [r["loss"] for r in rows if r["type"] == "train"]
+    assert two == pytest.approx(one, rel=1e-5)
