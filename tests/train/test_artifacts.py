@@ -54,6 +54,7 @@ def train(tmp: Path, data: str, base: str, adapter: str, **kw) -> Trainer:
         lora_r=4,
         lora_alpha=8,
         output_dir=str(tmp / "out"),
+        device="cpu",  # the fp32 story these tolerances state (also on a machine with a GPU)
     )
     settings.update(kw)
     t = Trainer(load_config(None, settings))
