@@ -81,7 +81,9 @@ def _Streamer(tokenizer, out: TextIO):  # noqa: N802 (a class made on first use:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="hybridtune chat", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="hybridtune chat", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_model_args(parser)
     parser.add_argument("--system", help="a system message that starts the conversation")
     args = parser.parse_args(argv)

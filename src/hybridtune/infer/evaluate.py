@@ -136,7 +136,7 @@ def format_result(res: dict) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="hybridtune eval", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+        prog="hybridtune eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", required=True, help=MODEL_HELP)
     parser.add_argument(

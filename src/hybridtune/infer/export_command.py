@@ -54,7 +54,9 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, overwrite: bool =
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="hybridtune export", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="hybridtune export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory: OUTPUT_DIR/checkpoint-N")
     parser.add_argument(
         "out", metavar="OUT", help="where to write (must not exist or be empty); the model in OUT/final"

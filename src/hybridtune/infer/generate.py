@@ -186,7 +186,9 @@ def open_for_generation(args):
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="hybridtune generate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="hybridtune generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_model_args(parser)
     parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for several)")
     parser.add_argument("--prompts", metavar="FILE", help="prompts: one per line, or JSONL with prompt / messages")
