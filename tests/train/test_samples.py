@@ -100,7 +100,12 @@ def test_trainer_writes_samples_at_each_eval(tmp_path, small_data, caplog):
     assert "eval  step 2  sample 2/2" in caplog.text
 
 
-def test_plain_text_has_no_prompt():
+def test_plain_text_has_no_prompt(caplog):
     from hybridtune.data.packing import Example
 
-    assert sample_prompts([Example([1, 2, 3], [1, 1, 1]), Example([1, 2], [0, 0])], 3) == []
+    examples = [Example([1, 2, 3], [1, 1, 1]), Example([1, 2], [0, 0])]
+    assert sample_prompts(examples, 3) == []
+    cfg = load_config(None, {"eval_samples": 2})
+    with caplog.at_level("WARNING", logger="hybridtune"):
+        assert generate_samples(None, examples, None, cfg, torch.device("cpu"), None) is None
+    assert "no held-out example has a prompt" in caplog.text

@@ -25,6 +25,13 @@ from hybridtune.data.packing import Example
 from hybridtune.train import distributed
 
 logger = logging.getLogger(__name__)
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning("%s", message)
 
 
 def sample_prompts(examples: list[Example], n: int) -> list[tuple[list[int], list[int]]]:
@@ -82,12 +89,16 @@ def generate_samples(
     `cfg.eval_max_new_tokens` generated tokens each, on rank 0 (None on the other ranks, and under FSDP2, whose
     sharded weights a single rank cannot run: said once)."""
     if d.engine == "fsdp":
-        if not getattr(generate_samples, "warned", False):
-            generate_samples.warned = True
-            if d.is_main:
-                logger.warning("eval_samples: not generated under FSDP2 (sharded weights); the eval runs without them")
+        if d.is_main:
+            _warn_once("eval_samples: not generated under FSDP2 (sharded weights); the eval runs without them")
         return None
     if not d.is_main:
+        return None
+    prompts = sample_prompts(examples, cfg.eval_samples)
+    if not prompts:
+        _warn_once(
+            "eval_samples: no held-out example has a prompt (plain text: every token is trained); none generated"
+        )
         return None
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos if eos is not None else 0)
@@ -95,7 +106,7 @@ def generate_samples(
     model.eval()
     out = []
     try:
-        for prompt, reference in sample_prompts(examples, cfg.eval_samples):
+        for prompt, reference in prompts:
             stop = sorted({reference[-1]} | ({eos} if eos is not None else set()))
             with autocast():
                 new = greedy(model, prompt, cfg.eval_max_new_tokens, stop, pad, device)
