@@ -110,3 +110,18 @@ def test_a_local_directory_wins_over_a_hub_id_of_the_same_name(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     source = resolve_source("acme")
     assert source.path.resolve() == ckpt.resolve() and source.revision is None
+
+
+def test_a_hub_that_cannot_be_reached_is_one_line(tmp_path, monkeypatch):
+    """Online as far as hybridtune knows (HF_HUB_OFFLINE=0), but no request can leave (huggingface_hub's own offline
+    switch, as a missing network would): one line, naming the cache, never a traceback."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # every request refused before it leaves this process
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty"))
+    with pytest.raises(ModelError) as e:
+        resolve_source("acme/absent")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("base_model 'acme/absent' cannot be downloaded"), msg
+    assert str(tmp_path / "empty" / "hub") in msg

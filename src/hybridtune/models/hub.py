@@ -119,9 +119,10 @@ def _download_error(repo_id: str, revision: str | None, e: Exception) -> ModelEr
     return ModelError(f"base_model '{repo_id}'{rev} {why}")
 
 
-def download(repo_id: str, revision: str | None = None) -> Path:
+def download(repo_id: str, revision: str | None = None, files: list[str] | None = None) -> Path:
     """The local snapshot of hub model `repo_id` at `revision` (default: main), downloaded into the hub cache when
-    missing and the hub can be reached. One ModelError line when it cannot be had."""
+    missing and the hub can be reached; `files`: the name patterns fetched (default HUB_FILES; ["config.json"] for a
+    look at the architecture alone). One ModelError line when it cannot be had."""
     offline = hub_offline()
     try:
         path = snapshot_download(
@@ -129,7 +130,7 @@ def download(repo_id: str, revision: str | None = None) -> Path:
             revision=revision,
             cache_dir=str(hub_cache_dir()),
             local_files_only=offline,
-            allow_patterns=HUB_FILES,
+            allow_patterns=files or HUB_FILES,
         )
     # HfHubHTTPError covers a missing repository or revision and a gated one; LocalEntryNotFoundError offline or
     # unreachable and not cached; httpx's errors a proxy that refuses; OSError a cache that cannot be written.
@@ -138,8 +139,9 @@ def download(repo_id: str, revision: str | None = None) -> Path:
     return Path(path)
 
 
-def resolve_source(name: str, revision: str | None = None) -> ModelSource:
-    """Resolve `base_model` (and `revision`, for a hub id) to a ModelSource; see the module docstring."""
+def resolve_source(name: str, revision: str | None = None, files: list[str] | None = None) -> ModelSource:
+    """Resolve `base_model` (and `revision`, for a hub id) to a ModelSource; see the module docstring. `files`: as
+    in `download`."""
     if name in PRESETS:
         if revision:
             logger.warning("revision '%s' ignored: base_model '%s' is a preset, not a hub id", revision, name)
@@ -150,7 +152,7 @@ def resolve_source(name: str, revision: str | None = None) -> ModelSource:
         if revision:
             logger.warning("revision '%s' ignored: base_model '%s' is a local directory, not a hub id", revision, name)
         return source
-    snapshot = download(name, revision)
+    snapshot = download(name, revision, files)
     if not (snapshot / "config.json").is_file():
         raise ModelError(
             f"hub model '{name}'{f' at revision {revision!r}' if revision else ''} has no config.json in its "
