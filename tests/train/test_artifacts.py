@@ -294,3 +294,19 @@ def test_full_card_names_the_checkpoint(tmp_path, small_data):
     assert card["base_model"] == str(ckpt) and card["library_name"] == "transformers"
     assert "random-weights" not in card["tags"] and "full-fine-tune" in card["tags"]
     assert "RANDOM" not in (Path(t.result.final_dir) / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_full_export_from_a_hub_snapshot(tmp_path, small_data, monkeypatch):
+    """A hub id's snapshot holds links into blobs/: the untouched tensors and processor files are read through them
+    and written as files; the card names the hub id."""
+    ckpt = make_checkpoint(tmp_path, "qwen3_5_vl", torch.bfloat16)
+    monkeypatch.setenv("HF_HOME", str(hub_cache(tmp_path, "org/tiny-vl", ckpt)))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    t = train(tmp_path, small_data, "org/tiny-vl", "full")
+    assert t.loaded.source_dir is not None and (t.loaded.source_dir / "preprocessor_config.json").is_symlink()
+    final = Path(t.result.final_dir)
+    assert not [p for p in final.iterdir() if p.is_symlink()]
+    check_full_export(t, ckpt, torch.bfloat16)
+    assert front_matter(final / "README.md")["base_model"] == "org/tiny-vl"
