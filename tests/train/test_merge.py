@@ -97,3 +97,18 @@ def test_merge_refuses_an_existing_file_as_out_dir(tmp_path):
     assert target.read_bytes() == b"precious"
     with pytest.raises(OutputDirError, match="is a file; give a directory path"):
         merge(adapter, target / "merged")
+
+
+def test_merge_of_an_adapter_whose_hub_base_is_not_cached_is_one_line(tmp_path, monkeypatch, capsys):
+    from hybridtune.cli import main
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty_home"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    adapter = _adapter_dir(tmp_path, json.dumps({"base_model_name_or_path": "org/not-here", "peft_type": "LORA"}))
+    with pytest.raises(ModelError, match=r"base_model 'org/not-here' is not in the hub cache .* HF_HUB_OFFLINE is set"):
+        merge(adapter, tmp_path / "merged")
+    assert main(["merge", str(adapter), str(tmp_path / "merged")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "org/not-here" in err[0], err
+    assert not (tmp_path / "merged").exists()
