@@ -44,13 +44,25 @@ def stock_copy(model: torch.nn.Module) -> torch.nn.Module:
         stock = peft.get_peft_model(stock, copy.deepcopy(model.peft_config["default"]))
     missing, unexpected = stock.load_state_dict(model.state_dict(), strict=False)
     assert not missing and not unexpected, (missing, unexpected)
+    held = dict(model.named_parameters())
+    for name, p in stock.named_parameters():  # the same dtypes too (a LoRA base held in bf16 on a GPU)
+        p.data = p.data.to(held[name].dtype)
     assert not is_patched(stock)
     return stock.eval()
 
 
-@pytest.mark.parametrize("adapter", ["full", "lora"])
-def test_samples_equal_stock_greedy_decoding(tmp_path, small_data, adapter):
-    t = Trainer(load_config(None, settings(tmp_path / "run", small_data, adapter=adapter)))
+@pytest.mark.parametrize(
+    "adapter, where",
+    [
+        ("full", {}),
+        ("lora", {}),
+        # On a GPU: bf16 autocast, the compiled loop and hybridtune's attention, all escaped with a cache.
+        pytest.param("full", {"device": "cuda", "compile": "loop"}, marks=pytest.mark.cuda),
+        pytest.param("lora", {"device": "cuda", "compile": "loop"}, marks=pytest.mark.cuda),
+    ],
+)
+def test_samples_equal_stock_greedy_decoding(tmp_path, small_data, adapter, where):
+    t = Trainer(load_config(None, settings(tmp_path / "run", small_data, adapter=adapter, **where)))
     t.setup()
     assert is_patched(unwrap(t.model))
     # Seeded noise on every weight (the adapters too): a random model whose greedy output runs on for many
@@ -58,22 +70,23 @@ def test_samples_equal_stock_greedy_decoding(tmp_path, small_data, adapter):
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in t.model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.1)
+            p.add_(torch.randn(p.shape, generator=g).to(p.device, p.dtype) * 0.1)
     ex = t._eval_examples()
     got = generate_samples(t.model, ex, t.tokenizer, t.cfg, t.device, t.autocast, t.dist)
-    stock = stock_copy(t.model)
+    stock = stock_copy(t.model).to(t.device)
     prompts = sample_prompts(ex, 2)
     assert len(got) == len(prompts) == 2
     eos = t.tokenizer.eos_token_id
     for (prompt, reference), sample in zip(prompts, got):
         stop = sorted({reference[-1], eos})
-        with torch.no_grad():
-            ids = torch.tensor([prompt])
+        with torch.no_grad(), t.autocast():  # (bf16 on a GPU, as the eval's generation)
+            ids = torch.tensor([prompt], device=t.device)
             want = stock.generate(
                 input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False, eos_token_id=stop,
                 pad_token_id=t.tokenizer.pad_token_id,
             )[0, len(prompt) :].tolist()  # fmt: skip
-        assert greedy(t.model, prompt, 12, stop, t.tokenizer.pad_token_id, t.device) == want
+        with t.autocast():
+            assert greedy(t.model, prompt, 12, stop, t.tokenizer.pad_token_id, t.device) == want
         assert sample == {
             "prompt": t.tokenizer.decode(prompt),
             "generated": t.tokenizer.decode(want),
