@@ -58,3 +58,15 @@ def test_chat_command_reads_stdin(trained, monkeypatch, capsys):
     assert cli.main(argv) == 0
     opened = open_model(str(out))
     assert capsys.readouterr().out == reply(opened, [{"role": "user", "content": "3+4="}]) + "\n"
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_it_prompts_and_streams(opened):
+    out = Terminal()
+    chat_loop(opened.model, opened.tokenizer, SAMPLING, Terminal("3+4=\n"), out)
+    want = reply(opened, [{"role": "user", "content": "3+4="}])
+    assert out.getvalue() == f"commands: /reset (forget the conversation), /exit (or Ctrl-D)\n> {want}\n> \n"

@@ -33,12 +33,8 @@ def chat_loop(
     if tty:
         print(HELP, file=stdout)
     while True:
-        if tty:
-            print("> ", end="", file=stdout, flush=True)
-        line = stdin.readline()
-        if not line:  # Ctrl-D / end of input
-            if tty:
-                print(file=stdout)
+        line = _read_turn(stdin, stdout, tty)
+        if line is None:  # Ctrl-D / end of input
             break
         text = line.rstrip("\r\n")
         if not text.strip():
@@ -58,6 +54,23 @@ def chat_loop(
             print(reply, file=stdout, flush=True)
         messages.append({"role": "assistant", "content": reply})
     return messages
+
+
+def _read_turn(stdin: TextIO, stdout: TextIO, tty: bool) -> str | None:
+    """The next line the user typed, or None at end of input. On the process's own terminal through `input()`
+    (line editing and history where the readline module exists)."""
+    if tty and stdin is sys.stdin and stdout is sys.stdout:
+        try:
+            return input("> ")
+        except EOFError:
+            print(file=stdout)
+            return None
+    if tty:
+        print("> ", end="", file=stdout, flush=True)
+    line = stdin.readline()
+    if not line and tty:
+        print(file=stdout)
+    return line or None
 
 
 def _streamer_class():
