@@ -10,7 +10,10 @@ interpreter, the bench smoke) are skipped there, saying how to run them; `.ci/ru
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -18,6 +21,11 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# The datasets cache (and the tokenised data cached in it) of a test session is its own, removed at its end: tests
+# never read a cache an earlier session or the user left, nor leave one in the home directory.
+if "HF_DATASETS_CACHE" not in os.environ:
+    os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="hybridtune-test-datasets-")
+    atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], True)
 # Keep thread counts small and deterministic on the 2-core CI machine.
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny tensors: threads cost more than they save
 

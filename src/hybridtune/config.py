@@ -398,12 +398,15 @@ def validate(cfg: TrainConfig) -> None:
             f"config key 'lora_dropout' = {cfg.lora_dropout} with lora_target_parameters: peft's LoRA on parameters "
             "has no dropout; set lora_dropout: 0"
         )
-    for i, ds in enumerate(cfg.resolved_datasets()):
+    if cfg.dataset_num_proc < 0:
+        raise ConfigError(f"config key 'dataset_num_proc' = {cfg.dataset_num_proc} must be 0 (auto) or more")
+    entries = [("datasets", cfg.resolved_datasets()), ("test_datasets", cfg.test_datasets)]
+    for key, i, ds in [(key, i, ds) for key, dss in entries for i, ds in enumerate(dss)]:
         if not ds.path:
-            raise ConfigError(f"config key 'datasets[{i}].path' is empty; give a JSONL or Parquet file")
+            raise ConfigError(f"config key '{key}[{i}].path' is empty; give a data file, directory or dataset id")
         if not ds.roles_to_train and ds.type in ("auto", "chat", "sharegpt") and not cfg.train_on_inputs:
             raise ConfigError(
-                f"config key 'datasets[{i}].roles_to_train' is empty, so no token of a chat would be trained on; "
+                f"config key '{key}[{i}].roles_to_train' is empty, so no token of a chat would be trained on; "
                 "name the roles to train on (e.g. [assistant])"
             )
 
@@ -425,7 +428,7 @@ def config_help() -> str:
     return (
         "config keys (YAML file or --key value):\n"
         + "\n".join(rows)
-        + "\n\n  each entry of `datasets`:\n"
+        + "\n\n  each entry of `datasets` and `test_datasets`:\n"
         + "\n".join(ds_rows)
     )
 

@@ -53,7 +53,13 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
 class DatasetConfig:
     """One data source. `type: auto` detects the format from the first row's fields."""
 
-    path: str = _f("", "JSONL or Parquet file (or 'hybridtune:sample/<name>' for bundled data)")
+    path: str = _f(
+        "",
+        "a JSONL, JSON, CSV, Parquet or Arrow file, a directory (save_to_disk, or a dataset repo), a glob, "
+        "a dataset id org/name (datasets cache; HF_DATASETS_OFFLINE honoured), 'hybridtune:sample/<name>'",
+    )
+    split: str = _f("train", "directory with splits or dataset id: the split to read")
+    name: str | None = _f(None, "directory or dataset id: the config (subset) to read (default: its only one)")
     type: Literal["auto", "text", "alpaca", "chat", "sharegpt", "prompt_completion"] = _f(
         "auto", "row format (auto: from the first row's fields)"
     )
@@ -92,7 +98,15 @@ class TrainConfig:
     dataset_type: Literal["auto", "text", "alpaca", "chat", "sharegpt", "prompt_completion"] = _f(
         "auto", "format of `dataset`"
     )
-    val_set_size: float = _f(0.04, "held-out share (< 1) or count (>= 1) of examples for eval")
+    val_set_size: float = _f(
+        0.04, "held-out share (< 1) or count (>= 1) of examples for eval (not used with test_datasets)"
+    )
+    test_datasets: list[DatasetConfig] = _f(
+        [], "data sources evaluated on instead of a val_set_size share of `datasets` (entries as in `datasets`)"
+    )
+    dataset_num_proc: int = _f(
+        0, "processes that tokenise the data (0: auto, one per core for large data); the result is cached"
+    )
     sequence_len: int = _f(256, "tokens per packed bin (and max tokens per example)")
     sample_packing: bool = _f(True, "pack several examples per bin (off: one example per bin)")
     excess_length_strategy: Literal["truncate", "drop"] = _f("truncate", "examples longer than sequence_len")

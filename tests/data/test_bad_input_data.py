@@ -7,7 +7,9 @@ import json
 import pytest
 
 from hybridtune.config import DatasetConfig
-from hybridtune.data.formats import load_examples, read_rows, to_example
+from hybridtune.data.examples import load_examples
+from hybridtune.data.formats import to_example
+from hybridtune.data.sources import read_rows
 from hybridtune.errors import DataError
 from hybridtune.models.tokenizer_files import bundled_tokenizer
 
@@ -172,7 +174,8 @@ def test_malformed_json_gives_line_and_column(tmp_path):
 def test_directory_as_dataset_says_so(tmp_path):
     d = tmp_path / "data.jsonl"
     d.mkdir()
-    with pytest.raises(DataError, match=r"dataset path '.*data\.jsonl' is a directory; give a JSONL or Parquet file"):
+    # A directory is a source when it holds data files or a saved dataset; this one holds neither.
+    with pytest.raises(DataError, match=r"dataset path '.*data\.jsonl' is a directory without data files"):
         list(read_rows(str(d)))
 
 

@@ -85,3 +85,39 @@ def test_metadata_rejects_empty_documents():
         varlen_metadata([3, 0, 2])
     with pytest.raises(ValueError, match="zero-length"):
         PackedCollator()([Example([1, 2], [1, 1]), Example([], [])])
+
+
+def _first_fit_decreasing_by_scan(lengths: list[int], seq_len: int) -> list[list[int]]:
+    """The reference: every example scans the bins in order for the first with room."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    bins, free = [], []
+    for i in order:
+        for b, room in enumerate(free):
+            if room >= lengths[i]:
+                bins[b].append(i)
+                free[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            free.append(seq_len - lengths[i])
+    return bins
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pack_is_first_fit_decreasing(seed):
+    rng = random.Random(seed)
+    seq_len = rng.choice([2, 7, 64, 256, 1000])
+    n = rng.choice([1, 2, 3, 50, 700])
+    lengths = [
+        rng.randint(1, seq_len) if rng.random() < 0.7 else rng.randint(1, max(1, seq_len // 8)) for _ in range(n)
+    ]
+    assert pack([[0] * k for k in lengths], seq_len) == _first_fit_decreasing_by_scan(lengths, seq_len)
+
+
+def test_pack_is_fast_when_every_example_fills_most_of_a_bin():
+    import time
+
+    lengths = [150 + i % 50 for i in range(20000)]  # one per bin of 256: the scan was quadratic here
+    t = time.perf_counter()
+    bins = pack([[0] * k for k in lengths], 256)
+    assert len(bins) == 20000 and time.perf_counter() - t < 5

@@ -1,4 +1,5 @@
-"""From config to training bins and held-out examples: load every source, split, fit, pack."""
+"""From config to training bins and held-out examples: load every source (data/sources.py), tokenise it (cached,
+data/examples.py), hold out the eval examples (`test_datasets`, else a `val_set_size` share), fit, pack."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import random
 from dataclasses import dataclass
 
 from hybridtune.config import TrainConfig
-from hybridtune.data.formats import load_examples
+from hybridtune.data.examples import load_examples
 from hybridtune.data.packing import Example, PackStats, fit_to_length, pack
 from hybridtune.errors import DataError
 
@@ -35,10 +36,14 @@ def split_heldout(examples: list[Example], val_set_size: float, seed: int) -> tu
 
 
 def prepare(cfg: TrainConfig, tokenizer) -> PreparedData:
-    examples: list[Example] = []
-    for ds in cfg.resolved_datasets():
-        examples.extend(load_examples(ds, tokenizer, cfg.train_on_inputs))
-    train, heldout = split_heldout(examples, cfg.val_set_size, cfg.seed)
+    def load(sources) -> list[Example]:
+        return [e for ds in sources for e in load_examples(ds, tokenizer, cfg.train_on_inputs, cfg.dataset_num_proc)]
+
+    examples = load(cfg.resolved_datasets())
+    if cfg.test_datasets:
+        train, heldout = examples, load(cfg.test_datasets)
+    else:
+        train, heldout = split_heldout(examples, cfg.val_set_size, cfg.seed)
     fitted, stats = fit_to_length(train, cfg.sequence_len, cfg.excess_length_strategy)
     heldout, _ = fit_to_length(heldout, cfg.sequence_len, "drop")
     if not fitted:
@@ -56,7 +61,7 @@ def prepare(cfg: TrainConfig, tokenizer) -> PreparedData:
     stats.capacity = len(bins) * cfg.sequence_len
     msg = (
         f"data: {stats.examples_in} training examples -> {stats.bins} bins of {cfg.sequence_len} tokens "
-        f"({stats.fill:.0%} full); {len(heldout)} held out"
+        f"({stats.fill:.0%} full); {len(heldout)} held out" + (" (test_datasets)" if cfg.test_datasets else "")
     )
     if stats.truncated or stats.dropped:
         msg += f"; {stats.truncated} truncated, {stats.dropped} dropped (excess_length_strategy={cfg.excess_length_strategy})"

@@ -89,18 +89,29 @@ def pack(sequences: Sequence[Example] | Sequence[Sequence[int]], seq_len: int) -
             raise ValueError(f"sequence {i} is empty; zero-length documents must not reach a bin")
     # Stable sort: equal lengths keep input order, so packing is deterministic.
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    # First fit: each example goes into the earliest bin with room for it. A max-tree over the bins' free room
+    # finds that bin in O(log bins) (a scan over every bin took minutes at 20k examples that fit one per bin).
+    size = 1
+    while size < len(order):
+        size *= 2
+    tree = [-1] * (2 * size)  # tree[size + b] = free room of bin b (-1: no bin yet); inner nodes: their maximum
     bins: list[list[int]] = []
-    free: list[int] = []
-    # Plain first fit over bins; the bins list is short for fine-tuning data sizes, and an O(n * bins)
-    # scan keeps this readable. A segment tree would make it O(n log n) if it ever matters.
     for i in order:
         n = lengths[i]
-        for b, room in enumerate(free):
-            if room >= n:
-                bins[b].append(i)
-                free[b] -= n
-                break
+        if tree[1] >= n:
+            node = 1
+            while node < size:
+                node = 2 * node if tree[2 * node] >= n else 2 * node + 1
+            b = node - size
         else:
-            bins.append([i])
-            free.append(seq_len - n)
+            b = len(bins)
+            bins.append([])
+            tree[size + b] = seq_len
+        bins[b].append(i)
+        node = size + b
+        tree[node] -= n
+        node //= 2
+        while node:
+            tree[node] = max(tree[2 * node], tree[2 * node + 1])
+            node //= 2
     return bins

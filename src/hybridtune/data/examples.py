@@ -1,0 +1,260 @@
+"""A data source's rows -> tokenised examples, through `Dataset.map` (in parallel with `dataset_num_proc`), cached.
+
+The cache holds one Parquet file per (data, tokenizer, settings): its name is the sha256 of the data's content
+(`Source.fingerprint`), the tokenizer (its tokenizer.json, chat template and special tokens), the dataset entry's
+keys bar its path, train_on_inputs, and the source of the data package (a change to how rows are rendered is a new
+key). A rerun or a resume of the same run reads the examples back instead of tokenising again. It lives in the
+datasets cache (HF_DATASETS_CACHE, else HF_HOME/datasets) under hybridtune-tokenised/; deleting it is always safe.
+Only data that tokenised without an error is cached, so a bad row is reported on every run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hybridtune.config import DatasetConfig
+from hybridtune.data.formats import detect_type, to_example
+from hybridtune.data.packing import Example
+from hybridtune.data.sources import ROW_COLUMN, Source, datasets_cache_dir, open_source, quiet_datasets, where
+from hybridtune.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+CACHE_SUBDIR = "hybridtune-tokenised"
+CACHE_FORMAT = 1  # bump when the cached file's layout changes
+# Below this many rows per process, starting processes (and copying the tokenizer into each) costs more than the
+# tokenising it spreads: `dataset_num_proc: 0` (auto) gives each process at least this many rows.
+ROWS_PER_PROC = 2000
+_CODE_DIR = Path(__file__).resolve().parent
+
+
+def load_examples(
+    ds: DatasetConfig, tokenizer, train_on_inputs: bool = False, num_proc: int = 0, cache: bool = True
+) -> list[Example]:
+    """All examples of one data source, tokenised with their loss masks (from the cache where it has them)."""
+    progress = sys.stderr.isatty() and os.environ.get("RANK", "0") == "0"
+    src = open_source(ds, progress)
+    if len(src) == 0:
+        raise DataError(f"dataset file '{ds.path}' has no rows; give a file with at least one example")
+    fmt = ds.type
+    if fmt == "auto":
+        fmt = detect_type(src.row(0), ds, src.where(0))
+        logger.info("dataset %s: detected format '%s'", ds.path, fmt)
+    key = cache_key(src, tokenizer, ds, train_on_inputs, fmt)
+    path = Path(datasets_cache_dir()) / CACHE_SUBDIR / f"{key}.parquet"
+    if cache:
+        cached = _read_cache(path, key)
+        if cached is not None:
+            logger.info("dataset %s: tokenised data from cache %s (%d examples)", ds.path, path, len(cached))
+            return cached
+    t0 = time.perf_counter()
+    procs = resolve_num_proc(num_proc, len(src))
+    table = _tokenise(src, tokenizer, ds, train_on_inputs, fmt, procs, key, progress)
+    _check(src, table, ds, fmt, train_on_inputs)
+    table = table.select(["input_ids", "loss_mask"])
+    examples = _examples(table)
+    logger.info(
+        "dataset %s: tokenised %d examples in %.1f s (%d process%s)",
+        ds.path,
+        len(examples),
+        time.perf_counter() - t0,
+        procs,
+        "" if procs == 1 else "es",
+    )
+    if cache:
+        _write_cache(path, key, table, ds.path)
+    return examples
+
+
+def resolve_num_proc(num_proc: int, rows: int) -> int:
+    """`dataset_num_proc`: as given (at most one per row), or 0 = auto: this process's share of the cores (a
+    torchrun job's processes on this host share them), each with at least ROWS_PER_PROC rows."""
+    if num_proc > 0:
+        return max(1, min(num_proc, rows))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    cores //= max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return max(1, min(cores, rows // ROWS_PER_PROC))
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of what tokenising depends on: the tokenizer's own definition, its chat template, special tokens."""
+    h = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        h.update(backend.to_str().encode())
+    else:
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    extra = [
+        type(tokenizer).__name__,
+        tokenizer.chat_template,
+        tokenizer.special_tokens_map,
+        getattr(tokenizer, "add_bos_token", None),
+        getattr(tokenizer, "add_eos_token", None),
+    ]
+    h.update(json.dumps(extra, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def _code_fingerprint() -> str:
+    h = hashlib.sha256()
+    for f in sorted(_CODE_DIR.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def cache_key(src: Source, tokenizer, ds: DatasetConfig, train_on_inputs: bool, fmt: str) -> str:
+    settings = {k: v for k, v in dataclasses.asdict(ds).items() if k != "path"}
+    parts = [
+        f"format {CACHE_FORMAT}",
+        src.fingerprint,
+        tokenizer_fingerprint(tokenizer),
+        json.dumps(settings, sort_keys=True),
+        f"{fmt} train_on_inputs={train_on_inputs}",
+        _code_fingerprint(),
+    ]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def _features():
+    import datasets
+
+    return datasets.Features(
+        {
+            "input_ids": datasets.List(datasets.Value("int32")),
+            "loss_mask": datasets.List(datasets.Value("int8")),
+            "roles": datasets.List(datasets.Value("string")),
+            "error": datasets.Value("string"),
+        }
+    )
+
+
+def _tokenise_batch(
+    batch: dict, indices: list[int], *, tokenizer, ds, train_on_inputs, fmt, segments, json_rows
+) -> dict[str, list]:
+    """Dataset.map's function: a batch of rows -> ids, masks, the chat roles seen, and each row's error (a bad row
+    does not stop the map; the first one by position is raised afterwards, whatever the process order)."""
+    if json_rows:
+        rows = [json.loads(t) for t in batch[ROW_COLUMN]]
+    else:
+        rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
+    starts = [s.start for s in segments]
+    out: dict[str, list] = {"input_ids": [], "loss_mask": [], "roles": [], "error": []}
+    for i, row in zip(indices, rows):
+        roles: set[str] = set()
+        try:
+            ex = to_example(row, fmt, tokenizer, ds, train_on_inputs, where(segments, i, starts), roles)
+        except DataError as e:
+            out["input_ids"].append([])
+            out["loss_mask"].append([])
+            out["roles"].append([])
+            out["error"].append(str(e))
+            continue
+        out["input_ids"].append(ex.input_ids)
+        out["loss_mask"].append(ex.loss_mask)
+        out["roles"].append(sorted(roles))
+        out["error"].append(None)
+    return out
+
+
+def _tokenise(src: Source, tokenizer, ds, train_on_inputs: bool, fmt: str, procs: int, key: str, progress: bool):
+    """The pyarrow table of input_ids, loss_mask, roles, error: one row per source row, in order."""
+    kwargs = {
+        "tokenizer": tokenizer,
+        "ds": ds,
+        "train_on_inputs": train_on_inputs,
+        "fmt": fmt,
+        "segments": src.segments,
+        "json_rows": src.json_rows,
+    }
+    with quiet_datasets(progress):
+        mapped = src.dataset.map(
+            _tokenise_batch,
+            batched=True,
+            batch_size=256,
+            with_indices=True,
+            num_proc=procs if procs > 1 else None,
+            remove_columns=src.dataset.column_names,
+            features=_features(),
+            fn_kwargs=kwargs,
+            keep_in_memory=True,  # the result goes into our own cache; no second copy in the datasets cache
+            load_from_cache_file=False,
+            new_fingerprint=key[:40],  # datasets adds a shard suffix; 64 characters at most
+            desc=f"tokenising {src.name}",
+        )
+    return mapped.with_format("arrow")[:]
+
+
+def _check(src: Source, table, ds: DatasetConfig, fmt: str, train_on_inputs: bool) -> None:
+    """The first bad row's error; for chats, roles_to_train must name a role that occurs in the data."""
+    import pyarrow.compute as pc
+
+    errors = table.column("error")
+    if errors.null_count < len(errors):
+        first = pc.index(pc.is_valid(errors), True).as_py()
+        raise DataError(errors[first].as_py())
+    if fmt in ("chat", "sharegpt") and not train_on_inputs:
+        seen = set(pc.unique(pc.list_flatten(table.column("roles"))).to_pylist())
+        if not seen & set(ds.roles_to_train):
+            mapped = " (sharegpt roles are mapped: human -> user, gpt -> assistant)" if fmt == "sharegpt" else ""
+            raise DataError(
+                f"dataset file '{ds.path}': roles_to_train {ds.roles_to_train} names no role that occurs in its "
+                f"messages (roles: {', '.join(sorted(seen))}){mapped}, so nothing would be trained on; set "
+                "roles_to_train to roles of the data (e.g. [assistant])"
+            )
+
+
+def _lists(column) -> list[list[int]]:
+    """A list<int> column as Python lists, through one flat conversion (several times faster than to_pylist)."""
+    if column.num_chunks == 0:
+        return []
+    array = column.combine_chunks()
+    offsets = array.offsets.to_numpy().tolist()
+    flat = array.values.to_numpy().tolist()
+    return [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def _examples(table) -> list[Example]:
+    return [Example(i, m) for i, m in zip(_lists(table.column("input_ids")), _lists(table.column("loss_mask")))]
+
+
+def _read_cache(path: Path, key: str) -> list[Example] | None:
+    import pyarrow.parquet as pq
+
+    if not path.is_file():
+        return None
+    try:
+        table = pq.read_table(path)
+        if (table.schema.metadata or {}).get(b"hybridtune_key") != key.encode():
+            raise ValueError("its key does not match its name")
+        return _examples(table)
+    except Exception as e:  # a truncated or foreign file: tokenise again and replace it
+        logger.warning("tokenised data cache %s is unreadable (%s); tokenising again", path, e)
+        return None
+
+
+def _write_cache(path: Path, key: str, table: Any, source: str) -> None:
+    """Write atomically (a reader never sees half a file); a cache that cannot be written is only a warning."""
+    import pyarrow.parquet as pq
+
+    meta = {b"hybridtune_key": key.encode(), b"hybridtune_source": source.encode()}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table.replace_schema_metadata(meta), tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        logger.warning("could not cache the tokenised data in %s (%s); the next run tokenises again", path, e)
