@@ -121,9 +121,8 @@ class TrainConfig:
     lora_target_modules: list[str] = _f(list(DEFAULT_LORA_TARGETS), "module names that get LoRA")
     lora_target_parameters: list[str] = _f(
         [],
-        "parameters that get LoRA through peft's target_parameters, named as peft matches them (the end of a "
-        "parameter's name): the routed experts' fused 3-D weights, e.g. [gate_up_proj, down_proj]; needs "
-        "lora_dropout: 0",
+        "parameters that get LoRA through peft's target_parameters (the end of a parameter's name): the routed "
+        "experts' fused weights, e.g. [gate_up_proj, down_proj]; needs lora_dropout: 0",
     )
     # optimisation
     micro_batch_size: int = _f(1, "packed bins per forward (laid end to end in one [1, T] row)")
