@@ -201,7 +201,8 @@ def test_resume_into_an_empty_dir_compares_with_the_checkpoints_own_record(tmp_p
 
 
 def test_the_same_run_under_another_spelling_is_the_same_run(tmp_path, small_data, finished, monkeypatch):
-    """A trailing slash, an absolute path to the same data, save_total_limit: nothing the run computes changes."""
+    """A trailing slash, an absolute path to the same data, save_total_limit, dataset_num_proc: nothing the run
+    computes changes."""
     monkeypatch.chdir(tmp_path)
     import os
     import shutil
@@ -210,7 +211,7 @@ def test_the_same_run_under_another_spelling_is_the_same_run(tmp_path, small_dat
     shutil.copy(small_data, local)
     out = tmp_path / "run"
     _train(make_cfg(out, "data.jsonl", max_steps=1, eval_steps=0))
-    again = make_cfg(str(out) + os.sep, str(local), max_steps=1, eval_steps=0, save_total_limit=5)
+    again = make_cfg(str(out) + os.sep, str(local), max_steps=1, eval_steps=0, save_total_limit=5, dataset_num_proc=2)
     assert outdir.check_output_dir(again)
 
 

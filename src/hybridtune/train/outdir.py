@@ -33,6 +33,7 @@ RERUN_FREE_KEYS = (
     "num_threads",
     "output_dir",  # the same directory under another spelling, or the run moved
     "save_total_limit",
+    "dataset_num_proc",  # how many processes tokenise: the same examples
     "report_to",  # where the metrics also go, and under which name
     "run_name",
 )
