@@ -122,7 +122,7 @@ class TrainConfig:
     lora_target_parameters: list[str] = _f(
         [],
         "parameters that get LoRA through peft's target_parameters (the end of a parameter's name): the routed "
-        "experts' fused weights, e.g. [gate_up_proj, down_proj]; needs lora_dropout: 0",
+        "experts' fused weights such as [gate_up_proj, down_proj]; needs lora_dropout: 0",
     )
     # optimisation
     micro_batch_size: int = _f(1, "packed bins per forward (laid end to end in one [1, T] row)")
