@@ -66,6 +66,16 @@ def test_data_files_count_by_content(tmp_path, small_data):
         outdir.check_output_dir(make_cfg(out, str(data), max_steps=1, eval_steps=0))
 
 
+def test_a_test_datasets_file_counts_by_content_too(tmp_path, small_data):
+    test = tmp_path / "test.jsonl"
+    test.write_text(open(small_data).read())
+    cfg = make_cfg(tmp_path / "run", small_data, max_steps=1, test_datasets=[{"path": str(test)}])
+    held = outdir.run_record(cfg)
+    assert outdir.changes(held, cfg, (), outdir.data_fingerprint(cfg)) == []
+    test.write_text(test.read_text() + test.read_text())
+    assert outdir.changes(held, cfg, (), outdir.data_fingerprint(cfg)) == [f"data file {test} changed since that run"]
+
+
 def test_resume_says_what_changed_and_refuses(tmp_path, small_data, finished):
     resume = dict(resume_from_checkpoint="latest", eval_steps=0)
     for change, said in [

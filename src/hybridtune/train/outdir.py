@@ -50,9 +50,10 @@ RESUME_FREE_KEYS = (
 
 
 def data_fingerprint(cfg: TrainConfig) -> dict[str, str]:
-    """sha256 of each local data file the run reads (a file edited in place is another run's data)."""
+    """sha256 of each local data file the run reads, its test_datasets too (a file edited in place is another run's
+    data)."""
     out = {}
-    for ds in cfg.resolved_datasets():
+    for ds in [*cfg.resolved_datasets(), *cfg.test_datasets]:
         path = Path(ds.path)
         if path.is_file():
             h = hashlib.sha256()
