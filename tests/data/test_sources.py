@@ -90,6 +90,12 @@ def test_json_csv_parquet_arrow_and_globs_give_the_jsonl_examples(tok, tmp_path)
                 w.writeheader()
                 w.writerows(rows)
             assert load(d / "d.csv", tok) == want
+            # pandas' to_csv writes its index as a first column without a name; a TSV is tab-separated.
+            lines = (d / "d.csv").read_text().splitlines()
+            (d / "i.csv").write_text("".join(f"{'' if k == 0 else k - 1},{ln}\n" for k, ln in enumerate(lines)))
+            assert load(d / "i.csv", tok) == want
+            datasets.Dataset.from_list(rows).to_csv(str(d / "d.tsv"), sep="\t", index=False)
+            assert load(d / "d.tsv", tok) == want
 
 
 def test_bad_rows_name_file_and_line_or_row(tok, tmp_path):

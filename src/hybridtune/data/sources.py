@@ -228,6 +228,7 @@ def _load_file(f: Path, kind: str):
         kwargs = {"sep": sep, "keep_default_na": False, "na_values": [""]}
         with f.open(newline="", encoding="utf-8-sig", errors="replace") as fh:
             header = next(csv.reader(fh, delimiter=sep), [])
+        header = [c or f"Unnamed: {i}" for i, c in enumerate(header)]  # pandas' name for a column without one
         if header and len(set(header)) == len(header):
             kwargs["features"] = datasets.Features({c: datasets.Value("string") for c in header})
     try:
