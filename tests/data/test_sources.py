@@ -223,16 +223,20 @@ def test_a_second_prepare_is_served_from_the_cache(tok, tmp_path, monkeypatch, c
 
     path = write_jsonl(tmp_path / "d.jsonl", chats(30))
     ds = DatasetConfig(path=str(path))
-    calls = []
-    real = ex_mod.to_example
+    from hybridtune.data import sources
+
+    calls, reads = [], []
+    real, real_read = ex_mod.to_example, sources.read_json_file
     monkeypatch.setattr(ex_mod, "to_example", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(sources, "read_json_file", lambda *a: reads.append(1) or real_read(*a))
     with caplog.at_level(logging.INFO, logger="hybridtune"):
         first = load_examples(ds, tok, num_proc=1)
         assert len(calls) == 30 and "tokenised 30 examples in" in caplog.text
         caplog.clear()
         second = load_examples(ds, tok, num_proc=1)
     assert len(calls) == 30, "the second load tokenised again"
-    assert "tokenised data from cache" in caplog.text and ids(second) == ids(first)
+    assert len(reads) == 1, "the second load parsed the file again (its hash is all a cache hit needs)"
+    assert "tokenised data from cache" in caplog.text and "format 'chat'" in caplog.text and ids(second) == ids(first)
     cached = glob.glob(str(tmp_path / "hf-datasets" / "hybridtune-tokenised" / "*.parquet"))
     assert len(cached) == 1
     # Another setting, other content or another chat template: tokenised again (one more cache file each).

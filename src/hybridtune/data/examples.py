@@ -43,19 +43,22 @@ def load_examples(
     """All examples of one data source, tokenised with their loss masks (from the cache where it has them)."""
     progress = sys.stderr.isatty() and os.environ.get("RANK", "0") == "0"
     src = open_source(ds, progress)
+    key = cache_key(src, tokenizer, ds, train_on_inputs)
+    path = Path(datasets_cache_dir()) / CACHE_SUBDIR / f"{key}.parquet"
+    if cache:
+        cached = _read_cache(path, key)
+        if cached is not None:
+            examples, fmt = cached
+            logger.info(
+                "dataset %s: tokenised data from cache %s (%d examples, format '%s')", ds.path, path, len(examples), fmt
+            )
+            return examples
     if len(src) == 0:
         raise DataError(f"dataset file '{ds.path}' has no rows; give a file with at least one example")
     fmt = ds.type
     if fmt == "auto":
         fmt = detect_type(src.row(0), ds, src.where(0))
         logger.info("dataset %s: detected format '%s'", ds.path, fmt)
-    key = cache_key(src, tokenizer, ds, train_on_inputs, fmt)
-    path = Path(datasets_cache_dir()) / CACHE_SUBDIR / f"{key}.parquet"
-    if cache:
-        cached = _read_cache(path, key)
-        if cached is not None:
-            logger.info("dataset %s: tokenised data from cache %s (%d examples)", ds.path, path, len(cached))
-            return cached
     t0 = time.perf_counter()
     procs = resolve_num_proc(num_proc, len(src))
     table = _tokenise(src, tokenizer, ds, train_on_inputs, fmt, procs, key, progress)
@@ -71,7 +74,7 @@ def load_examples(
         "" if procs == 1 else "es",
     )
     if cache:
-        _write_cache(path, key, table, ds.path)
+        _write_cache(path, key, table, ds.path, fmt)
     return examples
 
 
@@ -114,14 +117,15 @@ def _code_fingerprint() -> str:
     return h.hexdigest()
 
 
-def cache_key(src: Source, tokenizer, ds: DatasetConfig, train_on_inputs: bool, fmt: str) -> str:
+def cache_key(src: Source, tokenizer, ds: DatasetConfig, train_on_inputs: bool) -> str:
+    """What the examples of `src` are a function of (its `type: auto` resolves the same way for the same data)."""
     settings = {k: v for k, v in dataclasses.asdict(ds).items() if k != "path"}
     parts = [
         f"format {CACHE_FORMAT}",
         src.fingerprint,
         tokenizer_fingerprint(tokenizer),
         json.dumps(settings, sort_keys=True),
-        f"{fmt} train_on_inputs={train_on_inputs}",
+        f"train_on_inputs={train_on_inputs}",
         _code_fingerprint(),
     ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
@@ -229,26 +233,28 @@ def _examples(table) -> list[Example]:
     return [Example(i, m) for i, m in zip(_lists(table.column("input_ids")), _lists(table.column("loss_mask")))]
 
 
-def _read_cache(path: Path, key: str) -> list[Example] | None:
+def _read_cache(path: Path, key: str) -> tuple[list[Example], str] | None:
+    """The cached examples and their format, or None (absent, or unreadable: then tokenised again and replaced)."""
     import pyarrow.parquet as pq
 
     if not path.is_file():
         return None
     try:
         table = pq.read_table(path)
-        if (table.schema.metadata or {}).get(b"hybridtune_key") != key.encode():
+        meta = table.schema.metadata or {}
+        if meta.get(b"hybridtune_key") != key.encode():
             raise ValueError("its key does not match its name")
-        return _examples(table)
-    except Exception as e:  # a truncated or foreign file: tokenise again and replace it
+        return _examples(table), meta.get(b"hybridtune_format", b"?").decode()
+    except Exception as e:  # a truncated or foreign file
         logger.warning("tokenised data cache %s is unreadable (%s); tokenising again", path, e)
         return None
 
 
-def _write_cache(path: Path, key: str, table: Any, source: str) -> None:
+def _write_cache(path: Path, key: str, table: Any, source: str, fmt: str) -> None:
     """Write atomically (a reader never sees half a file); a cache that cannot be written is only a warning."""
     import pyarrow.parquet as pq
 
-    meta = {b"hybridtune_key": key.encode(), b"hybridtune_source": source.encode()}
+    meta = {b"hybridtune_key": key.encode(), b"hybridtune_source": source.encode(), b"hybridtune_format": fmt.encode()}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -23,8 +23,8 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,27 +60,46 @@ class Segment:
     lines: list[int] | None = None
 
 
-@dataclass
 class Source:
     """The rows of one data source: `dataset` (a `datasets.Dataset`; JSON files: one column ROW_COLUMN of JSON text),
     where each row is (`where`), and `fingerprint`: what the rows are (content hashes, or the datasets cache's own
-    fingerprint for a dataset id)."""
+    fingerprint for a dataset id). JSON files are read on first use of the rows: a cache hit needs only the
+    fingerprint."""
 
-    name: str
-    dataset: Any
-    segments: list[Segment]
-    fingerprint: str
-    json_rows: bool = False
-    starts: list[int] = field(init=False)
+    def __init__(
+        self,
+        name: str,
+        dataset: Any,
+        segments: list[Segment],
+        fingerprint: str,
+        json_rows: bool = False,
+        loader: Callable[[], tuple[Any, list[Segment]]] | None = None,
+    ) -> None:
+        self.name, self.fingerprint, self.json_rows = name, fingerprint, json_rows
+        self._dataset, self._segments, self._loader = dataset, segments, loader
+        self._starts = [s.start for s in segments]
 
-    def __post_init__(self) -> None:
-        self.starts = [s.start for s in self.segments]
+    def _load(self) -> None:
+        if self._loader is not None:
+            self._dataset, self._segments = self._loader()
+            self._starts = [s.start for s in self._segments]
+            self._loader = None
+
+    @property
+    def dataset(self) -> Any:
+        self._load()
+        return self._dataset
+
+    @property
+    def segments(self) -> list[Segment]:
+        self._load()
+        return self._segments
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def where(self, i: int) -> str:
-        return where(self.segments, i, self.starts)
+        return where(self.segments, i, self._starts)
 
     def row(self, i: int) -> dict:
         r = self.dataset[i]
@@ -191,14 +210,18 @@ def _from_files(files: list[Path], name: str, progress: bool) -> Source:
     single = len(files) == 1
     segments = []
     if kind == "json":
-        import datasets
 
-        texts: list[str] = []
-        for f in files:
-            rows, lines = read_json_file(f)
-            segments.append(Segment(len(texts), str(f), lines))
-            texts.extend(rows)
-        return Source(name, datasets.Dataset.from_dict({ROW_COLUMN: texts}), segments, fingerprint, json_rows=True)
+        def load() -> tuple[Any, list[Segment]]:
+            import datasets
+
+            texts: list[str] = []
+            for f in files:
+                rows, lines = read_json_file(f)
+                segments.append(Segment(len(texts), str(f), lines))
+                texts.extend(rows)
+            return datasets.Dataset.from_dict({ROW_COLUMN: texts}), segments
+
+        return Source(name, None, [], fingerprint, json_rows=True, loader=load)
     parts = []
     with quiet_datasets(progress):
         for f in files:
