@@ -70,4 +70,26 @@ def test_plain_text_has_no_exact_match(trained, tmp_path, capsys):
 
 def test_a_model_outside_a_run_needs_a_dataset(capsys):
     assert cli.main(["eval", "--model", "tiny-qwen3_5"]) == 2
-    assert "give --dataset FILE" in capsys.readouterr().err
+    assert "give --dataset" in capsys.readouterr().err
+
+
+def test_a_dataset_split_is_evaluated_as_the_same_rows_in_a_file(trained, tmp_path, capsys, chat_data):
+    """--dataset_split reads one split of a saved dataset (data.sources); the numbers are those of its rows."""
+    import datasets
+
+    rows = [json.loads(line) for line in open(chat_data)]
+    saved = tmp_path / "saved"
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows[:50]), "test": datasets.Dataset.from_list(rows[50:])}
+    ).save_to_disk(str(saved))
+    plain = tmp_path / "test.jsonl"
+    plain.write_text("".join(json.dumps(r) + "\n" for r in rows[50:]))
+    model = str(trained("tiny-qwen3_5", "full") / "final")
+    results = []
+    for data in (["--dataset", str(saved), "--dataset_split", "test"], ["--dataset", str(plain)]):
+        assert cli.main(["eval", "--model", model, *data, "--json"]) == 0
+        results.append(json.loads(capsys.readouterr().out))
+    assert results[0]["eval_examples"] == len(rows) - 50 == results[1]["eval_examples"]
+    assert results[0]["eval_loss"] == pytest.approx(results[1]["eval_loss"], rel=1e-9)
+    assert cli.main(["eval", "--model", model, "--dataset_split", "test"]) == 2
+    assert "give --dataset too" in capsys.readouterr().err

@@ -22,11 +22,13 @@ import torch
 from hybridtune.config import TrainConfig, load_config, to_dict
 from hybridtune.data import PackedCollator
 from hybridtune.data.build import prepare
-from hybridtune.data.formats import detect_type, load_examples, read_rows
+from hybridtune.data.examples import load_examples
+from hybridtune.data.formats import detect_type
 from hybridtune.data.packing import Example, fit_to_length
+from hybridtune.data.sources import ACCEPTED, open_source
 from hybridtune.errors import ConfigError, DataError
 from hybridtune.infer.generate import MODEL_HELP
-from hybridtune.infer.load import Opened, open_model
+from hybridtune.infer.load import Opened, open_model, recorded_run
 from hybridtune.train.choices import choose_bf16, measure, pick_device
 from hybridtune.train.distributed import ONE, LossModule
 from hybridtune.train.evaluation import evaluate
@@ -36,12 +38,14 @@ logger = logging.getLogger(__name__)
 RESPONSE_FORMATS = ("chat", "sharegpt", "alpaca", "prompt_completion")  # formats where exact match means something
 
 
-def eval_config(run: TrainConfig | None, overrides: dict) -> TrainConfig:
-    """The run's config (or the defaults) with the command's data keys on top."""
+def eval_config(run: TrainConfig | None, overrides: dict, data: dict | None = None) -> TrainConfig:
+    """The run's config (or the defaults) with the command's keys on top. `data`: a data source (DatasetConfig keys)
+    that replaces the run's data, its test_datasets too."""
     base = to_dict(run) if run is not None else {}
-    if "dataset" in overrides:  # a file given on the command line replaces the run's data, its eval set too
-        base.pop("datasets", None)
-        base.pop("test_datasets", None)
+    if data is not None:
+        for key in ("dataset", "datasets", "test_datasets"):
+            base.pop(key, None)
+        overrides = {**overrides, "datasets": [data]}
     return load_config(None, {**base, **overrides}, warn=False)
 
 
@@ -57,7 +61,7 @@ def eval_examples(cfg: TrainConfig, tokenizer, split: str) -> tuple[list[Example
         return held[: cfg.eval_max_examples], 0
     examples: list[Example] = []
     for ds in cfg.resolved_datasets():
-        examples.extend(load_examples(ds, tokenizer, cfg.train_on_inputs))
+        examples.extend(load_examples(ds, tokenizer, cfg.train_on_inputs, cfg.dataset_num_proc))
     kept, stats = fit_to_length(examples, cfg.sequence_len, "drop")
     if not kept:
         raise DataError(
@@ -68,15 +72,15 @@ def eval_examples(cfg: TrainConfig, tokenizer, split: str) -> tuple[list[Example
 
 
 def data_formats(cfg: TrainConfig) -> set[str]:
-    """The row format of each data source (its first row's, where `auto`)."""
+    """The row format of each data source (its first row's, where `auto`, as data.examples detects it)."""
     found = set()
     for ds in cfg.resolved_datasets():
         if ds.type != "auto":
             found.add(ds.type)
             continue
-        for where, row in read_rows(ds.path):
-            found.add(detect_type(row, ds, where))
-            break
+        src = open_source(ds)
+        if len(src):
+            found.add(detect_type(src.row(0), ds, src.where(0)))
     return found
 
 
@@ -139,10 +143,10 @@ def main(argv: list[str]) -> int:
         prog="hybridtune eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", required=True, help=MODEL_HELP)
-    parser.add_argument(
-        "--dataset", help="data file (JSONL, Parquet, ...; default: the data of the run the model comes from)"
-    )
-    parser.add_argument("--dataset_type", help="row format of --dataset (auto, text, alpaca, chat, sharegpt, ...)")
+    parser.add_argument("--dataset", help=f"the data: {ACCEPTED} (default: the data of the run MODEL comes from)")
+    parser.add_argument("--dataset_type", help="row format of --dataset (default: auto, from the first row's fields)")
+    parser.add_argument("--dataset_split", help="--dataset a directory with splits or a dataset id: the split (train)")
+    parser.add_argument("--dataset_name", help="--dataset a directory or dataset id: the config (subset) to read")
     parser.add_argument(
         "--split", choices=["all", "heldout"], default="all", help="every example (default), or a run's held-out split"
     )
@@ -152,23 +156,29 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run (auto: GPU)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
-    overrides: dict = {}
-    for key, value in (
-        ("dataset", args.dataset),
-        ("dataset_type", args.dataset_type),
-        ("sequence_len", args.sequence_len),
-        ("val_set_size", args.val_set_size),
-        ("eval_max_examples", args.max_examples),
-    ):
-        if value is not None:
-            overrides[key] = value
+    overrides = {
+        key: value
+        for key, value in (
+            ("sequence_len", args.sequence_len),
+            ("val_set_size", args.val_set_size),
+            ("eval_max_examples", args.max_examples),
+        )
+        if value is not None
+    }
+    data = None
+    if args.dataset is not None:
+        data = {"path": args.dataset, "type": args.dataset_type or "auto", "split": args.dataset_split or "train"}
+        data.update({"name": args.dataset_name} if args.dataset_name else {})
+    elif args.dataset_type or args.dataset_split or args.dataset_name:
+        raise ConfigError("--dataset_type, --dataset_split and --dataset_name describe --dataset: give --dataset too")
+    run = recorded_run(args.model)
+    if run is None and data is None:
+        raise ConfigError(f"--model {args.model} does not come from a run's output directory: give --dataset")
+    cfg = eval_config(run, overrides, data)  # before the model loads: a bad key answers at once
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     opened = open_model(args.model, patched=True)
-    if opened.run is None and "dataset" not in overrides:
-        raise ConfigError(f"--model {args.model} does not come from a run's output directory: give --dataset FILE")
-    cfg = eval_config(opened.run, overrides)
     res = run_eval(opened, cfg, args.split, args.device)
     print(json.dumps(res, indent=2) if args.json else format_result(res))
     return 0

@@ -91,20 +91,28 @@ def _run_of(path: Path) -> tuple[TrainConfig | None, int | None]:
     return None, None
 
 
-def resolve_dir(path: Path) -> Path:
+def resolve_dir(path: Path, say: bool = True) -> Path:
     """An output directory stands for its final/ (else its newest complete checkpoint); anything else for itself."""
     if (path / RUN_FILE).is_file() and not (path / "config.json").is_file():
         if (path / FINAL_DIR).is_dir():
-            logger.info("%s is a run's output directory: opening its %s/", path, FINAL_DIR)
+            if say:
+                logger.info("%s is a run's output directory: opening its %s/", path, FINAL_DIR)
             return path / FINAL_DIR
         found = ckpt.list_checkpoints(path)
         if found:
-            logger.info(
-                "%s is a run's output directory without %s/: opening its newest %s", path, FINAL_DIR, found[-1].name
-            )
+            if say:
+                logger.info(
+                    "%s is a run's output directory without %s/: opening its newest %s", path, FINAL_DIR, found[-1].name
+                )
             return found[-1]
         raise ModelError(f"output directory '{path}' holds no {FINAL_DIR}/ and no checkpoint yet; train first")
     return path
+
+
+def recorded_run(spec: str) -> TrainConfig | None:
+    """The config of the run MODEL `spec` comes from, when it names a run's directory (nothing is loaded)."""
+    path = Path(spec).expanduser()
+    return _run_of(resolve_dir(path, say=False))[0] if path.is_dir() else None
 
 
 def open_model(spec: str, *, patched: bool = False, dtype: torch.dtype | None = None) -> Opened:
