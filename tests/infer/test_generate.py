@@ -4,6 +4,7 @@ and seeded sampling, a batch of prompts with left padding, final/ (full model, L
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -160,3 +161,16 @@ def test_bad_input_is_one_line(tmp_path, capsys):
         open_model(str(tmp_path / "empty"))
     assert cli.main(["generate", "tiny-qwen3_5", "--prompt", "x", "--max_new_tokens", "0"]) == 2
     assert "--max_new_tokens 0: give at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a fresh interpreter
+def test_generate_in_a_fresh_interpreter(trained):
+    import subprocess
+
+    out = trained("tiny-qwen3_5", "full")
+    argv = [sys.executable, "-m", "hybridtune", "generate", str(out), "--prompt", PROMPTS[0], "--json"]
+    done = subprocess.run([*argv, "--max_new_tokens", str(NEW)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    opened = open_model(str(out))
+    [want] = generate(opened.model, opened.tokenizer, PROMPTS[:1], Sampling(max_new_tokens=NEW))
+    assert json.loads(done.stdout) == [{**want.__dict__}]
