@@ -66,3 +66,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fla_switch_restored():
+    """A run with `kernels: off` turns hybridtune's ops off FLA for the process (ops.fla_adapter.turn_off): put the
+    switch back after each test, so a later GPU test never runs the reference path unawares."""
+    yield
+    import sys
+
+    adapter = sys.modules.get("hybridtune.ops.fla_adapter")
+    if adapter is not None:
+        adapter.turn_off(None)

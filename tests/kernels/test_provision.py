@@ -143,6 +143,20 @@ def test_off_does_nothing(env):
     assert inst.installs == [] and rep.hooks is None and rep.selftest == []
 
 
+def test_off_keeps_the_gdn_ops_on_the_reference_even_with_fla_installed(env, monkeypatch):
+    """A `kernels: off` run on an H200 with FLA installed crashed in its first backward: the ops used FLA (it
+    imported), whose Hopper backward needs the self-test that `off` skips. `off` now keeps them on the reference."""
+    from hybridtune.ops import fla_adapter, gdn
+
+    monkeypatch.setattr(fla_adapter, "load", lambda: type("F", (), {"version": "0.6.0"})())
+    assert gdn.backend("cuda")[0] == "fla"  # as on the GPU machine: FLA importable
+    _prepare("off", False, installer=FakeInstaller(env))
+    name, why = gdn.backend("cuda")
+    assert name == "reference" and "kernels: off" in why
+    _prepare("check", False, installer=FakeInstaller(env))
+    assert gdn.backend("cuda")[0] == "fla"  # any other policy leaves the choice to FLA's presence (and the self-test)
+
+
 def test_no_gpu_installs_nothing_and_says_why(env):
     inst = FakeInstaller(env)
     rep = _prepare("auto", False, installer=inst, accel=None)

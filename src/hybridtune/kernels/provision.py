@@ -46,6 +46,7 @@ from hybridtune.kernels.environment import (
 from hybridtune.kernels.install import Installer, InstallResult, PipInstaller
 from hybridtune.kernels.needs import ArchitectureNeeds, KernelSpec, analyze, kernel_spec
 from hybridtune.models.presets import PRESETS, preset_config
+from hybridtune.ops import fla_adapter
 
 logger = logging.getLogger(__name__)
 
@@ -283,6 +284,8 @@ def provision_kernels(
     `ConfigError` for a bad policy. Everything else (an installer crash, no network) ends up in the report.
     """
     policy, source, require = resolve_policy(policy, require_fast_path, env)
+    # `off`: hybridtune's GDN ops run the torch reference even where FLA is installed (said once, as a slow path).
+    fla_adapter.turn_off("kernels: off (the config asks for no fast kernels)" if policy == "off" else None)
     model_type_or_config = _preset_or_self(model_type_or_config)
     arch = analyze(model_type_or_config)
     accel = accelerator() if callable(accelerator) else accelerator

@@ -99,8 +99,21 @@ def load() -> FLA:
     )
 
 
+_TURNED_OFF: str | None = None
+
+
+def turn_off(reason: str | None) -> None:
+    """Keep hybridtune's ops off FLA in this process (`kernels: off`), `reason` saying why; None allows it again.
+    Installed FLA is otherwise used as soon as it imports, and on Hopper its backward needs the device self-test
+    that `off` skips: without this switch a `kernels: off` run crashed in its first backward."""
+    global _TURNED_OFF
+    _TURNED_OFF = reason
+
+
 def available() -> tuple[bool, str]:
     """(ok, reason): whether the CUDA path can use FLA, and why not."""
+    if _TURNED_OFF is not None:
+        return False, _TURNED_OFF
     try:
         f = load()
     except FLAUnavailable as e:

@@ -1,6 +1,7 @@
 """The trainer: wires the run's parts together and runs its steps. Each part lives in its own module:
 
     choices.py      every `auto` setting resolved once, with its reason (read this for "why did my run ...")
+    model.py        the model: loaded, patched, checkpointing, LoRA, in the dtypes it trains in
     outdir.py       which runs an output directory may hold
     stream.py       the data order and its saved position
     step.py         the loss of one micro-batch
@@ -39,18 +40,16 @@ from hybridtune.data.build import PreparedData, prepare
 from hybridtune.data.packing import Example
 from hybridtune.errors import ConfigError, TrainingDiverged
 from hybridtune.kernels.provision import provision_kernels
-from hybridtune.models.anatomy import unwrap
 from hybridtune.models.flops import measure_peak
 from hybridtune.models.hub import resolve_source
-from hybridtune.models.loading import load_model, tokenizer_for
-from hybridtune.models.patching import patch_model
+from hybridtune.models.loading import tokenizer_for
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train import distributed, export, health
 from hybridtune.train.card import model_card
 from hybridtune.train.choices import Choices, Facts, choose_bf16, measure, pick_device, resolve
 from hybridtune.train.evaluation import eval_batches, evaluate, report_eval
-from hybridtune.train.lora import lora_from_config
 from hybridtune.train.metrics import MetricsLog, StepFlops, StepLog, memory_gib
+from hybridtune.train.model import build_model, enable_checkpointing
 from hybridtune.train.optim import build_optimizer, build_scheduler
 from hybridtune.train.outdir import RUN_FILE, OutputLock, claim_output_dir, tidy, write_run_file
 from hybridtune.train.profiling import ProfileWindow
@@ -71,12 +70,6 @@ class TrainResult:
     final_dir: str | None = None
     interrupted: bool = False
     signal: str | None = None  # the signal that stopped it (SIGINT, SIGTERM), when one did
-
-
-def enable_checkpointing(model) -> None:
-    """Non-reentrant activation checkpointing on every decoder layer (peft-wrapped or not); non-reentrant
-    needs no `enable_input_require_grads` hook for frozen embeddings, and traces under the compiled loop."""
-    unwrap(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 class Trainer:
@@ -150,25 +143,10 @@ class Trainer:
         return measure(self.cfg, self.device, self.dist, model, self.use_bf16, packs)
 
     def _setup_model(self) -> None:
-        """Load, patch the mixers, checkpointing, LoRA, on the device. A full fine-tune holds fp32 master weights
-        whatever dtype the checkpoint was saved in (bf16 autocast computes; parameters, gradients and AdamW moments
-        are fp32). Under LoRA the frozen base is held in bf16 when bf16 computes (half the memory, no per-step casts),
-        fp32 otherwise, and peft keeps the adapters in fp32. Parameters outside the text model (a vision tower) are
-        frozen and stay as saved (models.loading)."""
-        cfg = self.cfg
-        self.use_bf16 = choose_bf16(cfg, self._facts()).value
-        base_dtype = torch.bfloat16 if self.use_bf16 and cfg.adapter == "lora" else torch.float32
-        self.loaded = load_model(self.source, self.tokenizer, seed=cfg.seed, dtype=base_dtype)
-        model = self.loaded.model
-        self.patch_report = patch_model(model)
-        logger.info("%s", self.patch_report)
-        if cfg.gradient_checkpointing is True:
-            enable_checkpointing(model)
-        if cfg.adapter == "lora":
-            model = lora_from_config(model, cfg)
-        model.to(self.device)
-        model.train()
-        self.model = model
+        """Load, patch the mixers, checkpointing, LoRA, on the device; the dtypes are train/model.py's."""
+        self.use_bf16 = choose_bf16(self.cfg, self._facts()).value
+        built = build_model(self.cfg, self.source, self.tokenizer, self.device, self.use_bf16)
+        self.loaded, self.model, self.patch_report = built.loaded, built.model, built.patch_report
 
     def _setup_choices(self) -> None:
         self.choices: Choices = resolve(self.cfg, self._facts(self.model))
@@ -367,7 +345,9 @@ class Trainer:
             return None  # (nothing held out, or this step's eval is done: a run at its last step or max_steps 0)
         res = evaluate(self.eval_model, ex, cfg.sequence_len, self.device, self.autocast, self.dist, self.collate)
         if cfg.eval_samples:  # greedy generations from held-out prompts (rank 0)
-            res["samples"] = generate_samples(self.model, ex, self.tokenizer, cfg, self.device, self.autocast, self.dist)
+            res["samples"] = generate_samples(
+                self.model, ex, self.tokenizer, cfg, self.device, self.autocast, self.dist
+            )
         report_eval(res, self.step, self.metrics)
         if result is not None:
             result.evals.append(res)
