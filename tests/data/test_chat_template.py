@@ -12,7 +12,8 @@ import pytest
 
 from hybridtune.config import DatasetConfig, load_config
 from hybridtune.data.chat import chat_spans, with_chat_template
-from hybridtune.data.formats import detect_type, load_examples, to_example
+from hybridtune.data.examples import load_examples
+from hybridtune.data.formats import detect_type, to_example
 from hybridtune.errors import ConfigError, DataError
 from hybridtune.models.tokenizer_files import bundled_tokenizer
 

@@ -7,7 +7,9 @@ import json
 import pytest
 
 from hybridtune.config import DatasetConfig
-from hybridtune.data.formats import detect_type, load_examples, read_rows, to_example
+from hybridtune.data.examples import load_examples
+from hybridtune.data.formats import detect_type, to_example
+from hybridtune.data.sources import read_rows
 from hybridtune.errors import DataError
 from hybridtune.models.tokenizer_files import bundled_tokenizer
 

@@ -112,12 +112,3 @@ def test_pack_is_first_fit_decreasing(seed):
         rng.randint(1, seq_len) if rng.random() < 0.7 else rng.randint(1, max(1, seq_len // 8)) for _ in range(n)
     ]
     assert pack([[0] * k for k in lengths], seq_len) == _first_fit_decreasing_by_scan(lengths, seq_len)
-
-
-def test_pack_is_fast_when_every_example_fills_most_of_a_bin():
-    import time
-
-    lengths = [150 + i % 50 for i in range(20000)]  # one per bin of 256: the scan was quadratic here
-    t = time.perf_counter()
-    bins = pack([[0] * k for k in lengths], 256)
-    assert len(bins) == 20000 and time.perf_counter() - t < 5

@@ -5,7 +5,8 @@ Formats: `text` (train on everything), `alpaca` (instruction/input/output; train
 turns; OpenAI-style messages with tool_calls, role "tool", reasoning_content and a row's `tools`),
 `sharegpt` (conversations of {from, value}, mapped onto chat roles), `prompt_completion` (TRL's:
 prompt and completion as two texts, or as two lists of messages; train on the completion).
-Files: JSONL or Parquet. Locating turns in a rendered chat is data/chat.py's.
+Reading the rows is data/sources.py's (through `datasets`), tokenising them in bulk and caching data/examples.py's; locating
+turns in a rendered chat is data/chat.py's.
 
 Errors name the file, the line (JSONL) or row (Parquet), the field, and what to do.
 """
@@ -13,91 +14,22 @@ Errors name the file, the line (JSONL) or row (Parquet), the field, and what to 
 from __future__ import annotations
 
 import bisect
-import codecs
 import json
 import logging
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from hybridtune.config import DatasetConfig
 from hybridtune.data.chat import TurnNotFound, chat_spans
 from hybridtune.data.packing import Example
 from hybridtune.errors import DataError
-from hybridtune.textfile import nul_error, utf8_error
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_DIR = Path(__file__).resolve().parent / "sample"
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 # Roles that chat templates render; a role outside these (and outside `roles_to_train`) is a typo or a foreign schema.
 CHAT_ROLES = ("assistant", "system", "tool", "user")
 ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
 ALPACA_PROMPT_INPUT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
-
-
-def resolve_path(path: str) -> Path:
-    """A data path: `hybridtune:sample/<file>` for bundled data, else a local file."""
-    if path.startswith("hybridtune:"):
-        rel = path.split(":", 1)[1]
-        if not rel.startswith("sample/"):
-            raise DataError(f"bundled data path '{path}' must look like 'hybridtune:sample/<file>'")
-        p = SAMPLE_DIR / rel[len("sample/") :]
-    else:
-        p = Path(path).expanduser()
-    if p.is_dir():
-        raise DataError(f"dataset path '{path}' is a directory; give a JSONL or Parquet file inside it")
-    if not p.is_file():
-        raise DataError(f"dataset file '{path}' does not exist; check the path in `datasets` or `--dataset`")
-    return p
-
-
-def read_rows(path: str) -> Iterator[tuple[str, dict]]:
-    """Yield (location, row) where location is 'file:line' (JSONL) or 'file:row N' (Parquet)."""
-    p = resolve_path(path)
-    suffix = p.suffix.lower()
-    if suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-
-            table = pq.read_table(p)
-        except Exception as e:  # pyarrow raises several types for corrupt files
-            raise DataError(f"{p}: cannot read as Parquet ({e})") from None
-        for i, row in enumerate(table.to_pylist()):
-            yield f"{p}:row {i + 1}", row
-        return
-    if suffix not in (".jsonl", ".json", ".ndjson"):
-        raise DataError(f"{p}: unsupported file type '{suffix}'; use JSONL (.jsonl) or Parquet (.parquet)")
-    with p.open("rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
-                raw = raw[len(codecs.BOM_UTF8) :]  # editors on Windows write one; it is not part of the JSON
-            line = _decode_line(raw, p, lineno)
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line.rstrip("\r\n"))  # so that an error at the end has this line's column
-            except json.JSONDecodeError as e:
-                raise DataError(
-                    f"{p}:{lineno}: malformed JSON ({e.msg} at column {e.colno}); fix or remove the line"
-                ) from None
-            if not isinstance(row, dict):
-                raise DataError(f"{p}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
-            yield f"{p}:{lineno}", row
-
-
-def _decode_line(raw: bytes, p: Path, lineno: int) -> str:
-    """One JSONL line as text; bytes that are not UTF-8 (or a NUL: a binary file) name the line and column."""
-    try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(
-            f"{p}:{utf8_error(raw, e, lineno)}; save the file as UTF-8 JSONL (a compressed or binary file is not JSONL)"
-        ) from None
-    nul = nul_error(line, "JSONL text", lineno)
-    if nul:
-        raise DataError(f"{p}:{nul}") from None
-    return line
 
 
 def _json_kind(value: Any) -> str:
@@ -341,25 +273,3 @@ def to_example(
         trained = [m["role"] in ds.roles_to_train for m in messages]
         return _chat_example(tokenizer, messages, trained, _tools(row, where), train_on_inputs, where, fmt)
     raise DataError(f"{where}: unknown dataset type '{fmt}'; use text, alpaca, chat, sharegpt or prompt_completion")
-
-
-def load_examples(ds: DatasetConfig, tokenizer, train_on_inputs: bool = False) -> list[Example]:
-    """All examples of one data source, tokenized with their loss masks."""
-    out: list[Example] = []
-    fmt = ds.type
-    roles_seen: set[str] = set()
-    for where, row in read_rows(ds.path):
-        if fmt == "auto":
-            fmt = detect_type(row, ds, where)
-            logger.info("dataset %s: detected format '%s'", ds.path, fmt)
-        out.append(to_example(row, fmt, tokenizer, ds, train_on_inputs, where, roles_seen))
-    if not out:
-        raise DataError(f"dataset file '{ds.path}' has no rows; give a file with at least one example")
-    if fmt in ("chat", "sharegpt") and not train_on_inputs and not roles_seen & set(ds.roles_to_train):
-        mapped = " (sharegpt roles are mapped: human -> user, gpt -> assistant)" if fmt == "sharegpt" else ""
-        raise DataError(
-            f"dataset file '{ds.path}': roles_to_train {ds.roles_to_train} names no role that occurs in its messages "
-            f"(roles: {', '.join(sorted(roles_seen))}){mapped}, so nothing would be trained on; set roles_to_train "
-            "to roles of the data (e.g. [assistant])"
-        )
-    return out
