@@ -68,7 +68,7 @@ def test_without_model(capsys):
 
 
 def test_bad_model_is_one_line_exit_2(capsys):
-    with pytest.raises(ModelError, match="neither a preset nor a local checkpoint"):
+    with pytest.raises(ModelError, match="neither a preset, a local checkpoint directory nor a hub id"):
         doctor.main(["--model", "tiny-qwen3.5"])
     assert cli.main(["doctor", "--model", "no-such-model"]) == 2
     err = capsys.readouterr().err

@@ -125,3 +125,17 @@ def test_a_hub_that_cannot_be_reached_is_one_line(tmp_path, monkeypatch):
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("base_model 'acme/absent' cannot be downloaded"), msg
     assert str(tmp_path / "empty" / "hub") in msg
+
+
+def test_doctor_reads_a_hub_ids_config_from_the_cache(tmp_path, monkeypatch, offline, capsys):
+    """`hybridtune doctor --model org/name` refused hub ids; it now reads the config.json of the cached snapshot
+    (the kernel report of the VL checkpoint's text model), and an uncached id offline is one line, exit 2."""
+    home = hub_cache(tmp_path, "acme/tiny-vl", make_checkpoint(tmp_path, "qwen3_5_vl"), fake_sha("vl"))
+    monkeypatch.setenv("HF_HOME", str(home))
+    assert main(["doctor", "--model", "acme/tiny-vl", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "hub model acme/tiny-vl" in out and fake_sha("vl") in out and "qwen3_5" in out
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty"))
+    assert main(["doctor", "--model", "acme/missing"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "'acme/missing'" in err and "HF_HUB_OFFLINE" in err

@@ -32,6 +32,7 @@ from hybridtune.kernels.needs import kernel_spec, read_config
 from hybridtune.kernels.paths import report
 from hybridtune.kernels.provision import ENV_POLICY, ENV_REQUIRE, provision_kernels
 from hybridtune.kernels.selftest import layouts_from_config
+from hybridtune.models.hub import looks_like_hub_id, resolve_source
 from hybridtune.models.presets import PRESETS, preset_config
 from hybridtune.ops import fla_guard
 
@@ -58,7 +59,7 @@ def attention_backend() -> dict[str, Any]:
 
 
 def resolve_model(spec: str) -> tuple[str, Any]:
-    """(label, transformers config) for a preset name or a local checkpoint directory. Never downloads."""
+    """(label, transformers config) for a preset name, a local checkpoint directory or a hub id (its config.json)."""
     if spec in PRESETS:
         preset = PRESETS[spec]
         # Vocabulary size changes no kernel decision; a fixed one keeps doctor off the tokenizer.
@@ -66,8 +67,11 @@ def resolve_model(spec: str) -> tuple[str, Any]:
     path = Path(spec).expanduser()
     if path.is_dir() or path.name == "config.json":
         return f"checkpoint {path}", read_config(path)
+    if looks_like_hub_id(spec):  # its config.json alone, from the hub cache (or the hub, unless HF_HUB_OFFLINE)
+        source = resolve_source(spec, files=["config.json"])
+        return f"hub model {spec} ({source.path})", read_config(source.path)
     raise ModelError(
-        f"--model '{spec}' is neither a preset nor a local checkpoint directory.{did_you_mean(spec, PRESETS)} Presets: {', '.join(PRESETS)}."
+        f"--model '{spec}' is neither a preset, a local checkpoint directory nor a hub id (org/name).{did_you_mean(spec, PRESETS)} Presets: {', '.join(PRESETS)}."
     )
 
 
