@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # (torchrun's other ranks: rank 0 speaks for the run)
+            print("interrupted", file=sys.stderr)
         return 130
     return int(rc or 0)
 

@@ -481,6 +481,33 @@ def test_nproc_says_a_rank_input_error_in_one_line_without_torchruns_lines(tmp_p
     assert err.count("not shorter than the run") == 1  # the warmup warning, once
 
 
+def test_a_rank_other_than_0_leaves_its_input_mistake_to_rank_0(monkeypatch, capsys):
+    """CI caught the race: rank 1 met the bad row first and exited 2, torchrun stopped rank 0 before it said the
+    error (rank 0 exited 130 with "interrupted"), and the launcher blamed the ranks instead of the input. A rank other
+    than 0 now waits for rank 0 to say it (torchrun stops it then); a mistake of its own it says after the wait, and
+    the launcher counts a rank stopped during setup (130) or training (143) as stopped."""
+    from hybridtune import cli
+    from hybridtune.errors import DataError
+    from hybridtune.train import command
+
+    monkeypatch.setattr(command, "RANK0_GRACE_S", 0.3)
+    t = time.monotonic()
+    command._after_rank0(DataError("d.jsonl:1: unknown role 'wizard'"))
+    assert time.monotonic() - t >= 0.3
+    assert capsys.readouterr().err == "error: d.jsonl:1: unknown role 'wizard'\n"
+    assert command.input_mistake({2, 130}) and command.input_mistake({2, -signal.SIGTERM, 143})
+    assert not command.input_mistake({2, 1}) and not command.input_mistake({-signal.SIGKILL, 2})
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "main", interrupted)
+    monkeypatch.setenv("RANK", "1")
+    assert cli.main(["train"]) == 130 and capsys.readouterr().err == ""  # rank 0 speaks for the run
+    monkeypatch.setenv("RANK", "0")
+    assert cli.main(["train"]) == 130 and capsys.readouterr().err == "interrupted\n"
+
+
 def test_window_must_split_evenly_before_any_launch(tmp_path):
     """3 micro-batches cannot split over 2 ranks without changing the global batch: refused up front."""
     from hybridtune.errors import ConfigError

@@ -6,12 +6,19 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from hybridtune.config import config_help, load_config, parse_overrides
 from hybridtune.errors import ConfigError, UserError
 
 logger = logging.getLogger(__name__)
+
+# How long a rank other than 0 that met an input mistake waits for rank 0 to say it (see _after_rank0).
+RANK0_GRACE_S = 30.0
+# A rank stopped by torchrun after another failed: killed by SIGTERM, or its handler's exit (130 during setup, where
+# SIGTERM interrupts; 143 once training, where it saves and stops).
+STOPPED_CODES = frozenset({-signal.SIGTERM, 130, 128 + signal.SIGTERM})
 
 USAGE = """usage: hybridtune train [CONFIG.yaml] [--key value ...] [--nproc N]
 
@@ -80,6 +87,16 @@ def main(argv: list[str]) -> int:
     return _train(cfg)
 
 
+def _after_rank0(e: UserError) -> None:
+    """A rank other than 0 met an input mistake. Rank 0 reads the same input and meets the same one, says it in one
+    line and exits, and torchrun then stops this rank: wait for that rather than exit first (torchrun would stop
+    rank 0 before it said anything). A mistake rank 0 does not meet within RANK0_GRACE_S is this rank's own: say it."""
+    deadline = time.monotonic() + RANK0_GRACE_S
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+    print(f"error: {e}", file=sys.stderr)
+
+
 def _leave(code: int) -> int:
     """End a torchrun rank at once with `code`, its output flushed, past the interpreter's teardown: there, threads
     that torch's C++ side leaves running (the profiler's, the process group's) have aborted a finished rank
@@ -125,7 +142,8 @@ def _train(cfg) -> int:
         except UserError as e:
             if is_main:
                 raise
-            return e.exit_code  # every rank raised it; rank 0 alone says it
+            _after_rank0(e)
+            return e.exit_code
     finally:
         if trainer is not None:
             trainer.close()
@@ -231,12 +249,21 @@ def launch(nproc: int, argv: list[str], cfg) -> int:
         raise KeyboardInterrupt from None
     except ChildFailedError as e:
         failures = sorted(e.failures.items())
-        codes = {f.exitcode for _, f in failures}
-        if UserError.exit_code in codes and codes <= {UserError.exit_code, -signal.SIGTERM}:
-            # A mistake in the input: rank 0 has already said which, in one line.
+        if input_mistake({f.exitcode for _, f in failures}):
             raise SystemExit(UserError.exit_code) from None
         raise TrainingFailed(blame(failures)) from None
     return 0
+
+
+def input_mistake(codes: set[int]) -> bool:
+    """Whether the ranks' exit codes say a mistake in the input: a rank (rank 0, see _after_rank0) said which in one
+    line and exited with UserError's code; the others were stopped by torchrun, by the signal or its handler (130
+    during setup, 143 in training).
+
+    >>> input_mistake({2, -15}), input_mistake({2, 130}), input_mistake({2, 1}), input_mistake({130})
+    (True, True, False, False)
+    """
+    return UserError.exit_code in codes and codes <= {UserError.exit_code, *STOPPED_CODES}
 
 
 def _message(failure) -> str:
