@@ -76,6 +76,34 @@ def test_a_test_datasets_file_counts_by_content_too(tmp_path, small_data):
     assert outdir.changes(held, cfg, (), outdir.data_fingerprint(cfg)) == [f"data file {test} changed since that run"]
 
 
+def test_a_dataset_directory_a_glob_and_a_chat_template_file_count_by_content(tmp_path, small_data):
+    """A directory or a glob of data files, or the chat_template file, edited in place between a run and its resume is
+    another run's data (they were not hashed: a resume over changed data went on silently)."""
+    repo = tmp_path / "repo" / "data"
+    repo.mkdir(parents=True)
+    (repo / "train.jsonl").write_text(open(small_data).read())
+    template = tmp_path / "chatml.jinja"
+    template.write_text("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
+    for path in (str(tmp_path / "repo"), str(repo / "*.jsonl")):
+        cfg = make_cfg(tmp_path / "run", path, max_steps=1, chat_template=str(template))
+        held = outdir.run_record(cfg)
+        assert outdir.changes(held, cfg, (), outdir.data_fingerprint(cfg)) == []
+        (repo / "more.jsonl").write_text(open(small_data).read())  # a file added
+        assert outdir.changes(held, cfg, (), outdir.data_fingerprint(cfg)) == [
+            f"data file {path} changed since that run"
+        ]
+        (repo / "more.jsonl").unlink()
+        (repo / "train.jsonl").write_text(open(small_data).read() * 2)  # a file edited
+        assert outdir.changes(held, cfg, (), outdir.data_fingerprint(cfg)) == [
+            f"data file {path} changed since that run"
+        ]
+        (repo / "train.jsonl").write_text(open(small_data).read())
+    template.write_text(template.read_text() + "{{ eos_token }}")
+    assert outdir.changes(held, cfg, (), outdir.data_fingerprint(cfg)) == [
+        f"data file {template} changed since that run"
+    ]
+
+
 def test_resume_says_what_changed_and_refuses(tmp_path, small_data, finished):
     resume = dict(resume_from_checkpoint="latest", eval_steps=0)
     for change, said in [

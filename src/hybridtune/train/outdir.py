@@ -4,7 +4,9 @@ that says what computed its contents."""
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -49,18 +51,41 @@ RESUME_FREE_KEYS = (
 )
 
 
+def _local_files(path: str) -> tuple[list[Path], Path | None]:
+    """The local files a data path reads, as data.sources reads them (the file itself, a directory's files bar hidden
+    ones, a glob's matches; none for bundled data or a dataset id), and the folder their names are taken relative to
+    (None: a single file, whose name does not count)."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        return [p], None
+    if p.is_dir():
+        files = (f for f in p.rglob("*") if f.is_file() and not any(x.startswith(".") for x in f.relative_to(p).parts))
+        return sorted(files), p
+    if glob.has_magic(path):
+        root = Path(*[part for part in itertools.takewhile(lambda x: not glob.has_magic(x), p.parts)] or ["."])
+        return sorted(Path(f) for f in glob.glob(str(p), recursive=True) if Path(f).is_file()), root
+    return [], None
+
+
 def data_fingerprint(cfg: TrainConfig) -> dict[str, str]:
-    """sha256 of each local data file the run reads, its test_datasets too (a file edited in place is another run's
-    data)."""
+    """sha256 of the local data each source reads (a file; a directory's or a glob's files, with their names under
+    it), its test_datasets too, and of a chat_template file: data edited in place is another run's data."""
     out = {}
     for ds in [*cfg.resolved_datasets(), *cfg.test_datasets]:
-        path = Path(ds.path)
-        if path.is_file():
-            h = hashlib.sha256()
-            with path.open("rb") as f:
+        files, root = _local_files(ds.path)
+        if not files:
+            continue
+        h = hashlib.sha256()
+        for file in files:
+            if root is not None:
+                h.update(file.relative_to(root).as_posix().encode() + b"\0")
+            with file.open("rb") as f:
                 for block in iter(lambda: f.read(1 << 20), b""):
                     h.update(block)
-            out[ds.path] = h.hexdigest()
+        out[ds.path] = h.hexdigest()
+    template = Path(cfg.chat_template).expanduser() if cfg.chat_template else None
+    if template is not None and template.is_file():
+        out[cfg.chat_template] = hashlib.sha256(template.read_bytes()).hexdigest()
     return out
 
 
