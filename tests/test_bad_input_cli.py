@@ -31,3 +31,15 @@ def test_empty_tokenizer_directory(tmp_path):
     (empty / "tokenizer_config.json").write_text("{garbled")
     with pytest.raises(ModelError, match=r"'.*tok' holds no loadable tokenizer \(.*\); give a tokenizer directory"):
         tokenizer_for("tiny-qwen3_5", str(empty))
+
+
+@pytest.mark.slow  # a fresh interpreter
+def test_help_into_a_closed_pipe_is_no_traceback():
+    """`hybridtune train --help | head -2` printed a BrokenPipeError traceback once head had its lines."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        f"{sys.executable} -m hybridtune train --help | head -2", shell=True, capture_output=True, text=True
+    )
+    assert proc.stdout.count("\n") == 2 and proc.stderr == "", proc.stderr

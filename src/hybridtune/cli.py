@@ -86,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:
+        # The reader of stdout went away (`hybridtune train --help | head`): nothing more to say to it. Python's
+        # own flush at exit would fail again on the same pipe, so stdout points at devnull from here.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         if os.environ.get("RANK", "0") == "0":  # (torchrun's other ranks: rank 0 speaks for the run)
             print("interrupted", file=sys.stderr)
