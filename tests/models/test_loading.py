@@ -89,3 +89,15 @@ def test_a_damaged_checkpoint_is_one_line(tmp_path):
     (ckpt / "config.json").write_text(json.dumps(config | {"hidden_size": 32}))
     with pytest.raises(ModelError, match=r"the shapes of its weights do not match its config.json"):
         load_model(str(ckpt))
+
+
+def test_an_index_listing_tensors_its_files_lack_is_one_line_at_load(tmp_path):
+    """An export reads the source's untouched tensors back through its index: a tensor the index lists but its
+    file lacks was found only after training, as a traceback at the export (exit 1, no final/)."""
+    ckpt = make_checkpoint(tmp_path, "qwen3_5_vl")
+    index = ckpt / "model.safetensors.index.json"
+    meta = json.loads(index.read_text())
+    last = sorted(set(meta["weight_map"].values()))[-1]
+    index.write_text(json.dumps(meta | {"weight_map": meta["weight_map"] | {"mtp.ghost.weight": last}}))
+    with pytest.raises(ModelError, match=rf"lists 1 tensor\(s\) \(e.g. mtp.ghost.weight\) in {last}, which does not"):
+        load_model(str(ckpt))

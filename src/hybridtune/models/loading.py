@@ -21,6 +21,7 @@ from hybridtune.errors import ModelError
 from hybridtune.models.anatomy import output_head, text_model
 from hybridtune.models.hub import ModelSource, check_checkpoint_dir, resolve_source
 from hybridtune.models.presets import PRESETS, preset_config
+from hybridtune.models.source import check_weight_files
 from hybridtune.models.tokenizer_files import bundled_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -164,6 +165,7 @@ def _load_checkpoint(source: ModelSource, tok, dtype) -> LoadedModel:
     except (OSError, ValueError, KeyError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ModelError(f"cannot load checkpoint '{path}': {first}") from None
+    check_weight_files(path)  # what an export reads back from the source is there
     source_dtype = text_model(model).embed_tokens.weight.dtype
     frozen = freeze_non_text(model)
     if dtype is not None:

@@ -19,8 +19,10 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+
+from hybridtune.errors import ModelError
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,36 @@ def weight_map(ckpt_dir: Path | None) -> dict[str, str]:
         return {}
     with safe_open(str(single), "pt") as f:
         return dict.fromkeys(f.keys(), SINGLE_FILE)
+
+
+def check_weight_files(ckpt_dir: Path) -> None:
+    """A ModelError (one line) unless every tensor the checkpoint's index lists is in the file it names: an export
+    reads them all back (the untouched ones bit for bit), so an index that lists what its files lack would otherwise
+    fail only after training, at the export. Reads the safetensors headers only."""
+    try:
+        files = weight_map(ckpt_dir)
+        for file, keys in _by_file(files).items():
+            path = Path(ckpt_dir) / file
+            if not path.is_file():
+                raise ModelError(
+                    f"checkpoint '{ckpt_dir}': its {INDEX_FILE} lists tensors (e.g. {keys[0]}) in {file}, which does "
+                    "not exist; download or copy the checkpoint again"
+                )
+            with safe_open(str(path), "pt") as f:
+                held = set(f.keys())
+            absent = [k for k in keys if k not in held]
+            if absent:
+                raise ModelError(
+                    f"checkpoint '{ckpt_dir}': its {INDEX_FILE} lists {len(absent)} tensor(s) (e.g. {absent[0]}) in "
+                    f"{file}, which does not hold them; download or copy the checkpoint again, or fix the index"
+                )
+    except ModelError:
+        raise
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ModelError(
+            f"checkpoint '{ckpt_dir}': its weight files or {INDEX_FILE} cannot be read ({type(e).__name__}: {e}); "
+            "download or copy it again"
+        ) from None
 
 
 def saved_dtypes(ckpt_dir: Path | None) -> dict[str, torch.dtype]:
