@@ -112,3 +112,23 @@ def test_merge_of_an_adapter_whose_hub_base_is_not_cached_is_one_line(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "org/not-here" in err[0], err
     assert not (tmp_path / "merged").exists()
+
+
+def test_merge_overwrite_never_replaces_a_users_directory_nor_its_own_inputs(tmp_path):
+    """--overwrite replaces out_dir whole: a directory of the user's files was removed with everything in it, and
+    out_dir = the adapter (or its base) replaced what the merge read."""
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    adapter = _adapter_dir(tmp_path, json.dumps({"base_model_name_or_path": str(base), "peft_type": "LORA"}))
+    (adapter / ".hybridtune").touch()  # a run's final/ carries the marker
+    mine = tmp_path / "mine"
+    (mine / "sub").mkdir(parents=True)
+    (mine / "sub" / "thesis.tex").write_text("precious")
+    with pytest.raises(OutputDirError, match="not written by hybridtune"):
+        merge(adapter, mine, overwrite=True)
+    assert (mine / "sub" / "thesis.tex").read_text() == "precious"
+    for target, what in ((adapter, "the adapter"), (base, "its base model"), (tmp_path, "the adapter")):
+        with pytest.raises(OutputDirError, match=f"holds {what} .* that the merge reads"):
+            merge(adapter, target, overwrite=True)
+    assert (adapter / "adapter_config.json").is_file() and (base / "config.json").is_file()

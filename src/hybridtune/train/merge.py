@@ -21,7 +21,7 @@ from hybridtune.models import source
 from hybridtune.models.anatomy import text_model
 from hybridtune.models.hub import looks_like_hub_id, resolve_source
 from hybridtune.models.loading import model_class
-from hybridtune.train.checkpoint import atomic_dir
+from hybridtune.train.checkpoint import MARKER, atomic_dir, is_ours
 from hybridtune.train.export import BASE_DIR
 
 logger = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ def merge(adapter_dir: str | Path, out_dir: str | Path, overwrite: bool = False)
     recorded = read_adapter_config(config_file)
     revision = recorded.get("revision") if isinstance(recorded.get("revision"), str) else None
     base_path = resolve_base(adapter_dir, config_file, recorded.get("base_model_name_or_path"), revision)
+    check_replaceable(out_dir, {"the adapter": adapter_dir, "its base model": base_path})
     try:
         PeftConfig.from_pretrained(str(adapter_dir))
     except (ValueError, TypeError, KeyError) as e:  # an unknown peft_type or field
@@ -105,6 +106,25 @@ def check_out_dir(out_dir: Path, overwrite: bool) -> None:
     parent = out_dir.parent
     if parent.exists() and not parent.is_dir():
         raise OutputDirError(f"'{out_dir}': '{parent}' is a file; give a directory path for the merged model")
+
+
+def check_replaceable(out_dir: Path, inputs: dict[str, Path]) -> None:
+    """A non-empty out_dir (--overwrite) is replaced whole, so it must be a directory hybridtune wrote (its marker)
+    and neither hold nor be what the merge reads (`inputs`: what -> path); before anything is loaded."""
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return
+    target = out_dir.resolve()
+    for what, path in inputs.items():
+        p = Path(path).resolve()
+        if p == target or target in p.parents:
+            raise OutputDirError(
+                f"'{out_dir}' holds {what} ({path}) that the merge reads; give a new directory for the merged model"
+            )
+    if not is_ours(out_dir):
+        raise OutputDirError(
+            f"'{out_dir}' was not written by hybridtune (no {MARKER} marker), and --overwrite replaces the whole "
+            "directory; move its files away or give a new directory for the merged model"
+        )
 
 
 def read_adapter_config(config_file: Path) -> dict:
