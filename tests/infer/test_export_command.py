@@ -97,3 +97,23 @@ def test_a_damaged_checkpoint_is_refused_by_its_checksums(trained, tmp_path):
     shard.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="cannot be loaded: .*distcp"):
         open_model(str(copy / "checkpoint-2"))
+
+
+def test_export_overwrite_never_replaces_a_users_final_nor_writes_into_the_checkpoint(trained, tmp_path):
+    """--overwrite replaced OUT/final whole, a user's own final/ included; OUT = the checkpoint itself wrote final/
+    and a run file into it, which a resume then skipped as damaged (extra files)."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(trained("tiny-qwen3_5", "full"), out)
+    mine = tmp_path / "mine"
+    (mine / "final").mkdir(parents=True)
+    (mine / "final" / "notes.txt").write_text("mine")
+    with pytest.raises(OutputDirError, match="not written by hybridtune"):
+        export_checkpoint(out / "checkpoint-2", mine, overwrite=True)
+    assert (mine / "final" / "notes.txt").read_text() == "mine"
+    listed = sorted(p.name for p in (out / "checkpoint-2").iterdir())
+    for target in (out / "checkpoint-2", out / "checkpoint-2" / "x"):
+        with pytest.raises(OutputDirError, match="inside the checkpoint"):
+            export_checkpoint(out / "checkpoint-2", target, overwrite=True)
+    assert sorted(p.name for p in (out / "checkpoint-2").iterdir()) == listed

@@ -14,7 +14,7 @@ import json
 import logging
 from pathlib import Path
 
-from hybridtune.errors import ModelError
+from hybridtune.errors import ModelError, OutputDirError
 from hybridtune.infer.load import open_model
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train import distributed, export
@@ -34,6 +34,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, overwrite: bool =
             f"'{src}' is {what}: give a checkpoint directory (OUTPUT_DIR/checkpoint-N, which holds {ckpt.META_FILE})"
         )
     check_out_dir(out, overwrite)
+    _check_targets(src, out)
     opened = open_model(str(src))
     run = opened.run
     meta = json.loads((src / ckpt.META_FILE).read_text(encoding="utf-8"))  # verified by the load above
@@ -51,6 +52,22 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, overwrite: bool =
     ckpt.atomic_write_text(out / RUN_FILE, json.dumps(record, indent=2))
     logger.info("exported %s (step %d) to %s", src, opened.step, final)
     return final
+
+
+def _check_targets(src: Path, out: Path) -> None:
+    """What the export writes (OUT/final, OUT/base_model, replaced whole) must not be the user's, and OUT must not be
+    inside the checkpoint (its files would be extra files that fail its checksums: a resume skips it)."""
+    target, checkpoint = out.resolve(), src.resolve()
+    if target == checkpoint or checkpoint in target.parents:
+        raise OutputDirError(
+            f"'{out}' is inside the checkpoint '{src}', which it would damage; give a directory outside it"
+        )
+    for sub in (export.FINAL_DIR, export.BASE_DIR):
+        if (out / sub).exists() and not ckpt.is_ours(out / sub):
+            raise OutputDirError(
+                f"'{out / sub}' was not written by hybridtune (no {ckpt.MARKER} marker) and the export would replace "
+                "it; move it away or give another OUT"
+            )
 
 
 def main(argv: list[str]) -> int:
