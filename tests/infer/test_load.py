@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
+from hybridtune.config import load_config
 from hybridtune.errors import ModelError
 from hybridtune.infer.load import open_model
 
@@ -48,3 +50,25 @@ def test_a_directory_without_a_model_is_one_line(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(ModelError, match="holds no model: expected config.json"):
         open_model(str(tmp_path))
+
+
+def test_a_checkpoint_of_a_run_on_a_relative_base_opens_from_another_directory(tmp_path, chat_data, monkeypatch):
+    """A run named its local base relative to where it ran (`--base_model ck/model`): opened from any other
+    directory, its checkpoint's base was taken for the hub id 'ck/model' (offline: not cached; online: downloaded
+    from whoever owns that name)."""
+    from checkpoints import make_checkpoint
+    from hybridtune.train.trainer import Trainer
+
+    work = tmp_path / "work"
+    make_checkpoint(work / "ck", "qwen3_5_text", name="model")
+    monkeypatch.chdir(work)
+    keys = dict(base_model="ck/model", dataset=str(Path(chat_data).resolve()), adapter="lora", sequence_len=64)
+    t = Trainer(load_config(None, keys | dict(max_steps=2, save_steps=2, eval_steps=0, output_dir="out"), warn=False))
+    t.setup()
+    t.train()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    opened = open_model(str(work / "out" / "checkpoint-2"))
+    assert opened.kind == "checkpoint" and opened.loaded.source_dir == work / "ck" / "model"

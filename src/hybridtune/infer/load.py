@@ -20,6 +20,7 @@ documents packed into one row must not see each other.
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from hybridtune.errors import ConfigError, ModelError
 from hybridtune.models.hub import resolve_source
 from hybridtune.models.loading import LoadedModel, load_model, load_tokenizer, tokenizer_for
 from hybridtune.models.patching import patch_model
+from hybridtune.models.presets import PRESETS
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train.export import BASE_DIR, FINAL_DIR, INFO_FILE
 from hybridtune.train.lora import lora_from_config
@@ -69,12 +71,35 @@ def run_config(record: dict | None, where: Path) -> TrainConfig | None:
     if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
         return None
     try:
-        return load_config(None, dict(record["config"]), warn=False)
+        return at_run_cwd(load_config(None, dict(record["config"]), warn=False), record.get("cwd"))
     except ConfigError as e:
         raise ModelError(
             f"{where}: the run's recorded config does not load under this hybridtune version ({e}); "
             "export the model with the version that trained it"
         ) from None
+
+
+def at_run_cwd(cfg: TrainConfig, cwd) -> TrainConfig:
+    """`cfg` with each relative path (base_model, tokenizer, chat_template, data) that names nothing here but
+    something under the directory the run ran in (`cwd`, recorded in its run record) made absolute: opened from
+    another directory, a run's relative local base_model was taken for a hub id (and looked up on the hub)."""
+    if not isinstance(cwd, str) or not cwd:
+        return cfg
+
+    def fix(value):
+        if not isinstance(value, str) or not value or value in PRESETS or value.startswith("hybridtune:"):
+            return value
+        p = Path(value).expanduser()
+        if p.is_absolute() or p.exists():
+            return value
+        there = Path(cwd) / p
+        return str(there) if there.exists() or glob.glob(str(there)) else value
+
+    cfg.base_model, cfg.tokenizer, cfg.chat_template = fix(cfg.base_model), fix(cfg.tokenizer), fix(cfg.chat_template)
+    cfg.dataset = fix(cfg.dataset)
+    for ds in [*cfg.datasets, *cfg.test_datasets]:
+        ds.path = fix(ds.path)
+    return cfg
 
 
 def _run_of(path: Path) -> tuple[TrainConfig | None, int | None]:

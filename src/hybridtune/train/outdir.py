@@ -90,8 +90,9 @@ def data_fingerprint(cfg: TrainConfig) -> dict[str, str]:
 
 
 def run_record(cfg: TrainConfig) -> dict:
-    """What a run computes, as the run file and every checkpoint record it: the config and its data's checksums."""
-    return {"config": to_dict(cfg), "data": data_fingerprint(cfg)}
+    """What a run computes, as the run file and every checkpoint record it: the config and its data's checksums;
+    and the directory it ran in (`cwd`), which the config's relative paths (base_model, data) are relative to."""
+    return {"config": to_dict(cfg), "data": data_fingerprint(cfg), "cwd": os.getcwd()}
 
 
 def _held_run(out: Path) -> dict | None:
