@@ -139,3 +139,15 @@ def test_doctor_reads_a_hub_ids_config_from_the_cache(tmp_path, monkeypatch, off
     assert main(["doctor", "--model", "acme/missing"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "'acme/missing'" in err and "HF_HUB_OFFLINE" in err
+
+
+def test_a_hub_download_fetches_every_file_an_export_carries():
+    """An export carries the source's processor, template, generation and licence files (models.source): a hub id's
+    snapshot must hold them, and Qwen's repositories name their licence `LICENSE` (no suffix, not fetched)."""
+    from fnmatch import fnmatch
+
+    from hybridtune.models.hub import HUB_FILES
+
+    carried = ["preprocessor_config.json", "video_preprocessor_config.json", "chat_template.jinja"]
+    carried += ["generation_config.json", "LICENSE", "LICENSE.md", "NOTICE"]
+    assert [f for f in carried if not any(fnmatch(f, p) for p in HUB_FILES)] == []

@@ -26,8 +26,9 @@ from hybridtune.models.presets import PRESETS
 logger = logging.getLogger(__name__)
 
 # The files a training run reads from a hub repository: configs, weights, tokenizer and processor files, chat
-# templates. Not other weight formats (.bin, .gguf, .pth duplicates) and no code (remote code is never run).
-HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken", "README.md"]
+# templates, the licence files an export carries (Qwen's repositories hold a `LICENSE` without a suffix). Not other
+# weight formats (.bin, .gguf, .pth duplicates) and no code (remote code is never run).
+HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken", "README.md", "LICENSE*", "NOTICE*"]
 
 # A hub model id: `org/name` (letters, digits, `-_.`; no `..`, no trailing `.`/`-`). A bare `name` (the hub's legacy
 # ids, now all redirected to an org) is taken for a mistyped preset or path instead: its error lists the presets.
