@@ -226,9 +226,19 @@ def carry_files(out_dir: Path, source_dir: Path | None) -> list[str]:
     snapshot) are followed; only regular files are copied."""
     if source_dir is None:
         return []
+    source_dir = Path(source_dir)
+    # Links may lead into the source directory, or (a hub snapshot) into its repository's blobs/; a link anywhere
+    # else (LICENSE -> ~/.ssh/id_rsa in a model directory someone handed over) is not copied into what is shared.
+    roots = [source_dir.resolve()]
+    if source_dir.parent.name == "snapshots":
+        roots.append(source_dir.parent.parent.resolve())
     copied = []
-    for src in sorted(Path(source_dir).iterdir()):
+    for src in sorted(source_dir.iterdir()):
         if not any(fnmatch(src.name, pat) for pat in CARRIED_FILES) or not src.is_file():
+            continue
+        real = src.resolve()
+        if not any(real == root or root in real.parents for root in roots):
+            logger.warning("not carried: %s links outside the source checkpoint (to %s)", src, real)
             continue
         dst = Path(out_dir) / src.name
         if dst.exists():
