@@ -132,3 +132,22 @@ def test_merge_overwrite_never_replaces_a_users_directory_nor_its_own_inputs(tmp
         with pytest.raises(OutputDirError, match=f"holds {what} .* that the merge reads"):
             merge(adapter, target, overwrite=True)
     assert (adapter / "adapter_config.json").is_file() and (base / "config.json").is_file()
+
+
+def test_merge_of_an_adapter_config_with_a_garbled_field_is_one_line(tmp_path, capsys):
+    """peft raises TypeError for a field of the wrong type (lora_alpha "x", target_modules 5): merge printed a
+    traceback (exit 1) where generate says one line."""
+    from checkpoints import make_checkpoint
+    from hybridtune.cli import main
+
+    base = make_checkpoint(tmp_path, "qwen3_5_text")
+    good = {"peft_type": "LORA", "base_model_name_or_path": str(base), "r": 4, "target_modules": ["q_proj"]}
+    for garbled in ({"lora_alpha": "x"}, {"target_modules": 5}):
+        adapter = tmp_path / "adapter"
+        adapter.mkdir(exist_ok=True)
+        (adapter / "adapter_config.json").write_text(json.dumps(good | garbled))
+        with pytest.raises(ModelError, match="cannot load the adapter in"):
+            merge(adapter, tmp_path / "merged")
+        assert main(["merge", str(adapter), str(tmp_path / "merged")]) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+        assert not (tmp_path / "merged").exists()

@@ -73,7 +73,7 @@ def merge(adapter_dir: str | Path, out_dir: str | Path, overwrite: bool = False)
     dtype = text_model(base).embed_tokens.weight.dtype
     try:
         model = PeftModel.from_pretrained(base, str(adapter_dir))
-    except (OSError, ValueError, KeyError, RuntimeError) as e:  # missing or mismatched adapter weights
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as e:  # missing, mismatched or garbled fields
         raise ModelError(f"cannot load the adapter in '{adapter_dir}' onto '{base_path}': {e}") from None
     merged = model.merge_and_unload()
     tok_dir = adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else base_path
