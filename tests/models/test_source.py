@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from checkpoints import hub_cache, make_checkpoint
 from hybridtune.models.source import carry_files
 
@@ -28,3 +30,22 @@ def test_carried_files_follow_links_only_inside_the_source(tmp_path):
     out2.mkdir()
     assert {"LICENSE", "preprocessor_config.json"} <= set(carry_files(out2, snapshot))
     assert (out2 / "LICENSE").read_text() == "Apache-2.0"
+
+
+def test_a_patched_model_is_saved_with_its_own_config(tmp_path):
+    """patch_model turns config.use_cache off for training; every full fine-tune's final/config.json said
+    use_cache: false where the source said true."""
+    import json
+
+    from hybridtune.models.loading import load_model
+    from hybridtune.models.patching import patch_model
+    from hybridtune.models.source import save_like_source
+
+    ckpt = make_checkpoint(tmp_path, "qwen3_5_vl")
+    model = load_model(str(ckpt)).model
+    patch_model(model)
+    assert model.config.text_config.use_cache is False
+    save_like_source(model, tmp_path / "out", model.state_dict(), ckpt, torch.float32)
+    saved, source = (json.loads((d / "config.json").read_text()) for d in (tmp_path / "out", ckpt))
+    assert saved["text_config"]["use_cache"] == source["text_config"]["use_cache"] is True
+    assert model.config.text_config.use_cache is False  # still patched for what follows

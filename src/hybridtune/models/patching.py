@@ -16,6 +16,7 @@ otherwise build a cache on every training forward); `generate()` still asks for 
 
 from __future__ import annotations
 
+import contextlib
 import types
 from dataclasses import dataclass, field
 
@@ -137,6 +138,21 @@ def _remember(model: torch.nn.Module, cfg, attr: str) -> None:
     saved = model.__dict__.setdefault("_hybridtune_saved_config", [])
     if not any(c is cfg and a == attr for c, a, _ in saved):
         saved.append((cfg, attr, getattr(cfg, attr)))
+
+
+@contextlib.contextmanager
+def original_config(model: torch.nn.Module):
+    """The config fields patch_model changed (use_cache, the attention implementation) as the model came, for the
+    duration: a save inside writes the checkpoint's own config, not the training settings."""
+    saved = model.__dict__.get("_hybridtune_saved_config", [])
+    now = [(cfg, attr, getattr(cfg, attr)) for cfg, attr, _ in saved]
+    for cfg, attr, old in saved:
+        setattr(cfg, attr, old)
+    try:
+        yield
+    finally:
+        for cfg, attr, value in now:
+            setattr(cfg, attr, value)
 
 
 def is_patched(model: torch.nn.Module) -> bool:

@@ -23,6 +23,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from hybridtune.errors import ModelError
+from hybridtune.models.patching import original_config
 
 logger = logging.getLogger(__name__)
 
@@ -260,6 +261,7 @@ def save_like_source(
     keys, e.g. a gathered FSDP2 state) through `source_state`, config.json stating `dtype`, the source tensors the
     model never loaded, the index. (The tokenizer and `carry_files` are the caller's.)"""
     state = source_state(state, source_dir, dtype, untouched)
-    model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+    with original_config(model):  # use_cache as the source had it, not off as training turns it
+        model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
     set_config_dtype(out_dir, dtype)
     carry_untouched(out_dir, source_dir)

@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from hybridtune.models import source
 from hybridtune.models.anatomy import unwrap
 from hybridtune.models.loading import LoadedModel
+from hybridtune.models.patching import original_config
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train import distributed, integrity
 
@@ -201,7 +202,8 @@ def save_final(
             base_state = unwrapped_base_state(base, full)
 
             def write_base(tmp: Path) -> None:
-                base.save_pretrained(tmp, state_dict=base_state, safe_serialization=True)
+                with original_config(base):
+                    base.save_pretrained(tmp, state_dict=base_state, safe_serialization=True)
                 tokenizer.save_pretrained(tmp)
 
             parts.append((base_dir, tensor_bytes(base_state) + tok, write_base))
