@@ -280,6 +280,8 @@ def test_preset_card_says_random_and_a_moved_adapter_still_merges(tmp_path, smal
     assert "weights are RANDOM" in text and "`tiny-qwen3_5`" in text
     assert "## Final metrics" in text and "eval loss" in text and "hybridtune" in text
     assert small_data in text and "| lora_r | 4 |" in text
+    # Its Use section loads the saved base, not the preset's name (which from_pretrained cannot load).
+    assert 'from_pretrained("path/to/base_model")' in text and 'from_pretrained("tiny-qwen3_5")' not in text
     # Moved: the recorded base_model/ path is gone; merge takes the base_model/ beside the adapter.
     moved = tmp_path / "moved"
     t.out.rename(moved)
@@ -310,3 +312,14 @@ def test_full_export_from_a_hub_snapshot(tmp_path, small_data, monkeypatch):
     assert not [p for p in final.iterdir() if p.is_symlink()]
     check_full_export(t, ckpt, torch.bfloat16)
     assert front_matter(final / "README.md")["base_model"] == "org/tiny-vl"
+
+
+def test_card_loads_a_hub_base_at_the_commit_trained_on():
+    from types import SimpleNamespace
+
+    from hybridtune.train.card import _base_line
+
+    hub = SimpleNamespace(name="Qwen/Qwen3.5-0.8B", revision="a" * 40, random_init=False)
+    assert _base_line("Qwen3_5ForConditionalGeneration", hub) == (
+        f'base = Qwen3_5ForConditionalGeneration.from_pretrained("Qwen/Qwen3.5-0.8B", revision="{"a" * 40}")'
+    )

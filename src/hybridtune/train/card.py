@@ -109,6 +109,15 @@ def _cell(value) -> str:
     return str(value)
 
 
+def _base_line(cls: str, loaded: LoadedModel) -> str:
+    """The line that loads the adapter's base: as named (a hub id at the commit trained on), or for a preset (no
+    model anywhere but the weights the run saved) its base_model/ beside final/."""
+    if loaded.random_init:
+        return f'base = {cls}.from_pretrained("path/to/base_model")  # saved beside final/ (a preset\'s random weights)'
+    revision = f", revision={json.dumps(loaded.revision)}" if loaded.revision else ""
+    return f"base = {cls}.from_pretrained({json.dumps(loaded.name)}{revision})"
+
+
 def _usage(cfg: TrainConfig, loaded: LoadedModel) -> list[str]:
     """How to load it: in the original class (a vision-language checkpoint's adapter follows that tree)."""
     cls = type(unwrap(loaded.model)).__name__
@@ -117,7 +126,7 @@ def _usage(cfg: TrainConfig, loaded: LoadedModel) -> list[str]:
             "from peft import PeftModel",
             f"from transformers import {cls}",
             "",
-            f"base = {cls}.from_pretrained({json.dumps(loaded.name)})  # the base model (a preset: ../base_model)",
+            _base_line(cls, loaded),
             'model = PeftModel.from_pretrained(base, "path/to/final")',
         ]
     return [f"from transformers import {cls}", "", f'model = {cls}.from_pretrained("path/to/final")']
