@@ -149,5 +149,6 @@ def test_merge_of_an_adapter_config_with_a_garbled_field_is_one_line(tmp_path, c
         with pytest.raises(ModelError, match="cannot load the adapter in"):
             merge(adapter, tmp_path / "merged")
         assert main(["merge", str(adapter), str(tmp_path / "merged")]) == 2
-        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+        err = capsys.readouterr().err  # (transformers' loading bar may come first, as other tests leave it on)
+        assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("error: cannot load the adapter")
         assert not (tmp_path / "merged").exists()
