@@ -151,3 +151,40 @@ def test_a_hub_download_fetches_every_file_an_export_carries():
     carried = ["preprocessor_config.json", "video_preprocessor_config.json", "chat_template.jinja"]
     carried += ["generation_config.json", "LICENSE", "LICENSE.md", "NOTICE"]
     assert [f for f in carried if not any(fnmatch(f, p) for p in HUB_FILES)] == []
+
+
+def test_a_resume_loads_the_commit_its_checkpoint_trained_on(tmp_path, monkeypatch, offline):
+    """A hub id's branch that moves between a run and its resume (a new commit on `main`) must not move the run: the
+    resumed base would be other weights under the trained adapter or optimizer state. A checkpoint records the
+    commit (`base_revision`), and a resume loads that one, saying so."""
+    import json
+
+    from hybridtune.config import load_config
+    from hybridtune.train.trainer import Trainer
+
+    home = tmp_path / "hf"
+    first = make_checkpoint(tmp_path, "qwen3_5_text", name="first", seed=1)
+    hub_cache(tmp_path, "acme/tiny", first, fake_sha("first"), hf_home=home)
+    monkeypatch.setenv("HF_HOME", str(home))
+    rows = [{"text": f"{i} + {i} = {2 * i}"} for i in range(40)]
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    settings = dict(base_model="acme/tiny", dataset=str(data), output_dir=str(tmp_path / "out"), adapter="lora",
+                    sequence_len=64, max_steps=2, eval_steps=0, val_set_size=4, warmup_steps=0)  # fmt: skip
+
+    def run(**kw) -> Trainer:
+        t = Trainer(load_config(None, settings | kw))
+        t.setup()
+        t.train()
+        return t
+
+    assert run().loaded.revision == fake_sha("first")
+    meta = json.loads((tmp_path / "out" / "checkpoint-2" / "checkpoint.json").read_text())
+    assert meta["base_revision"] == fake_sha("first")
+    # `main` moves on: a new commit with other weights.
+    hub_cache(tmp_path, "acme/tiny", make_checkpoint(tmp_path, "qwen3_5_text", name="second", seed=2), fake_sha("second"), hf_home=home)  # fmt: skip
+    assert resolve_source("acme/tiny").revision == fake_sha("second")
+    resumed = run(resume_from_checkpoint="latest")
+    assert resumed.loaded.revision == fake_sha("first") and resumed.step == 2
+    fresh = run(overwrite=True)  # a new run takes the branch as it is now
+    assert fresh.loaded.revision == fake_sha("second")

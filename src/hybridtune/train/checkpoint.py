@@ -402,6 +402,12 @@ def _json(path: Path):
         return None
 
 
+def meta_of(path: Path) -> dict:
+    """A checkpoint's checkpoint.json as a mapping (empty when unreadable: call after verify_checkpoint)."""
+    meta = _json(Path(path) / META_FILE)
+    return meta if isinstance(meta, dict) else {}
+
+
 def is_ours(path: Path) -> bool:
     """Whether hybridtune wrote directory `path`, so that it may remove or replace it: the marker every
     directory `atomic_dir` makes carries, or (written before the marker existed) a checkpoint.json holding a

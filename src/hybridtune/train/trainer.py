@@ -126,10 +126,31 @@ class Trainer:
         torch.manual_seed(cfg.seed)
 
     def _setup_data(self) -> None:
-        self.source = resolve_source(self.cfg.base_model, self.cfg.revision)  # a hub id: its local snapshot
+        # The checkpoint to resume from, verified (checksums of every file) before anything in it is read; first,
+        # because a resume loads the base at the commit its checkpoint trained on (a moved branch moves no run).
+        self.resume_at = self._find_resume()
+        self.source = resolve_source(self.cfg.base_model, self._base_revision())  # a hub id: its local snapshot
         tokenizer = tokenizer_for(self.source, self.cfg.tokenizer)
         self.tokenizer = with_chat_template(tokenizer, self.cfg.chat_template)
         self.data: PreparedData = prepare(self.cfg, self.tokenizer)
+
+    def _find_resume(self) -> Path | None:
+        if not self.cfg.resume_from_checkpoint:
+            return None
+        path, skipped = ckpt.find_resume(self.cfg.resume_from_checkpoint, self.out, self.dist)
+        for line in skipped:  # (`latest` skips a damaged newest one, saying so)
+            logger.warning("%s", line)
+        return path
+
+    def _base_revision(self) -> str | None:
+        """`revision`; on resume, the commit of a hub id the checkpoint trained on, where it recorded one."""
+        pinned = ckpt.meta_of(self.resume_at).get("base_revision") if self.resume_at is not None else None
+        if not isinstance(pinned, str) or not pinned or pinned == self.cfg.revision:
+            return self.cfg.revision
+        logger.info(
+            "base_model %s: at commit %s, the one %s trained on", self.cfg.base_model, pinned, self.resume_at.name
+        )
+        return pinned
 
     def _setup_kernels(self) -> None:
         self.kernel_report = provision_kernels(self.cfg.kernels, self.cfg.require_fast_path, self.source.config_ref)
@@ -215,13 +236,9 @@ class Trainer:
             # Dropout differs per rank (the model init above was the same everywhere: FSDP2 does not broadcast).
             # A resumed run then restores each rank's own RNG state.
             torch.manual_seed(self.cfg.seed + self.dist.rank)
-        where = self.cfg.resume_from_checkpoint
-        if not where:
+        path = self.resume_at
+        if path is None:
             return
-        # Verified (checksums of every file) before anything in it is read; `latest` skips a damaged newest one.
-        path, skipped = ckpt.find_resume(where, self.out, self.dist)
-        for line in skipped:
-            logger.warning("%s", line)
         lora = self.cfg.adapter == "lora"
         state = ckpt.load_checkpoint(
             path, self.engine, self.optimizer, self.scheduler, self.dist, trainable_only=lora, verified=True
@@ -362,7 +379,7 @@ class Trainer:
             return path
         with self.stop.hold():
             health.check_weights(self.step, self.params, self.dist, "saving a checkpoint", self.cfg.learning_rate)
-            extra = {"base_model": self.loaded.name, "run": self.run}
+            extra = {"base_model": self.loaded.name, "base_revision": self.loaded.revision, "run": self.run}
             ckpt.save_checkpoint(
                 path, self.engine, self.optimizer, self.scheduler, self.step, self.done_position, extra, self.dist,
                 trainable_only=self.cfg.adapter == "lora",
