@@ -191,7 +191,17 @@ def _kind(p: Path) -> str:
     return kind
 
 
-def _sha256_files(files: list[Path], root: Path | None = None) -> str:
+def visible_files(directory: Path) -> list[Path]:
+    """The files under `directory` that a dataset directory is read from (hidden ones skipped), sorted."""
+    return sorted(
+        f
+        for f in directory.rglob("*")
+        if f.is_file() and not any(x.startswith(".") for x in f.relative_to(directory).parts)
+    )
+
+
+def sha256_files(files: list[Path], root: Path | None = None) -> str:
+    """sha256 over `files` in order: each one's name under `root` (empty without one) and a NUL, then its content."""
     h = hashlib.sha256()
     for f in files:
         h.update(str(f.relative_to(root) if root else "").encode() + b"\0")
@@ -206,7 +216,7 @@ def _from_files(files: list[Path], name: str, progress: bool) -> Source:
     if len(kinds) > 1:
         raise DataError(f"dataset '{name}' mixes file types ({', '.join(sorted(kinds))}); give files of one type")
     (kind,) = kinds
-    fingerprint = _sha256_files(files)
+    fingerprint = sha256_files(files)
     single = len(files) == 1
     segments = []
     if kind == "json":
@@ -369,9 +379,7 @@ def _pick_split(d, split: str, name: str):
 def _from_dir(p: Path, ds: DatasetConfig) -> Source:
     import datasets
 
-    files = sorted(
-        f for f in p.rglob("*") if f.is_file() and not any(x.startswith(".") for x in f.relative_to(p).parts)
-    )
+    files = visible_files(p)
     label = f"{ds.path}[{ds.split}]"
     if (p / "state.json").is_file() or (p / "dataset_dict.json").is_file():  # Dataset(Dict).save_to_disk
         try:
@@ -381,7 +389,7 @@ def _from_dir(p: Path, ds: DatasetConfig) -> Source:
         d = _pick_split(d, ds.split, ds.path)
         if not (p / "dataset_dict.json").is_file():
             label = ds.path
-        return Source(ds.path, d, [Segment(0, label)], _sha256_files(files, p))
+        return Source(ds.path, d, [Segment(0, label)], sha256_files(files, p))
     if not any(f.suffix.lower() in KINDS or f.suffix.lower() == ".txt" for f in files):
         raise DataError(
             f"dataset path '{ds.path}' is a directory without data files (.jsonl, .json, .csv, .parquet, .arrow) and "
@@ -391,7 +399,7 @@ def _from_dir(p: Path, ds: DatasetConfig) -> Source:
         d = datasets.load_dataset(str(p), name=ds.name, split=ds.split, cache_dir=datasets_cache_dir())
     except Exception as e:
         raise DataError(f"dataset directory '{ds.path}' (split '{ds.split}') cannot be loaded ({_short(e)})") from None
-    return Source(ds.path, d, [Segment(0, label)], _sha256_files(files, p))
+    return Source(ds.path, d, [Segment(0, label)], sha256_files(files, p))
 
 
 def _from_hub(repo_id: str, ds: DatasetConfig) -> Source:

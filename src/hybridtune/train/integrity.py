@@ -66,7 +66,7 @@ def honour_umask(path: Path, directory: bool) -> None:
 # -- checksums ---------------------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
@@ -79,7 +79,7 @@ def hash_files(root: Path, rels: list[str]) -> dict[str, dict]:
 
     def one(rel: str) -> tuple[str, dict]:
         p = root / rel
-        return rel, {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        return rel, {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
 
     if not rels:
         return {}
@@ -122,7 +122,7 @@ def _problem(root: Path, rel: str, want: dict) -> str | None:
         return f"{rel} is not a regular file (a checkpoint holds only regular files)"
     if st.st_size != want.get("bytes"):
         return f"{rel} is {st.st_size} bytes, checkpoint.json says {want.get('bytes')} (truncated or changed)"
-    if _sha256(p) != want.get("sha256"):
+    if file_sha256(p) != want.get("sha256"):
         return f"{rel} does not match its sha256 in checkpoint.json (corrupt, or changed since it was saved)"
     return None
 

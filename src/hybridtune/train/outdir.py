@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import fcntl
 import glob
-import hashlib
 import itertools
 import json
 import logging
@@ -17,8 +16,10 @@ from pathlib import Path
 
 import hybridtune
 from hybridtune.config import TrainConfig, to_dict
+from hybridtune.data.sources import sha256_files, visible_files
 from hybridtune.errors import OutputDirError
 from hybridtune.train import checkpoint as ckpt
+from hybridtune.train import integrity
 from hybridtune.train.export import BASE_DIR, FINAL_DIR
 
 logger = logging.getLogger(__name__)
@@ -59,8 +60,7 @@ def _local_files(path: str) -> tuple[list[Path], Path | None]:
     if p.is_file():
         return [p], None
     if p.is_dir():
-        files = (f for f in p.rglob("*") if f.is_file() and not any(x.startswith(".") for x in f.relative_to(p).parts))
-        return sorted(files), p
+        return visible_files(p), p
     if glob.has_magic(path):
         root = Path(*[part for part in itertools.takewhile(lambda x: not glob.has_magic(x), p.parts)] or ["."])
         return sorted(Path(f) for f in glob.glob(str(p), recursive=True) if Path(f).is_file()), root
@@ -75,17 +75,11 @@ def data_fingerprint(cfg: TrainConfig) -> dict[str, str]:
         files, root = _local_files(ds.path)
         if not files:
             continue
-        h = hashlib.sha256()
-        for file in files:
-            if root is not None:
-                h.update(file.relative_to(root).as_posix().encode() + b"\0")
-            with file.open("rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-        out[ds.path] = h.hexdigest()
+        # A single file: the plain sha256 of its content (as run files have always recorded it).
+        out[ds.path] = sha256_files(files, root) if root is not None else integrity.file_sha256(files[0])
     template = Path(cfg.chat_template).expanduser() if cfg.chat_template else None
     if template is not None and template.is_file():
-        out[cfg.chat_template] = hashlib.sha256(template.read_bytes()).hexdigest()
+        out[cfg.chat_template] = integrity.file_sha256(template)
     return out
 
 
