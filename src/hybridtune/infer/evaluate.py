@@ -32,6 +32,7 @@ from hybridtune.infer.load import Opened, open_model, recorded_run
 from hybridtune.train.choices import choose_bf16, measure, pick_device
 from hybridtune.train.distributed import ONE, LossModule
 from hybridtune.train.evaluation import evaluate
+from hybridtune.train.model import master_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -85,15 +86,15 @@ def data_formats(cfg: TrainConfig) -> set[str]:
 
 
 def as_trained(model: torch.nn.Module, bf16: bool) -> None:
-    """The dtypes the trainer evaluates its model in (train.trainer._setup_model): a full fine-tune's fp32 masters;
+    """The dtypes the trainer evaluates its model in (train.model.master_dtype): a full fine-tune's fp32 masters;
     under LoRA the frozen base in bf16 when bf16 computes, else fp32, and the adapters in fp32. A model saved in
     bf16 is upcast exactly; a full fine-tune exported in bf16 was rounded there, so its eval differs from the logged
     one by that rounding alone."""
-    lora = hasattr(model, "peft_config")
+    held = master_dtype("lora" if hasattr(model, "peft_config") else "full", bf16)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.is_floating_point():
-                p.data = p.data.to(torch.bfloat16 if lora and bf16 and "lora_" not in name else torch.float32)
+                p.data = p.data.to(torch.float32 if "lora_" in name else held)
 
 
 def run_eval(opened: Opened, cfg: TrainConfig, split: str = "all", device: str = "cpu") -> dict:
