@@ -5,11 +5,13 @@
 # (mem = peak GiB) and the dtypes of the trained parameters and AdamW state. One call on nvidia-h200, carry .whl
 # (FLA) and .whl_b (datasets, dill, multiprocess: the image lacks them):
 #   HYBRIDTUNE_GIT_COMMIT=<sha> bash benchmarks/full_from_bf16.sh
+# Then the same through `hybridtune train` (RUN_STEPS steps, a step line each), its metrics left as
+# $OUT/full-1.metrics.jsonl for `python -m hybridtune.bench.results add-train $OUT full-1 --shape $SHAPE --packs 1`.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-$PWD/outputs/full_from_bf16} W=${W:-/tmp/full_from_bf16} PY=${PY:-python3}
-SHAPE=${SHAPE:-qwen3_5-0.8b} SEQ=${SEQ:-2048} STEPS=${STEPS:-4}
+SHAPE=${SHAPE:-qwen3_5-0.8b} SEQ=${SEQ:-2048} STEPS=${STEPS:-4} RUN_STEPS=${RUN_STEPS:-20}
 mkdir -p "$OUT" "$W"
 if command -v nvidia-smi >/dev/null && ls .whl*/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site ]; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl*/*.whl || exit 1
@@ -40,4 +42,10 @@ print(f"trainable {n/1e9:.3f}B parameters: dtypes {sorted(params)}; AdamW state 
 print(f"peak GPU memory {torch.cuda.max_memory_allocated()/2**30:.2f} GiB allocated, "
       f"{torch.cuda.max_memory_reserved()/2**30:.2f} GiB reserved; losses {[round(x, 4) for x in r.losses]}")
 PY
+  $PY -m hybridtune train --base_model "$W/ckpt" --output_dir "$W/cli" --adapter full --sequence_len "$SEQ" \
+    --max_steps "$RUN_STEPS" --compile off --kernels off --logging_steps 1 --eval_steps 0 --val_set_size 8 \
+    --warmup_steps 0 --learning_rate 1e-5 --save_steps 0 --overwrite
+  rc=$?
+  cp "$W/cli/metrics.jsonl" "$OUT/full-1.metrics.jsonl" 2>/dev/null
+  echo "exit $rc" >"$OUT/full-1.log"
 } 2>&1 | tee "$OUT/full_from_bf16.log"
