@@ -1,0 +1,247 @@
+"""Routed MoE experts as grouped GEMMs, and peft's LoRA on them in the same grouped form.
+
+transformers stores the routed experts of Qwen3.5-MoE and Qwen3-Next as two 3-D parameters per layer,
+`gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I], and dispatches their forward through its experts interface
+(`config._experts_implementation`, transformers/integrations/moe.py). `route_experts(model)` registers
+`hybridtune_grouped` there and selects it for every experts module of the model:
+
+  - the T x top_k (token, expert) pairs are sorted by expert once (`torch.sort`), the per-expert offsets come
+    from `searchsorted` over the sorted ids (a tensor of E entries, never a host value), each projection is one
+    grouped GEMM over all experts, and the weighted outputs go back to their tokens by `index_copy` and a sum
+    over top_k. Every shape is T x top_k whatever the routing, so a compiled graph never recompiles and never
+    breaks as routing changes; no Python loop runs over experts;
+  - the GEMM is `torch.nn.functional.grouped_mm` in bf16 (CUDA sm80+, and the CPU), which inductor lowers to its
+    grouped-GEMM kernel; under autocast the weights and activations are cast to the autocast dtype first, as
+    `F.linear` is (grouped_mm itself ignores autocast). Other dtypes, or sizes not aligned to 16 bytes, use
+    transformers' opaque `transformers::grouped_mm_fallback` op (one host sync, a loop inside the op), which
+    compiles without a graph break and is exact in float32/float64 (the CPU tests' reference path).
+
+LoRA through peft's `target_parameters` wraps the experts module in `ParamWrapper`s (one per targeted parameter,
+nested). peft's own forward adds the whole [E, out, in] delta to the weight on every call. `route_lora(model)`
+gives each outermost wrapper an instance forward that keeps peft's parameters (`lora_A`: [E*r, in], expert-major
+rows; `lora_B`: [out, r*E], rank-major columns; scaling alpha/r) and computes, per expert e and routed row x,
+`x W_e^T + s (x A_e^T) B_e^T` as three grouped GEMMs, never forming the delta. A saved adapter is peft's, so stock
+peft loads and merges it. Disabled or merged adapters, several active adapters, or a layout other than
+transformers' default (gate and up concatenated, [E, out, in], no bias) keep peft's forward.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+from transformers.integrations import moe as hf_moe
+
+NAME = "hybridtune_grouped"
+PARAMETERS = ("gate_up_proj", "down_proj")
+_ORIGINAL = "_hybridtune_original_experts_forward"
+_ROUTED = "_hybridtune_experts_routed"
+
+
+def is_experts(module: torch.nn.Module) -> bool:
+    """A transformers experts module of the layout this path computes: `gate_up_proj` [E, 2I, H] and `down_proj`
+    [E, H, I] (gate and up concatenated, not transposed, no bias), dispatched by the experts interface."""
+    gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    return (
+        isinstance(gate_up, torch.Tensor)
+        and isinstance(down, torch.Tensor)
+        and gate_up.dim() == 3
+        and down.dim() == 3
+        and getattr(module, "has_gate", False)
+        and not getattr(module, "has_bias", True)
+        and not getattr(module, "is_transposed", True)
+        and getattr(module, "is_concatenated", True)
+        and hasattr(module, "config")
+        and gate_up.shape[0] == down.shape[0] == getattr(module, "num_experts", -1)
+    )
+
+
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype a matmul on `t` computes in: autocast's where autocast is on for its device, else its own."""
+    dev = t.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return t.dtype
+
+
+def _fast(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `F.grouped_mm(a, b)` runs (and compiles): bf16 operands, every matrix dimension a multiple of
+    16 bytes, a device with grouped GEMMs (sm80+ CUDA, or the CPU)."""
+    if a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16 or not hasattr(F, "grouped_mm"):
+        return False
+    if any(n % 8 for n in (a.shape[-1], b.shape[-1])):
+        return False
+    if a.device.type == "cuda":
+        return torch.cuda.get_device_capability(a.device) >= (8, 0)
+    return a.device.type == "cpu"
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Rows `offs[e-1]:offs[e]` of `a` [S, k] times `b[e]` [k, n], for every expert e, as one grouped GEMM."""
+    if _fast(a, b):
+        return F.grouped_mm(a, b, offs=offs)
+    return torch.ops.transformers.grouped_mm_fallback(a, b, offs)
+
+
+def route(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(perm, offs): the (token, slot) pairs in expert order (`perm` indexes `top_k_index.reshape(-1)`), and the
+    int32 end offset of each expert's rows. Empty experts have equal offsets; every size is T x top_k."""
+    ids = top_k_index.reshape(-1)
+    sorted_ids, perm = torch.sort(ids, stable=True)
+    experts = torch.arange(num_experts, device=ids.device, dtype=sorted_ids.dtype)
+    offs = torch.searchsorted(sorted_ids, experts, right=True).to(torch.int32)
+    return perm, offs
+
+
+def lora_factors(wrapper, adapter: str) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(A [E, in, r], B [E, r, out], scaling) of one peft ParamWrapper adapter on an [E, out, in] parameter:
+    expert e's delta is scaling * (A[e] @ B[e])^T, the `get_delta_weight` of peft."""
+    a = wrapper.lora_A[adapter].weight  # [E * r, in], row e * r + j
+    b = wrapper.lora_B[adapter].weight  # [out, r * E], column j * E + e
+    e, r = wrapper.num_experts, wrapper.r[adapter]
+    return a.view(e, r, a.shape[-1]).transpose(1, 2), b.view(b.shape[0], r, e).permute(2, 1, 0), wrapper.scaling[adapter]
+
+
+def _project(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, factors) -> torch.Tensor:
+    """x [S, in] through each row's expert of `weight` [E, out, in], plus its LoRA `factors` (A, B, s) if any."""
+    y = grouped_mm(x, weight.to(x.dtype).transpose(1, 2), offs)
+    if factors is None:
+        return y
+    a, b, scaling = factors
+    a, b = a.to(x.dtype), b.to(x.dtype)
+    r = a.shape[-1]
+    if x.dtype == torch.bfloat16 and r % 8:
+        # Zero rank columns (A) and rows (B) add nothing and align the rank for the grouped GEMM.
+        pad = 8 - r % 8
+        a, b = F.pad(a, (0, pad)), F.pad(b, (0, 0, 0, pad))
+    low = grouped_mm(x, a, offs) * scaling
+    return y + grouped_mm(low, b.contiguous(), offs)
+
+
+def grouped_experts_forward(
+    self: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    lora: dict | None = None,
+) -> torch.Tensor:
+    """The experts' output [T, H] for `hidden_states` [T, H] routed to `top_k_index` [T, k] with `top_k_weights`
+    [T, k], as transformers' eager experts loop computes it; `lora` maps a parameter name to its (A, B, s)."""
+    lora = lora or {}
+    tokens, k = top_k_index.shape
+    perm, offs = route(top_k_index, self.num_experts)
+    dtype = compute_dtype(hidden_states)
+    x = hidden_states[perm // k].to(dtype)
+    h = _project(x, self.gate_up_proj, offs, lora.get("gate_up_proj"))
+    h = self._apply_gate(h)
+    y = _project(h, self.down_proj, offs, lora.get("down_proj"))
+    y = y * top_k_weights.reshape(-1)[perm].unsqueeze(-1).to(y.dtype)
+    out = torch.zeros_like(y).index_copy(0, perm, y)
+    return out.view(tokens, k, -1).sum(dim=1).to(hidden_states.dtype)
+
+
+def register() -> str:
+    """Register `hybridtune_grouped` in transformers' experts interface (idempotent); returns its name."""
+    hf_moe.ExpertsInterface.register(NAME, grouped_experts_forward)
+    return NAME
+
+
+def route_experts(model: torch.nn.Module) -> dict[str, str]:
+    """Select `hybridtune_grouped` for every experts module of `model` (idempotent); returns module name -> path.
+    `unroute_experts` restores each config's previous implementation."""
+    report: dict[str, str] = {}
+    found = [(n, m) for n, m in model.named_modules() if is_experts(m)]
+    if not found:
+        return report
+    register()
+    for name, m in found:
+        cfg = m.config
+        if _ROUTED not in cfg.__dict__:
+            cfg.__dict__[_ROUTED] = cfg._experts_implementation
+            cfg._experts_implementation_internal = NAME
+        e, i2, h = m.gate_up_proj.shape
+        report[name] = f"{NAME}: {e} experts, {h} -> 2x{i2 // 2} -> {h}, grouped GEMMs (was {cfg.__dict__[_ROUTED]})"
+    return report
+
+
+def unroute_experts(model: torch.nn.Module) -> int:
+    """Give every routed experts module its previous implementation back; returns how many configs changed."""
+    n = 0
+    for m in model.modules():
+        cfg = getattr(m, "config", None)
+        if is_experts(m) and cfg is not None and _ROUTED in cfg.__dict__:
+            cfg._experts_implementation_internal = cfg.__dict__.pop(_ROUTED)
+            n += 1
+    return n
+
+
+def is_routed(module: torch.nn.Module) -> bool:
+    cfg = getattr(module, "config", None)
+    return cfg is not None and getattr(cfg, "_experts_implementation", None) == NAME
+
+
+def _chain(outer) -> tuple[torch.nn.Module, dict]:
+    """(the experts module, parameter name -> ParamWrapper) of a stack of nested peft ParamWrappers."""
+    from peft.tuners.lora.layer import ParamWrapper
+
+    wrappers, m = {}, outer
+    while isinstance(m, ParamWrapper):
+        wrappers[m.parameter_name] = m
+        m = m.base_layer
+    return m, wrappers
+
+
+def _single_adapter(wrappers: dict) -> str | None:
+    """The one active adapter every wrapper holds, unmerged and enabled; None where peft's forward must run."""
+    names = set()
+    for w in wrappers.values():
+        if w.disable_adapters or w.merged:
+            return None
+        active = [a for a in w.active_adapters if a in w.lora_A]
+        if len(active) != 1:
+            return None
+        names.add(active[0])
+    return names.pop() if len(names) == 1 else None
+
+
+def _lora_forward(self, hidden_states, top_k_index, top_k_weights, *args, **kwargs):
+    experts, wrappers = _chain(self)
+    adapter = None if (args or kwargs) else _single_adapter(wrappers)
+    if adapter is None:
+        return self.__dict__[_ORIGINAL](hidden_states, top_k_index, top_k_weights, *args, **kwargs)
+    lora = {name: lora_factors(w, adapter) for name, w in wrappers.items()}
+    return grouped_experts_forward(experts, hidden_states, top_k_index, top_k_weights, lora=lora)
+
+
+def route_lora(model: torch.nn.Module) -> dict[str, str]:
+    """Give every outermost peft ParamWrapper over a routed experts module the grouped LoRA forward (idempotent);
+    returns module name -> what it computes. Experts that `route_experts` did not route keep peft's forward."""
+    try:
+        from peft.tuners.lora.layer import ParamWrapper
+    except ImportError:  # no peft: nothing wraps the experts
+        return {}
+    report: dict[str, str] = {}
+    inner = {id(m.base_layer) for m in model.modules() if isinstance(m, ParamWrapper)}
+    for name, m in model.named_modules():
+        if not isinstance(m, ParamWrapper) or id(m) in inner:
+            continue
+        experts, wrappers = _chain(m)
+        if not (is_experts(experts) and is_routed(experts)) or not set(wrappers) <= set(PARAMETERS):
+            continue
+        if _ORIGINAL not in m.__dict__:
+            m.__dict__[_ORIGINAL] = m.forward
+            m.forward = types.MethodType(_lora_forward, m)
+        report[name] = f"{NAME} + LoRA on {', '.join(sorted(wrappers))} (grouped x A_e B_e)"
+    return report
+
+
+def unroute_lora(model: torch.nn.Module) -> int:
+    """Give the wrappers `route_lora` changed peft's forward back; returns how many."""
+    n = 0
+    for m in model.modules():
+        if _ORIGINAL in m.__dict__:
+            m.__dict__.pop(_ORIGINAL)
+            m.__dict__.pop("forward", None)
+            n += 1
+    return n
