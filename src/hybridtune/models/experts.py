@@ -13,8 +13,9 @@ transformers stores the routed experts of Qwen3.5-MoE and Qwen3-Next as two 3-D 
   - the GEMM is `torch.nn.functional.grouped_mm` in bf16 (CUDA sm80+, and the CPU), which inductor lowers to its
     grouped-GEMM kernel; under autocast the weights and activations are cast to the autocast dtype first, as
     `F.linear` is (grouped_mm itself ignores autocast). Other dtypes, or sizes not aligned to 16 bytes, use
-    transformers' opaque `transformers::grouped_mm_fallback` op (one host sync, a loop inside the op), which
-    compiles without a graph break and is exact in float32/float64 (the CPU tests' reference path).
+    transformers' opaque `transformers::grouped_mm_fallback` op eagerly (one host sync, a loop inside the op),
+    and under torch.compile an exact gather-and-batched-product form (`gathered_mm`): the float32/float64 paths
+    of the CPU tests.
 
 LoRA through peft's `target_parameters` wraps the experts module in `ParamWrapper`s (one per targeted parameter,
 nested). peft's own forward adds the whole [E, out, in] delta to the weight on every call. `route_lora(model)`
@@ -81,7 +82,20 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Te
     """Rows `offs[e-1]:offs[e]` of `a` [S, k] times `b[e]` [k, n], for every expert e, as one grouped GEMM."""
     if _fast(a, b):
         return F.grouped_mm(a, b, offs=offs)
+    if torch.compiler.is_compiling():
+        # grouped_mm compiles in bf16 only, and the backward of transformers' fallback op reads the offsets on
+        # the host (a data-dependent guard): gather each row's expert matrix instead. Exact and traceable, it holds
+        # S x k x n elements, so it is the path of small float32/float64 shapes (CPU tests); GPU steps compute bf16.
+        return gathered_mm(a, b, offs)
     return torch.ops.transformers.grouped_mm_fallback(a, b, offs)
+
+
+def gathered_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """`grouped_mm` as a batched product of each row with its expert's matrix (row s belongs to the first expert
+    whose end offset exceeds s)."""
+    rows = torch.arange(a.shape[0], device=a.device, dtype=offs.dtype)
+    expert = torch.searchsorted(offs, rows, right=True)
+    return torch.bmm(a.unsqueeze(1), b[expert]).squeeze(1)
 
 
 def route(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
