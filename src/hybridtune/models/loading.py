@@ -10,6 +10,7 @@ tower) is frozen, also in a full fine-tune, and stays in the dtype it was saved 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from safetensors import SafetensorError
 from hybridtune.errors import ModelError
 from hybridtune.models.anatomy import output_head, text_model
 from hybridtune.models.hub import ModelSource, check_checkpoint_dir, resolve_source
+from hybridtune.models.meta import CheckpointReader, PresetReader, fill, skeleton
 from hybridtune.models.presets import PRESETS, preset_config
 from hybridtune.models.source import check_weight_files
 from hybridtune.models.tokenizer_files import bundled_tokenizer
@@ -45,6 +47,9 @@ class LoadedModel:
     revision: str | None = None
     source_dtype: torch.dtype = torch.float32
     random_init: bool = False
+    # A model built on the meta device (`load_model(meta=True)`): a function that opens what fills it (a
+    # `models.meta` Reader), for `materialize`; None once the model holds its values.
+    reader: Callable[[], object] | None = None
 
 
 def _tokenizer_from(path: str, fix: str):
@@ -119,7 +124,7 @@ def model_class(config) -> type:
     return transformers.AutoModelForCausalLM
 
 
-def _load_preset(name: str, tok, seed: int, dtype) -> LoadedModel:
+def _load_preset(name: str, tok, seed: int, dtype, meta: bool = False) -> LoadedModel:
     preset = PRESETS[name]
     vocab = len(tok) if preset.uses_bundled_tokenizer else None
     config = preset_config(name, vocab_size=vocab)
@@ -134,23 +139,64 @@ def _load_preset(name: str, tok, seed: int, dtype) -> LoadedModel:
         name,
         seed,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        # Random init in fp32, then cast: CPU normal_() in bf16 is several times slower, and a preset's weights
-        # are then the same whatever dtype is asked.
-        model = transformers.AutoModelForCausalLM.from_config(config)
+    # Built on the meta device, then every parameter drawn by transformers' init in its own order (models.meta's
+    # PresetReader): the same values whether the whole model is filled here or each rank's shards under FSDP2.
+    # The init draws in fp32, then the cast: CPU normal_() in bf16 is several times slower, and a preset's weights
+    # are then the same whatever dtype is asked.
+    model = skeleton(config)
+    loaded = LoadedModel(model, tok, "preset", name, random_init=True, reader=lambda: PresetReader(config, seed))
+    if not meta:
+        materialize(loaded, model, torch.device("cpu"))
     if dtype is not None and dtype != model.dtype:
         _cast_parameters(model, dtype)
-    return LoadedModel(model, tok, "preset", name, random_init=True)
+    return loaded
 
 
-def _load_checkpoint(source: ModelSource, tok, dtype) -> LoadedModel:
+def materialize(loaded: LoadedModel, model: torch.nn.Module, device: torch.device):
+    """Give a meta-built model (`model`: `loaded.model` itself, or what wraps it: FSDP2's root) storage on `device`
+    and fill it from `loaded.reader`: each parameter's local part (its FSDP2 shard, or the whole tensor), read or
+    drawn one block at a time. Returns the `models.meta.FillStats`."""
+    sharded = any(hasattr(p, "device_mesh") for p in model.parameters())
+    model.to_empty(device=device)
+    if not sharded:
+        loaded.model.tie_weights()  # to_empty made a new tensor per module holding a tied one
+    reader = loaded.reader()
+    try:
+        stats = fill(loaded.model, reader)
+        stats.staged_bytes = max(stats.staged_bytes, getattr(reader, "held_bytes", 0))
+    finally:
+        reader.close()
+    loaded.reader = None
+    return stats
+
+
+def _meta_checkpoint(path: Path, config, cls) -> torch.nn.Module:
+    """The checkpoint's model on the meta device, each parameter in the dtype it was saved in (as `dtype="auto"`
+    loads it)."""
+    model = skeleton(config, cls)
+    reader = CheckpointReader(path)
+    try:
+        for name, p in model.named_parameters():
+            saved = reader.saved_dtype(name)
+            if saved is None:
+                raise ModelError(f"cannot load checkpoint '{path}': it has no tensor for parameter '{name}'")
+            if saved != p.dtype and saved.is_floating_point:
+                p.data = p.data.to(saved)
+    finally:
+        reader.close()
+    return model
+
+
+def _load_checkpoint(source: ModelSource, tok, dtype, meta: bool = False) -> LoadedModel:
     path = source.path
     try:
         config = transformers.AutoConfig.from_pretrained(str(path))
         cls = model_class(config)
-        # dtype "auto": as saved (a bf16 checkpoint stays bf16 until the cast below, the vision tower for good).
-        model = cls.from_pretrained(str(path), config=config, dtype="auto")
+        if meta:
+            model = _meta_checkpoint(path, config, cls).eval()  # as from_pretrained gives it
+        else:
+            # dtype "auto": as saved (a bf16 checkpoint stays bf16 until the cast below, the vision tower for good).
+            model = cls.from_pretrained(str(path), config=config, dtype="auto")
     except SafetensorError as e:
         raise ModelError(
             f"cannot load checkpoint '{path}': a weight file is damaged or incomplete ({e}); download or copy it again"
@@ -191,19 +237,36 @@ def _load_checkpoint(source: ModelSource, tok, dtype) -> LoadedModel:
         source_dir=path,
         revision=source.revision,
         source_dtype=source_dtype,
+        reader=(lambda: CheckpointReader(path)) if meta else None,
     )
 
 
 def load_model(
-    base_model: str | ModelSource, tokenizer=None, seed: int = 42, dtype=None, revision: str | None = None
+    base_model: str | ModelSource,
+    tokenizer=None,
+    seed: int = 42,
+    dtype=None,
+    revision: str | None = None,
+    meta: bool = False,
 ) -> LoadedModel:
     """Build a preset (seeded random init) or load a checkpoint (a local directory or a hub id at `revision`, or an
-    already resolved ModelSource). `dtype`: the text model's parameters (None: as saved; presets: fp32)."""
+    already resolved ModelSource). `dtype`: the text model's parameters (None: as saved; presets: fp32).
+
+    `meta`: the model on the meta device, its dtypes and frozen parameters as a plain load gives them but no values;
+    `materialize` then fills it (e.g. after FSDP2 sharded it, each rank its own shards)."""
     source = _source(base_model, revision)
     tok = tokenizer if tokenizer is not None else tokenizer_for(source)
     if source.is_preset:
-        return _load_preset(source.name, tok, seed, dtype)
-    return _load_checkpoint(source, tok, dtype)
+        return _load_preset(source.name, tok, seed, dtype, meta)
+    return _load_checkpoint(source, tok, dtype, meta)
 
 
-__all__ = ["LoadedModel", "ModelSource", "check_checkpoint_dir", "load_model", "resolve_source", "tokenizer_for"]
+__all__ = [
+    "LoadedModel",
+    "ModelSource",
+    "check_checkpoint_dir",
+    "load_model",
+    "materialize",
+    "resolve_source",
+    "tokenizer_for",
+]
