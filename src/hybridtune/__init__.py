@@ -19,6 +19,7 @@ __all__ = ["__version__", "patch_model", "compile_model"]
 
 
 def __getattr__(name: str):
+    # why lazy: `import hybridtune` stays cheap (no torch or transformers until one of these is asked for)
     if name == "patch_model":
         from hybridtune.models.patching import patch_model
 

@@ -81,7 +81,7 @@ class StaticLayout:
     The number of 64-token chunks (C, the rows of `gdn_chunk_indices`) is left to each batch: only the
     opaque GDN ops read it, so the compiled loop marks it dynamic at no tracing cost and the filler needs no
     chunk arithmetic (an earlier version fixed C as well, which cost 64 filler tokens for every chunk of
-    difference between packs: 7.3% of the computed tokens at the bench's 4096-token packs)."""
+    difference between packs; measured in benchmarks/NOTES.md 15)."""
 
     tokens: int
     docs: int
