@@ -1,8 +1,9 @@
-"""Facts about the environment: installed versions, the git commit, the GPU, the cache directory.
+"""Facts about the environment: installed versions, the git commit, the GPU, the cache directories.
 
 The one place that asks which version of a distribution is installed (`dist_version`, by distribution name;
 `installed_version`, by import name). `environment()` is what is recorded next to every GPU result and what
-`hybridtune doctor` prints first. Nothing here installs or changes anything.
+`hybridtune doctor` prints first. Nothing here installs anything; `use_compile_caches` sets the compile caches'
+variables for the process.
 """
 
 from __future__ import annotations
@@ -141,3 +142,35 @@ def cache_dir() -> Path:
         return Path(os.environ["HYBRIDTUNE_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "hybridtune"
+
+
+# The compile caches and the variables that place them: inductor's generated code and compiled graphs, and
+# Triton's compiled kernels with the autotuning results FLA keeps there (its `cache_results`).
+COMPILE_CACHES = (("inductor", "TORCHINDUCTOR_CACHE_DIR"), ("triton", "TRITON_CACHE_DIR"))
+# Counting a cache's files stops here: past it, the cache is warm and the exact number says nothing more.
+CACHE_COUNT_CAP = 10_000
+
+
+def _entries(path: Path) -> int:
+    """Files under `path` (0 when it does not exist), counted up to CACHE_COUNT_CAP."""
+    n = 0
+    for _, _, files in os.walk(path):
+        n += len(files)
+        if n >= CACHE_COUNT_CAP:
+            return CACHE_COUNT_CAP
+    return n
+
+
+def use_compile_caches() -> str:
+    """Point inductor and Triton at caches that outlive the process, before anything compiles: each variable of
+    COMPILE_CACHES a user set is kept, the others are set to `cache_dir()/<name>`. Returns the log line: each
+    cache's place and whether it is cold (empty or new: this run compiles and autotunes everything) or warm."""
+    parts = []
+    for name, var in COMPILE_CACHES:
+        ours = str(cache_dir() / name)
+        chosen = os.environ.get(var) or ours
+        os.environ[var] = chosen
+        n = _entries(Path(chosen))
+        state = f"warm, {n}{'+' if n >= CACHE_COUNT_CAP else ''} files" if n else "cold, empty"
+        parts.append(f"{name} {chosen} ({state}{'' if chosen == ours else f', from {var}'})")
+    return "compile caches: " + "; ".join(parts)
