@@ -139,8 +139,8 @@ class TrainConfig:
     bf16: Literal["auto"] | bool = _f("auto", "bf16 autocast: auto = on a GPU that supports it, off on CPU")
     gradient_checkpointing: Literal["auto"] | bool = _f(
         "auto",
-        "recompute activations in backward to save memory; auto = off, switched on (and the step retried) when a "
-        "one-process run's first step runs out of GPU memory",
+        "recompute activations in backward to save memory; auto = on when the step's GPU memory estimate without it "
+        "exceeds the free memory, or when a first step without it runs out",
     )
     pack_layout: Literal["auto", "static", "dynamic"] = _f(
         "auto",
@@ -182,6 +182,11 @@ class TrainConfig:
         "auto",
         "torch.compile strategy: loop = the whole decoder loop as one graph, modules = per-class forwards, "
         "auto = loop on a GPU and off on the CPU (where inductor's C++ build is slow)",
+    )
+    cuda_graphs: Literal["auto", "on", "off"] = _f(
+        "auto",
+        "replay the compiled loop's kernels as CUDA graphs (torch.compile mode reduce-overhead); auto = on for one "
+        "process running compile: loop on a GPU over a static pack_layout",
     )
     compile_overrides: list[str] = _f(
         [], "per-class plan overrides for compile: modules, as Class=compile|fullgraph|eager|off (see doctor)"

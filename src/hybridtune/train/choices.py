@@ -12,8 +12,9 @@ Order of dependence (each choice may read those above it):
     compile          <- device, router loss, FSDP2 engine and units, the whole-model unit's size
     fsdp_units       <- compile
     pack_layout      <- compile, router loss, micro_batch_size, every train and eval pack
+    cuda_graphs      <- device, processes, compile, pack_layout (its packs' GDN chunk counts bound the graphs)
     loss             <- the model's head and loss terms
-    checkpointing    <- the setting (auto: decided by the first step's memory, see Trainer.first_step)
+    checkpointing    <- device, the GPU's free memory, the model's widths, pack_layout, bf16, loss (train/memory.py)
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ import torch
 from hybridtune.config import TrainConfig
 from hybridtune.data.collator import StaticLayout
 from hybridtune.errors import ConfigError
-from hybridtune.models.anatomy import param_count, router_loss
+from hybridtune.models.anatomy import param_count, router_loss, text_config
 from hybridtune.train import distributed
+from hybridtune.train.memory import ActivationShapes, decide_checkpointing, step_bytes
 from hybridtune.train.step import fused_loss_blocker
 
 # Estimated share of the step the filler costs (`FillerShares.cost`: tokens, and GDN chunks weighted by their
@@ -42,6 +44,9 @@ SMALL_MODEL_PARAMS = 50_000_000
 # The share of a GPU's memory the whole-model FSDP2 unit's own bytes (`distributed.whole_model_bytes`) may take;
 # the rest is for activations and the allocator.
 WHOLE_MODEL_SHARE = 0.7
+# The most CUDA graphs `cuda_graphs: auto` lets one compiled graph record: one per distinct GDN chunk count of the
+# static layout's packs, all held in the graphs' memory pool for the run.
+MAX_CUDA_GRAPHS = 64
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,10 @@ class Facts:
     # where it was not measured (no FSDP2, units not auto, or no GPU).
     whole_model_share: float | None = None
     packs: tuple[tuple[int, ...], ...] = ()  # document lengths of every train and eval pack the run collates
+    # The GPU's free bytes once the model is loaded (min over ranks), measured under `gradient_checkpointing: auto`.
+    gpu_free_bytes: int | None = None
+    state_bytes: int = 0  # what the run allocates beside the resident model: gradients, AdamW state, DDP's buckets
+    shapes: ActivationShapes | None = None  # the model's widths, for the activation estimate
 
 
 @dataclass(frozen=True)
@@ -75,18 +84,20 @@ class Choices:
     fsdp_units: Choice  # "model" | "layer", or None without FSDP2
     pack_layout: Choice  # a StaticLayout, or None for the dynamic layout
     fused_loss: Choice  # bool
-    checkpointing: Choice  # True | False | "auto"
+    checkpointing: Choice  # bool (auto: from the memory estimate; off is retried with it on after an OOM)
+    cuda_graphs: Choice = Choice(False, "cuda_graphs: off")  # bool
     warnings: tuple[str, ...] = field(default=())
 
     def lines(self) -> list[str]:
         """One log line per choice: `name: value (reason)`."""
         out = []
-        for name in ("bf16", "threads", "compile", "fsdp_units", "pack_layout", "fused_loss", "checkpointing"):
+        for name in ORDER:
             c: Choice = getattr(self, name)
             out.append(f"{name}: {_show(c.value, NONE.get(name, '-'))} ({c.reason})")
         return out
 
 
+ORDER = ("bf16", "threads", "compile", "fsdp_units", "pack_layout", "cuda_graphs", "fused_loss", "checkpointing")
 NONE = {"threads": "torch's default", "pack_layout": "dynamic"}  # what a None value means, per choice
 
 
@@ -114,7 +125,8 @@ def measure(
     packs: list[tuple[int, ...]] = (),
 ) -> Facts:
     """The facts of this run; without a model, those known before it loads (device and processes). Under FSDP2 on
-    a GPU with `fsdp_units: auto`, a collective (the whole-model unit's share of the tightest GPU)."""
+    a GPU with `fsdp_units: auto`, a collective (the whole-model unit's share of the tightest GPU); on a GPU with
+    `gradient_checkpointing: auto` under torchrun, another (the least free memory over ranks)."""
     cuda = device.type == "cuda"
     base = Facts(
         device=device.type,
@@ -125,6 +137,9 @@ def measure(
     if model is None:
         return base
     share = distributed.whole_model_share(model, d, device, bf16) if cfg.fsdp_units == "auto" else None
+    free = None
+    if cuda and cfg.gradient_checkpointing == "auto":
+        free = int(-distributed.all_max(-float(torch.cuda.mem_get_info(device)[0]), d))
     return dataclasses.replace(
         base,
         n_params=param_count(model),
@@ -132,7 +147,21 @@ def measure(
         fused_loss_blocker=fused_loss_blocker(model),
         whole_model_share=share,
         packs=tuple(packs),
+        gpu_free_bytes=free,
+        state_bytes=state_bytes(model, d, bf16),
+        shapes=ActivationShapes.of(text_config(model)),
     )
+
+
+def state_bytes(model: torch.nn.Module, d: distributed.Dist, bf16: bool) -> int:
+    """Bytes the run allocates beside the model as loaded: each trainable parameter's gradient and AdamW's two
+    moments (in its dtype), DDP's gradient buckets; under FSDP2 what `distributed.whole_model_bytes` holds beyond
+    the whole model now resident (its shards, the gathered model, the window's gradient)."""
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    if d.engine == "fsdp" and d.enabled:
+        resident = sum(p.numel() * p.element_size() for p in model.parameters())
+        return max(0, distributed.whole_model_bytes(model, d.world, bf16) - resident)
+    return trainable * (4 if d.engine == "ddp" and d.enabled else 3)
 
 
 def choose_bf16(cfg: TrainConfig, facts: Facts) -> Choice:
@@ -252,6 +281,47 @@ def choose_pack_layout(cfg: TrainConfig, facts: Facts, strategy: str) -> Choice:
     )
 
 
+def cuda_graph_keys(layout: StaticLayout, packs) -> set[int]:
+    """The distinct GDN chunk counts of these packs under `layout`, filler included: the sizes a compiled graph of
+    the static layout records one CUDA graph for (T and N are fixed, only the chunk count varies)."""
+    s = layout.chunk_size
+    return {sum(-(-n // s) for n in (*p, *layout.filler(p))) for p in packs}
+
+
+def choose_cuda_graphs(cfg: TrainConfig, facts: Facts, strategy: str, layout: StaticLayout | None) -> Choice:
+    """`cuda_graphs: auto` records the compiled loop's kernels as CUDA graphs (torch.compile's
+    "reduce-overhead") when one process runs the loop on a GPU over a static layout, and the layout's packs need
+    at most MAX_CUDA_GRAPHS graphs (one per distinct GDN chunk count); an explicit `on` elsewhere is refused."""
+    why = None
+    if facts.device != "cuda":
+        why = "CUDA graphs need a GPU"
+    elif facts.engine != "none":
+        why = f"{facts.world} processes ({facts.engine}): CUDA graphs run in one process"
+    elif strategy != "loop":
+        why = f"compile {strategy}: CUDA graphs record the compiled loop (compile: loop)"
+    elif layout is None:
+        why = "the dynamic pack layout changes the step's sizes every batch (CUDA graphs need pack_layout: static)"
+    else:
+        keys = cuda_graph_keys(layout, facts.packs)
+        if len(keys) > MAX_CUDA_GRAPHS:
+            why = (
+                f"the static layout's packs have {len(keys)} distinct GDN chunk counts, each a CUDA graph in the "
+                f"pool: more than {MAX_CUDA_GRAPHS}"
+            )
+    if cfg.cuda_graphs == "off":
+        return Choice(False, "cuda_graphs: off")
+    if why is not None:
+        if cfg.cuda_graphs == "on":
+            raise ConfigError(f"cuda_graphs 'on': {why}; use cuda_graphs: auto (or off)")
+        return Choice(False, f"auto: off: {why}")
+    n = len(keys)
+    return Choice(
+        True,
+        f"{'auto' if cfg.cuda_graphs == 'auto' else 'cuda_graphs: on'}: the compiled loop over the static layout in "
+        f"one process, at most {n} graph{'s' * (n != 1)} per compiled graph (one per distinct GDN chunk count)",
+    )
+
+
 def choose_loss(cfg: TrainConfig, facts: Facts) -> Choice:
     if cfg.loss == "plain":
         return Choice(False, "loss: plain, transformers' own ([tokens, vocab] logits kept)")
@@ -264,10 +334,26 @@ def choose_loss(cfg: TrainConfig, facts: Facts) -> Choice:
     return Choice(False, f"auto: transformers' own loss ([tokens, vocab] logits kept): {facts.fused_loss_blocker}")
 
 
-def choose_checkpointing(cfg: TrainConfig) -> Choice:
-    if cfg.gradient_checkpointing == "auto":
-        return Choice("auto", "auto: off, switched on if the first step runs out of GPU memory")
-    return Choice(bool(cfg.gradient_checkpointing), f"gradient_checkpointing: {cfg.gradient_checkpointing}")
+def choose_checkpointing(
+    cfg: TrainConfig, facts: Facts, layout: StaticLayout | None = None, bf16: bool = False, fused: bool = True
+) -> tuple[Choice, list[str]]:
+    """`gradient_checkpointing: auto` on a GPU: on when the memory estimate of a micro-batch without it
+    (train/memory.py, at the largest pack the run collates) would not fit the free memory, off otherwise; where
+    nothing can be estimated (the CPU), off. Off under auto is switched on if the first step runs out of memory."""
+    if cfg.gradient_checkpointing != "auto":
+        return Choice(bool(cfg.gradient_checkpointing), f"gradient_checkpointing: {cfg.gradient_checkpointing}"), []
+    retry = "switched on if the first step runs out of GPU memory"
+    if facts.device != "cuda" or facts.gpu_free_bytes is None or facts.shapes is None:
+        return Choice(False, f"auto: off, no GPU memory to plan for; {retry}"), []
+    if not facts.shapes.layer_types or not facts.shapes.hidden:
+        return Choice(False, f"auto: off, the model's layer widths are unknown; {retry}"), []
+    tokens = max([cfg.sequence_len * cfg.micro_batch_size] + [sum(p) for p in facts.packs])
+    if layout is not None:
+        tokens = max(tokens, layout.tokens)
+    est = step_bytes(facts.shapes, tokens, bf16=bf16, fused_loss=fused, state_bytes=facts.state_bytes)
+    d = decide_checkpointing(est, facts.gpu_free_bytes, tokens)
+    reason = d.reason if d.on else f"{d.reason}; {retry}"
+    return Choice(d.on, reason), [d.warning] if d.warning else []
 
 
 def resolve(cfg: TrainConfig, facts: Facts) -> Choices:
@@ -277,13 +363,19 @@ def resolve(cfg: TrainConfig, facts: Facts) -> Choices:
         warns.append("bf16 on CPU autocasts matmuls only and is slow on most CPUs; fp32 is the CPU default")
     compile_, more = choose_compile(cfg, facts)
     warns += more
+    bf16 = choose_bf16(cfg, facts)
+    layout = choose_pack_layout(cfg, facts, compile_.value)
+    fused = choose_loss(cfg, facts)
+    checkpointing, more = choose_checkpointing(cfg, facts, layout.value, bf16.value, fused.value)
+    warns += more
     return Choices(
-        bf16=choose_bf16(cfg, facts),
+        bf16=bf16,
         threads=choose_threads(cfg, facts),
         compile=compile_,
         fsdp_units=choose_fsdp_units(cfg, facts, compile_.value),
-        pack_layout=choose_pack_layout(cfg, facts, compile_.value),
-        fused_loss=choose_loss(cfg, facts),
-        checkpointing=choose_checkpointing(cfg),
+        pack_layout=layout,
+        cuda_graphs=choose_cuda_graphs(cfg, facts, compile_.value, layout.value),
+        fused_loss=fused,
+        checkpointing=checkpointing,
         warnings=tuple(warns),
     )

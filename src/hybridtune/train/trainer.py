@@ -21,7 +21,6 @@ and the global batch are those of one process.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import math
 import random
@@ -38,15 +37,16 @@ from hybridtune.config import TrainConfig, compile_overrides, warmup_warning
 from hybridtune.data import PackedCollator, with_chat_template
 from hybridtune.data.build import PreparedData, prepare
 from hybridtune.data.packing import Example
-from hybridtune.errors import ConfigError, TrainingDiverged
+from hybridtune.errors import TrainingDiverged
+from hybridtune.kernels.environment import use_compile_caches
 from hybridtune.kernels.provision import provision_kernels
 from hybridtune.models.flops import measure_peak
 from hybridtune.models.hub import resolve_source
 from hybridtune.models.loading import tokenizer_for
 from hybridtune.train import checkpoint as ckpt
-from hybridtune.train import distributed, export, health
+from hybridtune.train import cudagraphs, distributed, export, health, oom
 from hybridtune.train.card import model_card
-from hybridtune.train.choices import Choices, Facts, choose_bf16, measure, pick_device, resolve
+from hybridtune.train.choices import Choices, Facts, choose_bf16, cuda_graph_keys, measure, pick_device, resolve
 from hybridtune.train.evaluation import eval_batches, evaluate, report_eval
 from hybridtune.train.metrics import MetricsLog, StepFlops, StepLog, memory_gib
 from hybridtune.train.model import build_model, enable_checkpointing
@@ -85,6 +85,7 @@ class Trainer:
         self.lock: OutputLock | None = None
         self.run: dict | None = None  # rank 0: `outdir.run_record`
         self.saved_step = -1  # the step of this process's newest checkpoint
+        self.cuda_graphs, self.conv_before = False, None  # CUDA graphs on; the conv form they replaced
 
     # -- setup: a table of contents ----------------------------------------------------------------
 
@@ -153,6 +154,8 @@ class Trainer:
         return pinned
 
     def _setup_kernels(self) -> None:
+        if self.device.type == "cuda" or self.cfg.compile in ("loop", "modules"):  # before the self-test compiles
+            logger.info("%s", use_compile_caches())
         self.kernel_report = provision_kernels(self.cfg.kernels, self.cfg.require_fast_path, self.source.config_ref)
 
     def _facts(self, model: torch.nn.Module | None = None) -> Facts:
@@ -170,7 +173,8 @@ class Trainer:
         self.loaded, self.model, self.patch_report = built.loaded, built.model, built.patch_report
 
     def _setup_choices(self) -> None:
-        self.choices: Choices = resolve(self.cfg, self._facts(self.model))
+        self.facts = self._facts(self.model)
+        self.choices: Choices = resolve(self.cfg, self.facts)
         for line in self.choices.lines():
             logger.info("choice %s", line)
         for w in self.choices.warnings:
@@ -186,7 +190,10 @@ class Trainer:
         self.fused_loss = self.choices.fused_loss.value
 
     def _setup_compile(self) -> None:
-        """Compile after patching, LoRA and checkpointing are in place (the graph must see all three)."""
+        """Compile after patching, LoRA and checkpointing are in place (the graph must see all three); CUDA graphs
+        as choices.py decided (train/cudagraphs.py)."""
+        if self.cfg.gradient_checkpointing == "auto" and self.choices.checkpointing.value:
+            enable_checkpointing(self.model)  # the memory estimate said so (choices.choose_checkpointing)
         self.compile_handle = None
         if self.strategy == "off":
             return
@@ -195,6 +202,9 @@ class Trainer:
             opts["overrides"] = compile_overrides(self.cfg)
         if self.strategy == "loop":
             opts["static_shapes"] = self.collate.layout is not None
+        if self.choices.cuda_graphs.value:
+            self.cuda_graphs, self.graph_keys = True, len(cuda_graph_keys(self.collate.layout, self.facts.packs))
+            self.conv_before, opts["mode"] = cudagraphs.prepare(self.graph_keys), cudagraphs.MODE
         self.compile_handle = compile_model(self.model, self.strategy, **opts)
         logger.info("compile: strategy '%s' (the first step includes compilation)", self.strategy)
 
@@ -205,6 +215,7 @@ class Trainer:
         d = self.dist
         self.engine = distributed.wrap(distributed.LossModule(self.model), d, self.device, self.use_bf16)
         self.eval_model = self.engine.module if d.engine == "ddp" else self.engine
+        self.eval_model = cudagraphs.StepMarked(self.eval_model) if self.cuda_graphs else self.eval_model
         self.autocast = lambda: torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16)
 
     def _setup_flops(self) -> None:
@@ -282,13 +293,16 @@ class Trainer:
         # waits for the GPU once (loss and gradient norm together), not after every micro-batch.
         mine = [to_device(b, self.device) for b in distributed.my_share(d, batches)]
         losses = []
+        if self.cuda_graphs and len(mine) > 1:
+            cudagraphs.stable_grads(self.params)  # accumulated outside the graphs' pool
         for i, b in enumerate(mine):
             with distributed.accumulation(self.engine, d, last=i == len(mine) - 1):
+                cudagraphs.step_begin(self.cuda_graphs)
                 with self.autocast():
                     loss = self.engine(b, n_tokens, self.fused_loss)
                 # DDP and FSDP2 average over ranks; times N, that average is the sum the window's loss needs.
                 (loss * d.world if d.enabled else loss).backward()
-            losses.append(loss.detach().float())
+            losses.append(cudagraphs.kept(loss))  # (a copy: nothing a later replay may overwrite)
         norm = distributed.total_grad_norm(self.params)
         if cfg.max_grad_norm > 0:
             torch.nn.utils.clip_grads_with_norm_(self.params, cfg.max_grad_norm, norm)
@@ -320,36 +334,13 @@ class Trainer:
         }
 
     def first_step(self) -> dict:
-        """This process's first step (of a fresh or a resumed run). Under `gradient_checkpointing: auto`, one
-        retry with checkpointing on if it ran out of memory without it (one process only: under torchrun the
-        other ranks are already inside collectives, so there the error says which setting to change)."""
-        if self.cfg.gradient_checkpointing != "auto":
+        """This process's first step (of a fresh or a resumed run). Under `gradient_checkpointing: auto` with
+        checkpointing left off, retried once with it on if it runs out of memory (train/oom.py)."""
+        if self.cfg.gradient_checkpointing != "auto" or self.choices.checkpointing.value:
             return self.train_step()
-        pos = self.stream.position()
-        rng = (torch.get_rng_state(), torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None)
-        try:
-            return self.train_step()
-        except torch.OutOfMemoryError as e:
-            if self.dist.enabled:
-                also = " or fsdp_units: layer" if self.dist.engine == "fsdp" and self.dist.units == "model" else ""
-                raise ConfigError(
-                    f"out of GPU memory in the first step without gradient checkpointing ({str(e).splitlines()[0]}); "
-                    f"set gradient_checkpointing: true (or a shorter sequence_len{also})"
-                ) from None
-        self.optimizer.zero_grad(set_to_none=True)
-        gc.collect()  # the failed step's traceback frames may still hold activations
-        torch.set_rng_state(rng[0])  # dropout draws as in a run that had checkpointing from the start
-        if self.device.type == "cuda":
-            torch.cuda.set_rng_state(rng[1], self.device)
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(self.device)  # the logged peak is the run's, not the failed try's
-        self.stream.seek(pos)
-        enable_checkpointing(self.model)
-        logger.warning(
-            "gradient_checkpointing auto: the first step ran out of GPU memory without checkpointing; "
-            "switched it on and retried the step (set gradient_checkpointing: true to start that way)"
+        return oom.retry_with_checkpointing(
+            self.train_step, self.model, self.optimizer, self.stream, self.device, self.dist
         )
-        return self.train_step()
 
     def _eval_examples(self) -> list[Example]:
         """The held-out examples every evaluation reads (the static layout is fitted over their packs too)."""
@@ -407,8 +398,10 @@ class Trainer:
         finally:
             self.close()
 
-    def close(self) -> None:  # let go of the output directory's lock
+    def close(self) -> None:  # let go of the output directory's lock; the conv form CUDA graphs replaced
         self.lock = self.lock.release() if self.lock is not None else None
+        if self.conv_before is not None:
+            self.conv_before = cudagraphs.restore(self.conv_before)
 
     def _run(self) -> TrainResult:
         cfg = self.cfg
@@ -423,6 +416,8 @@ class Trainer:
             while self.step < self.total_steps:
                 prof.before(self.step + 1)
                 rec = self.first_step() if first else self.train_step()  # this process's first (resumed too)
+                if first and self.cuda_graphs:
+                    logger.info("%s", cudagraphs.report(self.device, self.graph_keys))
                 first = False
                 stop = rec.pop("stop")
                 eval_due = bool(cfg.eval_steps) and self.step % cfg.eval_steps == 0 and self.step < self.total_steps
@@ -467,6 +462,8 @@ class Trainer:
             prof.cancel()
             if self.metrics is not None:
                 self.metrics.close()
+            if self.cuda_graphs:
+                logger.info("%s", cudagraphs.report(self.device, self.graph_keys))
         result.steps = self.step
         return result
 

@@ -1,0 +1,143 @@
+"""How much GPU memory a training step needs, estimated from the model's config before the first step: what
+`gradient_checkpointing: auto` decides on.
+
+The estimate counts what the step adds to what is already resident once the model is loaded: gradients and AdamW
+state (`state_bytes`, measured from the model), the activations the backward keeps (per token and per layer, from
+the config's widths), the transients of one layer's backward, the loss head, and a fixed allowance for workspaces
+and the allocator. Activations are counted as the compiled loop keeps them: the input of every matmul (LoRA's A
+and a full fine-tune's weight gradient both read it), the mixers' internals their backward reads (the GDN conv's
+input and output, q/k/v, the delta rule's within-chunk matrix, the gated norm's inputs; attention's q/k/v, output
+and its gate), and the MLP's gate, up and product. With checkpointing each layer keeps only its input and one
+layer at a time recomputes the rest.
+
+The figures are an estimate, deliberately on the high side: a run whose estimate does not fit turns checkpointing
+on; the out-of-memory retry of the first step stays as the fallback for a run whose estimate was too low.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The delta rule's chunk length (FLA's kernels and `data.collator.GDN_CHUNK_SIZE`).
+GDN_CHUNK = 64
+# Workspaces (cuBLAS, FLA's kernels), the fused loss's logits chunk (ops/loss.py: about 1 GiB in fp32) and the
+# allocator's slack: a fixed allowance on top of the per-token bytes.
+FIXED_OVERHEAD = 2**30
+# The share of the GPU's available memory an estimate may fill and still count as fitting.
+FIT_SHARE = 0.9
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class ActivationShapes:
+    """The widths of a decoder stack that decide its activations per token (elements, not bytes)."""
+
+    hidden: int
+    layer_types: tuple[str, ...]  # "linear_attention" (GDN) or an attention kind, per layer
+    mlp: int  # the MLP's width per token: dense intermediate, or an MoE's top-k experts plus its shared expert
+    attn_q: int  # attention heads x head dim
+    attn_kv: int  # key/value heads x head dim
+    attn_heads: int
+    gdn_qk: int  # linear-attention key heads x key dim
+    gdn_v: int  # linear-attention value heads x value dim
+    gdn_heads: int  # linear-attention value heads
+    gdn_state: int  # elements of one chunk's recurrent state: value heads x key dim x value dim
+    vocab: int
+
+    @classmethod
+    def of(cls, config) -> ActivationShapes:
+        """From a transformers text config (Qwen3.5, Qwen3-Next and their MoE forms; an attention-only config
+        has no linear-attention layers)."""
+        g = lambda name, default=0: getattr(config, name, None) or default  # noqa: E731
+        hidden, n = g("hidden_size"), g("num_hidden_layers")
+        heads = g("num_attention_heads", 1)
+        head_dim = g("head_dim", hidden // max(heads, 1))
+        experts = g("num_experts_per_tok")
+        mlp = g("intermediate_size")
+        if experts and g("moe_intermediate_size"):
+            mlp = experts * g("moe_intermediate_size") + g("shared_expert_intermediate_size")
+        kh, vh = g("linear_num_key_heads"), g("linear_num_value_heads")
+        kd, vd = g("linear_key_head_dim"), g("linear_value_head_dim")
+        return cls(
+            hidden=hidden,
+            layer_types=tuple(g("layer_types", ["full_attention"] * n)),
+            mlp=mlp,
+            attn_q=heads * head_dim,
+            attn_kv=g("num_key_value_heads", heads) * head_dim,
+            attn_heads=heads,
+            gdn_qk=kh * kd,
+            gdn_v=vh * vd,
+            gdn_heads=vh,
+            gdn_state=vh * kd * vd,
+            vocab=g("vocab_size"),
+        )
+
+    def layer_elements(self, kind: str) -> int:
+        """Elements per token one layer keeps for its backward without checkpointing (see the module doc)."""
+        common = 4 * self.hidden + 3 * self.mlp  # its input, both norms' outputs, the residual; MLP gate/up/product
+        if kind == "linear_attention":
+            conv = 2 * self.gdn_qk + self.gdn_v
+            # conv input and output, normalised q and k, the within-chunk matrix, output, gate z, gated norm output
+            mixer = 2 * conv + 2 * self.gdn_qk + GDN_CHUNK * self.gdn_heads + 3 * self.gdn_v
+        else:
+            # q with its output gate, k, v; rotated q and k; the attention output and the gated one; fp32 lse
+            mixer = 5 * self.attn_q + 3 * self.attn_kv + 2 * self.attn_heads
+        return common + mixer
+
+    def backward_fp32_elements(self, kind: str) -> int:
+        """fp32 elements per token a linear-attention layer's backward adds: the chunk states and their gradients."""
+        return 2 * self.gdn_state // GDN_CHUNK if kind == "linear_attention" else 0
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes a step adds to what is resident, with and without checkpointing."""
+
+    without: int
+    with_checkpointing: int
+
+
+def step_bytes(shapes: ActivationShapes, tokens: int, *, bf16: bool, fused_loss: bool, state_bytes: int) -> Estimate:
+    """The estimate for micro-batches of `tokens` tokens (see the module doc); `state_bytes`: gradients and AdamW
+    state the run allocates beside the resident model."""
+    b = 2 if bf16 else 4
+    kinds = shapes.layer_types
+    saved = [shapes.layer_elements(k) * b for k in kinds]
+    # One layer's backward at a time: gradients as large as what it kept, plus the delta rule's fp32 states.
+    transient = max(s + shapes.backward_fp32_elements(k) * 4 for s, k in zip(saved, kinds)) if kinds else 0
+    # The final norm's output and its gradient; without the fused loss, the [tokens, vocab] logits, their fp32
+    # upcast and its gradient.
+    head = 2 * shapes.hidden * 4 + (0 if fused_loss else shapes.vocab * (b + 4 + 4))
+    fixed = state_bytes + FIXED_OVERHEAD
+    without = fixed + tokens * (sum(saved) + transient + head)
+    # Checkpointed: every layer's input, and one layer recomputed (what it keeps, then its backward's transients).
+    ckpt = fixed + tokens * (len(kinds) * shapes.hidden * b + max(saved, default=0) + transient + head)
+    return Estimate(without=without, with_checkpointing=ckpt)
+
+
+@dataclass(frozen=True)
+class Decision:
+    on: bool
+    reason: str
+    warning: str | None = None
+
+
+def decide_checkpointing(est: Estimate, available: int, tokens: int) -> Decision:
+    """On when the step without checkpointing would fill more than FIT_SHARE of `available` (bytes the GPU has
+    for the step: free memory after the model loaded), off otherwise; the reason gives the figures."""
+    room = FIT_SHARE * available
+    figures = (
+        f"{tokens}-token micro-batches need about {est.without / GIB:.1f} GiB without checkpointing, "
+        f"{est.with_checkpointing / GIB:.1f} GiB with it; {available / GIB:.1f} GiB free"
+    )
+    if est.without <= room:
+        return Decision(False, f"auto: off: {figures}")
+    if est.with_checkpointing <= room:
+        return Decision(True, f"auto: on: {figures}")
+    return Decision(
+        True,
+        f"auto: on: {figures}",
+        f"gradient_checkpointing: even with checkpointing the estimate ({est.with_checkpointing / GIB:.1f} GiB) "
+        f"exceeds {FIT_SHARE:.0%} of the {available / GIB:.1f} GiB free; the step may run out of memory (a shorter "
+        "sequence_len, or LoRA, needs less)",
+    )

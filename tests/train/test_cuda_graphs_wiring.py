@@ -1,0 +1,112 @@
+"""The trainer acts on `cuda_graphs` and on `gradient_checkpointing: auto`'s estimate (CPU: the GPU-only parts are
+stood in for, the wiring is real).
+
+- CUDA graphs on: the loop compiles with mode "reduce-overhead" over the static layout, FLA's tensor cache is
+  switched off and the GDN conv is FLA's op inside the graph while the run lasts (put back after), every forward
+  (each micro-batch, each eval pack) starts a CUDA-graph step, the losses are those of the run without, and the
+  log says what was chosen and how many graphs were recorded.
+- The compile caches are placed before the kernels and the compile, and the log says cold or warm.
+- `gradient_checkpointing: auto` decided on from the estimate: checkpointing is on before the compile sees the
+  model, and the first step is not the out-of-memory retry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+import torch
+from test_resume import make_cfg
+
+from hybridtune.ops import fla_adapter
+from hybridtune.ops.gdn import conv_in_graph
+from hybridtune.train import choices, oom
+from hybridtune.train import trainer as trainer_mod
+from hybridtune.train.evaluation import eval_batches
+from hybridtune.train.trainer import Trainer
+
+
+def _checkpointed(model) -> bool:
+    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+
+
+@pytest.fixture
+def fake_compile(monkeypatch):
+    """compile_model replaced by a recorder (the model runs eagerly): what it was asked, and the state then."""
+    calls = []
+
+    def record(model, strategy, **opts):
+        calls.append(
+            {"strategy": strategy, "opts": opts, "conv": conv_in_graph(), "checkpointed": _checkpointed(model)}
+        )
+
+    monkeypatch.setattr(trainer_mod, "compile_model", record)
+    return calls
+
+
+@pytest.fixture
+def caches(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYBRIDTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    return tmp_path / "cache"
+
+
+def _run(out, data, **kw):
+    cfg = make_cfg(out, data, max_steps=4, eval_steps=2, lora_dropout=0.0, compile="loop", pack_layout="static", **kw)
+    t = Trainer(cfg)
+    t.setup()
+    return t, t.train()
+
+
+def test_cuda_graphs_wiring(tmp_path, small_data, monkeypatch, fake_compile, caches, caplog):
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config.triton, "cudagraph_dynamic_shape_warn_limit", 1)
+    plain_t, plain = _run(tmp_path / "plain", small_data)
+    assert plain_t.choices.cuda_graphs.value is False and "CUDA graphs need a GPU" in plain_t.choices.cuda_graphs.reason
+    assert fake_compile[-1]["opts"] == {"static_shapes": True} and fake_compile[-1]["conv"] == "traced"
+
+    real = choices.choose_cuda_graphs  # the real decision, as on a GPU
+    monkeypatch.setattr(
+        choices, "choose_cuda_graphs", lambda cfg, f, s, lay: real(cfg, dataclasses.replace(f, device="cuda"), s, lay)
+    )
+    marks, fla = [], []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    monkeypatch.setattr(fla_adapter, "disable_tensor_cache", lambda: fla.append(1) or True)
+    with caplog.at_level(logging.INFO, logger="hybridtune"):
+        t, got = _run(tmp_path / "cg", small_data)
+    keys = len(choices.cuda_graph_keys(t.collate.layout, t.facts.packs))
+    assert t.cuda_graphs and fake_compile[-1]["opts"] == {"static_shapes": True, "mode": "reduce-overhead"}
+    assert fake_compile[-1]["conv"] == "op" and conv_in_graph() == "traced"  # op while it ran, put back after
+    assert fla == [1] and inductor_config.triton.cudagraph_dynamic_shape_warn_limit == keys
+    # One step mark per forward: 4 steps x 2 micro-batches, and every eval pack of every eval.
+    packs = len(list(eval_batches(t._eval_examples(), t.cfg.sequence_len)))
+    assert len(got.evals) >= 2 and len(marks) == 4 * 2 + len(got.evals) * packs
+    assert len(got.losses) == 4 and got.losses == pytest.approx(plain.losses, rel=1e-6, abs=0)
+    for a, b in zip(got.evals, plain.evals):
+        assert a["eval_loss"] == pytest.approx(b["eval_loss"], rel=1e-6)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "choice cuda_graphs: True (auto: the compiled loop over the static layout in one process" in text
+    assert f"cuda graphs: an unknown number of recorded (at most {keys} per compiled graph" in text
+    assert f"compile caches: inductor {caches / 'inductor'} (cold, empty); triton {caches / 'triton'}" in text
+
+
+def test_checkpointing_auto_from_the_estimate_is_on_before_the_compile(tmp_path, small_data, monkeypatch, fake_compile):
+    real = trainer_mod.measure
+
+    def gpu_facts(cfg, device, d, model=None, bf16=False, packs=()):
+        facts = real(cfg, device, d, model, bf16, packs)
+        # A GPU with 1 MiB free: no step fits without checkpointing.
+        return facts if model is None else dataclasses.replace(facts, device="cuda", gpu_free_bytes=2**20)
+
+    monkeypatch.setattr(trainer_mod, "measure", gpu_facts)
+    monkeypatch.setattr(oom, "retry_with_checkpointing", lambda *a: pytest.fail("the first step was the OOM retry"))
+    cfg = make_cfg(tmp_path / "a", small_data, max_steps=2, compile="modules", gradient_checkpointing="auto")
+    t = Trainer(cfg)
+    t.setup()
+    assert t.choices.checkpointing.value is True and t.choices.checkpointing.reason.startswith("auto: on: ")
+    assert fake_compile[-1]["checkpointed"] and _checkpointed(t.model)
+    assert t.choices.cuda_graphs.value is False and "compile modules" in t.choices.cuda_graphs.reason
+    assert t.train().steps == 2
