@@ -12,7 +12,10 @@ What is counted (T = sum(doc_lens) tokens in the step; every matmul costs 2 FLOP
   even when tied to the embedding. The embedding lookup is not counted (a gather, no matmul).
 * LoRA adapters on the targeted `nn.Linear` modules (peft-style match: module path == target or ends
   with "." + target): r * (in + out) trained parameters each, 6 FLOPs per parameter per token.
-  The routed experts are 3-D parameters, not `nn.Linear`, so `target_modules` never reaches them.
+  The routed experts are 3-D parameters, not `nn.Linear`, so `target_modules` never reaches them; their LoRA
+  (`lora_parameters`, peft's `target_parameters`: `gate_up_proj`, `down_proj`) is r * (in + out) per expert,
+  charged for the top-k experts a token is routed to (x A_e then (x A_e) B_e per routed row, as the grouped
+  form computes it; peft's own forward also forms the whole [E, out, in] delta each step, work not counted).
   Caveat (peft 0.21): for model_type qwen3_next, peft's v4->v5 MoE shim rewrites the targets gate_proj /
   up_proj / down_proj into `target_parameters` on the routed experts (rank 2r on the fused gate_up_proj)
   and drops them from `target_modules`, so the shared expert's MLP gets no adapter. That layout is not
@@ -196,6 +199,7 @@ def step_flops(
     lora_r: int = 0,
     lora_targets: Iterable[str] = (),
     gradient_checkpointing: bool = False,
+    lora_parameters: Iterable[str] = (),
 ) -> StepFlops:
     """FLOPs of one optimizer step over the packed documents `doc_lens` (see the module docstring)."""
     if adapter not in ADAPTERS:
@@ -215,12 +219,13 @@ def step_flops(
     decoder_params = sum(t.active_params for t in terms if t.in_decoder)
     head_params = sum(t.active_params for t in terms if not t.in_decoder)
 
-    targets = tuple(lora_targets)
+    targets, params = tuple(lora_targets), tuple(lora_parameters)
     lora_dec = lora_head = 0
-    if not full and lora_r > 0 and targets:
+    if not full and lora_r > 0 and (targets or params):
         hit = [t for t in terms if t.is_linear and _targeted(t.path, targets)]
+        hit += [t for t in terms if t.stored > 1 and _targeted(t.path, params)]  # routed experts' 3-D weights
         if not hit:
-            raise ValueError(f"none of lora_targets {list(targets)} names a Linear module of this model")
+            raise ValueError(f"none of lora_targets {list(targets + params)} names a weight of this model")
         lora_dec = sum(lora_r * (t.in_features + t.out_features) * t.active for t in hit if t.in_decoder)
         lora_head = sum(lora_r * (t.in_features + t.out_features) * t.active for t in hit if not t.in_decoder)
 
