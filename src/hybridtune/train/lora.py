@@ -8,6 +8,7 @@ import re
 import torch
 
 from hybridtune.errors import ConfigError
+from hybridtune.models import experts
 from hybridtune.models.anatomy import text_model
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,8 @@ def apply_lora(
     target_parameters: list[str] | tuple[str, ...] = (),
 ):
     """Wrap `model` with a peft LoRA adapter on the named Linear modules of its text model and on the named
-    parameters (peft's `target_parameters`: the fused 3-D weights of MoE experts); everything else is frozen."""
+    parameters (peft's `target_parameters`: the fused 3-D weights of MoE experts); everything else is frozen.
+    Experts that hybridtune routed (`models.experts.route_experts`) compute their LoRA as grouped GEMMs too."""
     from peft import LoraConfig, get_peft_model
 
     found, missing = present_targets(model, targets)
@@ -93,6 +95,11 @@ def apply_lora(
             f"config key 'lora_dropout' = {dropout}: peft adapts this model's {', '.join(found)} as expert "
             "parameters, whose LoRA has no dropout; set lora_dropout: 0"
         ) from None
+    grouped = experts.route_lora(peft_model)
+    if grouped:
+        logger.info(
+            "LoRA on the routed experts as grouped GEMMs in %d layer(s): %s", len(grouped), next(iter(grouped.values()))
+        )
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in peft_model.parameters())
     applied, params = applied_targets(peft_model)
