@@ -59,7 +59,7 @@ def test_preset_meta_equals_plain_and_is_seeded(name):
     want = load_model(name, tok, seed=11, dtype=torch.bfloat16)
     got, stats = meta_then_filled(name, tokenizer=tok, seed=11, dtype=torch.bfloat16)
     assert_same_model(got.model, want.model)
-    assert 0 < stats.staged_bytes < stats.model_bytes
+    assert 0 < stats.staged_bytes <= 0.5 * stats.model_bytes  # about one block of the init at a time (4 layers)
     again = load_model(name, tok, seed=11).model
     other = load_model(name, tok, seed=12).model
     weights = [n for n, p in again.named_parameters() if p.dim() == 2]

@@ -220,6 +220,7 @@ class PresetReader:
         self._ready: dict[str, torch.Tensor] = {}
         self._names = {id(p): n for n, p in self.model.named_parameters()}
         self._real: dict[str, tuple[torch.nn.Module, str, torch.nn.Parameter]] = {}  # made real, not handed out
+        self._done: set[str] = set()  # made real once already
         self._blocks = {
             id(child)
             for parent in self.model.modules()
@@ -240,13 +241,14 @@ class PresetReader:
         self._guard.__enter__()
         self.held_bytes = 0  # the most bytes of generated tensors held at once
 
-    def _make_real(self, module: torch.nn.Module) -> None:
-        for owner in module.modules():
+    def _make_real(self, module: torch.nn.Module, whole: bool) -> None:
+        """`module`'s parameters (`whole`: its subtree's) real, NaN until an init writes them: a parameter no init
+        touches is an error when read, never garbage. Each parameter once: one handed out stays handed out."""
+        for owner in module.modules() if whole else [module]:
             for pname, p in list(owner._parameters.items()):
                 name = self._names.get(id(p)) if p is not None else None
-                if name is None or not p.is_meta or name in self._ready:
+                if name is None or name in self._done:
                     continue
-                # NaN until an init writes it: a parameter no init touches is an error below, never garbage
                 real = torch.nn.Parameter(
                     torch.full(p.shape, float("nan"), dtype=p.dtype), requires_grad=p.requires_grad
                 )
@@ -254,26 +256,28 @@ class PresetReader:
                     real._is_hf_initialized = True
                 owner._parameters[pname] = real
                 self._real[name] = (owner, pname, p)
+                self._done.add(name)
             for bname, b in list(owner._buffers.items()):
                 if b is not None and b.is_meta:
                     owner._buffers[bname] = torch.empty(b.shape, dtype=b.dtype)
 
-    def _release(self, module: torch.nn.Module) -> None:
-        for owner in module.modules():
-            for pname, real in list(owner._parameters.items()):
-                for name, (o, n, meta) in list(self._real.items()):
-                    if o is owner and n == pname:
-                        self._ready[name] = real.data
-                        owner._parameters[pname] = meta
-                        del self._real[name]
+    def _release(self) -> None:
+        """Hand out every parameter made real so far (their block's init has run), the skeleton meta again."""
+        for name, (owner, pname, meta) in self._real.items():
+            self._ready[name] = owner._parameters[pname].data
+            owner._parameters[pname] = meta
+        self._real.clear()
 
     def _advance(self) -> None:
         module, fn = next(self._order)
-        self._make_real(self._block_of.get(id(module), module))  # its block, whole, before the first init inside it
+        block = self._block_of.get(id(module), module if id(module) in self._blocks else None)
+        # a block whole before the first init inside it; a module above the blocks (a PreTrainedModel, a ModuleList)
+        # sets its own parameters only
+        self._make_real(block or module, whole=block is not None)
         with torch.no_grad():
             fn(module, False)
         if id(module) not in self._block_of:  # a block (or above it): its init was the last to touch it
-            self._release(module)
+            self._release()
         self.held_bytes = max(self.held_bytes, sum(t.numel() * t.element_size() for t in self._ready.values()))
 
     def __call__(self, name: str, start: int, stop: int) -> torch.Tensor:

@@ -16,7 +16,14 @@ Nothing here moves tensors between ranks by itself: `torch.distributed` (process
     anyway, so the window's micro-batches keep it gathered and accumulate the whole gradient, and the
     gradients are reduce-scattered once per optimizer step, like DDP's all-reduce (`accumulation`; the
     price is the unsharded fp32 gradient kept over the window).
-  On a GPU with bf16 the parameters are gathered in bf16 and gradients reduced (and accumulated) in fp32.
+  A model built on the meta device (`load_model(meta=True)`) is sharded first and filled after (`load_sharded`):
+  each rank reads or draws its own shards only, so no rank holds the whole model, in host or GPU memory.
+
+Mixed precision under FSDP2 when bf16 computes (`MixedPrecisionPolicy(param_dtype=bfloat16,
+reduce_dtype=float32)`): the sharded parameters, which are the optimizer's master weights, stay fp32 (train/model.py
+holds a full fine-tune's text model in fp32; a LoRA base is bf16 already); each unit all-gathers them cast to bf16
+for its forward and backward; the gradients, computed in bf16, are reduce-scattered in fp32 and land on the fp32
+shards as fp32 `.grad`; AdamW's moments are fp32. Without bf16 everything is in the parameters' own dtype.
 
 Both engines average gradients over ranks; each rank's loss is multiplied by the world size before
 backward, so the averaged gradient is the gradient of the global loss (sum over all trained tokens of
@@ -35,6 +42,7 @@ import ctypes
 import datetime
 import logging
 import os
+import resource
 import signal
 import sys
 import warnings
@@ -44,6 +52,7 @@ import torch
 
 from hybridtune.errors import ConfigError, UserError
 from hybridtune.models.anatomy import decoder_layers
+from hybridtune.models.loading import materialize
 from hybridtune.train.step import forward_loss, model_inputs
 
 logger = logging.getLogger(__name__)
@@ -216,6 +225,42 @@ class LossModule(torch.nn.Module):
         if num_items is None:  # eval: the logits [1, T, vocab]
             return self.model(**model_inputs(batch, labels=False)).logits
         return forward_loss(self.model, batch, num_items, fused)
+
+
+def load_sharded(loaded, engine: torch.nn.Module, d: Dist, device: torch.device) -> list[dict]:
+    """Fill a model built on the meta device (`loaded.reader` set) after `wrap` sharded it: each rank gives its shards
+    storage on `device` and reads (a checkpoint) or draws (a preset) only those. Logs, per rank, the bytes it holds
+    of the model, the largest block it staged on the host, its peak host RSS and peak GPU memory; returns those
+    records in rank order (every rank)."""
+    stats = materialize(loaded, engine, device)
+    rec = {
+        "rank": d.rank,
+        "local_bytes": stats.local_bytes,
+        "model_bytes": stats.model_bytes,
+        "staged_bytes": stats.staged_bytes,
+        "host_peak_bytes": peak_rss_bytes(),
+        "gpu_peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0,
+    }
+    records = gather_objects(rec, d)
+    mib, gib = 2.0**20, 2.0**30
+    for r in records:
+        logger.info(
+            "sharded load: rank %d holds %.1f MiB of the model's %.1f MiB (largest host block %.1f MiB); "
+            "peak host RSS %.2f GiB, peak GPU %.2f GiB",
+            r["rank"],
+            r["local_bytes"] / mib,
+            r["model_bytes"] / mib,
+            r["staged_bytes"] / mib,
+            r["host_peak_bytes"] / gib,
+            r["gpu_peak_bytes"] / gib,
+        )
+    return records
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def whole_model_bytes(model: torch.nn.Module, world: int, bf16: bool = True) -> int:

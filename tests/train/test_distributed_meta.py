@@ -1,0 +1,144 @@
+"""Under FSDP2 over 2 processes (torchrun, gloo, CPU), a model built on the meta device, sharded, and then filled rank
+by rank (`distributed.load_sharded`) equals the plain load, every parameter gathered whole, for a preset and for the
+tiny checkpoints (text, vision-language with its frozen tower, MoE with per-expert files), per-layer and whole-model
+units alike; each rank holds and stages less than the whole model. And the mixed precision FSDP2 runs under bf16 is
+the stated one: fp32 sharded masters and gradients, bf16 gathered parameters in the forward and backward, fp32
+gradient reductions.
+
+One torchrun launch serves every check; each rank writes what it found to rank<k>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from checkpoints import make_checkpoint
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+RANKS = """
+import dataclasses, json, logging, pathlib, sys, torch
+from hybridtune.data import PackedCollator
+from hybridtune.data.packing import Example
+from hybridtune.models.anatomy import decoder_layers
+from hybridtune.models.loading import load_model
+from hybridtune.train import distributed
+
+OUT, SOURCES = pathlib.Path(sys.argv[1]), sys.argv[2:]
+logging.basicConfig(level=logging.INFO)
+d = distributed.init("fsdp", "full", "cpu")
+CPU = torch.device("cpu")
+
+def compare(source, units):
+    plain = load_model(source, seed=3, dtype=torch.float32).model
+    loaded = load_model(source, seed=3, dtype=torch.float32, meta=True)
+    engine = distributed.wrap(distributed.LossModule(loaded.model), dataclasses.replace(d, units=units), CPU, False)
+    assert all(p.is_meta for p in engine.parameters())
+    records = distributed.load_sharded(loaded, engine, d, CPU)
+    want = dict(plain.named_parameters())
+    got = {n.removeprefix("model."): p for n, p in engine.named_parameters()}
+    bad = [
+        n for n in want
+        if n not in got or got[n].dtype != want[n].dtype or got[n].requires_grad != want[n].requires_grad
+        or not torch.equal(got[n].full_tensor(), want[n])
+    ]
+    buffers = [n for n, b in plain.named_buffers() if not torch.equal(b, loaded.model.get_buffer(n))]
+    return {"bad": bad, "missing": sorted(set(want) ^ set(got)), "buffers": buffers, "records": records,
+            "sharded": all(hasattr(p, "device_mesh") for p in engine.parameters())}
+
+def mixed_precision():
+    loaded = load_model("tiny-qwen3_5", seed=3, dtype=torch.float32, meta=True)
+    engine = distributed.wrap(distributed.LossModule(loaded.model), dataclasses.replace(d, units="layer"), CPU, True)
+    distributed.load_sharded(loaded, engine, d, CPU)
+    seen = {}
+    layer = decoder_layers(loaded.model)[1]
+    def hook(module, args):
+        seen["forward"] = sorted({str(p.dtype) for p in module.parameters(recurse=True)})
+    layer.register_forward_pre_hook(hook)
+    dtypes = {"gather": set(), "reduce": set()}
+    dist = torch.distributed
+    names = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor",
+             "all_reduce")
+    saved = {n: getattr(dist, n) for n in names if hasattr(dist, n)}
+    for n, f in saved.items():
+        def spy(*a, _f=f, _k="gather" if "gather" in n else "reduce", **kw):
+            dtypes[_k].update(str(t.dtype) for t in (*a, *kw.values()) if isinstance(t, torch.Tensor))
+            return _f(*a, **kw)
+        setattr(dist, n, spy)
+    sizes = [(40, 23), (30, 9)][d.rank]
+    batch = PackedCollator()([Example(list(range(5, 5 + n)), [1] * n) for n in sizes])
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = engine(batch, 100, True)
+        (loss * d.world).backward()
+    finally:
+        for n, f in saved.items():
+            setattr(dist, n, f)
+    params = [p for p in engine.parameters() if p.requires_grad]
+    return {
+        "forward": seen["forward"],
+        "sharded": sorted({str(p.dtype) for p in params}),
+        "grads": sorted({str(p.grad.dtype) for p in params if p.grad is not None}),
+        "with_grad": sum(p.grad is not None for p in params), "trainable": len(params),
+        "gather": sorted(dtypes["gather"]), "reduce": sorted(dtypes["reduce"]),
+    }
+
+got = {"load": {f"{s}|{u}": compare(s, u) for s in SOURCES for u in ("layer", "model")}, "mp": mixed_precision()}
+(OUT / f"rank{d.rank}.json").write_text(json.dumps(got))
+distributed.shutdown(d)
+"""
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("meta_ranks")
+    sources = ["tiny-qwen3_5", "tiny-qwen3_next"]
+    sources += [str(make_checkpoint(out, k, torch.float32)) for k in ("qwen3_5_text", "qwen3_5_vl", "qwen3_next")]
+    sources.append(str(make_checkpoint(out, "qwen3_5_moe_vl", torch.bfloat16)))  # bf16 files, fp32 masters
+    script = out / "ranks.py"
+    script.write_text(RANKS)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    r = subprocess.run([*cmd, str(out), *sources], env=ENV, capture_output=True, text=True, timeout=500)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "sharded load: rank 1 holds" in r.stderr, r.stderr[-2000:]  # rank 0 logs every rank's figures
+    return [json.loads((out / f"rank{k}.json").read_text()) for k in (0, 1)]
+
+
+@pytest.mark.slow  # torchrun
+def test_meta_init_and_sharded_load_equal_the_plain_load(ranks):
+    for rank in ranks:
+        assert len(rank["load"]) == 12
+        for key, res in rank["load"].items():
+            assert res["sharded"], key
+            assert res["bad"] == [] and res["missing"] == [] and res["buffers"] == [], key
+
+
+@pytest.mark.slow  # torchrun
+def test_each_rank_holds_and_stages_less_than_the_whole_model(ranks):
+    """The two ranks' parts add up to the model (disjoint shards, nothing held twice); each is about half of it; the
+    largest block staged on the host (a slice read, or one block of a preset's init) is far from the whole."""
+    for key, res in ranks[0]["load"].items():
+        records = res["records"]
+        assert [r["rank"] for r in records] == [0, 1]
+        model = records[0]["model_bytes"]
+        assert sum(r["local_bytes"] for r in records) == model, key
+        for r in records:
+            assert r["local_bytes"] <= 0.6 * model, (key, r)
+            assert 0 < r["staged_bytes"] <= 0.5 * model, (key, r)
+            assert r["host_peak_bytes"] > 0 and r["gpu_peak_bytes"] == 0, (key, r)
+
+
+@pytest.mark.slow  # torchrun
+def test_fsdp2_mixed_precision_is_bf16_compute_fp32_masters_and_reductions(ranks):
+    mp = ranks[0]["mp"]
+    assert mp["forward"] == ["torch.bfloat16"], mp  # a layer's parameters as its forward sees them: gathered bf16
+    assert mp["sharded"] == ["torch.float32"] and mp["grads"] == ["torch.float32"], mp  # masters, their gradients
+    assert mp["with_grad"] == mp["trainable"], mp
+    assert mp["gather"] == ["torch.bfloat16"], mp  # the all-gathers carry bf16
+    assert "torch.float32" in mp["reduce"] and "torch.bfloat16" not in mp["reduce"], mp  # reductions in fp32
