@@ -119,6 +119,19 @@ def test_resume_says_what_changed_and_refuses(tmp_path, small_data, finished):
     assert outdir.check_output_dir(make_cfg(finished, small_data, max_steps=5, overwrite=True, **resume)) is False
 
 
+def test_a_key_newer_than_the_run_counts_at_its_default(tmp_path, small_data):
+    """A run recorded before a config key existed ran as that key's default does: resuming it (or the same command
+    again) with the key at its default is no change; another value is named against the default. A key the
+    config no longer has is not compared (nothing can set it)."""
+    cfg = make_cfg(tmp_path, small_data, max_steps=2)
+    held = outdir.run_record(cfg)
+    held["config"].pop("seed")  # as if `seed` were added after the run
+    held["config"]["a_key_since_removed"] = 3
+    data = outdir.data_fingerprint(cfg)
+    assert outdir.changes(held, cfg, (), data) == []
+    assert outdir.changes(held, make_cfg(tmp_path, small_data, max_steps=2, seed=7), (), data) == ["seed: 42 -> 7"]
+
+
 def test_one_run_at_a_time_holds_a_directory(tmp_path, small_data):
     out = tmp_path / "run"
     first = Trainer(make_cfg(out, small_data, max_steps=1, eval_steps=0))

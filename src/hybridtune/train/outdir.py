@@ -125,13 +125,18 @@ def _without_data_paths(config: dict) -> dict:
 def changes(held: dict, cfg: TrainConfig, free: tuple[str, ...], data: dict[str, str]) -> list[str]:
     """`key: old -> new` for every key (and data file) that differs between a held run and `cfg` (whose data files
     hash to `data`, `data_fingerprint`), bar `free`. Data files count by content: the same files under other paths
-    (relative, absolute, moved) are the same data."""
+    (relative, absolute, moved) are the same data. A key the held run predates counts at its default."""
     now, old = to_dict(cfg), held["config"]
     same_data = "data" in held and bool(data) and sorted(held["data"].values()) == sorted(data.values())
     if same_data:
         now, old = _without_data_paths(now), _without_data_paths(old)
-    keys = sorted(set(old) | set(now))
-    diff = [f"{k}: {old.get(k)!r} -> {now.get(k)!r}" for k in keys if k not in free and old.get(k) != now.get(k)]
+    # A key the held run does not record is newer than that run, which ran as its default does; a key the config
+    # no longer has cannot be set, so it is not compared.
+    default = to_dict(TrainConfig())
+    if same_data:
+        default = _without_data_paths(default)
+    old = {k: old.get(k, default.get(k)) for k in now}
+    diff = [f"{k}: {old[k]!r} -> {now[k]!r}" for k in sorted(now) if k not in free and old[k] != now[k]]
     if "data" in held and not same_data:
         diff += [f"data file {p} changed since that run" for p in sorted(data) if held["data"].get(p) != data[p]]
     return diff
