@@ -114,3 +114,18 @@ def test_resolve_reads_the_largest_pack_and_the_static_layout():
     got = resolve(many, _facts(packs=((4000,),)))
     assert got.checkpointing.value is True and "61440-token micro-batches" in got.checkpointing.reason
     assert memory.FIT_SHARE < 1
+
+
+def test_state_bytes_counts_gradients_moments_buckets_and_bf16_copies():
+    import torch
+
+    from hybridtune.train import distributed
+    from hybridtune.train.choices import state_bytes
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4, bias=False), torch.nn.Linear(4, 3, bias=False))
+    model[0].weight.requires_grad_(False)  # frozen: no gradient, no moments
+    one = distributed.ONE
+    assert state_bytes(model, one, bf16=False) == 12 * 4 * 3  # fp32 gradient + two fp32 moments
+    assert state_bytes(model, one, bf16=True) == 12 * 4 * 3 + 12 * 2  # + the bf16 copy the backward keeps
+    ddp = dataclasses.replace(one, engine="ddp", world=2, rank=0)
+    assert ddp.enabled and state_bytes(model, ddp, bf16=False) == 12 * 4 * 4  # + DDP's bucket

@@ -139,7 +139,9 @@ def measure(
     share = distributed.whole_model_share(model, d, device, bf16) if cfg.fsdp_units == "auto" else None
     free = None
     if cuda and cfg.gradient_checkpointing == "auto":
-        free = int(-distributed.all_max(-float(torch.cuda.mem_get_info(device)[0]), d))
+        # The driver's free memory, and what torch's allocator holds reserved but unused (the self-test's, say).
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        free = int(-distributed.all_max(-float(torch.cuda.mem_get_info(device)[0] + cached), d))
     return dataclasses.replace(
         base,
         n_params=param_count(model),
@@ -155,13 +157,16 @@ def measure(
 
 def state_bytes(model: torch.nn.Module, d: distributed.Dist, bf16: bool) -> int:
     """Bytes the run allocates beside the model as loaded: each trainable parameter's gradient and AdamW's two
-    moments (in its dtype), DDP's gradient buckets; under FSDP2 what `distributed.whole_model_bytes` holds beyond
-    the whole model now resident (its shards, the gathered model, the window's gradient)."""
-    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    moments (in its dtype), DDP's gradient buckets, and under bf16 autocast the bf16 copies of fp32 trainable
+    weights the backward keeps; under FSDP2 what `distributed.whole_model_bytes` holds beyond the whole model now
+    resident (its shards, the gathered model, the window's gradient)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
     if d.engine == "fsdp" and d.enabled:
         resident = sum(p.numel() * p.element_size() for p in model.parameters())
         return max(0, distributed.whole_model_bytes(model, d.world, bf16) - resident)
-    return trainable * (4 if d.engine == "ddp" and d.enabled else 3)
+    copies = 2 * sum(p.numel() for p in trainable if p.dtype == torch.float32) if bf16 else 0
+    own = sum(p.numel() * p.element_size() for p in trainable)
+    return own * (4 if d.engine == "ddp" and d.enabled else 3) + copies
 
 
 def choose_bf16(cfg: TrainConfig, facts: Facts) -> Choice:

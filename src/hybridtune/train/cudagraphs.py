@@ -38,7 +38,7 @@ def prepare(bound: int) -> str:
 
     if fla_adapter.disable_tensor_cache():
         logger.info("cuda graphs: FLA's tensor cache switched off")
-    limit = inductor_config.triton.cudagraph_dynamic_shape_warn_limit
+    limit = getattr(inductor_config.triton, "cudagraph_dynamic_shape_warn_limit", None)
     if limit is not None and limit < bound:
         inductor_config.triton.cudagraph_dynamic_shape_warn_limit = bound
     previous = conv_in_graph()
