@@ -110,3 +110,15 @@ def test_checkpointing_auto_from_the_estimate_is_on_before_the_compile(tmp_path,
     assert fake_compile[-1]["checkpointed"] and _checkpointed(t.model)
     assert t.choices.cuda_graphs.value is False and "compile modules" in t.choices.cuda_graphs.reason
     assert t.train().steps == 2
+
+
+def test_cuda_graphs_on_where_it_cannot_run_is_one_line_and_exit_2(tmp_path, small_data, capsys):
+    from hybridtune.cli import main
+
+    out = tmp_path / "run"
+    argv = ["train", "--dataset", small_data, "--max_steps", "1", "--output_dir", str(out), "--cuda_graphs", "on"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("cuda_graphs 'on': CUDA graphs need a GPU; use cuda_graphs: auto (or off)"), err[-1]
+    assert "Traceback" not in "\n".join(err)
+    assert not out.exists() or not any(out.iterdir())  # refused before anything was written

@@ -1,15 +1,17 @@
 """The trainer: wires the run's parts together and runs its steps. Each part lives in its own module:
 
-    choices.py      every `auto` setting resolved once, with its reason (read this for "why did my run ...")
+    choices.py      every `auto` setting resolved once, with its reason (read this for "why did my run ...");
+                    memory.py its memory estimate for checkpointing
     model.py        the model: loaded, patched, checkpointing, LoRA, in the dtypes it trains in
     outdir.py       which runs an output directory may hold
     stream.py       the data order and its saved position
-    step.py         the loss of one micro-batch
+    step.py         the loss of one micro-batch; cudagraphs.py what it needs under CUDA graphs
     distributed.py  torchrun: DDP / FSDP2 wrapping, the window split over ranks
     evaluation.py   held-out loss and exact match
     checkpoint.py   atomic DCP checkpoints and exact resume
     export.py       the final model (adapter or full) as safetensors
     profiling.py    torch.profiler over a few steps
+    oom.py          the first step's out-of-memory retry with checkpointing
 
 The loss of an optimizer step is the mean over every trained token of all its micro-batches (the token count of
 the whole accumulation window is known before the first forward), so accumulation over k micro-batches equals one
