@@ -75,8 +75,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ap,
         "base_model",
         default=None,
-        help="a preset (random weights; `hybridtune doctor` lists them) (default: qwen3_5-2b on a GPU, "
-        "tiny-qwen3_5 on the CPU)",
+        help="a preset (random weights; `hybridtune doctor` lists them), or NAME@layers=N for its first N layers "
+        "(default: qwen3_5-2b on a GPU, tiny-qwen3_5 on the CPU)",
     )
     _flag(
         ap,
@@ -103,6 +103,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "lora_target_modules",
         default=",".join(DEFAULT_LORA_TARGETS),
         help="comma-separated module names that get LoRA (default: train's, " + ",".join(DEFAULT_LORA_TARGETS) + ")",
+    )
+    _flag(
+        ap,
+        "lora_target_parameters",
+        default="",
+        help="comma-separated MoE expert parameters that get LoRA (peft target_parameters), e.g. "
+        "gate_up_proj,down_proj (default: none)",
     )
     _flag(ap, "learning_rate", type=float, default=1e-4, help="AdamW learning rate, constant (default 1e-4)")
     _flag(ap, "seed", type=int, default=0, help="seed of the weights, the packs and the adapters (default 0)")
@@ -224,6 +231,7 @@ def main(argv: list[str]) -> int:
             f"--base_model '{preset}' is not a preset (bench builds random weights of a preset's shape)."
             f"{did_you_mean(preset, PRESETS)} Presets: {', '.join(PRESETS)}."
         )
+    PRESETS[preset]  # a bad NAME@layers=N is said now, before any mode runs
     modes = [parse_mode(s) for s in split_modes(args.modes or (GPU_MODES if gpu else CPU_MODES))]
     labels = [m.label for m in modes]
     if len(set(labels)) != len(labels):
@@ -237,6 +245,7 @@ def main(argv: list[str]) -> int:
         "adapter": args.adapter,
         "lora_r": args.lora_r,
         "lora_targets": [t for t in args.lora_target_modules.split(",") if t],
+        "lora_parameters": [t for t in args.lora_target_parameters.split(",") if t],
         "lr": args.learning_rate,
         "seed": args.seed,
         "compile_backend": args.compile_backend,

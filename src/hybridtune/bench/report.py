@@ -31,6 +31,8 @@ def markdown(doc: dict, title: str | None = None) -> str:
     head = title or f"{s['preset']}, {s['seq_len']}-token packs, {s['adapter']}" + (
         f" r={s['lora_r']}" if s["adapter"] == "lora" else ""
     )
+    if s["adapter"] == "lora" and s.get("lora_parameters") and not title:
+        head += f" (+ experts: {','.join(s['lora_parameters'])})"
     lines = [
         f"**{head}** on {doc['device']} ({s['dtype']}; {s['steps']} timed steps after {s['warmup']} warm-up; "
         f"peak {_fmt(peak and peak / 1e12, '.3g')} TFLOP/s measured; commit {doc['git_commit'][:10]})",
@@ -74,6 +76,13 @@ def markdown(doc: dict, title: str | None = None) -> str:
             f"Warm-up stretched from {s['warmup_asked']} to {s['warmup']} steps for every mode, so that each CUDA "
             "graph (one per distinct chunk count) is recorded before the timed steps and every mode's losses "
             "cover the same steps.",
+        ]
+    moe = {k: r for k, r in doc["modes"].items() if r.get("experts")}
+    if moe:
+        lines += ["", "Routed experts per mode:"]
+        lines += [
+            f"- {k}: {r['experts']}" + (f"; LoRA on them: {r['experts_lora']}" if r.get("experts_lora") else "")
+            for k, r in moe.items()
         ]
     longer = {  # documents written before the warm-up was one per run (some modes warmed up longer)
         k: r["warmup_steps"] for k, r in doc["modes"].items() if r.get("warmup_steps", s["warmup"]) != s["warmup"]

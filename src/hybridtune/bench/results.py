@@ -131,7 +131,9 @@ def bench_rows(doc: dict, source: str, note: str = "") -> list[dict]:
             "shape": s["preset"],
             "seq_len": s["seq_len"],
             "mode": label,
-            "adapter": s["adapter"] + (f" r={s['lora_r']}" if s["adapter"] == "lora" else ""),
+            "adapter": s["adapter"]
+            + (f" r={s['lora_r']}" if s["adapter"] == "lora" else "")
+            + (" +experts" if s["adapter"] == "lora" and s.get("lora_parameters") else ""),
             "gpus": 1,
             "tokens_per_s": r.get("tokens_per_s"),
             "step_ms": r["median_step_s"] * 1e3 if ok else None,
@@ -211,8 +213,9 @@ def _label(r: dict) -> str:
 
 
 def _shape(r: dict) -> str:
-    """qwen3_5-2b -> 2B; other presets as they are."""
-    return r["shape"].removeprefix("qwen3_5-").upper() if r["shape"].startswith("qwen3_5-") else r["shape"]
+    """qwen3_5-2b -> 2B, qwen3_5-35b-a3b@layers=8 -> 35B-A3B@layers=8; other presets as they are."""
+    name, at, cut = r["shape"].partition("@")
+    return (name.removeprefix("qwen3_5-").upper() if name.startswith("qwen3_5-") else name) + at + cut
 
 
 def _bench_table(rows: dict[int, dict], entries: list, baseline_of: dict[int, int]) -> list[str]:

@@ -26,13 +26,14 @@ from hybridtune.bench.data import make_batches, pack_layouts
 from hybridtune.bench.modes import parse_mode
 from hybridtune.compiler.strategies import compile_model
 from hybridtune.kernels.provision import provision_kernels
+from hybridtune.models import experts
 from hybridtune.models.flops import measure_peak, step_flops
 from hybridtune.models.patching import patch_model
 from hybridtune.models.presets import preset_config
 from hybridtune.ops import fla_guard
 from hybridtune.ops.gdn import conv_in_graph
 from hybridtune.train.checkpoint import atomic_write_text
-from hybridtune.train.lora import apply_lora
+from hybridtune.train.lora import applied_targets, apply_lora
 from hybridtune.train.metrics import memory_gib
 from hybridtune.train.profiling import profile_run
 from hybridtune.train.step import forward_loss
@@ -101,13 +102,24 @@ def build_model(spec: dict, mode, device: torch.device, result: dict):
         conv_in_graph(mode.conv)
 
         result["patch_report"] = str(patch_model(model))
+        routed = experts.route_experts(model)  # idempotent where patch_model routes them itself
+        if routed:
+            result["experts"] = f"{len(routed)} layer(s): {next(iter(routed.values()))}"
+    elif getattr(cfg, "num_experts", 0):
+        result["experts"] = f"transformers' {model.config._experts_implementation!r} experts implementation"
     if mode.gc:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if mode.input_require_grads:
             model.enable_input_require_grads()
     if spec["adapter"] == "lora":
         torch.manual_seed(spec["seed"] + 1)
-        model = apply_lora(model, spec["lora_r"], 2 * spec["lora_r"], 0.0, spec["lora_targets"])
+        params = spec.get("lora_parameters", [])
+        model = apply_lora(model, spec["lora_r"], 2 * spec["lora_r"], 0.0, spec["lora_targets"], params)
+        # What peft really adapted (for Qwen3-Next it moves MLP names onto the experts): the FLOP count follows it.
+        result["lora_modules"], result["lora_parameters"] = applied_targets(model)
+        if params:
+            grouped = sum(1 for m in model.modules() if experts.ORIGINAL_FORWARD in m.__dict__)
+            result["experts_lora"] = f"grouped in {grouped} layer(s)" if grouped else "peft's ParamWrapper forward"
     model.train()
     backend = spec.get("compile_backend", "inductor")
     cmode = "reduce-overhead" if mode.cudagraphs else None
@@ -237,7 +249,8 @@ def _flops(spec, mode, cfg, batches, timed, result) -> None:
             lens,
             adapter=spec["adapter"],
             lora_r=spec["lora_r"],
-            lora_targets=spec["lora_targets"],
+            lora_targets=result.get("lora_modules", spec["lora_targets"]),
+            lora_parameters=result.get("lora_parameters", spec.get("lora_parameters", ())),
             gradient_checkpointing=mode.gc,
         )
         for lens in steps

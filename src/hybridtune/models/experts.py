@@ -36,7 +36,7 @@ from transformers.integrations import moe as hf_moe
 
 NAME = "hybridtune_grouped"
 PARAMETERS = ("gate_up_proj", "down_proj")
-_ORIGINAL = "_hybridtune_original_experts_forward"
+ORIGINAL_FORWARD = _ORIGINAL = "_hybridtune_original_experts_forward"  # on a wrapper route_lora changed
 _ROUTED = "_hybridtune_experts_routed"
 
 
@@ -114,7 +114,11 @@ def lora_factors(wrapper, adapter: str) -> tuple[torch.Tensor, torch.Tensor, flo
     a = wrapper.lora_A[adapter].weight  # [E * r, in], row e * r + j
     b = wrapper.lora_B[adapter].weight  # [out, r * E], column j * E + e
     e, r = wrapper.num_experts, wrapper.r[adapter]
-    return a.view(e, r, a.shape[-1]).transpose(1, 2), b.view(b.shape[0], r, e).permute(2, 1, 0), wrapper.scaling[adapter]
+    return (
+        a.view(e, r, a.shape[-1]).transpose(1, 2),
+        b.view(b.shape[0], r, e).permute(2, 1, 0),
+        wrapper.scaling[adapter],
+    )
 
 
 def _project(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, factors) -> torch.Tensor:

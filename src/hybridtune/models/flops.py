@@ -18,8 +18,8 @@ What is counted (T = sum(doc_lens) tokens in the step; every matmul costs 2 FLOP
   form computes it; peft's own forward also forms the whole [E, out, in] delta each step, work not counted).
   Caveat (peft 0.21): for model_type qwen3_next, peft's v4->v5 MoE shim rewrites the targets gate_proj /
   up_proj / down_proj into `target_parameters` on the routed experts (rank 2r on the fused gate_up_proj)
-  and drops them from `target_modules`, so the shared expert's MLP gets no adapter. That layout is not
-  modelled here; for Qwen3-Next with MLP targets the `lora` term is the nn.Linear reading above.
+  and drops them from `target_modules`, so the shared expert's MLP gets no adapter. Give the count what peft
+  applied (`train.lora.applied_targets`: modules and parameters), as `hybridtune bench` does, and it matches.
 * Attention core of the full-attention layers, causal, per document of length L (documents packed in a
   step do not attend to each other): Q K^T and P V each cost 2 * L^2 * head_dim * num_heads FLOPs for the
   full square, halved for the causal mask, so forward = 2 * L^2 * head_dim * num_heads (the L/2 diagonal

@@ -1,0 +1,85 @@
+"""`hybridtune bench` on MoE shapes: expert LoRA flag, NAME@layers=N, FLOPs by what peft applied, the experts path
+of each mode reported; a CPU smoke run (slow tier) with hf-eager and the hybridtune modes at loss parity."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hybridtune.bench import results, worker
+from hybridtune.bench.command import parse_args
+from hybridtune.bench.modes import parse_mode
+from hybridtune.cli import main
+from hybridtune.models.flops import step_flops
+from hybridtune.models.presets import preset_config
+
+
+def test_expert_lora_flag_parses():
+    assert parse_args(["--lora_target_parameters", "gate_up_proj,down_proj"]).lora_target_parameters == (
+        "gate_up_proj,down_proj"
+    )
+    assert parse_args([]).lora_target_parameters == ""
+    assert parse_args(["--lora-target-parameters", "down_proj"]).lora_target_parameters == "down_proj"
+
+
+def test_bad_layer_cut_is_one_line(capsys):
+    assert main(["bench", "--base_model", "qwen3_5-35b-a3b@layers=99"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "layers must be a whole number from 1 to 40" in err and "\n" not in err
+
+
+def test_flops_follow_what_peft_applied():
+    """The worker charges the modules and expert parameters peft adapted (recorded in the result), not the flags."""
+    cfg = preset_config("tiny-qwen3_next")
+    spec = {"warmup": 1, "steps": 2, "adapter": "lora", "lora_r": 4, "lora_targets": ["q_proj", "gate_proj"]}
+    batches = [{"doc_lens": [7, 9]}]
+    mode = parse_mode("ht-eager")
+    applied = {"lora_modules": ["q_proj"], "lora_parameters": ["gate_up_proj", "down_proj"]}
+    result = dict(applied)
+    worker._flops(spec, mode, cfg, batches, [1.0, 1.0], result)
+    want = step_flops(cfg, [7, 9], lora_r=4, lora_targets=["q_proj"], lora_parameters=["gate_up_proj", "down_proj"])
+    assert result["model_flops_per_step"] == want.model
+    plain = step_flops(cfg, [7, 9], lora_r=4, lora_targets=["q_proj", "gate_proj"])
+    assert want.breakdown["lora"] != plain.breakdown["lora"]
+
+
+def test_results_rows_name_the_cut_and_expert_lora():
+    doc = {
+        "date": "2026-12-01T00:00:00",
+        "git_commit": "abc",
+        "device": "d",
+        "command": "hybridtune bench",
+        "settings": {"preset": "qwen3_5-35b-a3b@layers=8", "seq_len": 8, "adapter": "lora", "lora_r": 16}
+        | {"lora_parameters": ["gate_up_proj", "down_proj"]},
+        "modes": {"hf-eager": {"error": "x"}},
+    }
+    (row,) = results.bench_rows(doc, source="t")
+    assert row["adapter"] == "lora r=16 +experts" and row["shape"] == "qwen3_5-35b-a3b@layers=8"
+    assert results._shape(row) == "35B-A3B@layers=8"
+
+
+@pytest.mark.slow  # three modes, each in its own process, one of them compiled
+def test_bench_moe_cpu_smoke(tmp_path):
+    out = tmp_path / "bench"
+    args = ["bench", "--base_model", "tiny-qwen3_5_moe@layers=2", "--modes", "hf-eager,ht-eager,ht-loop"]
+    args += ["--lora_target_parameters", "gate_up_proj,down_proj", "--steps", "2", "--warmup", "1", "--layouts", "2"]
+    args += ["--sequence_len", "128", "--compile_backend", "aot_eager", "--output_dir", str(out)]
+    assert main(args) == 0
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["settings"]["lora_parameters"] == ["gate_up_proj", "down_proj"]
+    base = doc["modes"]["hf-eager"]
+    assert "grouped_mm" in base["experts"] and base["experts_lora"] == "peft's ParamWrapper forward"
+    for label in ("ht-eager", "ht-loop"):
+        r = doc["modes"][label]
+        assert "error" not in r, r.get("error")
+        assert (
+            r["experts"].startswith("2 layer(s): hybridtune_grouped") and r["experts_lora"] == "grouped in 2 layer(s)"
+        )
+        assert sorted(r["lora_parameters"]) == ["down_proj", "gate_up_proj"]
+        assert r["trainable_params"] == base["trainable_params"]
+        assert r["model_flops_per_step"] == base["model_flops_per_step"]
+        assert r["losses"] == pytest.approx(base["losses"], rel=1e-4)  # same weights, data, seeds
+    loop = doc["modes"]["ht-loop"]
+    assert loop["graph_breaks"] == 0 and loop["recompiles_after_warmup"] == 0
+    assert "Routed experts per mode:" in (out / "bench.md").read_text()
