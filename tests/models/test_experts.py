@@ -14,10 +14,10 @@ from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextSparseMo
 
 from hybridtune.models import experts as X
 
-E, K, H, I = 6, 3, 16, 8  # every matrix dimension a multiple of 8: bf16 grouped GEMMs take them
+E, K, H, INTER = 6, 3, 16, 8  # every matrix dimension a multiple of 8: bf16 grouped GEMMs take them
 
 
-def make_block(kind: str = "qwen3_5_moe", dtype=torch.float64, seed: int = 0, hidden: int = H, inter: int = I):
+def make_block(kind: str = "qwen3_5_moe", dtype=torch.float64, seed: int = 0, hidden: int = H, inter: int = INTER):
     cls, cfg_cls = {
         "qwen3_5_moe": (Qwen3_5MoeSparseMoeBlock, Qwen3_5MoeTextConfig),
         "qwen3_next": (Qwen3NextSparseMoeBlock, Qwen3NextConfig),
@@ -80,7 +80,9 @@ def test_block_equals_eager_float64(kind, tokens):
 
 
 ROUTINGS = {
-    "experts 1 and 4 empty": lambda t: torch.tensor([[0, 2, 3], [5, 0, 2], [3, 5, 0]] * (t // 3) + [[2, 3, 5]] * (t % 3)),
+    "experts 1 and 4 empty": lambda t: torch.tensor(
+        [[0, 2, 3], [5, 0, 2], [3, 5, 0]] * (t // 3) + [[2, 3, 5]] * (t % 3)
+    ),
     "all tokens on experts 0..2": lambda t: torch.tensor([[0, 1, 2]] * t),
     "last expert only in one token": lambda t: torch.tensor([[0, 1, 2]] * (t - 1) + [[5, 1, 0]]),
 }

@@ -7,11 +7,11 @@ import copy
 
 import pytest
 import torch
+from test_experts import H, make_block
+from test_experts_lora import lora_model
 from torch._dynamo.utils import counters
 
 from hybridtune.models import experts as X
-from tests.models.test_experts import H, make_block
-from tests.models.test_experts_lora import lora_model
 
 
 @pytest.fixture(autouse=True)
