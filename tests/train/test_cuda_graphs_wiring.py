@@ -122,3 +122,16 @@ def test_cuda_graphs_on_where_it_cannot_run_is_one_line_and_exit_2(tmp_path, sma
     assert err[-1].endswith("cuda_graphs 'on': CUDA graphs need a GPU; use cuda_graphs: auto (or off)"), err[-1]
     assert "Traceback" not in "\n".join(err)
     assert not out.exists() or not any(out.iterdir())  # refused before anything was written
+
+
+def test_graph_log_says_the_count_when_it_changes_and_at_the_end(monkeypatch):
+    from hybridtune.train import cudagraphs
+
+    counts = iter([None, 0, 0, 2, 2, 6, 6])
+    monkeypatch.setattr(cudagraphs, "recorded", lambda device: next(counts))
+    log = cudagraphs.GraphLog(torch.device("cpu"), keys=3)
+    lines = [log.changed() for _ in range(6)]
+    assert [x is not None for x in lines] == [True, True, False, True, False, True]
+    assert lines[0].startswith("cuda graphs: an unknown number of recorded (at most 3 per compiled graph")
+    assert lines[5].startswith("cuda graphs: 6 recorded (at most 3 per compiled graph, one per distinct GDN chunk")
+    assert log.final().startswith("cuda graphs: 6 recorded")

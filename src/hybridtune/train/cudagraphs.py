@@ -14,7 +14,7 @@ What a run under CUDA graphs must do, and where it is done:
   and kept as a copy (`kept`); gradients accumulated over several micro-batches go into buffers allocated outside
   the graphs (`stable_grads`): a gradient the backward's graph handed to `.grad` would be overwritten by the next
   micro-batch's replay;
-- the number of graphs recorded is logged (`recorded`).
+- the number of graphs recorded is logged (`GraphLog`).
 """
 
 from __future__ import annotations
@@ -105,11 +105,26 @@ def recorded(device: torch.device) -> int | None:
         return None
 
 
-def report(device: torch.device, keys: int) -> str:
-    """The log line of the graphs recorded against the run's bound (`keys` distinct chunk counts)."""
-    n = recorded(device)
-    got = "an unknown number of" if n is None else str(n)
-    return (
-        f"cuda graphs: {got} recorded (at most {keys} per compiled graph, one per distinct GDN chunk count: "
-        "forward, backward and eval each)"
-    )
+class GraphLog:
+    """The log lines of the CUDA graphs recorded against the run's bound (`keys` distinct chunk counts): at a logged
+    step when the number changed since the last line, and at the end of the run."""
+
+    def __init__(self, device: torch.device, keys: int):
+        self.device, self.keys, self.said = device, keys, -1
+
+    def changed(self) -> str | None:
+        n = recorded(self.device)
+        if n == self.said:
+            return None
+        self.said = n
+        return self.line(n)
+
+    def line(self, n: int | None) -> str:
+        got = "an unknown number of" if n is None else str(n)
+        return (
+            f"cuda graphs: {got} recorded (at most {self.keys} per compiled graph, one per distinct GDN chunk count: "
+            "forward, backward and eval each)"
+        )
+
+    def final(self) -> str:
+        return self.line(recorded(self.device))

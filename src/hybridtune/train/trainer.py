@@ -205,8 +205,9 @@ class Trainer:
         if self.strategy == "loop":
             opts["static_shapes"] = self.collate.layout is not None
         if self.choices.cuda_graphs.value:
-            self.cuda_graphs, self.graph_keys = True, len(cuda_graph_keys(self.collate.layout, self.facts.packs))
-            self.conv_before, opts["mode"] = cudagraphs.prepare(self.graph_keys), cudagraphs.MODE
+            keys = len(cuda_graph_keys(self.collate.layout, self.facts.packs))
+            self.cuda_graphs, self.graph_log = True, cudagraphs.GraphLog(self.device, keys)
+            self.conv_before, opts["mode"] = cudagraphs.prepare(keys), cudagraphs.MODE
         self.compile_handle = compile_model(self.model, self.strategy, **opts)
         logger.info("compile: strategy '%s' (the first step includes compilation)", self.strategy)
 
@@ -418,8 +419,6 @@ class Trainer:
             while self.step < self.total_steps:
                 prof.before(self.step + 1)
                 rec = self.first_step() if first else self.train_step()  # this process's first (resumed too)
-                if first and self.cuda_graphs:
-                    logger.info("%s", cudagraphs.report(self.device, self.graph_keys))
                 first = False
                 stop = rec.pop("stop")
                 eval_due = bool(cfg.eval_steps) and self.step % cfg.eval_steps == 0 and self.step < self.total_steps
@@ -430,6 +429,8 @@ class Trainer:
                 if steps.due(self.step, stop):
                     # The peak over ranks (one scalar all-reduce, on logged steps only): ranks differ under FSDP2.
                     steps.log(rec, distributed.all_max(memory_gib(self.device), self.dist), self.metrics)
+                    if self.cuda_graphs and (line := self.graph_log.changed()):
+                        logger.info("%s", line)
                 if self.on_log:
                     self.on_log(rec)
                 if stop:
@@ -465,7 +466,7 @@ class Trainer:
             if self.metrics is not None:
                 self.metrics.close()
             if self.cuda_graphs:
-                logger.info("%s", cudagraphs.report(self.device, self.graph_keys))
+                logger.info("%s", self.graph_log.final())
         result.steps = self.step
         return result
 
