@@ -1,4 +1,4 @@
-"""`hybridtune train [CONFIG.yaml] [--key value ...] [--nproc N]`."""
+"""`hybridtune train [CONFIG.yaml] [--key value ...] [--nproc N] [--nnodes N --node_rank R --master_addr A]`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from hybridtune.config import config_help, load_config, parse_overrides
@@ -21,6 +22,7 @@ RANK0_GRACE_S = 30.0
 STOPPED_CODES = frozenset({-signal.SIGTERM, 130, 128 + signal.SIGTERM})
 
 USAGE = """usage: hybridtune train [CONFIG.yaml] [--key value ...] [--nproc N]
+                       [--nnodes N --node_rank R --master_addr HOST [--master_port PORT]]
 
 Fine-tune a model. The default is a full fine-tune (every weight trained); --adapter lora trains a
 LoRA adapter instead. With no arguments: a full fine-tune of the tiny Qwen3.5 preset (random weights)
@@ -33,7 +35,43 @@ on the bundled arithmetic chats (a few minutes on a CPU). A YAML file sets keys;
 --nproc N trains with N processes on this machine (one per GPU) through torchrun; the same as
 `torchrun --nproc-per-node N -m hybridtune train ...`. The engine is the `distributed` key (DDP for
 LoRA, FSDP2 for a full fine-tune); the global batch and the schedule do not depend on N.
+
+--nnodes N trains over N machines, --nproc processes on each: run the same command on every machine
+with its own --node_rank (0 .. N-1) and the address of node 0 as --master_addr (--master_port, default
+29500, free there); the same as torchrun's flags of those names. output_dir must be one directory every
+machine sees (a shared filesystem): checkpoints are written there by every rank.
 """
+
+DEFAULT_MASTER_PORT = 29500
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The launcher flags of `hybridtune train`: processes per machine, machines, this machine's rank, node 0."""
+
+    nproc: int = 1
+    nnodes: int = 1
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int = DEFAULT_MASTER_PORT
+
+    @property
+    def world(self) -> int:
+        return self.nproc * self.nnodes
+
+    def torchrun_args(self) -> list[str]:
+        """torchrun's flags for this launch: standalone (a local rendezvous) on one machine, node 0's address with
+        the static rendezvous over several."""
+        common = [f"--nproc-per-node={self.nproc}", "--max-restarts=0"]
+        if self.nnodes == 1:
+            return ["--standalone", *common]
+        return [
+            f"--nnodes={self.nnodes}",
+            f"--node-rank={self.node_rank}",
+            f"--master-addr={self.master_addr}",
+            f"--master-port={self.master_port}",
+            *common,
+        ]
 
 
 class TrainingFailed(UserError):
@@ -44,24 +82,71 @@ class TrainingFailed(UserError):
         self.exit_code = exit_code
 
 
-def _take_nproc(argv: list[str]) -> tuple[int, list[str]]:
-    """Remove `--nproc N` / `--nproc=N` from argv (a launcher flag, not a config key)."""
-    rest, n, i = [], 1, 0
+_FLAGS = {
+    "nproc": ("--nproc", "--nproc-per-node", "--nproc_per_node"),
+    "nnodes": ("--nnodes",),
+    "node_rank": ("--node_rank", "--node-rank"),
+    "master_addr": ("--master_addr", "--master-addr"),
+    "master_port": ("--master_port", "--master-port"),
+}
+_EXAMPLE = {"nproc": "2", "nnodes": "2", "node_rank": "0", "master_addr": "10.0.0.1", "master_port": "29500"}
+
+
+def _take_launch(argv: list[str]) -> tuple[Launch, list[str]]:
+    """Remove the launcher flags (`--nproc N`, `--nnodes N`, `--node_rank R`, `--master_addr A`, `--master_port P`,
+    each also as `--flag=value` and in torchrun's dashed spelling) from argv: they are not config keys."""
+    names = {flag: key for key, flags in _FLAGS.items() for flag in flags}
+    rest, raw, i = [], {}, 0
     while i < len(argv):
-        a = argv[i]
-        key, eq, raw = a.partition("=")
-        if key in ("--nproc", "--nproc-per-node", "--nproc_per_node"):
+        flag, eq, value = argv[i].partition("=")
+        key = names.get(flag)
+        if key is None:
+            rest.append(argv[i])
+        else:
             if not eq:
                 if i + 1 >= len(argv):
-                    raise ConfigError("command line: --nproc needs a number of processes, e.g. --nproc 2")
-                raw, i = argv[i + 1], i + 1
-            if not raw.isdigit() or int(raw) < 1:
-                raise ConfigError(f"command line: --nproc {raw!r} must be a positive number of processes")
-            n = int(raw)
-        else:
-            rest.append(a)
+                    raise ConfigError(f"command line: {flag} needs a value, e.g. {flag} {_EXAMPLE[key]}")
+                value, i = argv[i + 1], i + 1
+            raw[key] = (flag, value)
         i += 1
-    return n, rest
+    values: dict = {}
+    for key in ("nproc", "nnodes", "node_rank", "master_port"):
+        if key in raw:
+            flag, value = raw[key]
+            low = 0 if key == "node_rank" else 1
+            if not value.isdigit() or int(value) < low:
+                what = "a number from 0" if low == 0 else "a positive number"
+                raise ConfigError(f"command line: {flag} {value!r} must be {what}, e.g. {flag} {_EXAMPLE[key]}")
+            values[key] = int(value)
+    if "master_addr" in raw:
+        values["master_addr"] = raw["master_addr"][1]
+    launch_ = Launch(**values)
+    _check_nodes(launch_, {k: flag for k, (flag, _) in raw.items()})
+    return launch_, rest
+
+
+def _check_nodes(launch_: Launch, given: dict[str, str]) -> None:
+    if launch_.nnodes == 1:
+        extra = [given[k] for k in ("node_rank", "master_addr", "master_port") if k in given]
+        if extra:
+            raise ConfigError(
+                f"command line: {', '.join(extra)} without --nnodes: they place this machine among several; add "
+                "--nnodes N (the number of machines), or leave them out on one machine"
+            )
+        return
+    missing = [
+        flag for key, flag in (("node_rank", "--node_rank"), ("master_addr", "--master_addr")) if key not in given
+    ]
+    if missing:
+        raise ConfigError(
+            f"command line: --nnodes {launch_.nnodes} needs {' and '.join(missing)}: this machine's rank (0 .. "
+            f"{launch_.nnodes - 1}) and the address of node 0, which every machine reaches"
+        )
+    if launch_.node_rank >= launch_.nnodes:
+        raise ConfigError(
+            f"command line: --node_rank {launch_.node_rank} is not below --nnodes {launch_.nnodes}; the machines are "
+            f"ranked 0 .. {launch_.nnodes - 1}"
+        )
 
 
 def main(argv: list[str]) -> int:
@@ -69,15 +154,16 @@ def main(argv: list[str]) -> int:
         print(USAGE)
         print(config_help())
         return 0
-    nproc, argv = _take_nproc(argv)
+    how, argv = _take_launch(argv)
     config_args = argv
     path = None
     if argv and not argv[0].startswith("--"):
         path, argv = argv[0], argv[1:]
-    launching = nproc > 1 and "WORLD_SIZE" not in os.environ
-    cfg = load_config(path, parse_overrides(argv), warn=not launching)  # (launching: rank 0 says the warnings)
+    launching = how.world > 1 and "WORLD_SIZE" not in os.environ
+    # (launching: rank 0 says the warnings; on several machines, node 0's)
+    cfg = load_config(path, parse_overrides(argv), warn=not launching)
     if launching:
-        return launch(nproc, config_args, cfg)
+        return launch(how, config_args, cfg)
     if "TORCHELASTIC_ERROR_FILE" in os.environ:
         from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -123,6 +209,7 @@ def _train(cfg) -> int:
     # Imported here, past argument parsing: `hybridtune train --help` and a config error answer without loading
     # torch and transformers.
     from hybridtune.train import distributed
+    from hybridtune.train.outdir import RUN_FILE
     from hybridtune.train.trainer import Trainer
 
     is_main = int(os.environ.get("RANK", "0")) == 0
@@ -131,6 +218,7 @@ def _train(cfg) -> int:
         try:
             trainer = Trainer(cfg)  # joins the process group under torchrun: errors here are per rank too
             trainer.setup()
+            distributed.check_shared_output_dir(trainer.dist, trainer.out / RUN_FILE)
             progress = _progress(trainer.total_steps, trainer.step) if trainer.dist.is_main else None
             if progress is not None:
                 trainer.on_log = lambda rec: progress.update(rec)
@@ -194,8 +282,9 @@ def _progress(total: int, done: int):
     return _Bar(total, done)
 
 
-def launch(nproc: int, argv: list[str], cfg) -> int:
-    """Run `hybridtune train ARGV` in `nproc` processes on this machine through torchrun's own launcher.
+def launch(how: Launch, argv: list[str], cfg) -> int:
+    """Run `hybridtune train ARGV` in `how.nproc` processes on this machine (one of `how.nnodes`) through torchrun's
+    own launcher.
 
     A failed rank ends the whole run (torchrun stops the others); this turns its report into one line
     naming each failed rank and its exit code or signal, and the first line of its error when it left one.
@@ -209,8 +298,9 @@ def launch(nproc: int, argv: list[str], cfg) -> int:
     from hybridtune.train.checkpoint import list_checkpoints
     from hybridtune.train.distributed import GPU_ENV_DEFAULTS, Dist, check_window
 
+    nproc = how.nproc
     # Input mistakes are found here, once, before N processes each load a model and say it N times.
-    check_window(Dist(world=nproc), cfg.gradient_accumulation_steps)
+    check_window(Dist(world=how.world), cfg.gradient_accumulation_steps)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if cfg.device == "cuda" and gpus == 0:
         raise ConfigError(
@@ -223,10 +313,19 @@ def launch(nproc: int, argv: list[str], cfg) -> int:
         )
     for k, v in GPU_ENV_DEFAULTS.items():
         os.environ.setdefault(k, v)
-    args = get_args_parser().parse_args(
-        ["--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0", "-m", "hybridtune", "train", *argv]
-    )
-    logger.info("launching %d processes through torchrun", nproc)
+    args = get_args_parser().parse_args([*how.torchrun_args(), "-m", "hybridtune", "train", *argv])
+    if how.nnodes == 1:
+        logger.info("launching %d processes through torchrun", nproc)
+    else:
+        logger.info(
+            "launching %d processes through torchrun: node %d of %d (%d processes in all), node 0 at %s:%d",
+            nproc,
+            how.node_rank,
+            how.nnodes,
+            how.world,
+            how.master_addr,
+            how.master_port,
+        )
     # torchrun's own log lines (its OMP_NUM_THREADS banner, "closing signal", "failed (exitcode ...)") would surround
     # the ranks' one line; what they say is in that line or in the one below. Its default of 1 thread is kept.
     os.environ.setdefault("OMP_NUM_THREADS", "1")

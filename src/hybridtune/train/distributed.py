@@ -44,9 +44,11 @@ import logging
 import os
 import resource
 import signal
+import socket
 import sys
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -122,13 +124,6 @@ def init(setting: str, adapter: str, device_kind: str) -> Dist:
         return d
     d = Dist(d.rank, d.world, d.local_rank, choose_engine(setting, adapter))
     _end_with_launcher()
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", d.world))
-    if local_world != d.world:
-        # Checkpoints are committed by rank 0 renaming a directory every rank wrote into: one filesystem.
-        raise ConfigError(
-            f"{d.world} ranks over several machines ({local_world} on this one): hybridtune trains on one machine's "
-            "GPUs; launch with --standalone on one node"
-        )
     if torch.distributed.is_initialized():
         return d
     cuda = device_kind == "cuda" or (device_kind == "auto" and torch.cuda.is_available())
@@ -149,8 +144,14 @@ def init(setting: str, adapter: str, device_kind: str) -> Dist:
     if not d.is_main:
         # One voice: rank 0 logs (its warnings are the same on every rank); the others speak only to fail.
         logging.getLogger("hybridtune").setLevel(logging.ERROR)
+    machines = d.world // int(os.environ.get("LOCAL_WORLD_SIZE", d.world))
     logger.info(
-        "distributed: %d processes (%s, %s), engine %s", d.world, kw["backend"], "cuda" if cuda else "cpu", d.engine
+        "distributed: %d processes%s (%s, %s), engine %s",
+        d.world,
+        f" on {machines} machines" if machines > 1 else "",
+        kw["backend"],
+        "cuda" if cuda else "cpu",
+        d.engine,
     )
     return d
 
@@ -171,6 +172,24 @@ def _end_with_launcher() -> None:
         return
     if os.getppid() != parent:  # the launcher died before the line above: nothing would send the signal now
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def check_shared_output_dir(d: Dist, run_file: Path) -> None:
+    """Every rank sees `run_file`, which rank 0 wrote into the output directory during setup: checkpoints are written
+    there by every rank and committed by rank 0 renaming a directory, so over several machines the output directory
+    must be one shared directory. A ConfigError on every rank otherwise, naming the ranks and hosts that do not see
+    it."""
+    if not d.enabled:
+        return
+    barrier(d)
+    seen = gather_objects((run_file.is_file(), socket.gethostname(), str(run_file.parent)), d)
+    blind = [f"rank {r} on {host}" for r, (ok, host, _) in enumerate(seen) if not ok]
+    if blind:
+        raise ConfigError(
+            f"output_dir '{seen[0][2]}' is not shared: {', '.join(blind)} cannot see {run_file.name}, written "
+            "there by rank 0; over several machines output_dir must be one directory every machine mounts at the "
+            "same path"
+        )
 
 
 def shutdown(d: Dist) -> None:
