@@ -69,10 +69,12 @@ def _grads(model) -> dict:
 @pytest.mark.parametrize("adapter,gc", [("lora", True), ("lora", False), ("full", True)])
 def test_cuda_graph_step_equals_eager_over_layouts(adapter, gc):
     from torch._dynamo.utils import counters
+    from torch._inductor.cudagraph_trees import reset_cudagraph_trees
 
     from hybridtune.compiler.loop import compile_loop
 
     torch._dynamo.reset()
+    reset_cudagraph_trees()  # this test's graphs alone are counted
     model = _model(adapter, gc)
     layout = StaticLayout.fit(PACKS, max_filler=1.0)
     keys = choices.cuda_graph_keys(layout, [tuple(p) for p in PACKS])
