@@ -46,6 +46,16 @@ def fake_compile(monkeypatch):
 
 
 @pytest.fixture
+def warn_limit():
+    """inductor's per-size CUDA-graph warning limit, set low for the test and put back after (its config's own
+    patch: monkeypatch's undo would delete the key)."""
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch({"triton.cudagraph_dynamic_shape_warn_limit": 1}):
+        yield inductor_config.triton
+
+
+@pytest.fixture
 def caches(tmp_path, monkeypatch):
     monkeypatch.setenv("HYBRIDTUNE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
@@ -60,10 +70,7 @@ def _run(out, data, **kw):
     return t, t.train()
 
 
-def test_cuda_graphs_wiring(tmp_path, small_data, monkeypatch, fake_compile, caches, caplog):
-    import torch._inductor.config as inductor_config
-
-    monkeypatch.setattr(inductor_config.triton, "cudagraph_dynamic_shape_warn_limit", 1)
+def test_cuda_graphs_wiring(tmp_path, small_data, monkeypatch, fake_compile, caches, caplog, warn_limit):
     plain_t, plain = _run(tmp_path / "plain", small_data)
     assert plain_t.choices.cuda_graphs.value is False and "CUDA graphs need a GPU" in plain_t.choices.cuda_graphs.reason
     assert fake_compile[-1]["opts"] == {"static_shapes": True} and fake_compile[-1]["conv"] == "traced"
@@ -80,7 +87,7 @@ def test_cuda_graphs_wiring(tmp_path, small_data, monkeypatch, fake_compile, cac
     keys = len(choices.cuda_graph_keys(t.collate.layout, t.facts.packs))
     assert t.cuda_graphs and fake_compile[-1]["opts"] == {"static_shapes": True, "mode": "reduce-overhead"}
     assert fake_compile[-1]["conv"] == "op" and conv_in_graph() == "traced"  # op while it ran, put back after
-    assert fla == [1] and inductor_config.triton.cudagraph_dynamic_shape_warn_limit == keys
+    assert fla == [1] and warn_limit.cudagraph_dynamic_shape_warn_limit == keys
     # One step mark per forward: 4 steps x 2 micro-batches, and every eval pack of every eval.
     packs = len(list(eval_batches(t._eval_examples(), t.cfg.sequence_len)))
     assert len(got.evals) >= 2 and len(marks) == 4 * 2 + len(got.evals) * packs
@@ -135,3 +142,20 @@ def test_graph_log_says_the_count_when_it_changes_and_at_the_end(monkeypatch):
     assert lines[0].startswith("cuda graphs: an unknown number of recorded (at most 3 per compiled graph")
     assert lines[5].startswith("cuda graphs: 6 recorded (at most 3 per compiled graph, one per distinct GDN chunk")
     assert log.final().startswith("cuda graphs: 6 recorded")
+
+
+def test_a_setup_that_fails_after_prepare_puts_the_conv_form_back(tmp_path, small_data, monkeypatch, warn_limit):
+    real = choices.choose_cuda_graphs
+    monkeypatch.setattr(
+        choices, "choose_cuda_graphs", lambda cfg, f, s, lay: real(cfg, dataclasses.replace(f, device="cuda"), s, lay)
+    )
+
+    def broken(model, strategy, **opts):
+        assert conv_in_graph() == "op"
+        raise RuntimeError("compile failed")
+
+    monkeypatch.setattr(trainer_mod, "compile_model", broken)
+    t = Trainer(make_cfg(tmp_path / "a", small_data, max_steps=1, compile="loop", pack_layout="static"))
+    with pytest.raises(RuntimeError, match="compile failed"):
+        t.setup()
+    assert conv_in_graph() == "traced"

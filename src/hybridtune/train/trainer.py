@@ -99,6 +99,7 @@ class Trainer:
             if self.lock is not None:  # refused or failed before writing anything: leave no trace
                 self.lock.release(discard=not (self.out / RUN_FILE).exists())
                 self.lock = None
+            self.close()  # (and the conv form CUDA graphs replaced)
             raise
 
     def _setup(self) -> None:
