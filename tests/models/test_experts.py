@@ -179,3 +179,14 @@ def test_gathered_mm_equals_grouped_fallback():
     for offs in ([0, 4, 4, 9], [3, 3, 9, 9], [9, 9, 9, 9]):
         o = torch.tensor(offs, dtype=torch.int32)
         torch.testing.assert_close(X.gathered_mm(a, b, o), torch.ops.transformers.grouped_mm_fallback(a, b, o))
+
+
+def test_route_again_after_the_implementation_was_reset():
+    """A config whose implementation was set back (by hand, or another tool) is routed again."""
+    block = make_block()
+    X.route_experts(block)
+    block.experts.config._experts_implementation = "eager"
+    X.route_experts(block)
+    assert block.experts.config._experts_implementation == X.NAME
+    X.unroute_experts(block)
+    assert block.experts.config._experts_implementation == "eager"

@@ -175,7 +175,7 @@ def route_experts(model: torch.nn.Module) -> dict[str, str]:
     register()
     for name, m in found:
         cfg = m.config
-        if _ROUTED not in cfg.__dict__:
+        if cfg._experts_implementation != NAME:  # the implementation it had is what unroute gives back
             cfg.__dict__[_ROUTED] = cfg._experts_implementation
             cfg._experts_implementation_internal = NAME
         e, i2, h = m.gate_up_proj.shape
