@@ -305,14 +305,20 @@ def whole_model_share(model: torch.nn.Module, d: Dist, device: torch.device, bf1
     return all_max(need / torch.cuda.get_device_properties(device).total_memory, d)
 
 
-def wrap(runner: LossModule, d: Dist, device: torch.device, bf16: bool) -> torch.nn.Module:
+def wrap(runner: LossModule, d: Dist, device: torch.device, bf16: bool, loaded=None) -> torch.nn.Module:
     """`runner` as the engine of `d` sees it: itself in one process, DDP- or FSDP2-wrapped otherwise.
+
+    `loaded` (a `models.loading.LoadedModel`) built on the meta device (`loaded.reader` set): filled here, after
+    `fully_shard` under FSDP2 (each rank its own shards, `load_sharded`), whole before DDP or in one process.
 
     FSDP2 with `d.units == "model"` shards the root alone: parameters, gradients and optimizer state stay
     sharded between optimizer steps, and the whole model is gathered for the window's micro-batches. That
     is what the compiled `loop` needs: FSDP2's per-module hooks are `torch._dynamo.disable`d, so a layer
     sharded on its own would break the one graph of the decoder loop.
     """
+    pending = loaded is not None and loaded.reader is not None
+    if pending and d.engine != "fsdp":
+        materialize(loaded, loaded.model, device)
     if not d.enabled:
         return runner
     if d.engine == "ddp":
@@ -341,6 +347,8 @@ def wrap(runner: LossModule, d: Dist, device: torch.device, bf16: bool) -> torch
         else "the whole model as one unit, gathered once and gradients reduce-scattered once per optimizer step"
     )
     logger.info("FSDP2: %s, over %d ranks%s", unit, d.world, " (bf16 params, fp32 reduce)" if mp else "")
+    if pending:
+        load_sharded(loaded, runner, d, device)
     return runner
 
 
