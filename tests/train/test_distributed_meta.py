@@ -142,3 +142,18 @@ def test_fsdp2_mixed_precision_is_bf16_compute_fp32_masters_and_reductions(ranks
     assert mp["with_grad"] == mp["trainable"], mp
     assert mp["gather"] == ["torch.bfloat16"], mp  # the all-gathers carry bf16
     assert "torch.float32" in mp["reduce"] and "torch.bfloat16" not in mp["reduce"], mp  # reductions in fp32
+
+
+def test_wrap_fills_a_meta_built_model_whole_in_one_process():
+    """Off FSDP2 (one process here; DDP likewise) `wrap` gives a meta-built model its values whole, as loaded plainly."""
+    from hybridtune.models.loading import load_model
+    from hybridtune.train import distributed
+
+    want = load_model("tiny-qwen3_5", seed=4).model
+    loaded = load_model("tiny-qwen3_5", seed=4, meta=True)
+    engine = distributed.wrap(distributed.LossModule(loaded.model), distributed.ONE, torch.device("cpu"), False, loaded)
+    assert loaded.reader is None and engine.model is loaded.model
+    got = dict(loaded.model.named_parameters())
+    assert got.keys() == dict(want.named_parameters()).keys()
+    assert all(torch.equal(got[n], p) for n, p in want.named_parameters())
+    assert loaded.model.lm_head.weight is loaded.model.get_input_embeddings().weight  # still tied
