@@ -89,7 +89,50 @@ def mixed_precision():
         "gather": sorted(dtypes["gather"]), "reduce": sorted(dtypes["reduce"]),
     }
 
-got = {"load": {f"{s}|{u}": compare(s, u) for s in SOURCES for u in ("layer", "model")}, "mp": mixed_precision()}
+def groups():
+    # One window of 2 micro-batches per rank under DDP, FSDP2 per layer and FSDP2 in groups of 2 and 3 layers (of 4):
+    # the whole gradient of each, and the all-gathers per micro-batch.
+    out = {}
+    for key, dd in [("ddp", dataclasses.replace(d, engine="ddp")), ("layer", dataclasses.replace(d, units="layer")),
+                    ("group:2", dataclasses.replace(d, units="group:2")),
+                    ("group:3", dataclasses.replace(d, units="group:3"))]:
+        torch.manual_seed(0)
+        loaded = load_model("tiny-qwen3_5", seed=3, meta=True)
+        engine = distributed.wrap(distributed.LossModule(loaded.model), dd, CPU, False, loaded)
+        gathers = [0]
+        dist = torch.distributed
+        name = next(n for n in ("all_gather_single", "all_gather_into_tensor") if hasattr(dist, n))
+        saved = getattr(dist, name)
+        def spy(*a, **kw):
+            gathers[0] += 1
+            return saved(*a, **kw)
+        setattr(dist, name, spy)
+        losses = []
+        try:
+            for sizes in [(65, 23), (40, 23, 9), (90, 30), (12, 7, 50)][d.rank :: d.world]:
+                batch = PackedCollator()([Example(list(range(5, 5 + n)), [1] * n) for n in sizes])
+                with distributed.accumulation(engine, dd, last=len(losses) == 1):
+                    loss = engine(batch, 300, True)
+                    (loss * d.world).backward()
+                losses.append(float(loss))
+        finally:
+            setattr(dist, name, saved)
+        grads = {}
+        for n, p in engine.named_parameters():
+            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            grads[n.removeprefix("module.")] = g.detach().flatten()
+        out[key] = {"losses": losses, "gathers_per_micro_batch": gathers[0] / 2, "grads": grads}
+    ref = out["ddp"]["grads"]
+    for key in ("layer", "group:2", "group:3"):
+        g = out[key].pop("grads")
+        out[key]["keys"] = sorted(g) == sorted(ref)
+        out[key]["grad_rel_diff"] = max(
+            float((g[n] - r).abs().max() / r.abs().max().clamp(min=1e-30)) for n, r in ref.items())
+    out["ddp"].pop("grads")
+    return out
+
+got = {"load": {f"{s}|{u}": compare(s, u) for s in SOURCES for u in ("layer", "model")}, "mp": mixed_precision(),
+       "groups": groups()}
 (OUT / f"rank{d.rank}.json").write_text(json.dumps(got))
 distributed.shutdown(d)
 """
@@ -142,6 +185,34 @@ def test_fsdp2_mixed_precision_is_bf16_compute_fp32_masters_and_reductions(ranks
     assert mp["with_grad"] == mp["trainable"], mp
     assert mp["gather"] == ["torch.bfloat16"], mp  # the all-gathers carry bf16
     assert "torch.float32" in mp["reduce"] and "torch.bfloat16" not in mp["reduce"], mp  # reductions in fp32
+
+
+@pytest.mark.slow  # torchrun
+def test_fsdp2_layer_groups_train_what_ddp_trains_with_one_gather_per_group(ranks):
+    """`group:K` units: K consecutive layers gathered and reduced together, and the window's gradient is DDP's, element
+    by element (tolerance of test_distributed: only the order of fp32 sums differs). All-gathers per micro-batch, 4
+    layers: per layer 4 + the root's in the forward, the 4 again in the backward (the root stays gathered); in groups
+    of 2 (or of 3 and 1) 2 + 1 and 2."""
+    res = ranks[0]["groups"]
+    assert res["layer"]["gathers_per_micro_batch"] == 9, res
+    assert res["group:2"]["gathers_per_micro_batch"] == 5, res
+    assert res["group:3"]["gathers_per_micro_batch"] == 5, res
+    for key in ("layer", "group:2", "group:3"):
+        assert res[key]["keys"], key
+        assert res[key]["losses"] == pytest.approx(res["ddp"]["losses"], rel=1e-6), (key, res)
+        assert res[key]["grad_rel_diff"] < 1e-4, (key, res)
+
+
+def test_layer_group_units_are_checked():
+    from hybridtune.errors import ConfigError
+    from hybridtune.train.distributed import layer_groups
+
+    assert layer_groups(list(range(7)), "group:3") == [[0, 1, 2], [3, 4, 5], [6]]
+    assert layer_groups(list(range(3)), "group:1") == layer_groups(list(range(3)), "layer") == [[0], [1], [2]]
+    assert layer_groups(list(range(3)), "group:9") == [[0, 1, 2]]
+    for bad in ("group:0", "group:", "group:x", "groups:2", "layers"):
+        with pytest.raises(ConfigError, match="use layer, model or group:K"):
+            layer_groups([0], bad)
 
 
 def test_wrap_fills_a_meta_built_model_whole_in_one_process():

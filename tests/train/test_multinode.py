@@ -122,14 +122,15 @@ RANKS = """
 import pathlib, sys
 from hybridtune.errors import ConfigError
 from hybridtune.train import distributed
+from hybridtune.train.nodes import check_shared_output_dir
 d = distributed.init("fsdp", "full", "cpu")
 out = pathlib.Path(sys.argv[1])
 if d.is_main:
     (out / "run.json").write_text("{}")
-distributed.check_shared_output_dir(d, out / "run.json")  # every rank sees it
+check_shared_output_dir(d, out / "run.json")  # every rank sees it
 mine = out if d.is_main else out / "elsewhere"  # rank 1 looks at another directory: as a machine without the share
 try:
-    distributed.check_shared_output_dir(d, mine / "run.json")
+    check_shared_output_dir(d, mine / "run.json")
 except ConfigError as e:
     (out / f"rank{d.rank}.txt").write_text(str(e))
 distributed.shutdown(d)

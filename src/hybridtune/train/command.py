@@ -209,6 +209,7 @@ def _train(cfg) -> int:
     # Imported here, past argument parsing: `hybridtune train --help` and a config error answer without loading
     # torch and transformers.
     from hybridtune.train import distributed
+    from hybridtune.train.nodes import check_shared_output_dir
     from hybridtune.train.outdir import RUN_FILE
     from hybridtune.train.trainer import Trainer
 
@@ -218,7 +219,7 @@ def _train(cfg) -> int:
         try:
             trainer = Trainer(cfg)  # joins the process group under torchrun: errors here are per rank too
             trainer.setup()
-            distributed.check_shared_output_dir(trainer.dist, trainer.out / RUN_FILE)
+            check_shared_output_dir(trainer.dist, trainer.out / RUN_FILE)
             progress = _progress(trainer.total_steps, trainer.step) if trainer.dist.is_main else None
             if progress is not None:
                 trainer.on_log = lambda rec: progress.update(rec)

@@ -12,6 +12,8 @@ Nothing here moves tensors between ranks by itself: `torch.distributed` (process
   gathered by the root's hook even where the fused loss reads `lm_head.weight` directly):
   - `layer`: every decoder layer is a unit, gathered for its forward and backward and its gradients
     reduce-scattered every micro-batch: the least memory;
+  - `group:K`: K consecutive decoder layers are one unit (`fully_shard` of the list: one all-gather and one
+    reduce-scatter per group), otherwise as `layer`; fewer, larger collectives and FSDP2 hooks (`group:1` is `layer`);
   - `model`: the root alone, which the compiled `loop` needs (see `wrap`). The whole model is gathered
     anyway, so the window's micro-batches keep it gathered and accumulate the whole gradient, and the
     gradients are reduce-scattered once per optimizer step, like DDP's all-reduce (`accumulation`; the
@@ -44,11 +46,9 @@ import logging
 import os
 import resource
 import signal
-import socket
 import sys
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -77,7 +77,7 @@ class Dist:
     world: int = 1
     local_rank: int = 0
     engine: str = "none"  # "none" (one process), "ddp" or "fsdp"
-    units: str = "layer"  # FSDP2's units: "layer" (each decoder layer) or "model" (the whole model as one)
+    units: str = "layer"  # FSDP2's units: "layer" (each decoder layer), "group:K" (K layers) or "model" (all as one)
 
     @property
     def enabled(self) -> bool:
@@ -172,24 +172,6 @@ def _end_with_launcher() -> None:
         return
     if os.getppid() != parent:  # the launcher died before the line above: nothing would send the signal now
         os.kill(os.getpid(), signal.SIGTERM)
-
-
-def check_shared_output_dir(d: Dist, run_file: Path) -> None:
-    """Every rank sees `run_file`, which rank 0 wrote into the output directory during setup: checkpoints are written
-    there by every rank and committed by rank 0 renaming a directory, so over several machines the output directory
-    must be one shared directory. A ConfigError on every rank otherwise, naming the ranks and hosts that do not see
-    it."""
-    if not d.enabled:
-        return
-    barrier(d)
-    seen = gather_objects((run_file.is_file(), socket.gethostname(), str(run_file.parent)), d)
-    blind = [f"rank {r} on {host}" for r, (ok, host, _) in enumerate(seen) if not ok]
-    if blind:
-        raise ConfigError(
-            f"output_dir '{seen[0][2]}' is not shared: {', '.join(blind)} cannot see {run_file.name}, written "
-            "there by rank 0; over several machines output_dir must be one directory every machine mounts at the "
-            "same path"
-        )
 
 
 def shutdown(d: Dist) -> None:
@@ -337,19 +319,42 @@ def wrap(runner: LossModule, d: Dist, device: torch.device, bf16: bool, loaded=N
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
     kw = {"mp_policy": mp} if mp is not None else {}
-    layers = decoder_layers(runner.model) if d.units == "layer" else []
-    for layer in layers:
-        fully_shard(layer, **kw)
+    layers = decoder_layers(runner.model) if d.units != "model" else []
+    groups = layer_groups(layers, d.units)
+    for group in groups:
+        fully_shard(group[0] if len(group) == 1 else group, **kw)
     fully_shard(runner, **kw)
-    unit = (
-        f"{len(layers)} decoder layers + the rest, gradients reduce-scattered every micro-batch"
-        if layers
-        else "the whole model as one unit, gathered once and gradients reduce-scattered once per optimizer step"
-    )
+    if not groups:
+        unit = "the whole model as one unit, gathered once and gradients reduce-scattered once per optimizer step"
+    elif len(groups) == len(layers):
+        unit = f"{len(layers)} decoder layers + the rest, gradients reduce-scattered every micro-batch"
+    else:
+        sizes = "/".join(str(len(g)) for g in groups)
+        unit = (
+            f"{len(groups)} groups of decoder layers ({sizes}) + the rest, gradients reduce-scattered every micro-batch"
+        )
     logger.info("FSDP2: %s, over %d ranks%s", unit, d.world, " (bf16 params, fp32 reduce)" if mp else "")
     if pending:
         load_sharded(loaded, runner, d, device)
     return runner
+
+
+def layer_groups(layers: list, units: str) -> list[list]:
+    """The decoder layers as FSDP2 units: one each for `layer`, K consecutive ones for `group:K` (the last group
+    shorter when K does not divide the layer count), none for `model`.
+
+    >>> layer_groups(list("abcde"), "group:2"), layer_groups(list("ab"), "layer"), layer_groups(list("ab"), "model")
+    ([['a', 'b'], ['c', 'd'], ['e']], [['a'], ['b']], [])
+    """
+    if units == "model":
+        return []
+    size = 1
+    if units != "layer":
+        kind, _, raw = units.partition(":")
+        if kind != "group" or not raw.isdigit() or int(raw) < 1:
+            raise ConfigError(f"FSDP2 units {units!r}: use layer, model or group:K with K a positive number of layers")
+        size = int(raw)
+    return [layers[i : i + size] for i in range(0, len(layers), size)]
 
 
 @contextlib.contextmanager
@@ -363,8 +368,8 @@ def accumulation(engine: torch.nn.Module, d: Dist, last: bool):
       is then that of one micro-batch per step. The cost is memory: from the first micro-batch's backward to
       the last one's, the whole unsharded gradient is kept (fp32 under bf16 mixed precision: 4 bytes per
       parameter, 7.1 GiB for the 2B shape) through the next forwards, where activations peak.
-    - FSDP2, `layer` units: every micro-batch reduce-scatters, so no layer's unsharded gradient outlives its
-      backward (the memory `layer` is chosen for).
+    - FSDP2, `layer` (or `group:K`) units: every micro-batch reduce-scatters, so no layer's unsharded gradient
+      outlives its backward (the memory `layer` is chosen for).
 
     An exception inside a window's earlier micro-batch puts FSDP2 back to reducing and resharding, so nothing
     after it (an eval, a save) runs with the model left gathered.
