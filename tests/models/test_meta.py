@@ -100,19 +100,39 @@ def test_checkpoint_reader_reads_rows_and_fuses_experts(tmp_path):
         experts = "model.layers.1.mlp.experts"
         for which in ("gate_up_proj", "down_proj"):
             block = reader(f"{experts}.{which}", 1, 3)  # experts 1 and 2 of 4
-            assert torch.equal(block, getattr(plain.get_submodule(experts), which)[1:3]), which
+            whole = getattr(plain.get_submodule(experts), which)
+            assert torch.equal(block, whole[1:3]), which
+            assert reader.saved(f"{experts}.{which}") == (torch.float32, tuple(whole.shape)), which
+        assert reader.saved("model.norm.weight") == (torch.float32, (64,))
+        assert reader.saved("model.nothing.weight") is None
         with pytest.raises(ModelError, match="no tensor for parameter 'model.nothing.weight'"):
             reader("model.nothing.weight", 0, 1)
     finally:
         reader.close()
 
 
-def test_checkpoint_missing_tensor_is_a_model_error(tmp_path):
+def test_a_checkpoint_the_meta_path_cannot_name_loads_whole(tmp_path, caplog):
+    """A parameter without a tensor of its name (keys only transformers' loading converts): the plain load, said."""
     from safetensors.torch import save_file
 
     path = make_checkpoint(tmp_path, "qwen3_5_text")
     tensors = read_tensors(path)
-    del tensors["model.norm.weight"]
+    tensors["model.norm.weight_renamed"] = tensors.pop("model.norm.weight")
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(ModelError, match="no tensor for parameter 'model.norm.weight'"):
+    with caplog.at_level("INFO", logger="hybridtune"):
+        loaded = load_model(str(path), meta=True)
+    assert loaded.reader is None and not any(p.is_meta for p in loaded.model.parameters())
+    assert "loaded whole, not shard by shard: no tensor named 'model.norm.weight'" in caplog.text
+
+
+def test_a_checkpoint_whose_shapes_differ_from_its_config_is_a_model_error(tmp_path):
+    import json
+
+    path = make_checkpoint(tmp_path, "qwen3_next")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["num_experts"] = 3  # the files hold 4 experts per layer
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(
+        ModelError, match=r"do not match its config.json \('model.layers.0.mlp.gate.weight' is \[4, 64\], .* \[3, 64\]\)"
+    ):
         load_model(str(path), meta=True)

@@ -170,18 +170,30 @@ def materialize(loaded: LoadedModel, model: torch.nn.Module, device: torch.devic
     return stats
 
 
-def _meta_checkpoint(path: Path, config, cls) -> torch.nn.Module:
+def _meta_checkpoint(path: Path, config, cls) -> torch.nn.Module | None:
     """The checkpoint's model on the meta device, each parameter in the dtype it was saved in (as `dtype="auto"`
-    loads it)."""
+    loads it); None (said in the log) when its files do not name every parameter as the model does (not safetensors,
+    or keys that only transformers' loading converts): that checkpoint loads whole instead."""
     model = skeleton(config, cls)
-    reader = CheckpointReader(path)
+    try:
+        reader = CheckpointReader(path)
+    except ModelError as e:
+        logger.info("base_model %s: loaded whole, not shard by shard: %s", path, e)
+        return None
     try:
         for name, p in model.named_parameters():
-            saved = reader.saved_dtype(name)
+            saved = reader.saved(name)
             if saved is None:
-                raise ModelError(f"cannot load checkpoint '{path}': it has no tensor for parameter '{name}'")
-            if saved != p.dtype and saved.is_floating_point:
-                p.data = p.data.to(saved)
+                logger.info("base_model %s: loaded whole, not shard by shard: no tensor named '%s'", path, name)
+                return None
+            dtype, shape = saved
+            if shape != tuple(p.shape):
+                raise ValueError(  # said as a ModelError by _load_checkpoint
+                    f"the shapes of its weights do not match its config.json ('{name}' is {list(shape)}, the "
+                    f"config makes it {list(p.shape)})"
+                )
+            if dtype != p.dtype and dtype.is_floating_point:
+                p.data = p.data.to(dtype)
     finally:
         reader.close()
     return model
@@ -192,8 +204,10 @@ def _load_checkpoint(source: ModelSource, tok, dtype, meta: bool = False) -> Loa
     try:
         config = transformers.AutoConfig.from_pretrained(str(path))
         cls = model_class(config)
+        model = _meta_checkpoint(path, config, cls) if meta else None
+        meta = model is not None
         if meta:
-            model = _meta_checkpoint(path, config, cls).eval()  # as from_pretrained gives it
+            model.eval()  # as from_pretrained gives it
         else:
             # dtype "auto": as saved (a bf16 checkpoint stays bf16 until the cast below, the vision tower for good).
             model = cls.from_pretrained(str(path), config=config, dtype="auto")

@@ -13,7 +13,8 @@ The parts a rank holds are found from the parameters themselves: a DTensor's loc
 (`compute_local_shape_and_global_offset`), a plain tensor whole. FSDP2 shards along dim 0, so a rank's part of a
 saved tensor is a contiguous range of its rows. A checkpoint's keys are the model's own names, except the routed
 experts that transformers saves one tensor per expert and holds fused (`experts.gate_up_proj` = gate and up of each
-expert concatenated, `experts.down_proj` = the experts stacked); a parameter found neither way is a ModelError.
+expert concatenated, `experts.down_proj` = the experts stacked). `models.loading` checks every name and shape
+before a meta build and loads a checkpoint whose files name a parameter neither way whole instead.
 """
 
 from __future__ import annotations
@@ -149,12 +150,22 @@ class CheckpointReader:
             self._open[file] = self._stack.enter_context(safe_open(str(file), "pt"))
         return self._open[file].get_slice(key)
 
-    def saved_dtype(self, key: str) -> torch.dtype | None:
-        """The dtype `key` was saved in (None when the checkpoint does not hold it under that name)."""
-        fused = _FUSED_EXPERTS.match(key)
-        if key not in self.files and fused:
-            key = f"{fused['prefix']}.0.{'gate' if fused['which'] == 'gate_up_proj' else 'down'}_proj.weight"
-        return _DTYPES[self._slice(key).get_dtype()] if key in self.files else None
+    def saved(self, name: str) -> tuple[torch.dtype, tuple[int, ...]] | None:
+        """The dtype and whole shape parameter `name` has in the checkpoint (its experts stacked for a fused one);
+        None when the checkpoint holds no tensor for it."""
+        if name in self.files:
+            block = self._slice(name)
+            return _DTYPES[block.get_dtype()], tuple(block.get_shape())
+        fused = _FUSED_EXPERTS.match(name)
+        if not fused or f"{fused['prefix']}.0.down_proj.weight" not in self.files:
+            return None
+        prefix, experts = fused["prefix"], 0
+        while f"{prefix}.{experts}.down_proj.weight" in self.files:
+            experts += 1
+        which = ("gate", "up") if fused["which"] == "gate_up_proj" else ("down",)
+        shapes = [tuple(self._slice(f"{prefix}.0.{w}_proj.weight").get_shape()) for w in which]
+        dtype = _DTYPES[self._slice(f"{prefix}.0.{which[0]}_proj.weight").get_dtype()]
+        return dtype, (experts, sum(sh[0] for sh in shapes), *shapes[0][1:])
 
     def __call__(self, name: str, start: int, stop: int) -> torch.Tensor:
         if name in self.files:
