@@ -14,11 +14,15 @@ its forward, on this instance only, by a wrapper that:
     does not recompile (under a static layout only the chunk count), and drops the python-int
     `max_length_q/k` that nothing compiled here reads (kept when flash-attention is the implementation:
     it reads them);
-  - with a cache, or when hidden states / attentions / router logits are requested, calls the upstream
-    forward. Router logits (an MoE model's router loss, `output_router_logits`) are recorded by
-    transformers' output-capturing hooks, which read a ContextVar that dynamo cannot trace: those calls
-    run eagerly, with a warning (the per-class `modules` strategy compiles such a model). Once such a call
-    has installed those hooks on the model, later compiled calls trace them as idle (`_capture_hooks_idle`).
+  - runs every decoder layer through `hybridtune.compiler.regions`: by default each distinct layer is traced
+    once as a nested compile region and stamped out for the identical layers (`regional=False` inlines them
+    all), and an MoE model's layers return their routers' logits when `output_router_logits` asks for them
+    (its router loss), which the wrapper puts into the output's `router_logits` as transformers' hooks would;
+  - with a cache, or when hidden states / attentions are requested, calls the upstream forward (as it does for
+    router logits of a model whose router class transformers does not name, with a warning, and when a
+    decoder layer carries forward hooks the compiled layers would not run). Once an upstream call has
+    installed transformers' output-capturing hooks on the model, later compiled calls trace them as idle
+    (`_capture_hooks_idle`).
 
 Gradient checkpointing is switched to non-reentrant `torch.utils.checkpoint` (the reentrant form does
 not trace). `handle.undo()` restores the forward.
@@ -36,6 +40,7 @@ from typing import Any
 import torch
 
 from hybridtune.batch import DYNAMIC_DIM0_KEYS, GDN_CHUNK_INDICES, INT_KEYS
+from hybridtune.compiler import regions
 from hybridtune.compiler.introspect import resolve_method
 from hybridtune.models.anatomy import text_model
 from hybridtune.models.patching import is_patched, patch_model
@@ -55,6 +60,7 @@ class LoopHandle:
     text_model: Any = field(repr=False)
     compiled: Any = field(repr=False)
     patch_report: Any = None
+    regions: Any = field(default=None, repr=False)  # compiler.regions.Regions, or None
     strategy: str = "loop"
     calls: int = 0
     eager_calls: int = 0
@@ -65,6 +71,8 @@ class LoopHandle:
         d = self.text_model.__dict__
         if getattr(d.get("forward"), HANDLE_ATTR, None) is self:
             del d["forward"]
+            if self.regions is not None:
+                self.regions.undo()
             return True
         return False
 
@@ -93,6 +101,8 @@ def _use_non_reentrant_checkpointing(model: torch.nn.Module) -> int:
     for m in model.modules():
         if getattr(m, "gradient_checkpointing", False) and hasattr(m, "_gradient_checkpointing_func"):
             func = m._gradient_checkpointing_func
+            if getattr(func, regions.ATTR, None) is not None:
+                continue  # a region's: non-reentrant already
             if getattr(func, "func", None) is checkpoint and func.keywords.get("use_reentrant") is False:
                 continue
             m._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False)
@@ -160,6 +170,7 @@ def compile_loop(
     fullgraph: bool = True,
     patch: bool = True,
     static_shapes: bool = False,
+    regional: bool = True,
 ) -> LoopHandle:
     """Compile the decoder loop of `model` (a transformers model, peft-wrapped or not) as one graph.
 
@@ -171,6 +182,11 @@ def compile_loop(
     chunk count is marked dynamic (the GDN ops alone read it), so T and N are traced as constants (less
     to trace than the dynamic graph, and fit for CUDA graphs, which record once per chunk
     count); a batch of another T or N would then recompile.
+
+    `regional=True` traces and compiles each distinct decoder layer once and stamps it out for the identical
+    layers (`hybridtune.compiler.regions`); False inlines every layer into the one graph (for comparison).
+    Either way the layers return their routers' logits when the model asks for them (`output_router_logits`),
+    so an MoE model's router loss stays in the one graph.
     """
     report = None
     if patch and not is_patched(model):
@@ -186,7 +202,11 @@ def compile_loop(
             logger.info("compile strategy 'loop' with CUDA graphs: FLA's tensor cache switched off")
     compiled = torch.compile(fn, fullgraph=fullgraph, backend=backend, mode=mode)
     upstream = text.forward
-    handle = LoopHandle(text_model=text, compiled=compiled, patch_report=report)
+    # dynamo's "eager" backend compiles nothing a region could reuse, and runs each region eagerly once more on
+    # uninitialised inputs to learn its outputs (ops that check their index inputs then fail): no regions there.
+    regs = regions.install(text, regional=regional and backend != "eager")
+    handle = LoopHandle(text_model=text, compiled=compiled, patch_report=report, regions=regs)
+    recordable = regs is not None and regs.recordable
     keep_ints = _uses_flash(text)
 
     def eager(why: str | None, message: str, **call):
@@ -195,6 +215,8 @@ def compile_loop(
             handle.warned.add(why)
             logger.warning("compile strategy 'loop': %s", message)
         handle.eager_calls += 1
+        if regs is not None:
+            regs.record = False  # transformers' own hooks record, as upstream does
         return upstream(**call)
 
     def forward(
@@ -209,10 +231,23 @@ def compile_loop(
         wants_extra = kwargs.get("output_hidden_states") or kwargs.get("output_attentions")
         router = kwargs.get("output_router_logits")
         router = getattr(text.config, "output_router_logits", False) if router is None else router
-        if past_key_values is not None or use_cache or wants_extra or router:
+        if regs is not None and regs.foreign_hooks():
             return eager(
-                "router" if router else None,
-                "the model records its routers' logits (output_router_logits, for its router loss), which the "
+                "hooks on layers",
+                "forward hooks on the decoder layers, which the compiled layers do not run; the forward runs "
+                "eagerly (slow)",
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=past_key_values,
+                inputs_embeds=inputs_embeds,
+                use_cache=use_cache,
+                **kwargs,
+            )
+        if past_key_values is not None or use_cache or wants_extra or (router and not recordable):
+            return eager(
+                "router" if router and not wants_extra else None,
+                "the model records its routers' logits (output_router_logits, for its router loss) in a way the "
                 "one-graph loop cannot; its forward runs eagerly (slow). Use the per-class strategy (compile: "
                 "modules) for this model",
                 input_ids=input_ids,
@@ -227,7 +262,7 @@ def compile_loop(
             _use_non_reentrant_checkpointing(text)
         if inputs_embeds is None:
             inputs_embeds = text.embed_tokens(input_ids)  # eager: its hooks (requires_grad_) stay out of the graph
-        for k in ("output_hidden_states", "output_attentions", "return_dict"):
+        for k in ("output_hidden_states", "output_attentions", "return_dict", "output_router_logits"):
             kwargs.pop(k, None)
         if not keep_ints:
             for k in _INT_KWARGS:
@@ -239,7 +274,10 @@ def compile_loop(
         with _capture_hooks_idle(text) as traceable:
             if traceable:
                 handle.calls += 1
-                return compiled(
+                if regs is not None:
+                    regs.record = bool(router)
+                    regs.take()
+                out = compiled(
                     text,
                     input_ids=None,
                     attention_mask=attention_mask,
@@ -249,6 +287,9 @@ def compile_loop(
                     use_cache=False,
                     **kwargs,
                 )
+                if router:
+                    out["router_logits"] = regs.take()
+                return out
         return eager(
             "hooks",
             "transformers' output-capturing hooks are on this model and this transformers gives no way to trace "

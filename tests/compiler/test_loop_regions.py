@@ -1,0 +1,192 @@
+"""Regional compilation inside the one-graph loop (`compile_loop(regional=True)`, the default): every decoder layer
+runs as a nested compile region, traced once per distinct layer and stamped out for the others, and the loop stays
+one graph. Checked on a deep tiny model (8 layers: 6 GDN + 2 attention): compiled == eager (loss and every
+gradient; LoRA and full fine-tune; with and without gradient checkpointing), no graph break, one graph over
+dynamic layouts and over a static layout's chunk counts, and at most one traced region body per kind of layer
+(GDN and attention, plain and checkpointed) whatever the depth. AOT autograd traces the regions on the CPU
+(aot_eager, slow tier); CUDA uses inductor. dynamo's eager backend compiles nothing and takes no regions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridtune.data.collator import varlen_metadata
+from hybridtune.models.presets import preset_config
+
+LAYOUTS = [[10, 30, 35], [64, 11], [5, 5, 5, 5, 90], [33, 1, 19, 60]]
+DEPTH = 8
+
+BACKENDS = [
+    pytest.param("cpu", "aot_eager", marks=pytest.mark.slow),
+    pytest.param("cuda", "inductor", marks=pytest.mark.cuda),
+]
+
+
+def _deep_config(name: str, depth: int = DEPTH):
+    cfg = preset_config(name, vocab_size=256)
+    cfg.num_hidden_layers = depth
+    cfg.layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(depth)]
+    return cfg
+
+
+def _model(device: str, lora: bool, ckpt: bool, name: str = "tiny-qwen3_5"):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from hybridtune.models.patching import patch_model
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(_deep_config(name)).to(device)
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    if lora:
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "in_proj_qkv", "out_proj"]))
+    patch_model(model)
+    if device == "cuda":
+        from hybridtune.kernels.selftest import layouts_from_config, verify
+
+        verdicts = verify(layouts_from_config(model.config))
+        assert verdicts and all(v.passed for v in verdicts), [v.verdict for v in verdicts]
+    return model.train()
+
+
+def _batch(lens, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 256, (1, sum(lens)), generator=gen)
+    pos = torch.cat([torch.arange(n) for n in lens])[None]
+    b = {"input_ids": ids, "labels": ids.clone(), "position_ids": pos, **varlen_metadata(lens)}
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
+
+
+def _step(model, batch):
+    out = model(**batch)
+    out.loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out.loss.detach(), grads
+
+
+def _recording(backend, graphs):
+    from torch._dynamo.backends.registry import lookup_backend
+
+    def recording(gm, example_inputs):
+        graphs.append(gm)
+        return lookup_backend(backend)(gm, example_inputs)
+
+    return recording
+
+
+def _region_calls(gm) -> tuple[int, set]:
+    """(invoke_subgraph calls in the top graph, the distinct subgraph bodies they call)."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and "invoke_subgraph" in str(n.target)]
+    return len(calls), {n.args[0].target for n in calls}
+
+
+def _close(got, want, device):
+    tol = dict(rtol=1e-5, atol=1e-6) if device == "cpu" else dict(rtol=2e-3, atol=2e-4)
+    loss_c, grads_c = got
+    loss_e, grads_e = want
+    torch.testing.assert_close(loss_c, loss_e, **tol)
+    assert grads_c.keys() == grads_e.keys() and grads_c
+    for n in grads_e:
+        torch.testing.assert_close(grads_c[n], grads_e[n], **tol, msg=n)
+
+
+@pytest.mark.parametrize("device,backend", BACKENDS)
+@pytest.mark.parametrize("lora,ckpt", [(True, True), (False, False), (True, False), (False, True)])
+def test_regional_loop_equals_eager_one_graph_two_bodies(lora, ckpt, device, backend):
+    from torch._dynamo.utils import counters
+
+    from hybridtune.compiler.loop import compile_loop
+
+    torch._dynamo.reset()
+    model = _model(device, lora, ckpt)
+    batches = [_batch(lens, device, i) for i, lens in enumerate(LAYOUTS)]
+    eager = [_step(model, b) for b in batches]
+    graphs: list = []
+    handle = compile_loop(model, backend=_recording(backend, graphs))
+    assert handle.regions is not None and handle.regions.regional
+    counters.clear()
+    for b, want in zip(batches, eager):
+        _close(_step(model, b), want, device)
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] == 1 and len(graphs) == 1  # no recompile over 4 layouts
+    n_calls, bodies = _region_calls(graphs[0])
+    assert n_calls == DEPTH  # every layer a region call
+    assert len(bodies) == 2  # traced once per kind of layer (GDN, attention), stamped out for the other 6
+
+
+@pytest.mark.parametrize("device,backend", BACKENDS)
+def test_regional_static_layout_one_graph(device, backend):
+    """A static layout's batches (fixed T and N, the chunk count varying) run one graph of regions too."""
+    from torch._dynamo.utils import counters
+
+    from hybridtune.compiler.loop import compile_loop
+    from hybridtune.data.collator import PackedCollator, StaticLayout
+    from hybridtune.data.packing import Example
+
+    torch._dynamo.reset()
+    model = _model(device, lora=True, ckpt=True)
+    collate = PackedCollator(layout=StaticLayout.fit(LAYOUTS, max_filler=1.0))
+    keys = ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "gdn_chunk_indices")
+    batches = []
+    for i, lens in enumerate(LAYOUTS):
+        gen = torch.Generator().manual_seed(i)
+        docs = [Example(torch.randint(1, 256, (n,), generator=gen).tolist(), [1] * n) for n in lens]
+        b = collate(docs)
+        batches.append({k: b[k].to(device) for k in keys})
+    assert len({b["gdn_chunk_indices"].shape for b in batches}) > 1
+    eager = [_step(model, b) for b in batches]
+    graphs: list = []
+    compile_loop(model, backend=_recording(backend, graphs), static_shapes=True)
+    counters.clear()
+    for b, want in zip(batches, eager):
+        _close(_step(model, b), want, device)
+    assert dict(counters["graph_break"]) == {} and len(graphs) == 1
+    assert _region_calls(graphs[0]) == (DEPTH, _region_calls(graphs[0])[1]) and len(_region_calls(graphs[0])[1]) == 2
+
+
+@pytest.mark.parametrize("device,backend", BACKENDS)
+def test_regional_off_inlines_every_layer(device, backend):
+    """`regional=False`: the layers are inlined into the one graph (no region call), and the result is the same."""
+    from hybridtune.compiler.loop import compile_loop
+
+    torch._dynamo.reset()
+    model = _model(device, lora=True, ckpt=True)
+    batch = _batch(LAYOUTS[0], device, 3)
+    want = _step(model, batch)
+    graphs: list = []
+    handle = compile_loop(model, backend=_recording(backend, graphs), regional=False)
+    _close(_step(model, batch), want, device)
+    assert len(graphs) == 1 and _region_calls(graphs[0])[0] == 0
+    assert not handle.regions.regional
+
+
+def test_regions_undo_and_eager_calls():
+    """The layers' forwards and checkpoint functions are the instance's own until `undo`, which restores them; an
+    eager (upstream) call through them gives the unpatched result; the eager backend takes no regions."""
+    from transformers import AutoModelForCausalLM
+
+    from hybridtune.compiler.loop import compile_loop
+    from hybridtune.models.anatomy import decoder_layers
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(_deep_config("tiny-qwen3_5", 4)).train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    batch = _batch([7, 20], "cpu", 1)
+    want = _step(model, batch)
+    ckpt_before = [layer.__dict__.get("_gradient_checkpointing_func") for layer in decoder_layers(model)]
+    handle = compile_loop(model, backend="eager", patch=False)
+    assert not handle.regions.regional  # the eager backend: bodies without regions
+    assert all("forward" in layer.__dict__ for layer in decoder_layers(model))
+    with torch.no_grad():  # upstream (hidden states asked for) runs the layers' bodies eagerly
+        hidden = model(**batch, output_hidden_states=True).hidden_states
+    assert len(hidden) == 5
+    _close(_step(model, batch), want, "cpu")
+    assert handle.undo()
+    assert all("forward" not in layer.__dict__ for layer in decoder_layers(model))
+    assert [layer.__dict__.get("_gradient_checkpointing_func") for layer in decoder_layers(model)] == ckpt_before
+    _close(_step(model, batch), want, "cpu")

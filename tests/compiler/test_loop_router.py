@@ -1,0 +1,142 @@
+"""An MoE model's router loss inside the one-graph loop: each layer returns its routers' logits (recorded without
+transformers' ContextVar hooks), so `output_router_logits` no longer sends the forward to the eager upstream path.
+compiled == transformers' eager forward: the loss with its router term, `aux_loss`, every router's logits and every
+gradient; no graph break; one graph over pack layouts; with gradient checkpointing (each layer a checkpoint, and in
+the slow and CUDA tiers a nested compile region). Fast tier: dynamo's eager backend (no regions); slow: aot_eager
+(regions, AOT autograd's backward); CUDA: inductor."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from hybridtune.data.collator import varlen_metadata
+from hybridtune.models.presets import preset_config
+
+LAYOUTS = [[40, 23, 61], [64, 11], [5, 5, 5, 5, 90]]
+MODELS = ["tiny-qwen3_next", "tiny-qwen3_5_moe"]
+
+
+def _moe(name, device, ckpt, lora=False):
+    from transformers import AutoModelForCausalLM
+
+    from hybridtune.models.patching import patch_model
+
+    torch.manual_seed(0)
+    cfg = preset_config(name, vocab_size=256)
+    cfg.output_router_logits = True
+    cfg.router_aux_loss_coef = 0.5  # large enough that a wrong router term shows in the loss
+    # transformers' CPU grouped-mm fallback has a data-dependent backward that AOT autograd cannot trace.
+    model = AutoModelForCausalLM.from_config(cfg, experts_implementation="batched_mm").to(device)
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "in_proj_qkv", "out_proj"]))
+    patch_model(model)
+    return model.train()
+
+
+def _batch(lens, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 256, (1, sum(lens)), generator=gen)
+    pos = torch.cat([torch.arange(n) for n in lens])[None]
+    b = {"input_ids": ids, "labels": ids.clone(), "position_ids": pos, **varlen_metadata(lens)}
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
+
+
+def _step(model, batch):
+    out = model(**batch)
+    out.loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    logits = tuple(t.detach() for t in out.router_logits)
+    return out.loss.detach(), out.aux_loss.detach(), logits, grads
+
+
+@pytest.mark.parametrize(
+    "device,backend",
+    [
+        ("cpu", "eager"),
+        pytest.param("cpu", "aot_eager", marks=pytest.mark.slow),
+        pytest.param("cuda", "inductor", marks=pytest.mark.cuda),
+    ],
+)
+@pytest.mark.parametrize("ckpt,lora", [(True, False), (False, True)])
+@pytest.mark.parametrize("name", MODELS)
+def test_router_loss_in_the_loop_equals_transformers(name, ckpt, lora, device, backend):
+    from torch._dynamo.utils import counters
+
+    from hybridtune.compiler.loop import compile_loop
+
+    torch._dynamo.reset()
+    model = _moe(name, device, ckpt, lora)
+    batches = [_batch(lens, device, int(torch.randint(0, 10**6, ()).item())) for lens in LAYOUTS]
+    eager = [_step(model, b) for b in batches]
+    n_moe = sum(1 for layer in model.base_model.modules() if type(layer).__name__.endswith("SparseMoeBlock"))
+    assert all(len(e[2]) == n_moe > 0 for e in eager)
+    handle = compile_loop(model, backend=backend)
+    assert handle.regions.recordable
+    counters.clear()
+    tol = dict(rtol=1e-5, atol=1e-6) if device == "cpu" else dict(rtol=2e-3, atol=2e-4)
+    for b, (loss_e, aux_e, logits_e, grads_e) in zip(batches, eager):
+        loss_c, aux_c, logits_c, grads_c = _step(model, b)
+        torch.testing.assert_close(aux_c, aux_e, **tol)
+        torch.testing.assert_close(loss_c, loss_e, **tol)
+        assert len(logits_c) == len(logits_e)
+        for got, want in zip(logits_c, logits_e):
+            torch.testing.assert_close(got, want, **tol)
+        assert grads_c.keys() == grads_e.keys() and grads_c
+        for n in grads_e:
+            torch.testing.assert_close(grads_c[n], grads_e[n], **tol, msg=n)
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] == 1
+    assert handle.calls == len(LAYOUTS) and handle.eager_calls == 0
+    assert handle.regions.sink == []  # every recorded logit handed out
+
+
+def test_router_logits_only_when_asked():
+    """Without `output_router_logits` the compiled layers record nothing (the model's output has no router logits,
+    the loss no router term), and asking again records again."""
+    from hybridtune.compiler.loop import compile_loop
+
+    torch._dynamo.reset()
+    model = _moe("tiny-qwen3_next", "cpu", ckpt=True)
+    batch = _batch([30, 17], "cpu", 7)
+    with_term = _step(model, batch)
+    model.config.output_router_logits = False
+    without = model(**batch).loss.detach()
+    model.config.output_router_logits = True
+    assert abs(float(without - with_term[0])) > 1e-4
+    compile_loop(model, backend="eager")
+    out = model(**batch, output_router_logits=False)
+    assert out.router_logits is None and out.aux_loss is None
+    torch.testing.assert_close(out.loss.detach(), without, rtol=1e-6, atol=1e-7)
+    got = _step(model, batch)
+    torch.testing.assert_close(got[0], with_term[0], rtol=1e-6, atol=1e-7)
+    assert len(got[2]) == len(with_term[2])
+
+
+def test_unrecordable_routers_run_upstream_with_a_warning(monkeypatch, caplog):
+    """Where transformers names no router class to record (another model family), a router-loss call runs the
+    upstream forward, says so once, and keeps the router term."""
+    from hybridtune.compiler import regions
+    from hybridtune.compiler.loop import compile_loop
+
+    monkeypatch.setattr(regions, "router_spec", lambda text: None)
+    torch._dynamo.reset()
+    model = _moe("tiny-qwen3_next", "cpu", ckpt=False)
+    batch = _batch([40, 23, 61], "cpu", 3)
+    want = _step(model, batch)
+    handle = compile_loop(model, backend="eager")
+    with caplog.at_level(logging.WARNING, logger="hybridtune.compiler.loop"):
+        for _ in range(2):
+            got = _step(model, batch)
+            torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-7)
+    warned = [r for r in caplog.records if "output_router_logits" in r.getMessage()]
+    assert len(warned) == 1 and "compile: modules" in warned[0].getMessage()
+    assert handle.calls == 0 and handle.eager_calls == 2
