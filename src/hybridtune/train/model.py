@@ -18,6 +18,7 @@ from hybridtune.config import TrainConfig
 from hybridtune.models.anatomy import unwrap
 from hybridtune.models.loading import LoadedModel, load_model
 from hybridtune.models.patching import patch_model
+from hybridtune.train.distributed import ONE, Dist
 from hybridtune.train.lora import lora_from_config
 
 logger = logging.getLogger(__name__)
@@ -41,9 +42,13 @@ class RunModel:
     patch_report: object
 
 
-def build_model(cfg: TrainConfig, source, tokenizer, device: torch.device, bf16: bool) -> RunModel:
-    """Load, patch the mixers, checkpointing (when set to true), LoRA, on `device`, in training mode."""
-    loaded = load_model(source, tokenizer, seed=cfg.seed, dtype=master_dtype(cfg.adapter, bf16))
+def build_model(cfg: TrainConfig, source, tokenizer, device: torch.device, bf16: bool, dist: Dist = ONE) -> RunModel:
+    """Load, patch the mixers, checkpointing (when set to true), LoRA, on `device`, in training mode.
+
+    A full fine-tune under FSDP2 (`dist`) is built on the meta device and stays there: `distributed.wrap` fills each
+    rank's shards after `fully_shard`, so no rank holds the whole model."""
+    meta = dist.engine == "fsdp" and cfg.adapter == "full"
+    loaded = load_model(source, tokenizer, seed=cfg.seed, dtype=master_dtype(cfg.adapter, bf16), meta=meta)
     model = loaded.model
     report = patch_model(model)
     logger.info("%s", report)
@@ -51,6 +56,7 @@ def build_model(cfg: TrainConfig, source, tokenizer, device: torch.device, bf16:
         enable_checkpointing(model)
     if cfg.adapter == "lora":
         model = lora_from_config(model, cfg)
-    model.to(device)
+    if loaded.reader is None:  # (a checkpoint the meta path cannot name loads whole: models.loading says so)
+        model.to(device)
     model.train()
     return RunModel(loaded, model, report)

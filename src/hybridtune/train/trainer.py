@@ -172,7 +172,7 @@ class Trainer:
     def _setup_model(self) -> None:
         """Load, patch the mixers, checkpointing, LoRA, on the device; the dtypes are train/model.py's."""
         self.use_bf16 = choose_bf16(self.cfg, self._facts()).value
-        built = build_model(self.cfg, self.source, self.tokenizer, self.device, self.use_bf16)
+        built = build_model(self.cfg, self.source, self.tokenizer, self.device, self.use_bf16, self.dist)
         self.loaded, self.model, self.patch_report = built.loaded, built.model, built.patch_report
 
     def _setup_choices(self) -> None:
@@ -217,7 +217,7 @@ class Trainer:
         FSDP2 shards is `choices.fsdp_units`). Eval runs the forward alone: DDP's copy needs no engine; FSDP2's
         shards must gather (all ranks)."""
         d = self.dist
-        self.engine = distributed.wrap(distributed.LossModule(self.model), d, self.device, self.use_bf16)
+        self.engine = distributed.wrap(distributed.LossModule(self.model), d, self.device, self.use_bf16, self.loaded)
         self.eval_model = self.engine.module if d.engine == "ddp" else self.engine
         self.eval_model = cudagraphs.StepMarked(self.eval_model) if self.cuda_graphs else self.eval_model
         self.autocast = lambda: torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16)
