@@ -34,6 +34,11 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations import moe as hf_moe
 
+try:  # pins an operand's layout inside a compiled graph (see _Dense)
+    from torch._inductor.inductor_prims import force_stride_order as _force_stride_order
+except ImportError:  # a torch without it: eager layouts only
+    _force_stride_order = None
+
 NAME = "hybridtune_grouped"
 PARAMETERS = ("gate_up_proj", "down_proj")
 ORIGINAL_FORWARD = _ORIGINAL = "_hybridtune_original_experts_forward"  # on a wrapper route_lora changed
@@ -109,32 +114,52 @@ def route(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, to
 
 
 def lora_factors(wrapper, adapter: str) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """(A [E, in, r], B [E, r, out], scaling) of one peft ParamWrapper adapter on an [E, out, in] parameter:
-    expert e's delta is scaling * (A[e] @ B[e])^T, the `get_delta_weight` of peft."""
+    """(A [E, r, in], B [E, r, out], scaling) of one peft ParamWrapper adapter on an [E, out, in] parameter:
+    expert e's delta is scaling * B[e]^T @ A[e], the `get_delta_weight` of peft. Views of peft's parameters."""
     a = wrapper.lora_A[adapter].weight  # [E * r, in], row e * r + j
     b = wrapper.lora_B[adapter].weight  # [out, r * E], column j * E + e
     e, r = wrapper.num_experts, wrapper.r[adapter]
-    return (
-        a.view(e, r, a.shape[-1]).transpose(1, 2),
-        b.view(b.shape[0], r, e).permute(2, 1, 0),
-        wrapper.scaling[adapter],
-    )
+    return a.view(e, r, a.shape[-1]), b.view(b.shape[0], r, e).permute(2, 1, 0), wrapper.scaling[adapter]
+
+
+class _Dense(torch.autograd.Function):
+    """`t` laid out contiguously, a layout the compiled graph must keep. Inductor hands grouped_mm an operand in the
+    layout it chose for it, which for a permuted or cast tensor can be one grouped_mm refuses ("Invalid
+    strides"); `force_stride_order` pins it (a copy only where the layout differs)."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor) -> torch.Tensor:
+        if _force_stride_order is None or not torch.compiler.is_compiling():
+            return t.contiguous()
+        strides = [1] * t.dim()
+        for i in range(t.dim() - 2, -1, -1):
+            strides[i] = strides[i + 1] * t.shape[i + 1]
+        return _force_stride_order(t, strides)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t` in `dtype`; a cast copy is pinned contiguous (a parameter already in `dtype` keeps its own layout)."""
+    return t if t.dtype == dtype else _Dense.apply(t.to(dtype))
 
 
 def _project(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, factors) -> torch.Tensor:
     """x [S, in] through each row's expert of `weight` [E, out, in], plus its LoRA `factors` (A, B, s) if any."""
-    y = grouped_mm(x, weight.to(x.dtype).transpose(1, 2), offs)
+    y = grouped_mm(x, _cast(weight, x.dtype).transpose(1, 2), offs)
     if factors is None:
         return y
     a, b, scaling = factors
-    a, b = a.to(x.dtype), b.to(x.dtype)
-    r = a.shape[-1]
+    a = _cast(a, x.dtype)  # [E, r, in]: a contiguous view of peft's lora_A
+    r = a.shape[1]
     if x.dtype == torch.bfloat16 and r % 8:
-        # Zero rank columns (A) and rows (B) add nothing and align the rank for the grouped GEMM.
+        # Zero rank rows (A) and rows (B) add nothing and align the rank for the grouped GEMM.
         pad = 8 - r % 8
-        a, b = F.pad(a, (0, pad)), F.pad(b, (0, 0, 0, pad))
-    low = grouped_mm(x, a, offs) * scaling
-    return y + grouped_mm(low, b.contiguous(), offs)
+        a, b = _Dense.apply(F.pad(a, (0, 0, 0, pad))), F.pad(b, (0, 0, 0, pad))
+    low = grouped_mm(x, a.transpose(1, 2), offs) * scaling
+    return y + grouped_mm(low, _Dense.apply(b.to(x.dtype)), offs)
 
 
 def grouped_experts_forward(
