@@ -83,3 +83,33 @@ def test_bench_moe_cpu_smoke(tmp_path):
     loop = doc["modes"]["ht-loop"]
     assert loop["graph_breaks"] == 0 and loop["recompiles_after_warmup"] == 0
     assert "Routed experts per mode:" in (out / "bench.md").read_text()
+
+
+def test_expert_gemm_rate_from_a_profile():
+    """Grouped-GEMM kernels' time from the profile's kernel table against the experts' FLOPs: top-k experts per
+    row, 4 per weight (frozen) + 2 recompute, LoRA 6 + 2 per adapter parameter."""
+    from hybridtune.bench.report import markdown
+
+    cfg = preset_config("tiny-qwen3_5_moe")
+    kernels = [
+        ["void cutlass::device_kernel<...GroupProblemShape...>", 2.0, 8],
+        ["triton_tem_fused__grouped_mm_0", 1.0, 4],
+        ["ampere_bf16_s16816gemm", 5.0, 3],  # a dense GEMM: not the experts'
+    ]
+    g = worker.expert_gemm_rate({"kernels_ms_per_step": kernels}, cfg, "lora", 8, ["gate_up_proj"], True, 100.0)
+    h, k, i, n = cfg.hidden_size, cfg.num_experts_per_tok, cfg.moe_intermediate_size, 4
+    base = 6 * n * k * (h * 2 * i + i * h) * 100
+    lora = 8 * n * k * 8 * (h + 2 * i) * 100
+    assert g["kernel_ms_per_step"] == 3.0 and g["flops_per_step"] == base + lora
+    assert g["tflops_per_s"] == pytest.approx((base + lora) / 3e-3 / 1e12)
+    assert worker.expert_gemm_rate({}, cfg, "full", 0, [], False, 10.0) == {
+        "kernel_ms_per_step": 0,
+        "flops_per_step": 6 * n * k * 3 * h * i * 10,
+    }
+    doc = {
+        "settings": {"preset": "p", "seq_len": 8, "adapter": "full", "dtype": "bf16", "steps": 2, "warmup": 1},
+        "device": "d",
+        "git_commit": "abc",
+        "modes": {"ht-loop": {"error": "x", "experts": "4 layer(s): hybridtune_grouped", "expert_gemms": g}},
+    }
+    assert "grouped-GEMM kernels 3.0 ms/step" in markdown(doc)

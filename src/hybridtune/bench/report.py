@@ -22,6 +22,13 @@ def one_line(label: str, r: dict) -> str:
     )
 
 
+def _gemm_rate(g: dict | None) -> str:
+    """The profile's grouped-GEMM figure of a mode (`--profile`), or nothing."""
+    if not g or not g.get("tflops_per_s"):
+        return ""
+    return f"; grouped-GEMM kernels {g['kernel_ms_per_step']:.1f} ms/step, {g['tflops_per_s']:.0f} TFLOP/s (profile)"
+
+
 def markdown(doc: dict, title: str | None = None) -> str:
     s = doc["settings"]
     base = doc["modes"].get(BASELINE, {})
@@ -81,7 +88,9 @@ def markdown(doc: dict, title: str | None = None) -> str:
     if moe:
         lines += ["", "Routed experts per mode:"]
         lines += [
-            f"- {k}: {r['experts']}" + (f"; LoRA on them: {r['experts_lora']}" if r.get("experts_lora") else "")
+            f"- {k}: {r['experts']}"
+            + (f"; LoRA on them: {r['experts_lora']}" if r.get("experts_lora") else "")
+            + _gemm_rate(r.get("expert_gemms"))
             for k, r in moe.items()
         ]
     longer = {  # documents written before the warm-up was one per run (some modes warmed up longer)

@@ -27,7 +27,7 @@ from hybridtune.bench.modes import parse_mode
 from hybridtune.compiler.strategies import compile_model
 from hybridtune.kernels.provision import provision_kernels
 from hybridtune.models import experts
-from hybridtune.models.flops import measure_peak, step_flops
+from hybridtune.models.flops import linear_terms, measure_peak, step_flops
 from hybridtune.models.patching import patch_model
 from hybridtune.models.presets import preset_config
 from hybridtune.ops import fla_guard
@@ -212,8 +212,40 @@ def run_mode(spec: dict) -> dict:
     _flops(spec, mode, cfg, batches, timed, result)
     if spec.get("profile") and device.type == "cuda":
         result["profile"] = profile_run(lambda i: step(batches[i % len(batches)]), 3, device)
+        if getattr(cfg, "num_experts", 0):
+            rows = statistics.fmean(batches[i % len(batches)]["input_ids"].numel() for i in range(3))
+            params = result.get("lora_parameters", [])
+            lora = (spec["lora_r"], params) if spec["adapter"] == "lora" else (0, [])
+            result["expert_gemms"] = expert_gemm_rate(result["profile"], cfg, spec["adapter"], *lora, mode.gc, rows)
         result["host_syncs"] = find_syncs(lambda: step(batches[0]))
     return result
+
+
+GROUPED_KERNEL_KEYS = ("grouped", "groupproblemshape", "group_gemm")  # torch's grouped GEMMs (CUTLASS, Triton)
+
+
+def expert_gemm_rate(
+    profile: dict, cfg, adapter: str, lora_r: int, lora_parameters: list[str], gc: bool, tokens: float
+) -> dict:
+    """The routed experts' GEMMs in a profile: their kernels' time per step (kernels named as grouped GEMMs) and the
+    FLOP/s it implies from the experts' share of the step's FLOPs (`tokens` rows of the batch, filler included:
+    the experts compute them too; top-k experts per token, LoRA on them included, recompute under checkpointing).
+    Plain transformers' `grouped_mm` experts run the same kernels, so modes compare; a loop over experts does not."""
+    ms = sum(
+        m
+        for name, m, _ in profile.get("kernels_ms_per_step", [])
+        if any(k in name.lower() for k in GROUPED_KERNEL_KEYS)
+    )
+    terms = [t for t in linear_terms(cfg) if t.stored > 1]  # routed experts' 3-D weights
+    recompute = 2.0 if gc else 0.0
+    per = (6.0 if adapter == "full" else 4.0) + recompute
+    flops = per * sum(t.active_params for t in terms) * tokens
+    lora = [t for t in terms if any(t.path.endswith("." + p) for p in lora_parameters)]
+    flops += (6.0 + recompute) * sum(lora_r * (t.in_features + t.out_features) * t.active for t in lora) * tokens
+    out = {"kernel_ms_per_step": ms, "flops_per_step": flops}
+    if ms > 0:
+        out["tflops_per_s"] = flops / (ms / 1e3) / 1e12
+    return out
 
 
 def find_syncs(run_step) -> dict:
