@@ -157,6 +157,19 @@ def test_invalid_utf8_names_line_and_column(tmp_path):
         list(read_rows(str(p)))
 
 
+@pytest.mark.parametrize("name, sep", [("d.csv", ","), ("d.tsv", "\t")])
+def test_invalid_utf8_in_csv_names_line_and_column(tmp_path, name, sep):
+    """A CSV/TSV with bytes that are not UTF-8 names the line and column as a JSONL does (was the decoder's
+    'position N' inside a block pandas read)."""
+    p = tmp_path / name
+    rows = [f"instruction{sep}output", f"add{sep}2", *[f"x{i}{sep}y" for i in range(3000)]]
+    rows[1500] = f"mul{sep}3"
+    raw = ("\n".join(rows) + "\n").encode().replace(b"mul", b"m\xe9l")
+    p.write_bytes(raw)
+    with pytest.raises(DataError, match=rf"{name}:1501: not valid UTF-8 at column 2 \(byte 0xe9\)"):
+        list(read_rows(str(p)))
+
+
 def test_bom_is_accepted(tok, tmp_path):
     p = tmp_path / "d.jsonl"
     p.write_bytes(b'\xef\xbb\xbf{"text": "ok"}\n{"text": "fine"}\n')

@@ -267,14 +267,24 @@ def _load_file(f: Path, kind: str):
     try:
         return datasets.load_dataset(kind, data_files=str(f), split="train", cache_dir=datasets_cache_dir(), **kwargs)
     except Exception as e:  # pyarrow, pandas and datasets raise many types for a file they cannot read
+        if kind == "csv" and isinstance(_innermost(e), UnicodeDecodeError):
+            raw = f.read_bytes()  # the decoder's position is inside a block pandas read: find the line
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                raise DataError(f"{f}:{utf8_error(raw, bad)}; save the file as UTF-8 text") from None
         raise DataError(f"{f}: cannot read as {KIND_NAMES[kind]} ({_short(e)}); check the file") from None
+
+
+def _innermost(e: BaseException) -> BaseException:
+    while e.__cause__ is not None or e.__context__ is not None:
+        e = e.__cause__ or e.__context__
+    return e
 
 
 def _short(e: BaseException) -> str:
     """The innermost cause's first line (datasets wraps a reader's error in its own)."""
-    while e.__cause__ is not None or e.__context__ is not None:
-        e = e.__cause__ or e.__context__
-    text = str(e).strip().splitlines()
+    text = str(_innermost(e)).strip().splitlines()
     return (text[0] if text else type(e).__name__)[:300]
 
 
