@@ -20,10 +20,12 @@ transformers stores the routed experts of Qwen3.5-MoE and Qwen3-Next as two 3-D 
 LoRA through peft's `target_parameters` wraps the experts module in `ParamWrapper`s (one per targeted parameter,
 nested). peft's own forward adds the whole [E, out, in] delta to the weight on every call. `route_lora(model)`
 gives each outermost wrapper an instance forward that keeps peft's parameters (`lora_A`: [E*r, in], expert-major
-rows; `lora_B`: [out, r*E], rank-major columns; scaling alpha/r) and computes, per expert e and routed row x,
-`x W_e^T + s (x A_e^T) B_e^T` as three grouped GEMMs, never forming the delta. A saved adapter is peft's, so stock
-peft loads and merges it. Disabled or merged adapters, several active adapters, or a layout other than
-transformers' default (gate and up concatenated, [E, out, in], no bias) keep peft's forward.
+rows, read as A_e [r, in]; `lora_B`: [out, r*E], rank-major columns, read as B_e [r, out]; scaling s = alpha/r)
+and computes, per expert e and routed row x, `x W_e^T + s (x A_e^T) B_e` as three grouped GEMMs, never forming the
+delta. A saved adapter is peft's, so stock peft loads and merges it. Disabled or merged adapters, several active
+adapters, or a layout other than transformers' default (gate and up concatenated, [E, out, in], no bias) keep
+peft's forward. Inside a compiled graph the operands that are copies (B_e, casts, a rank padded to 8) are pinned
+contiguous (`_Dense`), since inductor may otherwise hand grouped_mm a layout it refuses.
 """
 
 from __future__ import annotations
