@@ -5,7 +5,8 @@ not torch at import time (the kernel resolver reads configs with it before torch
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import sys
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import torch
@@ -59,6 +60,30 @@ def router_loss(model: torch.nn.Module) -> bool:
     """Whether the model's own loss adds an MoE router (load-balancing) loss: it then records every router's
     logits during the forward (transformers' `output_router_logits`)."""
     return bool(getattr(text_config(model), "output_router_logits", False))
+
+
+class RouterLoss(NamedTuple):
+    """What an MoE model's own forward adds to its loss: `coef * fn(router_logits, num_experts, top_k, mask)`, `fn`
+    being the `load_balancing_loss_func` of the model's modeling module (mask: [1, T] of the tokens that count)."""
+
+    fn: Any
+    num_experts: int
+    top_k: int
+    coef: float
+
+
+def router_loss_terms(model: torch.nn.Module) -> RouterLoss | None:
+    """The router (load-balancing) loss term the model's forward adds, as its modeling module computes it; None
+    when the model adds none, or its module has no `load_balancing_loss_func` or its config lacks the sizes."""
+    if not router_loss(model):
+        return None
+    base = unwrap(model)
+    cfg = text_config(base)
+    fn = getattr(sys.modules.get(type(base).__module__), "load_balancing_loss_func", None)
+    sizes = [getattr(cfg, k, None) for k in ("num_experts", "num_experts_per_tok", "router_aux_loss_coef")]
+    if not callable(fn) or any(v is None for v in sizes):
+        return None
+    return RouterLoss(fn, int(sizes[0]), int(sizes[1]), float(sizes[2]))
 
 
 def param_count(model: torch.nn.Module) -> int:
