@@ -81,7 +81,7 @@ class TrainConfig:
     base_model: str = _f(
         "tiny-qwen3_5",
         "a local checkpoint directory, a hub id org/name (at `revision`), or a preset with random weights "
-        "(`hybridtune doctor` lists them)",
+        "(`hybridtune doctor` lists them; NAME@layers=N is its first N decoder layers)",
     )
     revision: str | None = _f(
         None, "hub id only: the branch, tag or commit of base_model to load (default: main), as transformers takes it"
@@ -122,7 +122,7 @@ class TrainConfig:
     lora_target_parameters: list[str] = _f(
         [],
         "parameters that get LoRA through peft's target_parameters (the end of a parameter's name): the routed "
-        "experts' fused weights such as [gate_up_proj, down_proj]; needs lora_dropout: 0",
+        "experts' fused weights such as [gate_up_proj, down_proj], computed as grouped GEMMs; needs lora_dropout: 0",
     )
     # optimisation
     micro_batch_size: int = _f(1, "packed bins per forward (laid end to end in one [1, T] row)")

@@ -164,3 +164,20 @@ def test_conditional_generation_text_path_packed_equals_per_document():
             alone = model(input_ids=batch["input_ids"][:, start : start + n], use_cache=False).logits
             torch.testing.assert_close(packed[:, start : start + n], alone, **_tol("cpu"))
             start += n
+
+
+def test_patch_routes_moe_experts_and_unpatch_gives_them_back():
+    """patch_model selects the grouped-GEMM experts for every MoE layer (what `hybridtune train` then runs, with
+    grouped expert LoRA), says so in its report, and unpatch_model restores transformers' implementation."""
+    from hybridtune.models.loading import load_model
+    from hybridtune.models.patching import patch_model, unpatch_model
+
+    model = load_model("tiny-qwen3_5_moe").model
+    experts = [m for m in model.modules() if type(m).__name__.endswith("Experts")]
+    before = {m.config._experts_implementation for m in experts}
+    report = patch_model(model)
+    assert len(report.experts) == len(experts) == model.config.get_text_config().num_hidden_layers
+    assert {m.config._experts_implementation for m in experts} == {"hybridtune_grouped"}
+    assert "routed experts" in str(report)
+    unpatch_model(model)
+    assert {m.config._experts_implementation for m in experts} == before != {"hybridtune_grouped"}

@@ -75,7 +75,7 @@ def resolve_model(spec: str) -> tuple[str, Any]:
     )
 
 
-FAMILIES = {"qwen3_5_text": "Qwen3.5 dense", "qwen3_next": "Qwen3-Next MoE"}
+FAMILIES = {"qwen3_5_text": "Qwen3.5 dense", "qwen3_5_moe_text": "Qwen3.5 MoE", "qwen3_next": "Qwen3-Next MoE"}
 
 
 def preset_table() -> list[dict[str, Any]]:

@@ -1,5 +1,5 @@
 """`patch_model(model) -> PatchReport`: route every supported mixer of a built transformers model
-through hybridtune ops.
+through hybridtune ops (GDN; the routed MoE experts as grouped GEMMs, `experts.py`).
 
 GatedDeltaNet mixers are found by structure (the adapters' `matches`), never by class or model name.
 Each matched mixer gets an instance-level `forward` that:
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hybridtune.batch import CU_SEQ_LENS_Q, GDN_CHUNK_INDICES
-from hybridtune.models import attention, qwen3_5, qwen3_next
+from hybridtune.models import attention, experts, qwen3_5, qwen3_next
 from hybridtune.models.anatomy import PATCHED_FORWARD_ATTR
 from hybridtune.ops import gdn as gdn_ops
 
@@ -39,6 +39,7 @@ class PatchReport:
     skipped: dict[str, str] = field(default_factory=dict)
     attention: str = ""
     backend: str = ""
+    experts: dict[str, str] = field(default_factory=dict)  # module name -> path of the routed MoE experts
 
     @property
     def num_routed(self) -> int:
@@ -48,6 +49,8 @@ class PatchReport:
         lines = [f"hybridtune patch: {self.num_routed} GDN mixer(s) routed; ops backend: {self.backend}"]
         lines += [f"  {name}: {path}" for name, path in self.routed.items()]
         lines += [f"  {name}: kept upstream ({why})" for name, why in self.skipped.items()]
+        if self.experts:
+            lines.append(f"  routed experts: {len(self.experts)} layer(s), {next(iter(self.experts.values()))}")
         lines.append(f"  attention: {self.attention}")
         return "\n".join(lines)
 
@@ -123,6 +126,7 @@ def patch_model(model: torch.nn.Module) -> PatchReport:
             f"(H={H}, HV={HV}, K={K}, V={V}) without cache; upstream with cache"
         )
     report.attention = _route_attention(model)
+    report.experts = experts.route_experts(model)
     if report.routed:
         # The decoder builds a cache whenever use_cache is on, and with a cache the mixers take the upstream
         # path; training never wants one. generate() passes use_cache explicitly, so generation still caches.
@@ -162,6 +166,8 @@ def is_patched(model: torch.nn.Module) -> bool:
 def unpatch_model(model: torch.nn.Module) -> int:
     """Restore the upstream forwards and the config fields patch_model changed; returns how many mixers
     were restored."""
+    experts.unroute_lora(model)
+    experts.unroute_experts(model)
     for cfg, attr, old in model.__dict__.pop("_hybridtune_saved_config", []):
         setattr(cfg, attr, old)
     n = 0
