@@ -109,3 +109,30 @@ def test_max_steps_below_minus_1_is_refused():
 
     with pytest.raises(ConfigError, match=r"'max_steps' = -2 must be -1 \(from num_epochs\), 0"):
         load_config(None, {"max_steps": -2})
+
+
+def test_step_flops_charges_the_lora_peft_applied_expert_lora_included():
+    """MFU's FLOP count takes the LoRA peft really placed: LoRA on the routed experts (target_parameters) adds its
+    per-expert FLOPs, equal to the count's own for those parameters; without it the count is the attention/GDN/MLP
+    LoRA alone."""
+    from hybridtune.models.flops import step_flops
+    from hybridtune.models.patching import patch_model
+    from hybridtune.train.lora import lora_from_config
+    from hybridtune.train.metrics import StepFlops
+
+    def flops(**keys):
+        cfg = load_config(None, dict(base_model="tiny-qwen3_5_moe", adapter="lora", lora_dropout=0.0, **keys))
+        model = load_model("tiny-qwen3_5_moe").model
+        patch_model(model)
+        return StepFlops(lora_from_config(model, cfg), "lora", cfg.lora_r, cfg.lora_target_modules), cfg
+
+    docs = [97, 31]
+    with_experts, cfg = flops(lora_target_parameters=["gate_up_proj", "down_proj"])
+    without, _ = flops()
+    assert with_experts.kw["lora_parameters"] == ["down_proj", "gate_up_proj"]
+    assert without.kw["lora_parameters"] == []
+    want = step_flops(
+        with_experts.config, docs, adapter="lora", lora_r=cfg.lora_r, lora_targets=with_experts.kw["lora_targets"],
+        lora_parameters=["gate_up_proj", "down_proj"],
+    ).model  # fmt: skip
+    assert with_experts(docs) == want > without(docs)

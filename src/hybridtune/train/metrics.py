@@ -14,6 +14,7 @@ from hybridtune.errors import OutputDirError
 from hybridtune.models.anatomy import text_config
 from hybridtune.models.flops import step_flops
 from hybridtune.train.checkpoint import atomic_write_text
+from hybridtune.train.lora import applied_targets
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +67,18 @@ class StepFlops:
     """Model FLOPs of a step (no recompute: what MFU counts) from its documents' lengths, for the model's family."""
 
     def __init__(self, model: torch.nn.Module, adapter: str, lora_r: int, lora_targets: list[str]):
+        """For a peft model the LoRA charged is what peft applied (`lora.applied_targets`: the modules it wrapped and
+        the routed experts' parameters), not the configured names, which may match nothing or be rewritten."""
         self.config = text_config(model)
-        self.kw = {"adapter": adapter, "lora_r": lora_r if adapter == "lora" else 0, "lora_targets": lora_targets}
+        params: list[str] = []
+        if adapter == "lora" and hasattr(getattr(model, "base_model", None), "targeted_module_names"):
+            lora_targets, params = applied_targets(model)
+        self.kw = {
+            "adapter": adapter,
+            "lora_r": lora_r if adapter == "lora" else 0,
+            "lora_targets": lora_targets,
+            "lora_parameters": params,
+        }
         self([1])  # a model the count does not know fails here, once, not at every step
 
     def __call__(self, doc_lens) -> float:
