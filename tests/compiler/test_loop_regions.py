@@ -1,4 +1,4 @@
-"""Regional compilation inside the one-graph loop (`compile_loop(regional=True)`, the default): every decoder layer
+"""Regional compilation inside the one-graph loop (`compile_loop(regional=True)`): every decoder layer
 runs as a nested compile region, traced once per distinct layer and stamped out for the others, and the loop stays
 one graph. Checked on a deep tiny model (8 layers: 6 GDN + 2 attention): compiled == eager (loss and every
 gradient; LoRA and full fine-tune; with and without gradient checkpointing), no graph break, one graph over
@@ -30,14 +30,14 @@ def _deep_config(name: str, depth: int = DEPTH):
     return cfg
 
 
-def _model(device: str, lora: bool, ckpt: bool, name: str = "tiny-qwen3_5"):
+def _model(device: str, lora: bool, ckpt: bool, name: str = "tiny-qwen3_5", depth: int = DEPTH):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     from hybridtune.models.patching import patch_model
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(_deep_config(name)).to(device)
+    model = AutoModelForCausalLM.from_config(_deep_config(name, depth)).to(device)
     if ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
@@ -106,7 +106,7 @@ def test_regional_loop_equals_eager_one_graph_two_bodies(lora, ckpt, device, bac
     batches = [_batch(lens, device, i) for i, lens in enumerate(LAYOUTS)]
     eager = [_step(model, b) for b in batches]
     graphs: list = []
-    handle = compile_loop(model, backend=_recording(backend, graphs))
+    handle = compile_loop(model, backend=_recording(backend, graphs), regional=True)
     assert handle.regions is not None and handle.regions.regional
     counters.clear()
     for b, want in zip(batches, eager):
@@ -142,7 +142,7 @@ def test_regional_static_layout_one_graph(device, backend):
     assert len({b["gdn_chunk_indices"].shape for b in batches}) > 1
     eager = [_step(model, b) for b in batches]
     graphs: list = []
-    compile_loop(model, backend=_recording(backend, graphs), static_shapes=True)
+    compile_loop(model, backend=_recording(backend, graphs), static_shapes=True, regional=True)
     counters.clear()
     for b, want in zip(batches, eager):
         _close(_step(model, b), want, device)
@@ -153,7 +153,7 @@ def test_regional_static_layout_one_graph(device, backend):
 
 @pytest.mark.parametrize("device,backend", BACKENDS)
 def test_regional_off_inlines_every_layer(device, backend):
-    """`regional=False`: the layers are inlined into the one graph (no region call), and the result is the same."""
+    """`regional=False` (the default): the layers are inlined into the one graph (no region call), the same result."""
     from hybridtune.compiler.loop import compile_loop
 
     torch._dynamo.reset()
@@ -161,7 +161,7 @@ def test_regional_off_inlines_every_layer(device, backend):
     batch = _batch(LAYOUTS[0], device, 3)
     want = _step(model, batch)
     graphs: list = []
-    handle = compile_loop(model, backend=_recording(backend, graphs), regional=False)
+    handle = compile_loop(model, backend=_recording(backend, graphs))
     _close(_step(model, batch), want, device)
     assert len(graphs) == 1 and _region_calls(graphs[0])[0] == 0
     assert not handle.regions.regional
@@ -182,7 +182,7 @@ def test_regions_undo_and_eager_calls():
     batch = _batch([7, 20], "cpu", 1)
     want = _step(model, batch)
     ckpt_before = [layer.__dict__.get("_gradient_checkpointing_func") for layer in decoder_layers(model)]
-    handle = compile_loop(model, backend="eager", patch=False)
+    handle = compile_loop(model, backend="eager", patch=False, regional=True)
     assert not handle.regions.regional  # the eager backend: bodies without regions
     assert all("forward" in layer.__dict__ for layer in decoder_layers(model))
     with torch.no_grad():  # upstream (hidden states asked for) runs the layers' bodies eagerly
@@ -192,4 +192,22 @@ def test_regions_undo_and_eager_calls():
     assert handle.undo()
     assert all("forward" not in layer.__dict__ for layer in decoder_layers(model))
     assert [layer.__dict__.get("_gradient_checkpointing_func") for layer in decoder_layers(model)] == ckpt_before
+    _close(_step(model, batch), want, "cpu")
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="inductor on the CPU (torch 2.13): the regional loop's gradients of every GDN layer but the last are "
+    "wrong (the loss is right; aot_eager gives the eager gradients); regions stay opt-in. An XPASS here says a torch "
+    "update fixed it: check CUDA and make regional the default",
+)
+def test_regional_inductor_cpu_gradients():
+    from hybridtune.compiler.loop import compile_loop
+
+    torch._dynamo.reset()
+    model = _model("cpu", lora=True, ckpt=False, depth=4)  # 3 GDN layers: the first two come out wrong
+    batch = _batch(LAYOUTS[0], "cpu", 0)
+    want = _step(model, batch)
+    compile_loop(model, regional=True)
     _close(_step(model, batch), want, "cpu")
