@@ -13,6 +13,7 @@ import importlib.util
 import logging
 import math
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -354,6 +355,12 @@ def validate(cfg: TrainConfig) -> None:
         (cfg.max_grad_norm >= 0, "max_grad_norm", cfg.max_grad_norm, "must be >= 0"),
         (cfg.lora_alpha >= 1, "lora_alpha", cfg.lora_alpha, "must be at least 1 (the LoRA scale is alpha / r)"),
         (cfg.logging_steps >= 1, "logging_steps", cfg.logging_steps, "must be at least 1"),
+        (
+            bool(re.fullmatch(r"auto|layer|model|group:[1-9][0-9]*", str(cfg.fsdp_units))),
+            "fsdp_units",
+            cfg.fsdp_units,
+            "must be auto, layer, model or group:K (K consecutive decoder layers per unit, K >= 1); e.g. group:4",
+        ),
         (cfg.eval_steps >= 0, "eval_steps", cfg.eval_steps, "must be 0 (only at the end) or more"),
         (cfg.save_steps >= 0, "save_steps", cfg.save_steps, "must be 0 (only at the end) or more"),
         (

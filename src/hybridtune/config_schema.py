@@ -121,8 +121,8 @@ class TrainConfig:
     lora_target_modules: list[str] = _f(list(DEFAULT_LORA_TARGETS), "module names that get LoRA")
     lora_target_parameters: list[str] = _f(
         [],
-        "parameters that get LoRA through peft's target_parameters (the end of a parameter's name): the routed "
-        "experts' fused weights such as [gate_up_proj, down_proj], computed as grouped GEMMs; needs lora_dropout: 0",
+        "parameters that get LoRA through peft's target_parameters (a parameter name's end): the routed experts' "
+        "weights such as [gate_up_proj, down_proj], as grouped GEMMs; needs lora_dropout: 0",
     )
     # optimisation
     micro_batch_size: int = _f(1, "packed bins per forward (laid end to end in one [1, T] row)")
@@ -198,10 +198,10 @@ class TrainConfig:
         "engine under torchrun or --nproc N: ddp = the whole model on every rank, fsdp = FSDP2 (see fsdp_units), "
         "auto = ddp for LoRA and fsdp for a full fine-tune",
     )
-    fsdp_units: Literal["auto", "layer", "model"] = _f(
+    fsdp_units: str = _f(
         "auto",
-        "what FSDP2 gathers as one unit: layer = each decoder layer (least memory), model = the whole model (what "
-        "compile: loop needs), auto = model under compile: loop when it leaves room for activations",
+        "FSDP2's unit: layer (least memory), group:K (K consecutive layers), model (what compile: loop needs), "
+        "auto (model under compile: loop when it leaves room for activations)",
     )
     num_threads: int = _f(
         0, "CPU threads for torch (0 = auto: one thread for small models on the CPU, else torch's default)"

@@ -120,7 +120,8 @@ def assert_same_curve(got: list[dict], want: list[dict]) -> None:
 
 @pytest.mark.slow  # torchrun, twice
 @pytest.mark.parametrize(
-    "adapter,engine,units", [("lora", "ddp", "auto"), ("full", "fsdp", "auto"), ("full", "fsdp", "model")]
+    "adapter,engine,units",
+    [("lora", "ddp", "auto"), ("full", "fsdp", "auto"), ("full", "fsdp", "model"), ("full", "fsdp", "group:2")],
 )
 def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch, adapter, engine, units):
     """fsdp_units auto on the CPU (compile off) is per layer; `model` reduces the gradients once per window."""
@@ -132,7 +133,9 @@ def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch,
     assert proc.returncode == 0, err
     assert f"x 2 processes ({engine})" in err
     if engine == "fsdp":
-        said = "FSDP2: the whole model as one unit" if units == "model" else "decoder layers + the rest"
+        said = {"model": "FSDP2: the whole model as one unit", "group:2": "groups of decoder layers (2/"}.get(
+            units, "decoder layers + the rest"
+        )
         assert said in err, err
         # built on the meta device, each rank filling its own shards (train/model.py, distributed.wrap)
         assert "sharded load: rank 1 holds 1.7 MiB of the model's 3.3 MiB" in err, err
@@ -644,6 +647,17 @@ def test_fsdp_units_and_compile_strategy_choose_each_other():
     with pytest.raises(ConfigError, match="'fsdp_units' = 'layer' and 'compile' = 'loop' do not go together"):
         _strategy(lin, "fsdp", "cuda", fsdp_units="layer", compile="loop")
     assert _strategy(lin, "ddp", "cuda", fsdp_units="layer", compile="loop")[0] == "loop"  # nothing to refuse
+    # group:K units (K consecutive layers) carry FSDP2 hooks inside the decoder loop, as layer units do
+    assert _strategy(lin, "fsdp", "cuda", fsdp_units="group:4")[:2] == ("modules", "group:4")
+    with pytest.raises(ConfigError, match="'fsdp_units' = 'group:2' and 'compile' = 'loop' do not go together"):
+        _strategy(lin, "fsdp", "cuda", fsdp_units="group:2", compile="loop")
+
+
+@pytest.mark.parametrize("bad", ["group:0", "group:", "groups:2", "layers", "group:-1", "group:2x"])
+def test_fsdp_units_takes_auto_layer_model_or_group_k(bad):
+    assert load_config(None, {"fsdp_units": "group:12"}).fsdp_units == "group:12"
+    with pytest.raises(ConfigError, match=r"fsdp_units.*must be auto, layer, model or group:K"):
+        load_config(None, {"fsdp_units": bad})
 
 
 def test_an_error_inside_a_window_puts_fsdp2_back_to_reducing():

@@ -209,7 +209,7 @@ def choose_compile(cfg: TrainConfig, facts: Facts) -> tuple[Choice, list[str]]:
             f"compile 'loop': {why}, whose router logits the one-graph loop cannot record; "
             "use compile: modules (or auto)"
         )
-    per_layer = facts.engine == "fsdp" and cfg.fsdp_units == "layer"
+    per_layer = facts.engine == "fsdp" and cfg.fsdp_units not in ("auto", "model")  # layer or group:K
     too_big = _whole_model_too_big(cfg, facts)
     if too_big and cfg.compile == "loop":
         warns.append(f"{too_big}; compile: loop keeps it one unit (fsdp_units: layer would shard per layer)")
@@ -217,16 +217,16 @@ def choose_compile(cfg: TrainConfig, facts: Facts) -> tuple[Choice, list[str]]:
         per_layer, why = True, why or too_big
     if cfg.compile == "loop" and per_layer:
         raise ConfigError(
-            "config keys 'fsdp_units' = 'layer' and 'compile' = 'loop' do not go together: the loop is one graph "
-            "over every layer and FSDP2's per-layer hooks cannot run inside it; use compile: modules (or auto), "
-            "or fsdp_units: model"
+            f"config keys 'fsdp_units' = '{cfg.fsdp_units}' and 'compile' = 'loop' do not go together: the loop is "
+            "one graph over every layer and FSDP2's per-unit hooks cannot run inside it; use compile: modules (or "
+            "auto), or fsdp_units: model"
         )
     if cfg.compile != "auto":
         return Choice(cfg.compile, f"compile: {cfg.compile}"), warns
     if facts.device != "cuda":
         return Choice("off", "auto: no compile on the CPU"), warns
     if per_layer:
-        why = why or "FSDP2 shards per decoder layer (fsdp_units: layer)"
+        why = why or f"FSDP2 shards per decoder layer or group of layers (fsdp_units: {cfg.fsdp_units})"
     if why:
         return Choice("modules", f"auto: {why}, which the one-graph loop cannot hold"), warns
     return Choice("loop", "auto: the whole decoder loop as one graph on the GPU"), warns
