@@ -133,6 +133,7 @@ def test_a_checkpoint_whose_shapes_differ_from_its_config_is_a_model_error(tmp_p
     cfg["num_experts"] = 3  # the files hold 4 experts per layer
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(
-        ModelError, match=r"do not match its config.json \('model.layers.0.mlp.gate.weight' is \[4, 64\], .* \[3, 64\]\)"
+        ModelError,
+        match=r"do not match its config.json \('model.layers.0.mlp.gate.weight' is \[4, 64\], .* \[3, 64\]\)",
     ):
         load_model(str(path), meta=True)
