@@ -8,11 +8,9 @@ import random
 from pathlib import Path
 
 import pytest
+from infer_runs import run_config
 
-from hybridtune.config import load_config
 from hybridtune.train.trainer import Trainer
-
-PROMPTS = ["3+4=", "17+25=", "What is 40+2?"]
 
 
 @pytest.fixture(scope="session")
@@ -30,25 +28,6 @@ def chat_data(tmp_path_factory) -> str:
     return str(path)
 
 
-def run_config(out: Path, data: str, preset: str, adapter: str, **kw):
-    keys = dict(
-        base_model=preset,
-        dataset=data,
-        adapter=adapter,
-        sequence_len=64,
-        max_steps=4,
-        save_steps=2,  # checkpoint-2 (mid-run) and checkpoint-4
-        eval_steps=2,  # logged evals at steps 0, 2 and 4
-        logging_steps=1,
-        val_set_size=8,
-        warmup_steps=1,
-        learning_rate=1e-2,
-        output_dir=str(out),
-    )
-    keys.update(kw)
-    return load_config(None, keys, warn=False)
-
-
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory, chat_data):
     """`trained(preset, adapter) -> output dir` of a finished 4-step run (final/, checkpoint-2/, checkpoint-4/)."""
@@ -64,9 +43,3 @@ def trained(tmp_path_factory, chat_data):
         return runs[preset, adapter]
 
     return get
-
-
-def logged_evals(out: Path) -> dict[int, dict]:
-    """The trainer's eval rows of metrics.jsonl by step."""
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {r["step"]: r for r in rows if r.get("type") == "eval"}

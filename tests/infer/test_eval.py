@@ -8,8 +8,8 @@ import json
 import math
 
 import pytest
+from infer_runs import logged_evals
 
-from conftest import logged_evals
 from hybridtune import cli
 from hybridtune.infer.evaluate import eval_config, run_eval
 from hybridtune.infer.load import open_model

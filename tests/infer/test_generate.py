@@ -8,10 +8,10 @@ import sys
 
 import pytest
 import torch
+from infer_runs import PROMPTS
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import PROMPTS
 from hybridtune import cli
 from hybridtune.errors import ModelError
 from hybridtune.infer.generate import Sampling, complete, eos_ids, generate, read_prompts, render

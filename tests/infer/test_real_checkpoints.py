@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from infer_runs import PROMPTS, logged_evals, run_config
 from peft import PeftModel
 
-from conftest import PROMPTS, logged_evals, run_config
 from hybridtune.infer.evaluate import eval_config, run_eval
 from hybridtune.infer.generate import Sampling, complete, render
 from hybridtune.infer.load import open_model
