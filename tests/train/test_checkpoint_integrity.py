@@ -221,6 +221,25 @@ def test_code_planted_in_a_checkpoint_is_refused_and_never_runs(run, tmp_path_fa
     assert "could run code" in str(e.value) if forged else rel.split("/")[0] in str(e.value)
 
 
+def test_planted_metadata_is_one_line_and_latest_falls_back(run, tmp_path_factory, caplog):
+    """A state/.metadata that is not DCP's (with forged checksums) is refused before DCP reads it: DCP logged two
+    tracebacks to the root logger ('Global metadata is not found ...') ahead of the one line; and `latest` falls
+    back to the intact checkpoint before it, as for a file that fails its checksum."""
+    out, saved = run
+    flag = tmp_path_factory.mktemp("flag") / "payload-ran"
+    path = out / "checkpoint-4"
+    plant_metadata(path, flag, "state/.metadata")
+    forge(path)
+    with caplog.at_level("INFO"):
+        said = r"cannot be resumed: state/\.metadata is refused: global '.*' is not part of DCP's metadata \("
+        with pytest.raises(ckpt.CheckpointError, match=said + r"loading it could run code\)$"):
+            load(path)
+    assert not flag.exists() and not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+    found, lines = ckpt.find_resume("latest", out)
+    assert found.name == "checkpoint-2" and not flag.exists()
+    assert len(lines) == 1 and "skipped checkpoint-4 (state/.metadata is refused: global" in lines[0], lines
+
+
 def test_metadata_unpickler_builds_dcp_metadata_only():
     with pytest.raises(ckpt.CheckpointError, match="global 'builtins.eval' is not part of DCP's metadata"):
         integrity.read_dcp_metadata(b"cbuiltins\neval\n(S'1+1'\ntR.")

@@ -128,7 +128,8 @@ def _problem(root: Path, rel: str, want: dict) -> str | None:
 
 
 def check(path: Path, meta_file: str, required: tuple[str, ...], d: Dist = ONE) -> str | None:
-    """Why checkpoint `path` must not be loaded, or None when every file matches `meta_file`'s checksums.
+    """Why checkpoint `path` must not be loaded, or None when every file matches `meta_file`'s checksums and its
+    DCP metadata (state/.metadata) is DCP's own.
 
     A collective: each rank hashes its share of the files and every rank returns the same answer.
     """
@@ -165,7 +166,24 @@ def check(path: Path, meta_file: str, required: tuple[str, ...], d: Dist = ONE) 
     names = sorted(files)
     mine = [(rel, _problem(path, rel, files[rel])) for rel in distributed.my_share(d, names)]
     found = [why for part in distributed.gather_objects(mine, d) for _, why in part if why]
-    return sorted(found)[0] if found else None
+    if found:
+        return sorted(found)[0]
+    # Checksums prove only that the files are the ones checkpoint.json lists, which whoever wrote it chose: DCP's
+    # metadata must also be DCP's (every rank reads the same file, so every rank answers the same).
+    return _metadata_problem(path / DCP_METADATA) if DCP_METADATA in files else None
+
+
+DCP_METADATA = "state/.metadata"
+
+
+def _metadata_problem(p: Path) -> str | None:
+    try:
+        read_dcp_metadata(p.read_bytes())
+    except CheckpointError as e:
+        return str(e)
+    except OSError as e:
+        return f"{DCP_METADATA} cannot be read: {e}"
+    return None
 
 
 def _read_meta(p: Path, name: str) -> dict:
