@@ -114,7 +114,8 @@ def test_regional_loop_equals_eager_one_graph_two_bodies(lora, ckpt, device, bac
     assert dict(counters["graph_break"]) == {}
     assert counters["stats"]["unique_graphs"] == 1 and len(graphs) == 1  # no recompile over 4 layouts
     n_calls, bodies = _region_calls(graphs[0])
-    assert n_calls == DEPTH  # every layer a region call
+    # every layer a region call (dynamo may inline the first, whose input needs no gradient without checkpointing)
+    assert DEPTH - 1 <= n_calls <= DEPTH
     # traced once per kind of layer (GDN, attention; torch 2.11 traces one more, the first layer's), stamped out
     # for the others: the count does not grow with depth
     assert 2 <= len(bodies) <= 3
