@@ -170,6 +170,17 @@ def test_invalid_utf8_in_csv_names_line_and_column(tmp_path, name, sep):
         list(read_rows(str(p)))
 
 
+def test_cli_csv_error_is_one_line(tmp_path, capfd):
+    """datasets logged its own 'Failed to read file ...' line (level ERROR) ahead of the one line."""
+    from hybridtune.cli import main
+
+    p = tmp_path / "d.csv"
+    p.write_bytes(b"instruction,output\nadd,2\nm\xe9l,3\n")
+    rc = main(["train", "--dataset", str(p), "--output_dir", str(tmp_path / "run"), "--max_steps", "1"])
+    err = [x for x in capfd.readouterr().err.splitlines() if " INFO " not in x and " WARNING " not in x]
+    assert rc == 2 and err == [f"error: {p}:3: not valid UTF-8 at column 2 (byte 0xe9); save the file as UTF-8 text"]
+
+
 def test_bom_is_accepted(tok, tmp_path):
     p = tmp_path / "d.jsonl"
     p.write_bytes(b'\xef\xbb\xbf{"text": "ok"}\n{"text": "fine"}\n')

@@ -133,13 +133,14 @@ def offline() -> bool:
 
 @contextlib.contextmanager
 def quiet_datasets(progress: bool):
-    """datasets' own warnings off (we say what happened), its progress bars on only when asked (a terminal)."""
+    """datasets' own warnings and error lines off (we say what happened, in one line), its progress bars on only
+    when asked (a terminal)."""
     import datasets
     from datasets.utils import logging as dlog
 
     bars_were_off, verbosity = datasets.are_progress_bars_disabled(), dlog.get_verbosity()
     (datasets.enable_progress_bars if progress else datasets.disable_progress_bars)()
-    dlog.set_verbosity_error()
+    dlog.set_verbosity(dlog.CRITICAL)
     try:
         yield
     finally:
