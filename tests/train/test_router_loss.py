@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from hybridtune.config import load_config
-from hybridtune.errors import ConfigError
 from hybridtune.models.anatomy import router_loss
 from hybridtune.train.choices import Facts, choose_compile, choose_pack_layout
 
@@ -33,23 +32,19 @@ def moe():
     return AutoModelForCausalLM.from_config(cfg)
 
 
-def test_router_loss_compiles_per_class_and_refuses_the_loop(moe):
+def test_router_loss_compiles_the_loop(moe):
     value, reason = _compile("cuda", moe)
-    assert value == "modules" and "router loss" in reason
+    assert value == "loop" and "router" not in reason
     assert _compile("cpu", moe)[0] == "off"
-    with pytest.raises(ConfigError, match="compile 'loop': the model adds a router loss"):
-        _compile("cuda", moe, compile="loop")
-    moe.config.output_router_logits = False
-    assert _compile("cuda", moe)[0] == "loop"
+    assert _compile("cuda", moe, compile="loop")[0] == "loop"  # no longer refused: the loop records the logits
+    assert _compile("cuda", moe, compile="modules")[0] == "modules"
 
 
-def test_router_loss_refuses_a_static_layout(moe):
-    with pytest.raises(ConfigError, match="filler documents' tokens would count in its load-balancing loss"):
-        choose_pack_layout(load_config(None, {"pack_layout": "static"}), _facts("cpu", moe), "modules")
-    auto = choose_pack_layout(load_config(None, {}), _facts("cpu", moe), "modules")
-    assert auto.value is None and "router loss" in auto.reason  # auto: dynamic, and says why
-    moe.config.output_router_logits = False
-    assert choose_pack_layout(load_config(None, {}), _facts("cpu", moe), "modules").value is not None
+def test_router_loss_takes_a_static_layout(moe):
+    static = choose_pack_layout(load_config(None, {"pack_layout": "static"}), _facts("cpu", moe), "loop")
+    assert static.value is not None  # no longer refused: the step masks the filler out of the router loss
+    auto = choose_pack_layout(load_config(None, {}), _facts("cpu", moe), "loop")
+    assert auto.value is not None and "router" not in auto.reason
 
 
 def test_router_loss_model_compiled_per_class_keeps_its_router_term(moe):

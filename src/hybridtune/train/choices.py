@@ -9,9 +9,9 @@ Order of dependence (each choice may read those above it):
 
     device, bf16 (before the model loads: the frozen base's dtype depends on it)
     threads          <- device, model size
-    compile          <- device, router loss, FSDP2 engine and units, the whole-model unit's size
+    compile          <- device, FSDP2 engine and units, the whole-model unit's size
     fsdp_units       <- compile
-    pack_layout      <- compile, router loss, micro_batch_size, every train and eval pack
+    pack_layout      <- compile, micro_batch_size, every train and eval pack
     cuda_graphs      <- device, processes, compile, pack_layout (its packs' GDN chunk counts bound the graphs)
     loss             <- the model's head and loss terms
     checkpointing    <- device, the GPU's free memory, the model's widths, pack_layout, bf16, loss (train/memory.py)
@@ -200,15 +200,10 @@ def _whole_model_too_big(cfg: TrainConfig, facts: Facts) -> str | None:
 
 def choose_compile(cfg: TrainConfig, facts: Facts) -> tuple[Choice, list[str]]:
     """`compile: auto` is the loop on a GPU and off on the CPU. The loop's one graph cannot hold FSDP2's per-layer
-    hooks nor record an MoE router loss's logits: for those, auto is the per-class `modules`, and an explicit
-    `loop` with either is refused (a whole-model unit too big for auto is kept, with a warning)."""
+    hooks: for those, auto is the per-class `modules`, and an explicit `loop` with them is refused (a whole-model
+    unit too big for auto is kept, with a warning). An MoE router loss is recorded inside the loop's graph."""
     warns: list[str] = []
-    why = "the model adds a router loss (output_router_logits)" if facts.router_loss else None
-    if cfg.compile == "loop" and why:
-        raise ConfigError(
-            f"compile 'loop': {why}, whose router logits the one-graph loop cannot record; "
-            "use compile: modules (or auto)"
-        )
+    why = None
     per_layer = facts.engine == "fsdp" and cfg.fsdp_units not in ("auto", "model")  # layer or group:K
     too_big = _whole_model_too_big(cfg, facts)
     if too_big and cfg.compile == "loop":
@@ -250,19 +245,12 @@ def choose_fsdp_units(cfg: TrainConfig, facts: Facts, strategy: str) -> Choice:
 def choose_pack_layout(cfg: TrainConfig, facts: Facts, strategy: str) -> Choice:
     """Static (every batch filled to one size fitted over every train and eval pack of the run) under
     `pack_layout: static`, or `auto` under a compile (the loop, or the per-class forwards, which then compile once
-    per class) when the fit costs at most AUTO_MAX_FILLER of the step; dynamic otherwise. Never static for a model
-    with a router loss: the filler's tokens would count in its load-balancing statistics."""
-    if cfg.pack_layout == "static" and facts.router_loss:
-        raise ConfigError(
-            "pack_layout 'static': the model adds a router loss (output_router_logits), and the filler "
-            "documents' tokens would count in its load-balancing loss; use pack_layout: dynamic (or auto)"
-        )
+    per class) when the fit costs at most AUTO_MAX_FILLER of the step; dynamic otherwise. A router loss counts only
+    the bins' own tokens (the step masks the filler out of its statistics)."""
     if cfg.pack_layout == "dynamic":
         return Choice(None, "pack_layout: dynamic")
     if cfg.pack_layout == "auto" and strategy not in ("loop", "modules"):
         return Choice(None, f"auto: without a compile (compile {strategy})")
-    if cfg.pack_layout == "auto" and facts.router_loss:
-        return Choice(None, "auto: the model's router loss would count the filler documents' tokens")
     if cfg.micro_batch_size > 1:
         if cfg.pack_layout == "static":
             raise ConfigError(
