@@ -141,3 +141,10 @@ def test_unrecordable_routers_run_upstream_with_a_warning(monkeypatch, caplog):
     warned = [r for r in caplog.records if "output_router_logits" in r.getMessage()]
     assert len(warned) == 1 and "compile: modules" in warned[0].getMessage()
     assert handle.calls == 0 and handle.eager_calls == 2
+
+
+@pytest.mark.slow  # a CPU inductor compile of the tiny MoE model (about a minute)
+def test_router_loss_in_the_loop_under_cpu_inductor():
+    """The default backend (inductor, no regions) on the CPU: the same equalities as above, since regions under CPU
+    inductor gave wrong gradients (test_loop_regions.py) and the CUDA run is the GPU's."""
+    test_router_loss_in_the_loop_equals_transformers("tiny-qwen3_5_moe", False, True, "cpu", "inductor")
