@@ -274,3 +274,13 @@ def test_a_lock_file_that_is_not_a_plain_file_is_one_line(tmp_path, small_data):
     os.mkfifo(out / outdir.LOCK_FILE)
     with pytest.raises(OutputDirError, match="is not a plain file"):
         outdir.claim_output_dir(make_cfg(out, small_data, max_steps=1))
+
+
+def test_resume_may_switch_cuda_graphs_but_not_the_sequence_len(tmp_path, small_data, finished):
+    """CUDA graphs replay the same compiled kernels, so a resume may turn them on or off (as it may change the
+    processes); a key that changes what is computed is still named and refused."""
+    ckpt_dir = str(finished / "checkpoint-2")
+    keys = dict(max_steps=2, eval_steps=0, resume_from_checkpoint=ckpt_dir)
+    outdir.check_output_dir(make_cfg(tmp_path / "a", small_data, cuda_graphs="off", **keys))
+    with pytest.raises(OutputDirError, match="sequence_len: 64 -> 32"):
+        outdir.check_output_dir(make_cfg(tmp_path / "b", small_data, cuda_graphs="off", sequence_len=32, **keys))

@@ -49,6 +49,7 @@ RESUME_FREE_KEYS = (
     "save_steps",
     "distributed",
     "fsdp_units",
+    "cuda_graphs",  # replays of the same compiled kernels: the same computation
 )
 
 
