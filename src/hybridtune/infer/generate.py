@@ -173,6 +173,7 @@ def sampling_of(args) -> Sampling:
 
 def open_for_generation(args):
     """The model named on the command line, unpatched, on its device (quiet transformers progress bars)."""
+    # why here: past argument parsing, so --help and a bad flag answer before transformers loads
     from transformers.utils import logging as hf_logging
 
     from hybridtune.infer.load import open_model

@@ -38,6 +38,7 @@ from hybridtune.models.presets import PRESETS
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train.export import BASE_DIR, FINAL_DIR, INFO_FILE
 from hybridtune.train.lora import lora_from_config
+from hybridtune.train.merge import read_adapter_config
 from hybridtune.train.outdir import RUN_FILE
 
 logger = logging.getLogger(__name__)
@@ -177,8 +178,6 @@ def adapter_base(adapter_dir: Path) -> str:
     """The base model of a peft adapter: the recorded `base_model_name_or_path` when it is a directory here, a
     preset or a hub id; else a `base_model/` inside the adapter directory or beside it (a run's export on a preset
     saves the base there, and a moved output directory keeps it beside final/)."""
-    from hybridtune.train.merge import read_adapter_config
-
     recorded = read_adapter_config(adapter_dir / ADAPTER_CONFIG).get("base_model_name_or_path")
     saved = [d for d in (adapter_dir / BASE_DIR, adapter_dir.parent / BASE_DIR) if (d / "config.json").is_file()]
     if isinstance(recorded, str) and recorded:
@@ -199,8 +198,6 @@ def adapter_base(adapter_dir: Path) -> str:
 
 def _open_adapter(path: Path, patched: bool, dtype: torch.dtype | None) -> Opened:
     from peft import PeftModel
-
-    from hybridtune.train.merge import read_adapter_config
 
     base_name = adapter_base(path)
     revision = read_adapter_config(path / ADAPTER_CONFIG).get("revision") if not Path(base_name).is_dir() else None

@@ -1,7 +1,7 @@
 """Facts about the environment: installed versions, the git commit, the GPU, the cache directories.
 
-The one place that asks which version of a distribution is installed (`dist_version`, by distribution name;
-`installed_version`, by import name). `environment()` is what is recorded next to every GPU result and what
+Which version of a distribution is installed: `dist_version` (by distribution name, from the leaf
+`hybridtune.versions`, which the ops' FLA adapter uses too) and `installed_version` (by import name). `environment()` is what is recorded next to every GPU result and what
 `hybridtune doctor` prints first. Nothing here installs anything; `use_compile_caches` sets the compile caches'
 variables for the process.
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridtune import __version__
+from hybridtune.versions import dist_version  # noqa: F401 (this module's version lookup)
 
 logger = logging.getLogger(__name__)
 
@@ -42,16 +43,6 @@ VERSIONED = (
 # Words an environment switch (HYBRIDTUNE_OFFLINE, HYBRIDTUNE_REQUIRE_FAST_PATH, ...) may use.
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off", "")
-
-
-def dist_version(*dists: str) -> str | None:
-    """The version of the first of `dists` (distribution names, e.g. "fla-core") that is installed, else None."""
-    for dist in dists:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def installed_version(import_name: str) -> str | None:

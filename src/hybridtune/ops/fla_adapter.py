@@ -14,6 +14,8 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hybridtune.versions import dist_version
+
 SUPPORTED = ("0.5", "0.6")  # major.minor of flash-linear-attention / fla-core releases tested
 
 
@@ -63,15 +65,7 @@ def keywords(fn: Callable, **kwargs):
 @functools.cache
 def load() -> FLA:
     """Resolve FLA's raw GDN and conv functions, or raise `FLAUnavailable` saying why."""
-    from importlib import metadata
-
-    version = None
-    for dist in ("fla-core", "flash-linear-attention"):
-        try:
-            version = metadata.version(dist)
-            break
-        except metadata.PackageNotFoundError:
-            continue
+    version = dist_version("fla-core", "flash-linear-attention")
     if version is None:
         raise FLAUnavailable("flash-linear-attention is not installed (pip install flash-linear-attention fla-core)")
     try:

@@ -367,7 +367,7 @@ def accumulation(engine: torch.nn.Module, d: Dist, last: bool):
       and accumulate the unsharded gradient; the last one reduce-scatters it and reshards. The communication
       is then that of one micro-batch per step. The cost is memory: from the first micro-batch's backward to
       the last one's, the whole unsharded gradient is kept (fp32 under bf16 mixed precision: 4 bytes per
-      parameter, 7.1 GiB for the 2B shape) through the next forwards, where activations peak.
+      parameter) through the next forwards, where activations peak.
     - FSDP2, `layer` (or `group:K`) units: every micro-batch reduce-scatters, so no layer's unsharded gradient
       outlives its backward (the memory `layer` is chosen for).
 
