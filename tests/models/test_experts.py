@@ -190,3 +190,15 @@ def test_route_again_after_the_implementation_was_reset():
     assert block.experts.config._experts_implementation == X.NAME
     X.unroute_experts(block)
     assert block.experts.config._experts_implementation == "eager"
+
+
+def test_routing_leaves_no_key_in_the_saved_config():
+    """Routing is not written into a saved config.json (a full fine-tune's export, a preset's base_model): the
+    marker of the implementation unroute gives back was a config attribute, serialised by to_dict."""
+    block = make_block()
+    X.route_experts(block)
+    cfg = block.experts.config
+    assert not [k for k in cfg.to_dict() if "hybridtune" in k]
+    assert "hybridtune" not in cfg.to_json_string()
+    assert X.unroute_experts(block) == 1
+    assert cfg._experts_implementation == "eager"

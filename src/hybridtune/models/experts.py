@@ -200,25 +200,31 @@ def route_experts(model: torch.nn.Module) -> dict[str, str]:
     if not found:
         return report
     register()
+    previous: dict[int, str | None] = {}  # id(config) -> the implementation this call replaced
     for name, m in found:
         cfg = m.config
         if cfg._experts_implementation != NAME:  # the implementation it had is what unroute gives back
-            cfg.__dict__[_ROUTED] = cfg._experts_implementation
+            previous[id(cfg)] = cfg._experts_implementation
             cfg._experts_implementation_internal = NAME
+        # The marker lives on the module, not the config: a config attribute would be written into config.json.
+        if id(cfg) in previous or _ROUTED not in m.__dict__:
+            m.__dict__[_ROUTED] = previous.get(id(cfg))
         e, i2, h = m.gate_up_proj.shape
-        report[name] = f"{NAME}: {e} experts, {h} -> 2x{i2 // 2} -> {h}, grouped GEMMs (was {cfg.__dict__[_ROUTED]})"
+        report[name] = f"{NAME}: {e} experts, {h} -> 2x{i2 // 2} -> {h}, grouped GEMMs (was {m.__dict__[_ROUTED]})"
     return report
 
 
 def unroute_experts(model: torch.nn.Module) -> int:
     """Give every routed experts module its previous implementation back; returns how many configs changed."""
-    n = 0
+    changed = set()
     for m in model.modules():
         cfg = getattr(m, "config", None)
-        if is_experts(m) and cfg is not None and _ROUTED in cfg.__dict__:
-            cfg._experts_implementation_internal = cfg.__dict__.pop(_ROUTED)
-            n += 1
-    return n
+        if is_experts(m) and cfg is not None and _ROUTED in m.__dict__:
+            previous = m.__dict__.pop(_ROUTED)
+            if cfg._experts_implementation == NAME:
+                cfg._experts_implementation_internal = previous
+                changed.add(id(cfg))
+    return len(changed)
 
 
 def is_routed(module: torch.nn.Module) -> bool:
