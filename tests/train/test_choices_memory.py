@@ -129,3 +129,20 @@ def test_state_bytes_counts_gradients_moments_buckets_and_bf16_copies():
     assert state_bytes(model, one, bf16=True) == 12 * 4 * 3 + 12 * 2  # + the bf16 copy the backward keeps
     ddp = dataclasses.replace(one, engine="ddp", world=2, rank=0)
     assert ddp.enabled and state_bytes(model, ddp, bf16=False) == 12 * 4 * 4  # + DDP's bucket
+
+
+def test_state_bytes_of_a_meta_built_fsdp_model_counts_the_whole_model():
+    """A full fine-tune under FSDP2 is built on the meta device (train/model.py) and measured there: none of its
+    bytes are resident yet, so the state is all of what FSDP2 holds, not that less the model's own size."""
+    import torch
+
+    from hybridtune.train import distributed
+    from hybridtune.train.choices import state_bytes
+
+    fsdp = dataclasses.replace(distributed.ONE, engine="fsdp", world=2, rank=0)
+    with torch.device("meta"):
+        meta = torch.nn.Linear(8, 4, bias=False)
+    real = torch.nn.Linear(8, 4, bias=False)
+    need = distributed.whole_model_bytes(real, 2, True)
+    assert state_bytes(meta, fsdp, bf16=True) == need
+    assert state_bytes(real, fsdp, bf16=True) == need - 32 * 4  # the whole model already resident
