@@ -146,3 +146,10 @@ def test_state_bytes_of_a_meta_built_fsdp_model_counts_the_whole_model():
     need = distributed.whole_model_bytes(real, 2, True)
     assert state_bytes(meta, fsdp, bf16=True) == need
     assert state_bytes(real, fsdp, bf16=True) == need - 32 * 4  # the whole model already resident
+
+
+def test_the_retry_is_not_promised_under_torchrun():
+    """train/oom.py retries the first step in one process only; under torchrun the choice line must not say so."""
+    c, _ = _choose(4096, engine="ddp", world=2)
+    assert c.value is False and "switched on if" not in c.reason and "no retry" in c.reason
+    assert "switched on if the first step runs out of GPU memory" in _choose(4096)[0].reason

@@ -337,6 +337,8 @@ def choose_checkpointing(
     if cfg.gradient_checkpointing != "auto":
         return Choice(bool(cfg.gradient_checkpointing), f"gradient_checkpointing: {cfg.gradient_checkpointing}"), []
     retry = "switched on if the first step runs out of GPU memory"
+    if facts.engine != "none":  # train/oom.py retries in one process only
+        retry = f"a first step out of GPU memory stops with the setting to change ({facts.engine}: no retry)"
     if facts.device != "cuda" or facts.gpu_free_bytes is None or facts.shapes is None:
         return Choice(False, f"auto: off, no GPU memory to plan for; {retry}"), []
     if not facts.shapes.layer_types or not facts.shapes.hidden:
