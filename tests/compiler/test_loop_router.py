@@ -148,3 +148,27 @@ def test_router_loss_in_the_loop_under_cpu_inductor():
     """The default backend (inductor, no regions) on the CPU: the same equalities as above, since regions under CPU
     inductor gave wrong gradients (test_loop_regions.py) and the CUDA run is the GPU's."""
     test_router_loss_in_the_loop_equals_transformers("tiny-qwen3_5_moe", False, True, "cpu", "inductor")
+
+
+def test_checkpointing_switched_on_after_compiling_keeps_the_router_logits():
+    """train/oom.py switches checkpointing on after the loop was compiled (the first step ran out of memory):
+    transformers then gives every layer its own checkpoint function, around which a recording body's router logits
+    could not leave ("Unsafe side effect"); the loop keeps the regions' checkpoint functions."""
+    from hybridtune.compiler.loop import compile_loop
+    from hybridtune.train.model import enable_checkpointing
+
+    torch._dynamo.reset()
+    model = _moe("tiny-qwen3_5_moe", "cpu", ckpt=False)
+    batch = _batch(LAYOUTS[0], "cpu", 1)
+    want = _step(model, batch)
+    handle = compile_loop(model, backend="eager")
+    enable_checkpointing(model)
+    got = _step(model, batch)
+    assert handle.eager_calls == 0 and handle.calls == 1
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+    assert len(got[2]) == len(want[2])
+    assert got[3].keys() == want[3].keys()
+    for k in want[3]:
+        torch.testing.assert_close(got[3][k], want[3][k], msg=k)
+    handle.undo()

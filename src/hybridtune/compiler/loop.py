@@ -261,6 +261,8 @@ def compile_loop(
                 use_cache=use_cache,
                 **kwargs,
             )
+        if regs is not None:
+            regs.keep_checkpointing()  # (checkpointing switched on since compile_loop installed the regions)
         if text.gradient_checkpointing or any(getattr(m, "gradient_checkpointing", False) for m in text.layers):
             _use_non_reentrant_checkpointing(text)
         if inputs_embeds is None:

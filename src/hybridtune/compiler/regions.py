@@ -147,6 +147,16 @@ class Regions:
     recordable: bool = False  # every MoE layer's routers can be recorded
     record: bool = False
     sink: list = field(default_factory=list)
+    funcs: list = field(default_factory=list)  # each layer's checkpoint function as installed
+
+    def keep_checkpointing(self) -> None:
+        """Put back each layer's checkpoint function where something replaced it since `install` (transformers'
+        `gradient_checkpointing_enable` after compiling: the out-of-memory retry of train/oom.py). A plain
+        checkpoint around a recording body would write the router logits out from inside it, which dynamo refuses
+        ("Unsafe side effect")."""
+        for (layer, _, _), fn in zip(self.layers, self.funcs):
+            if layer.__dict__.get("_gradient_checkpointing_func") is not fn:
+                layer._gradient_checkpointing_func = fn
 
     def foreign_hooks(self) -> bool:
         """Whether a layer has forward hooks other than transformers' output-capturing ones (idle inside the
@@ -173,6 +183,7 @@ class Regions:
             else:
                 layer._gradient_checkpointing_func = ckpt
         self.layers.clear()
+        self.funcs.clear()
         self.sink.clear()
 
 
@@ -203,6 +214,7 @@ def _install_layer(regions: Regions, layer, bodies) -> None:
     regions.layers.append((layer, layer.__dict__.get("forward"), layer.__dict__.get("_gradient_checkpointing_func")))
     layer.forward = forward
     layer._gradient_checkpointing_func = checkpointed
+    regions.funcs.append(checkpointed)
 
 
 def install(text: torch.nn.Module, regional: bool = True) -> Regions | None:
