@@ -70,6 +70,10 @@ def test_launcher_flags_are_taken_out_of_the_config_arguments():
         (["--nnodes", "2", "--node_rank", "-1", "--master_addr", "h"], "--node_rank '-1' must be a number from 0"),
         (["--nnodes", "2", "--node_rank", "0", "--master_addr", "h", "--master_port", "x"], "--master_port 'x'"),
         (["--nnodes"], "--nnodes needs a value"),
+        (
+            ["--nnodes", "2", "--node_rank", "0", "--master_addr", "h", "--master_port", "70000"],
+            "--master_port '70000' must be a positive number up to 65535",
+        ),
     ],
 )
 def test_launcher_flag_mistakes_are_one_line_config_errors(argv, said):

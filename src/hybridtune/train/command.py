@@ -114,8 +114,10 @@ def _take_launch(argv: list[str]) -> tuple[Launch, list[str]]:
         if key in raw:
             flag, value = raw[key]
             low = 0 if key == "node_rank" else 1
-            if not value.isdigit() or int(value) < low:
+            high = 65535 if key == "master_port" else None  # a TCP port
+            if not value.isdigit() or int(value) < low or (high is not None and int(value) > high):
                 what = "a number from 0" if low == 0 else "a positive number"
+                what += f" up to {high}" if high is not None else ""
                 raise ConfigError(f"command line: {flag} {value!r} must be {what}, e.g. {flag} {_EXAMPLE[key]}")
             values[key] = int(value)
     if "master_addr" in raw:
