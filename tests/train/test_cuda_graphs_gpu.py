@@ -87,7 +87,7 @@ def test_cuda_graph_step_equals_eager_over_layouts(adapter, gc):
         eager.append((loss.detach().clone(), _grads(model)))
         model.zero_grad(set_to_none=True)
 
-    conv = cudagraphs.prepare(len(keys))
+    conv = cudagraphs.before_compile(len(keys))
     try:
         compile_loop(model, mode=cudagraphs.MODE, static_shapes=True)
         counters.clear()

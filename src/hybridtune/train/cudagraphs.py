@@ -4,7 +4,7 @@ once per GDN chunk count) and replays them with one launch.
 
 What a run under CUDA graphs must do, and where it is done:
 
-- before compiling (`prepare`): FLA's tensor cache off (it would keep tensors of the graphs' memory pool alive
+- before compiling (`before_compile`): FLA's tensor cache off (it would keep tensors of the graphs' memory pool alive
   across replays), the GDN conv kept as FLA's op inside the graph (its launch cost is gone under a graph, and it
   is faster than the traced form there), and inductor's warning limit for graphs recorded per dynamic size raised
   to the run's bound (`choices.cuda_graph_keys`), which is expected and not a problem;
@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 MODE = "reduce-overhead"  # torch.compile's mode with CUDA graphs (cudagraph trees)
 
 
-def prepare(bound: int) -> str:
+def before_compile(bound: int) -> str:
     """Process-wide settings for CUDA graphs (see the module doc); returns the conv form it replaced, for
     `restore`."""
     import torch._inductor.config as inductor_config  # why here: inductor loads only for a compiled run
@@ -47,7 +47,7 @@ def prepare(bound: int) -> str:
 
 
 def restore(conv: str) -> None:
-    """The conv form `prepare` replaced."""
+    """The conv form `before_compile` replaced."""
     conv_in_graph(conv)
 
 

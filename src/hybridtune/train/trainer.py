@@ -208,7 +208,7 @@ class Trainer:
         if self.choices.cuda_graphs.value:
             keys = len(cuda_graph_keys(self.collate.layout, self.facts.packs))
             self.cuda_graphs, self.graph_log = True, cudagraphs.GraphLog(self.device, keys)
-            self.conv_before, opts["mode"] = cudagraphs.prepare(keys), cudagraphs.MODE
+            self.conv_before, opts["mode"] = cudagraphs.before_compile(keys), cudagraphs.MODE
         self.compile_handle = compile_model(self.model, self.strategy, **opts)
         logger.info("compile: strategy '%s' (the first step includes compilation)", self.strategy)
 
