@@ -32,7 +32,7 @@ def test_base_model_help_names_doctor_checkpoints_and_hub_ids(capsys):
     assert "default 'tiny-qwen3_5'" in row
     for words in ("a local checkpoint directory", "a hub id org/name", "`revision`", "random weights"):
         assert words in row, words
-    assert "(`hybridtune doctor` lists them)" in row
+    assert "(`hybridtune doctor` lists them; NAME@layers=N is its first N decoder layers)" in row
     assert "`hybridtune doctor` lists the presets" in text  # and the intro says so too
     assert row.split("\n", 1)[1].strip() in config_help()
 
