@@ -78,3 +78,33 @@ def test_incomplete_checkpoint_is_ignored(tmp_path):
     (tmp_path / ".tmp-checkpoint-6-x").mkdir()
     ckpt.atomic_dir(tmp_path / "checkpoint-2", lambda d: (d / ckpt.META_FILE).write_text("{}"))
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["checkpoint-2"]
+
+
+@pytest.mark.parametrize("adapter", ["lora", "full"])
+def test_a_lora_checkpoint_of_another_preset_draw_is_refused(tmp_path, small_data, adapter):
+    """A checkpoint records which draw of a preset's random weights it trained on. LoRA from an earlier draw
+    (written before the record existed: no `preset_draw`) is refused with one line, as its adapter would continue on
+    other base weights; a full fine-tune's checkpoint holds every weight and resumes."""
+    import json
+
+    from hybridtune.models.presets import PRESET_DRAW
+    from hybridtune.train.checkpoint import CheckpointError
+
+    out = tmp_path / "run"
+    run(make_cfg(out, small_data, adapter=adapter, max_steps=2, save_steps=2))
+    meta_file = out / "checkpoint-2" / "checkpoint.json"
+    meta = json.loads(meta_file.read_text())
+    assert meta["preset_draw"] == PRESET_DRAW
+    del meta["preset_draw"]  # as an earlier hybridtune wrote it
+    meta_file.write_text(json.dumps(meta))
+    resume = make_cfg(out, small_data, adapter=adapter, max_steps=4, save_steps=2, resume_from_checkpoint="latest",
+                      overwrite=True)  # fmt: skip
+    if adapter == "lora":
+        with pytest.raises(CheckpointError, match=r"as drawn by an earlier hybridtune \(draw 1; this one makes draw"):
+            run(resume)
+        from hybridtune.infer.load import open_model
+
+        with pytest.raises(CheckpointError, match="as drawn by an earlier hybridtune"):  # generate, eval, export
+            open_model(str(out / "checkpoint-2"))
+    else:
+        assert run(resume).losses

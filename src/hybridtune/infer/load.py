@@ -39,6 +39,7 @@ from hybridtune.train import checkpoint as ckpt
 from hybridtune.train.export import BASE_DIR, FINAL_DIR, INFO_FILE
 from hybridtune.train.lora import lora_from_config
 from hybridtune.train.merge import read_adapter_config
+from hybridtune.train.model import base_revision
 from hybridtune.train.outdir import RUN_FILE
 
 logger = logging.getLogger(__name__)
@@ -223,9 +224,10 @@ def _open_checkpoint(path: Path, run: TrainConfig | None, patched: bool, dtype: 
             f"checkpoint '{path}' records no run config (checkpoint.json 'run', or {RUN_FILE} in its output "
             "directory), which rebuilding its model needs; open it inside its own output directory"
         )
-    # As the trainer builds it (Trainer._setup_data, _setup_model): the base as the run named it, the run's chat
-    # template, fp32 weights (a full fine-tune's masters, as the checkpoint holds them; LoRA's base as asked).
-    source = resolve_source(run.base_model, run.revision)
+    # As the trainer builds it (Trainer._setup_data, _setup_model): the base as the run named it (a hub id at the
+    # commit the checkpoint trained on; a preset only of the draw it trained on), the run's chat template, fp32
+    # weights (a full fine-tune's masters, as the checkpoint holds them; LoRA's base as asked).
+    source = resolve_source(run.base_model, base_revision(run, path))
     tok = with_chat_template(tokenizer_for(source, run.tokenizer), run.chat_template)
     lora = run.adapter == "lora"
     loaded = load_model(source, tok, seed=run.seed, dtype=(dtype or torch.float32) if lora else torch.float32)

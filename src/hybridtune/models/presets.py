@@ -235,6 +235,11 @@ def _qwen3_next_80b_a3b(vocab_size: int):
     )
 
 
+# Which draw of a preset's seeded random weights this code makes: 2 = transformers' init replayed block by block
+# (models/meta.py PresetReader, for the plain and the meta-device load alike); 1 = the draws transformers made while
+# constructing the model. A checkpoint records it, so that LoRA trained on one draw is never resumed on another.
+PRESET_DRAW = 2
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in [

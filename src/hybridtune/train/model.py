@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -18,6 +19,9 @@ from hybridtune.config import TrainConfig
 from hybridtune.models.anatomy import unwrap
 from hybridtune.models.loading import LoadedModel, load_model
 from hybridtune.models.patching import patch_model
+from hybridtune.models.presets import PRESET_DRAW, PRESETS
+from hybridtune.train import checkpoint as ckpt
+from hybridtune.train.checkpoint import CheckpointError
 from hybridtune.train.distributed import ONE, Dist
 from hybridtune.train.lora import lora_from_config
 
@@ -33,6 +37,35 @@ def enable_checkpointing(model) -> None:
 def master_dtype(adapter: str, bf16: bool) -> torch.dtype:
     """The dtype the trained model's text part is held in (see the module doc)."""
     return torch.bfloat16 if bf16 and adapter == "lora" else torch.float32
+
+
+def base_identity(loaded: LoadedModel) -> dict:
+    """What a checkpoint records of the base it trained on: the name, a hub id's commit, a preset's draw."""
+    return {
+        "base_model": loaded.name,
+        "base_revision": loaded.revision,
+        "preset_draw": PRESET_DRAW if loaded.random_init else None,
+    }
+
+
+def base_revision(cfg: TrainConfig, resume_at: Path | None) -> str | None:
+    """`revision`; on resume, the commit of a hub id the checkpoint trained on, where it recorded one. A LoRA
+    checkpoint of a preset drawn otherwise than this code draws it is refused: its adapter would continue on other
+    random base weights (a full fine-tune's checkpoint holds every weight, so any draw resumes)."""
+    meta = ckpt.meta_of(resume_at) if resume_at is not None else {}
+    if resume_at is not None and cfg.adapter == "lora" and cfg.base_model in PRESETS:
+        draw = meta.get("preset_draw", 1)
+        if draw != PRESET_DRAW:
+            raise CheckpointError(
+                f"{resume_at}: its LoRA adapter trained on preset '{cfg.base_model}' as drawn by an earlier hybridtune "
+                f"(draw {draw}; this one makes draw {PRESET_DRAW}), whose random base weights cannot be made again; "
+                "start a new run (or export and keep using that checkpoint's final/ with its base_model/)"
+            )
+    pinned = meta.get("base_revision")
+    if not isinstance(pinned, str) or not pinned or pinned == cfg.revision:
+        return cfg.revision
+    logger.info("base_model %s: at commit %s, the one %s trained on", cfg.base_model, pinned, resume_at.name)
+    return pinned
 
 
 @dataclass

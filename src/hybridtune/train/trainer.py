@@ -51,7 +51,7 @@ from hybridtune.train.card import model_card
 from hybridtune.train.choices import Choices, Facts, choose_bf16, cuda_graph_keys, measure, pick_device, resolve
 from hybridtune.train.evaluation import eval_batches, evaluate, report_eval
 from hybridtune.train.metrics import MetricsLog, StepFlops, StepLog, memory_gib
-from hybridtune.train.model import build_model, enable_checkpointing
+from hybridtune.train.model import base_identity, base_revision, build_model, enable_checkpointing
 from hybridtune.train.optim import build_optimizer, build_scheduler
 from hybridtune.train.outdir import RUN_FILE, OutputLock, claim_output_dir, tidy, write_run_file
 from hybridtune.train.profiling import ProfileWindow
@@ -133,7 +133,9 @@ class Trainer:
         # The checkpoint to resume from, verified (checksums of every file) before anything in it is read; first,
         # because a resume loads the base at the commit its checkpoint trained on (a moved branch moves no run).
         self.resume_at = self._find_resume()
-        self.source = resolve_source(self.cfg.base_model, self._base_revision())  # a hub id: its local snapshot
+        self.source = resolve_source(
+            self.cfg.base_model, base_revision(self.cfg, self.resume_at)
+        )  # a hub id: its local snapshot
         tokenizer = tokenizer_for(self.source, self.cfg.tokenizer)
         self.tokenizer = with_chat_template(tokenizer, self.cfg.chat_template)
         self.data: PreparedData = prepare(self.cfg, self.tokenizer)
@@ -145,16 +147,6 @@ class Trainer:
         for line in skipped:  # (`latest` skips a damaged newest one, saying so)
             logger.warning("%s", line)
         return path
-
-    def _base_revision(self) -> str | None:
-        """`revision`; on resume, the commit of a hub id the checkpoint trained on, where it recorded one."""
-        pinned = ckpt.meta_of(self.resume_at).get("base_revision") if self.resume_at is not None else None
-        if not isinstance(pinned, str) or not pinned or pinned == self.cfg.revision:
-            return self.cfg.revision
-        logger.info(
-            "base_model %s: at commit %s, the one %s trained on", self.cfg.base_model, pinned, self.resume_at.name
-        )
-        return pinned
 
     def _setup_kernels(self) -> None:
         if self.device.type == "cuda" or self.cfg.compile in ("loop", "modules"):  # before the self-test compiles
@@ -374,7 +366,7 @@ class Trainer:
             return path
         with self.stop.hold():
             health.check_weights(self.step, self.params, self.dist, "saving a checkpoint", self.cfg.learning_rate)
-            extra = {"base_model": self.loaded.name, "base_revision": self.loaded.revision, "run": self.run}
+            extra = {**base_identity(self.loaded), "run": self.run}
             ckpt.save_checkpoint(
                 path, self.engine, self.optimizer, self.scheduler, self.step, self.done_position, extra, self.dist,
                 trainable_only=self.cfg.adapter == "lora",
