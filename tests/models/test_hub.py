@@ -186,5 +186,9 @@ def test_a_resume_loads_the_commit_its_checkpoint_trained_on(tmp_path, monkeypat
     assert resolve_source("acme/tiny").revision == fake_sha("second")
     resumed = run(resume_from_checkpoint="latest")
     assert resumed.loaded.revision == fake_sha("first") and resumed.step == 2
+    from hybridtune.infer.load import open_model
+
+    # generate / eval / export open the checkpoint on the same commit
+    assert open_model(str(tmp_path / "out" / "checkpoint-2")).loaded.revision == fake_sha("first")
     fresh = run(overwrite=True)  # a new run takes the branch as it is now
     assert fresh.loaded.revision == fake_sha("second")
