@@ -111,8 +111,10 @@ def test_a_second_ctrl_c_during_a_save_does_not_cut_it(tmp_path, small_data, mon
 
 def test_a_non_finite_loss_stops_before_the_update_and_exports_nothing(tmp_path, small_data):
     t = _trainer(make_cfg(tmp_path, small_data, learning_rate=1e6, max_steps=6, warmup_steps=0))
-    with pytest.raises(TrainingDiverged, match=r"step \d: the loss is .*lower learning_rate \(1e\+06\)"):
+    with pytest.raises(TrainingDiverged, match=r"step \d: the loss is .*lower learning_rate \(1e\+06\)") as e:
         t.train()
+    assert "the last checkpoint is kept" not in str(e.value)  # this run saved none: nothing may claim one
+    assert not list(tmp_path.glob("checkpoint-*"))
     assert all(torch.isfinite(p).all() for p in t.model.parameters())  # the bad update was never applied
     assert not (tmp_path / "final").exists()
     assert TrainingDiverged.exit_code == 3

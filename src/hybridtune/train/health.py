@@ -12,7 +12,7 @@ from hybridtune.train import distributed
 
 
 def _advice(lr: float) -> str:
-    return f"lower learning_rate ({lr:g}) and start again (the last checkpoint is kept)"
+    return f"lower learning_rate ({lr:g}) and start again (checkpoints written before this step are kept)"
 
 
 def check_step(step: int, loss: float, grad_norm: float, lr: float) -> None:
