@@ -284,3 +284,19 @@ def test_resume_may_switch_cuda_graphs_but_not_the_sequence_len(tmp_path, small_
     outdir.check_output_dir(make_cfg(tmp_path / "a", small_data, cuda_graphs="off", **keys))
     with pytest.raises(OutputDirError, match="sequence_len: 64 -> 32"):
         outdir.check_output_dir(make_cfg(tmp_path / "b", small_data, cuda_graphs="off", sequence_len=32, **keys))
+
+
+def test_what_an_accepted_change_is_said_once(tmp_path, small_data, finished, caplog):
+    """The output directory is checked twice (before and under the lock); what it accepts is said once."""
+    import logging
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    caplog.set_level(logging.INFO)
+    outdir.claim_output_dir(make_cfg(out, small_data, max_steps=3, eval_steps=0, resume_from_checkpoint="latest",
+                                     overwrite=True))[1].release()  # fmt: skip
+    assert caplog.text.count("resuming under a changed config (--overwrite): max_steps: 2 -> 3") == 1
+    caplog.clear()
+    outdir.claim_output_dir(make_cfg(out, small_data, max_steps=3, eval_steps=0, overwrite=True))[1].release()
+    assert caplog.text.count("holds another run; --overwrite given") == 1

@@ -160,7 +160,7 @@ def _foreign(out: Path) -> list[str]:
     )
 
 
-def check_output_dir(cfg: TrainConfig, data: dict[str, str] | None = None) -> bool:
+def check_output_dir(cfg: TrainConfig, data: dict[str, str] | None = None, say: bool = True) -> bool:
     """Refuse an output_dir this run must not write into. Returns True when metrics should start fresh.
 
     - a final/ or base_model/ that hybridtune did not write: refused always (the export would replace it).
@@ -171,7 +171,8 @@ def check_output_dir(cfg: TrainConfig, data: dict[str, str] | None = None) -> bo
     - the same command again over a finished run (every key the same): starts it again; another config, files
       that are not a run's, or a run whose final model differs need `--overwrite`.
 
-    `data`: the run's `data_fingerprint`, when the caller has it (hashed here otherwise, only if needed).
+    `data`: the run's `data_fingerprint`, when the caller has it (hashed here otherwise, only if needed). `say`:
+    log what an accepted change is (False for a check that is repeated).
     """
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
@@ -198,7 +199,7 @@ def check_output_dir(cfg: TrainConfig, data: dict[str, str] | None = None) -> bo
                 "resume into an empty --output_dir or the run's own"
             )
         held = held or _checkpoint_run(cfg.resume_from_checkpoint, out)
-        if held is None:
+        if held is None and say:
             logger.warning("resume_from_checkpoint: the checkpoint does not record its run's config; not compared")
         changed = diff(held, RESUME_FREE_KEYS) if held is not None else []
         if changed and not cfg.overwrite:
@@ -206,7 +207,7 @@ def check_output_dir(cfg: TrainConfig, data: dict[str, str] | None = None) -> bo
                 f"resume_from_checkpoint: the config differs from the run it continues ({'; '.join(changed)}); resume "
                 "with the run's own config, or pass --overwrite to continue under the new one"
             )
-        if changed:
+        if changed and say:
             logger.warning("resuming under a changed config (--overwrite): %s", "; ".join(changed))
         return False
     if empty:
@@ -215,11 +216,15 @@ def check_output_dir(cfg: TrainConfig, data: dict[str, str] | None = None) -> bo
     if held is not None and not changed:
         if not cfg.overwrite:
             check_restart(out)  # an unfinished run's checkpoints: resume it, or --overwrite
-        logger.info("output_dir %s holds an earlier run of the same command; starting it again", out)
+        if say:
+            logger.info("output_dir %s holds an earlier run of the same command; starting it again", out)
         return True
     if cfg.overwrite:
         also = f" (its files that are not hybridtune's stay: {', '.join(foreign[:5])})" if foreign else ""
-        logger.warning("output_dir %s holds another run; --overwrite given, its files will be replaced%s", out, also)
+        if say:
+            logger.warning(
+                "output_dir %s holds another run; --overwrite given, its files will be replaced%s", out, also
+            )
         return True
     if held is None:
         what = (
@@ -408,7 +413,7 @@ def claim_output_dir(cfg: TrainConfig) -> tuple[bool, OutputLock, dict]:
     `run_record`: its data files are hashed once, here). Nothing is removed here: `tidy` runs once data, model and
     resume have passed their checks."""
     record = run_record(cfg)
-    check_output_dir(cfg, record["data"])
+    check_output_dir(cfg, record["data"], say=False)  # said once, by the check under the lock
     lock = OutputLock(Path(cfg.output_dir))
     try:
         fresh = check_output_dir(cfg, record["data"])
