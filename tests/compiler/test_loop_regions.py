@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_loop import _batch, _step  # the loop tests' packed batch and training step
 
-from hybridtune.data.collator import varlen_metadata
 from hybridtune.models.presets import preset_config
 
 LAYOUTS = [[10, 30, 35], [64, 11], [5, 5, 5, 5, 90], [33, 1, 19, 60]]
@@ -50,22 +50,6 @@ def _model(device: str, lora: bool, ckpt: bool, name: str = "tiny-qwen3_5", dept
         verdicts = verify(layouts_from_config(model.config))
         assert verdicts and all(v.passed for v in verdicts), [v.verdict for v in verdicts]
     return model.train()
-
-
-def _batch(lens, device, seed):
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 256, (1, sum(lens)), generator=gen)
-    pos = torch.cat([torch.arange(n) for n in lens])[None]
-    b = {"input_ids": ids, "labels": ids.clone(), "position_ids": pos, **varlen_metadata(lens)}
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
-
-
-def _step(model, batch):
-    out = model(**batch)
-    out.loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return out.loss.detach(), grads
 
 
 def _recording(backend, graphs):

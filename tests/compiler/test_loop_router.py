@@ -11,8 +11,8 @@ import logging
 
 import pytest
 import torch
+from test_loop import _batch  # the loop tests' packed batch
 
-from hybridtune.data.collator import varlen_metadata
 from hybridtune.models.presets import preset_config
 
 LAYOUTS = [[40, 23, 61], [64, 11], [5, 5, 5, 5, 90]]
@@ -39,14 +39,6 @@ def _moe(name, device, ckpt, lora=False):
         model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "in_proj_qkv", "out_proj"]))
     patch_model(model)
     return model.train()
-
-
-def _batch(lens, device, seed):
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 256, (1, sum(lens)), generator=gen)
-    pos = torch.cat([torch.arange(n) for n in lens])[None]
-    b = {"input_ids": ids, "labels": ids.clone(), "position_ids": pos, **varlen_metadata(lens)}
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
 
 
 def _step(model, batch):

@@ -234,18 +234,21 @@ def compile_loop(
         wants_extra = kwargs.get("output_hidden_states") or kwargs.get("output_attentions")
         router = kwargs.get("output_router_logits")
         router = getattr(text.config, "output_router_logits", False) if router is None else router
+        upstream_call = dict(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )  # the call as it came, for the eager fallbacks below (before kwargs is trimmed for the graph)
         if regs is not None and regs.foreign_hooks():
             return eager(
                 "hooks on layers",
                 "forward hooks on the decoder layers, which the compiled layers do not run; the forward runs "
                 "eagerly (slow)",
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                past_key_values=past_key_values,
-                inputs_embeds=inputs_embeds,
-                use_cache=use_cache,
-                **kwargs,
+                **upstream_call,
             )
         if past_key_values is not None or use_cache or wants_extra or (router and not recordable):
             return eager(
@@ -253,13 +256,7 @@ def compile_loop(
                 "the model records its routers' logits (output_router_logits, for its router loss) in a way the "
                 "one-graph loop cannot; its forward runs eagerly (slow). Use the per-class strategy (compile: "
                 "modules) for this model",
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                past_key_values=past_key_values,
-                inputs_embeds=inputs_embeds,
-                use_cache=use_cache,
-                **kwargs,
+                **upstream_call,
             )
         if regs is not None:
             regs.keep_checkpointing()  # (checkpointing switched on since compile_loop installed the regions)
