@@ -9,6 +9,11 @@
 #   bench ARGS...   hybridtune bench ARGS; each mode becomes a row of $RESULTS (benchmarks/results.jsonl)
 #   tests ARGS...   pytest -m cuda ARGS (HYBRIDTUNE_FLA_GRANT_FOR_TESTS=$GRANT, default 0)
 #   train-smoke     hybridtune train on the tiny preset, 30 steps (the GPU training path end to end)
+#   train NAME ARGS hybridtune train ARGS on $R/long.jsonl (long documents, made once) into /tmp/out-NAME; NAME.log
+#                   and NAME.metrics.jsonl land in $R and become a row of $RESULTS (add-train: NAME is lora-1 or
+#                   full-1 with a variant tail, e.g. lora-1cold -> mode train:cold; shape, sequence length and
+#                   packs per step read from ARGS' --base_model, --sequence_len, --micro_batch_size x
+#                   --gradient_accumulation_steps; its first_step_s is the first step's wall time, compiling included)
 # Every job gets the seconds left of T0 (default 560) less 10; a job with 30 s or less left is skipped and says so.
 # STARTUP (default 400) is each bench's --startup_timeout unless the lane names its own. NO_RESULTS=1: no rows.
 # With OUT set (a lent machine): the work folder, logs and bench.json files come back in $OUT/work.tar.gz and the
@@ -45,6 +50,22 @@ job() {  # job LANE GPU N KIND ARGS...: the lane's Nth job
     tests)
       CUDA_VISIBLE_DEVICES=$gpu HYBRIDTUNE_FLA_GRANT_FOR_TESTS=${GRANT:-0} timeout "$left" $cpus \
         ${PY:-python3} -m pytest -p no:cacheprovider -m cuda -v -rA --durations=0 "$@" > "$R/$name.log" 2>&1 ;;
+    train)
+      local run=$1 arg base=qwen3_5-2b seq=4096 mbs=1 acc=1 prev=""; shift
+      for arg in "$@"; do
+        case $prev in --base_model) base=$arg ;; --sequence_len) seq=$arg ;; --micro_batch_size) mbs=$arg ;;
+          --gradient_accumulation_steps) acc=$arg ;; esac
+        prev=$arg
+      done
+      [ -f "$R/long.jsonl" ] || ${PY:-python3} benchmarks/make_long_text.py "$R/long.jsonl" --docs "${DOCS:-400}" > /dev/null
+      CUDA_VISIBLE_DEVICES=$gpu timeout "$left" $cpus $HT train --dataset "$R/long.jsonl" --dataset_type text \
+        --val_set_size 0 --eval_steps 0 --save_total_limit 1 --overwrite --output_dir "/tmp/out-$run" "$@" \
+        > "$R/$run.log" 2>&1
+      echo "rc $? at ${SECONDS}s" >> "$R/$run.log"
+      cp "/tmp/out-$run/metrics.jsonl" "$R/$run.metrics.jsonl" 2>/dev/null
+      [ "${NO_RESULTS:-0}" = 1 ] || ${PY:-python3} -m hybridtune.bench.results --table "$RESULTS" add-train "$R" "$run" \
+        --command "hybridtune train $*" --shape "$base" --seq-len "$seq" --packs $((mbs * acc)) 2>&1 | tee -a "$R/$run.log"
+      return 0 ;;
     train-smoke)
       CUDA_VISIBLE_DEVICES=$gpu timeout "$left" $cpus $HT train --max_steps 30 --eval_steps 0 --logging_steps 10 \
         --output_dir "/tmp/train-smoke-$lane" "$@" > "$R/$name.log" 2>&1 ;;

@@ -47,6 +47,7 @@ def test_step_log_window_mean_and_time_left(monkeypatch):
         if log.due(step, stop=False):
             got.append(log.log(rec, 0.5, None))
     assert got[0]["eta_s"] == pytest.approx(9 * 12.0)  # one step done: its 12 s (compilation included) x 9
+    assert got[0]["first_step_s"] == pytest.approx(12.0) and "first_step_s" not in got[1]  # the first step's own
     assert [r["step"] for r in got] == [1, 3]
     # Step 1 alone; then steps 2 and 3 averaged (not step 3's own loss), which stays as step_loss.
     assert (got[0]["loss"], got[0]["loss_steps"]) == (4.0, 1)
@@ -79,10 +80,11 @@ def test_plain_step_line_has_total_and_time_left(tmp_path, small_data, capsys):
     lines = [x for x in err.splitlines() if " step " in x and "loss" in x and "eval" not in x]
     line = re.compile(
         r"INFO step +(\d+)/4  loss \d+\.\d{4}  grad_norm \d+\.\d{3}  lr \S+  tok/s [\d,]+  .*mem \d+\.\d\d GiB  "
-        r"eta \d+:\d\d:\d\d$"
+        r"eta \d+:\d\d:\d\d(  first step \d+\.\d s)?$"
     )
     assert [int(line.search(x).group(1)) for x in lines] == [1, 2, 4], lines
     assert lines[-1].endswith("eta 0:00:00")
+    assert "first step" in lines[0] and not any("first step" in x for x in lines[1:])  # compiling included, once
     assert "━" not in err and "train " not in err  # no progress bar (rich) outside a terminal
 
 

@@ -172,6 +172,7 @@ def train_row(
         "engine": run["engine"],
         "tokens_per_s": run.get("tokens_per_s"),
         "peak_gib": run.get("peak_mem_gib"),
+        "first_step_s": run.get("first_step_s"),
         "loss_step1": loss[1] if loss and loss[0] == 1 else None,
         "loss_last": [loss[2], loss[3]] if loss else None,
         "windows": [[*w["steps"], round(w["tokens_per_s"], 1)] for w in run.get("windows", [])],

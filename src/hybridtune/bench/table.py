@@ -70,6 +70,7 @@ def run(r: Path, name: str) -> dict:
     out.update(
         windows=windows,
         peak_mem_gib=max(x.get("mem_gib", 0) for x in recs),
+        first_step_s=recs[0].get("first_step_s"),  # (runs before that record: None)
         # Each step's own loss (`step_loss`; the logged `loss` is the mean over the logging window), as rows of runs
         # from before that mean record.
         loss=[recs[0]["step"], recs[0]["loss"], recs[-1]["step"], recs[-1].get("step_loss", recs[-1]["loss"])],

@@ -126,6 +126,8 @@ class StepLog:
         window, self.losses = self.losses or [rec["loss"]], []
         rec.update(loss=sum(window) / len(window), step_loss=rec["loss"], loss_steps=len(window), **self.tput.take())
         rec.update(mem_gib=mem_gib, total_steps=self.total, eta_s=self.eta(rec["step"]), type="train")
+        if self.first is not None and rec["step"] == self.first[0]:  # compiling and autotuning included
+            rec["first_step_s"] = round(self.first[1] - self.t0, 2)
         if metrics is not None:
             metrics.write(rec)
         logger.info("%s", format_step(rec))
@@ -185,7 +187,8 @@ def format_duration(seconds: float) -> str:
 def format_step(rec: dict) -> str:
     """The one log line per logged step, on a terminal or not: `step N/TOTAL loss grad_norm lr tok/s [tflops mfu]
     mem eta` (`loss`: the mean over the steps since the last logged one; `mem`: the peak over ranks under torchrun;
-    `mfu`: model FLOPs, without recompute, over the measured peak of the run's devices; `eta`: the time left).
+    `mfu`: model FLOPs, without recompute, over the measured peak of the run's devices; `eta`: the time left;
+    `first step`: the wall time of this process's first step, compiling included).
 
     >>> format_step({"step": 7, "total_steps": 100, "loss": 1.5, "grad_norm": 0.25, "lr": 1e-4,
     ...              "tokens_per_s": 31000.4, "tflops": 250.0, "mfu": 0.41, "mem_gib": 5.5, "eta_s": 83.0})
@@ -196,6 +199,8 @@ def format_step(rec: dict) -> str:
         flops += f"mfu {100 * rec['mfu']:.1f}%  "
     total = f"/{rec['total_steps']}" if "total_steps" in rec else ""
     eta = f"  eta {format_duration(rec['eta_s'])}" if "eta_s" in rec else ""
+    if "first_step_s" in rec:
+        eta += f"  first step {rec['first_step_s']:.1f} s"
     return (
         f"step {rec['step']:>5}{total}  loss {rec['loss']:.4f}  grad_norm {rec['grad_norm']:.3f}  "
         f"lr {rec['lr']:.2e}  tok/s {rec['tokens_per_s']:,.0f}  {flops}mem {rec['mem_gib']:.2f} GiB{eta}"
