@@ -15,7 +15,9 @@
 #                   packs per step read from ARGS' --base_model, --sequence_len, --micro_batch_size x
 #                   --gradient_accumulation_steps; its first_step_s is the first step's wall time, compiling included)
 # Every job gets the seconds left of T0 (default 560) less 10; a job with 30 s or less left is skipped and says so.
-# STARTUP (default 400) is each bench's --startup_timeout unless the lane names its own. NO_RESULTS=1: no rows.
+# STARTUP (default 400) is each bench's --startup_timeout unless the lane names its own. NO_RESULTS=1: no rows (add
+# them here later: python -m hybridtune.bench.results add-train DIR NAME --provenance DIR/provenance.json ...);
+# NOTE="..." is the note of every train row (say so when lanes share one GPU: such figures are not of record).
 # With OUT set (a lent machine): the work folder, logs and bench.json files come back in $OUT/work.tar.gz and the
 # table in $OUT/results.jsonl (take its new rows, or add a bench.json here: python -m hybridtune.bench.results
 # add-bench FILE); SAVE_CACHE=1 also returns the compile caches for the next call's .cache/.
@@ -48,8 +50,8 @@ job() {  # job LANE GPU N KIND ARGS...: the lane's Nth job
       CUDA_VISIBLE_DEVICES=$gpu timeout "$left" $cpus $HT bench --startup_timeout "${STARTUP:-400}" "$@" \
         --output_dir "$R/$name" "${res[@]}" > "$R/$name.log" 2>&1 ;;
     tests)
-      CUDA_VISIBLE_DEVICES=$gpu HYBRIDTUNE_FLA_GRANT_FOR_TESTS=${GRANT:-0} timeout "$left" $cpus \
-        ${PY:-python3} -m pytest -p no:cacheprovider -m cuda -v -rA --durations=0 "$@" > "$R/$name.log" 2>&1 ;;
+      CUDA_VISIBLE_DEVICES=$gpu HYBRIDTUNE_FLA_GRANT_FOR_TESTS=${GRANT:-0} timeout -s INT -k 20 "$left" $cpus \
+        ${PY:-python3} -m pytest -p no:cacheprovider -m cuda -v -rfEs --tb=short --durations=0 "$@" > "$R/$name.log" 2>&1 ;;
     train)
       local run=$1 arg base=qwen3_5-2b seq=4096 mbs=1 acc=1 prev=""; shift
       for arg in "$@"; do
@@ -64,7 +66,7 @@ job() {  # job LANE GPU N KIND ARGS...: the lane's Nth job
       echo "rc $? at ${SECONDS}s" >> "$R/$run.log"
       cp "/tmp/out-$run/metrics.jsonl" "$R/$run.metrics.jsonl" 2>/dev/null
       [ "${NO_RESULTS:-0}" = 1 ] || ${PY:-python3} -m hybridtune.bench.results --table "$RESULTS" add-train "$R" "$run" \
-        --command "hybridtune train $*" --shape "$base" --seq-len "$seq" --packs $((mbs * acc)) 2>&1 | tee -a "$R/$run.log"
+        --command "hybridtune train $*" --shape "$base" --seq-len "$seq" --packs $((mbs * acc)) ${NOTE:+--note "$NOTE"} 2>&1 | tee -a "$R/$run.log"
       return 0 ;;
     train-smoke)
       CUDA_VISIBLE_DEVICES=$gpu timeout "$left" $cpus $HT train --max_steps 30 --eval_steps 0 --logging_steps 10 \

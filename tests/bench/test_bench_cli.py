@@ -46,6 +46,9 @@ def test_mode_specs():
         [parse_mode(s) for s in split_modes("gc=off,ht-loop")]
     with pytest.raises(ConfigError, match="conv= chooses"):
         parse_mode("hf-eager:conv=op")
+    assert parse_mode("ht-loop:cg=on,regions=on").regional and not parse_mode("ht-loop").regional
+    with pytest.raises(ConfigError, match="regions= chooses"):
+        parse_mode("ht-modules:regions=on")
     with pytest.raises(ConfigError, match="Did you mean 'ht-loop'"):
         parse_mode("ht-lop")
     with pytest.raises(ConfigError, match=r"gc=on\|off"):

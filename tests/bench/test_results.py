@@ -119,3 +119,25 @@ def test_add_bench_appends_a_run(tmp_path):
     (r,) = results.read(t)
     assert r["id"] == 1 and r["adapter"] == "full" and r["loss_last10"] == 1.5 and r["commit"] == "b" * 40
     assert results.main(["--table", str(t), "add-bench", str(tmp_path / "missing.json")]) == 2
+
+
+def test_add_train_takes_the_run_machines_provenance_and_a_note(tmp_path, capsys):
+    """Runs brought back from a lent GPU machine keep that machine's device and versions (the file `provenance`
+    printed there), not the machine that appends them; a bad provenance file is one line, exit 2."""
+    from test_dist_table import write_run
+
+    write_run(tmp_path, "lora-1cold", {s: 1000.0 * s for s in range(1, 31)})
+    prov = {"date": "2026-12-01", "commit": "a" * 40, "device": "NVIDIA H200", "versions": {"torch": "2.11.0"}}
+    (tmp_path / "provenance.json").write_text(json.dumps(prov))
+    table = tmp_path / "results.jsonl"
+    table.write_text(json.dumps({"id": 7, **row()}) + "\n")
+    args = ["--table", str(table), "add-train", str(tmp_path), "lora-1cold", "--command", "hybridtune train x"]
+    assert results.main(args + ["--provenance", str(tmp_path / "provenance.json"), "--note", "GPU shared"]) == 0
+    new = results.read(table)[-1]
+    assert new["id"] == 8 and new["mode"] == "train:cold" and new["note"] == "GPU shared"
+    assert {k: new[k] for k in prov} == prov
+    (tmp_path / "bad.json").write_text(json.dumps({"device": "x"}))
+    assert results.main(args + ["--provenance", str(tmp_path / "bad.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bad.json: no date, commit, versions" in err[0]
+    assert len(results.read(table)) == 2  # nothing appended by the refused call

@@ -26,6 +26,7 @@ class Mode:
     # The GDN conv in compiled regions: "traced"/"stacked" (inductor-fused) or "op" (FLA's kernel). Under CUDA graphs
     # the default is "op": its launch cost is gone there (measured faster than "traced": benchmarks/NOTES.md).
     conv: str = "traced"
+    regional: bool = False  # the loop compiles each distinct decoder layer once (compiler/regions.py)
     options: dict = field(default_factory=dict)
 
     @property
@@ -93,6 +94,7 @@ OPTION_KEYS = {
     "cg": ("on", "off"),
     "layout": ("static", "dynamic"),
     "conv": ("traced", "stacked", "op"),
+    "regions": ("on", "off"),
 }
 
 
@@ -142,6 +144,10 @@ def parse_mode(spec: str) -> Mode:
         if not mode.patch or mode.compile == "off":
             raise ConfigError(f"bench mode '{spec}': conv= chooses the form of hybridtune's conv in a compiled mode")
         changes["conv"] = options["conv"]
+    if "regions" in options:
+        if mode.compile != "loop":
+            raise ConfigError(f"bench mode '{spec}': regions= chooses how the compiled loop (ht-loop) traces its layers")
+        changes["regional"] = options["regions"] == "on"
     if "cg" in options:
         if mode.compile == "off" and options["cg"] == "on":
             raise ConfigError(f"bench mode '{spec}': cg=on (CUDA graphs) needs a compiled mode")

@@ -320,6 +320,18 @@ def update_readme(text: str, rows: list[dict], where: str = "README.md") -> str:
     return text
 
 
+def _provenance_file(path: Path) -> dict:
+    """date, commit, device and versions as `provenance` wrote them on the machine that ran the runs."""
+    try:
+        prov = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: not a readable provenance file ({e}); pass what `provenance` printed") from None
+    missing = [k for k in ("date", "commit", "device", "versions") if not isinstance(prov, dict) or k not in prov]
+    if missing:
+        raise ConfigError(f"{path}: no {', '.join(missing)}; pass what `provenance` printed on the run's machine")
+    return {k: prov[k] for k in ("date", "commit", "device", "versions")}
+
+
 # Command line
 
 
@@ -336,6 +348,12 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--shape", default="qwen3_5-2b")
     t.add_argument("--seq-len", type=int, default=4096)
     t.add_argument("--packs", type=int, default=2, help="packs per optimizer step")
+    t.add_argument("--note", default="", help="what a reader of the row must know (the GPU shared, say)")
+    t.add_argument(
+        "--provenance", type=Path, help="date, commit, device and versions from this JSON file (what `provenance` "
+        "printed on the machine that ran them) instead of this machine's"
+    )
+    sub.add_parser("provenance", help="this machine's date, commit, device and versions as JSON (for add-train)")
     r = sub.add_parser("render", help="the README's generated tables")
     r.add_argument("--readme", type=Path, help="write them into this file between the markers")
     r.add_argument("--check", action="store_true", help="with --readme: only say whether the file is current")
@@ -356,8 +374,11 @@ def _run(a: argparse.Namespace) -> int:
                 f"{a.bench_json}: not a readable bench.json ({e}); pass the file hybridtune bench wrote"
             ) from None
         added = append(bench_rows(doc, source=str(a.bench_json)), a.table)
+    elif a.cmd == "provenance":
+        print(json.dumps(provenance_here()))
+        return 0
     elif a.cmd == "add-train":
-        prov = provenance_here()
+        prov = _provenance_file(a.provenance) if a.provenance else provenance_here()
         added = []
         for name in a.names:
             run = table.run(a.dir, name)
@@ -365,7 +386,7 @@ def _run(a: argparse.Namespace) -> int:
                 raise ConfigError(f"{a.dir}: no {name}.log or {name}.metrics.jsonl; name a run scaling.sh made")
             row = train_row(
                 run, provenance=prov, command=a.command, source=f"{a.dir}/{name}", shape=a.shape,
-                seq_len=a.seq_len, packs=a.packs,
+                seq_len=a.seq_len, packs=a.packs, note=a.note,
             )  # fmt: skip
             added += append([row], a.table)
     else:

@@ -126,7 +126,7 @@ def build_model(spec: dict, mode, device: torch.device, result: dict):
     if mode.compile == "torch":
         model = torch.compile(model, backend=backend, mode=cmode)
     elif mode.compile in ("loop", "modules"):
-        opts = {"static_shapes": mode.static} if mode.compile == "loop" else {}
+        opts = {"static_shapes": mode.static, "regional": mode.regional} if mode.compile == "loop" else {}
         compile_model(model, mode.compile, backend=backend, mode=cmode, **opts)
     return cfg, model
 
