@@ -146,7 +146,9 @@ def parse_mode(spec: str) -> Mode:
         changes["conv"] = options["conv"]
     if "regions" in options:
         if mode.compile != "loop":
-            raise ConfigError(f"bench mode '{spec}': regions= chooses how the compiled loop (ht-loop) traces its layers")
+            raise ConfigError(
+                f"bench mode '{spec}': regions= chooses how the compiled loop (ht-loop) traces its layers"
+            )
         changes["regional"] = options["regions"] == "on"
     if "cg" in options:
         if mode.compile == "off" and options["cg"] == "on":

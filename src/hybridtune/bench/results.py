@@ -350,8 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--packs", type=int, default=2, help="packs per optimizer step")
     t.add_argument("--note", default="", help="what a reader of the row must know (the GPU shared, say)")
     t.add_argument(
-        "--provenance", type=Path, help="date, commit, device and versions from this JSON file (what `provenance` "
-        "printed on the machine that ran them) instead of this machine's"
+        "--provenance",
+        type=Path,
+        help="date, commit, device and versions from this JSON file (what `provenance` "
+        "printed on the machine that ran them) instead of this machine's",
     )
     sub.add_parser("provenance", help="this machine's date, commit, device and versions as JSON (for add-train)")
     r = sub.add_parser("render", help="the README's generated tables")
