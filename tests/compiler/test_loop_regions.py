@@ -100,9 +100,10 @@ def test_regional_loop_equals_eager_one_graph_two_bodies(lora, ckpt, device, bac
     n_calls, bodies = _region_calls(graphs[0])
     # every layer a region call (dynamo may inline the first, whose input needs no gradient without checkpointing)
     assert DEPTH - 1 <= n_calls <= DEPTH
-    # traced once per kind of layer (GDN, attention; torch 2.11 traces one more, the first layer's), stamped out
-    # for the others: the count does not grow with depth
-    assert 2 <= len(bodies) <= 3
+    # traced once per kind of layer (GDN, attention; torch 2.11 traces one more, the first layer's, and on CUDA for
+    # LoRA without checkpointing one more again: 4 on the H200, 2026-12-01, with loss and every gradient equal),
+    # stamped out for the others: the count stays below the 6 GDN layers and does not grow with depth
+    assert 2 <= len(bodies) <= 4
 
 
 @pytest.mark.parametrize("device,backend", BACKENDS)

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from hybridtune.cli import main
 from hybridtune.config import load_config
 from hybridtune.models.loading import load_model, tokenizer_for
-from hybridtune.train.metrics import StepLog
+from hybridtune.train.metrics import StepLog, Throughput, format_step
 from hybridtune.train.trainer import Trainer
 
 
@@ -136,5 +136,28 @@ def test_step_flops_charges_the_lora_peft_applied_expert_lora_included():
     want = step_flops(
         with_experts.config, docs, adapter="lora", lora_r=cfg.lora_r, lora_targets=with_experts.kw["lora_targets"],
         lora_parameters=["gate_up_proj", "down_proj"],
-    ).model  # fmt: skip
-    assert with_experts(docs) == want > without(docs)
+    )  # fmt: skip
+    assert with_experts(docs) == (want.model, want.model) and want.model > without(docs)[0]
+    # with checkpointing on (as the out-of-memory retry switches it), the hardware FLOPs add the recompute
+    with_experts.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    recompute = step_flops(
+        with_experts.config, docs, adapter="lora", lora_r=cfg.lora_r, lora_targets=with_experts.kw["lora_targets"],
+        lora_parameters=["gate_up_proj", "down_proj"], gradient_checkpointing=True,
+    )  # fmt: skip
+    assert with_experts(docs) == (want.model, recompute.hardware) and recompute.hardware > want.model
+
+
+def test_throughput_hfu_counts_the_recompute_and_the_line_shows_it_where_it_differs(monkeypatch):
+    clock = iter([0.0, 2.0, 4.0])
+    monkeypatch.setattr("hybridtune.train.metrics.time.perf_counter", lambda: next(clock))
+    t = Throughput(peak_flops=1e12)
+    t.add(100, flops=6e11, hardware=8e11)
+    t.add(100, flops=2e11)  # no hardware figure: no recompute, the model FLOPs
+    got = t.take()
+    assert got["mfu"] == pytest.approx(0.4) and got["hfu"] == pytest.approx(0.5)
+    t.add(10, flops=2e11)
+    same = t.take()
+    assert same["hfu"] == same["mfu"] == pytest.approx(0.1)
+    rec = {"step": 3, "loss": 1.0, "grad_norm": 1.0, "lr": 1e-3, "tokens_per_s": 1.0, "mem_gib": 1.0}
+    assert "hfu 50.0%" in format_step(rec | got) and "mfu 40.0%" in format_step(rec | got)
+    assert "hfu" not in format_step(rec | same)

@@ -34,17 +34,19 @@ def memory_gib(device: torch.device) -> float:
 
 class Throughput:
     """Tokens and model FLOPs per second over the window since the last `take()`; MFU against `peak_flops` (the
-    measured dense-matmul FLOP/s of every GPU of the run together), when known."""
+    measured dense-matmul FLOP/s of every GPU of the run together), when known, and HFU (the hardware FLOPs:
+    gradient checkpointing's recompute included)."""
 
     def __init__(self, peak_flops: float | None = None) -> None:
         self.peak = peak_flops
         self.t0 = time.perf_counter()
         self.tokens = 0
-        self.flops = 0.0
+        self.flops = self.hardware = 0.0
 
-    def add(self, n: int, flops: float = 0.0) -> None:
+    def add(self, n: int, flops: float = 0.0, hardware: float | None = None) -> None:
         self.tokens += n
         self.flops += flops
+        self.hardware += flops if hardware is None else hardware
 
     def skip(self, seconds: float) -> None:
         """Leave `seconds` (spent on something other than training: an eval, a save, a profile's summary) out of
@@ -59,17 +61,20 @@ class Throughput:
             out["tflops"] = self.flops / dt / 1e12
             if self.peak:
                 out["mfu"] = self.flops / dt / self.peak
-        self.t0, self.tokens, self.flops = now, 0, 0.0
+                out["hfu"] = self.hardware / dt / self.peak
+        self.t0, self.tokens, self.flops, self.hardware = now, 0, 0.0, 0.0
         return out
 
 
 class StepFlops:
-    """Model FLOPs of a step (no recompute: what MFU counts) from its documents' lengths, for the model's family."""
+    """Model FLOPs of a step (no recompute: what MFU counts) and hardware FLOPs (with gradient checkpointing's
+    recompute, as the model stands at the call: the out-of-memory retry may switch it on) from its documents'
+    lengths, for the model's family."""
 
     def __init__(self, model: torch.nn.Module, adapter: str, lora_r: int, lora_targets: list[str]):
         """For a peft model the LoRA charged is what peft applied (`lora.applied_targets`: the modules it wrapped and
         the routed experts' parameters), not the configured names, which may match nothing or be rewritten."""
-        self.config = text_config(model)
+        self.config, self.model = text_config(model), model
         params: list[str] = []
         if adapter == "lora" and hasattr(getattr(model, "base_model", None), "targeted_module_names"):
             lora_targets, params = applied_targets(model)
@@ -81,8 +86,11 @@ class StepFlops:
         }
         self([1])  # a model the count does not know fails here, once, not at every step
 
-    def __call__(self, doc_lens) -> float:
-        return step_flops(self.config, list(doc_lens), **self.kw).model
+    def __call__(self, doc_lens) -> tuple[float, float]:
+        """(model FLOPs, hardware FLOPs) of a step over these documents."""
+        ckpt = any(getattr(m, "gradient_checkpointing", False) is True for m in self.model.modules())
+        f = step_flops(self.config, list(doc_lens), gradient_checkpointing=ckpt, **self.kw)
+        return f.model, f.hardware
 
 
 class StepLog:
@@ -104,8 +112,8 @@ class StepLog:
         self.tput.skip(seconds)
 
     def add(self, rec: dict) -> None:
-        """A completed step's record (its `model_flops` is taken out of it)."""
-        self.tput.add(rec["tokens"], rec.pop("model_flops"))
+        """A completed step's record (its `model_flops` and `hardware_flops` are taken out of it)."""
+        self.tput.add(rec["tokens"], rec.pop("model_flops"), rec.pop("hardware_flops", None))
         self.losses.append(rec["loss"])
         if self.first is None:
             self.first = (rec["step"], time.perf_counter())
@@ -187,7 +195,8 @@ def format_duration(seconds: float) -> str:
 def format_step(rec: dict) -> str:
     """The one log line per logged step, on a terminal or not: `step N/TOTAL loss grad_norm lr tok/s [tflops mfu]
     mem eta` (`loss`: the mean over the steps since the last logged one; `mem`: the peak over ranks under torchrun;
-    `mfu`: model FLOPs, without recompute, over the measured peak of the run's devices; `eta`: the time left;
+    `mfu`: model FLOPs, without recompute, over the measured peak of the run's devices; `hfu`: the same with
+    gradient checkpointing's recompute, shown where it differs; `eta`: the time left;
     `first step`: the wall time of this process's first step, compiling included).
 
     >>> format_step({"step": 7, "total_steps": 100, "loss": 1.5, "grad_norm": 0.25, "lr": 1e-4,
@@ -197,6 +206,8 @@ def format_step(rec: dict) -> str:
     flops = f"tflops {rec['tflops']:.3g}  " if "tflops" in rec else ""
     if "mfu" in rec:
         flops += f"mfu {100 * rec['mfu']:.1f}%  "
+        if rec.get("hfu", rec["mfu"]) > rec["mfu"]:
+            flops += f"hfu {100 * rec['hfu']:.1f}%  "
     total = f"/{rec['total_steps']}" if "total_steps" in rec else ""
     eta = f"  eta {format_duration(rec['eta_s'])}" if "eta_s" in rec else ""
     if "first_step_s" in rec:

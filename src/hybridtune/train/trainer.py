@@ -318,6 +318,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
             self.done_position = self.stream.position()
+        flops = self.step_flops(self.window_lens) if self.step_flops else (0.0, 0.0)  # model, hardware
         return {
             "stop": stop > 0,
             "step": self.step,
@@ -325,7 +326,8 @@ class Trainer:
             "grad_norm": grad_norm,
             "lr": lr,
             "tokens": int(sum(b[NUM_TOKENS] for b in batches)),  # the documents' own, not filler
-            "model_flops": self.step_flops(self.window_lens) if self.step_flops else 0.0,
+            "model_flops": flops[0],
+            "hardware_flops": flops[1],
             "loss_tokens": n_tokens,
         }
 
