@@ -141,3 +141,14 @@ def test_add_train_takes_the_run_machines_provenance_and_a_note(tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "bad.json: no date, commit, versions" in err[0]
     assert len(results.read(table)) == 2  # nothing appended by the refused call
+
+
+def test_train_table_shows_the_status_and_the_windows_of_a_short_run():
+    short = row(id=3, tool="train", mode="train:long", seq_len=131072, tokens_per_s=None, status="no window after "
+                "step 10", peak_gib=45.1, first_step_s=148.4, loss_step1=12.8, loss_last=[6, 9.7],
+                windows=[[2, 2, 31000.0], [3, 3, 28000.0], [4, 4, 29500.0]])  # fmt: skip
+    long = row(id=4, tool="train", mode="train:cold", tokens_per_s=33000.0, peak_gib=14.1, first_step_s=117.0,
+               loss_step1=12.8, loss_last=[30, 4.9], windows=[[2, 5, 8000.0], [6, 10, 34000.0], [11, 15, 32000.0]])  # fmt: skip
+    lines = results._train_table({3: short, 4: long}, [3, 4])
+    assert "| no window after step 10 | 28,000-31,000 | 45.10 | 148 s | 12.800 -> 9.700 (step 6) | 3 |" in lines[2]
+    assert "| 33,000 | 32,000-34,000 |" in lines[3]  # the window that recorded the CUDA graphs (2-5) left out

@@ -250,6 +250,30 @@ def _same_run_baseline(rows: dict[int, dict], r: dict) -> int | None:
     return None
 
 
+def _train_table(rows: dict[int, dict], entries: list) -> list[str]:
+    """`hybridtune train` rows: tokens/s (the median of the windows after step 10, else the status) and the range of
+    the logged windows after step 5 (the first steps compile and record CUDA graphs), or after step 1 where fewer than
+    two windows come after step 5."""
+    out = [
+        "| shape | pack | run | tokens/s | windows (tokens/s) | peak GiB | first step | loss step 1 -> last | row |",
+        "|---|---:|---|---:|---:|---:|---:|---|---:|",
+    ]
+    for rid in entries:
+        r = rows[rid]
+        windows = r.get("windows") or []
+        rates = [w[2] for w in windows if w[0] > 5]
+        rates = rates if len(rates) > 1 else [w[2] for w in windows if w[0] > 1]
+        span = f"{min(rates):,.0f}-{max(rates):,.0f}" if rates else ""
+        tps = _n(r["tokens_per_s"], ",.0f") if r["tokens_per_s"] is not None else r["status"]
+        last = r.get("loss_last")
+        loss = f"{r['loss_step1']:.3f} -> {last[1]:.3f} (step {last[0]})" if last and r.get("loss_step1") else ""
+        out.append(
+            f"| {_shape(r)} | {r['seq_len']:,} | {_label(r)} | {tps} | {span} | {_n(r['peak_gib'], '.2f')} "
+            f"| {_n(r['first_step_s'], '.0f', ' s')} | {loss} | {rid} |"
+        )
+    return out
+
+
 ENGINES = {"ddp": "DDP", "fsdp": "FSDP2"}
 
 
@@ -278,6 +302,8 @@ README_TABLES = {
     "perf-table": {"rows": [27, 26, 24, 25, 30, 29, 28, 20, 19, 22, 21, 32, 31, 66, 65], "baseline": {24: 27, 25: 27}},
     # The path to there, 2B shape: earlier code (ratios against the same run's hf-eager, else the row named).
     "perf-history": {"rows": [1, 5, 2, 4, 3, 9, 6, 14, 17, 10, 11], "baseline": {5: 1, 4: 1, 6: 1, 14: 1}},
+    # One GPU through `hybridtune train` (its defaults: CUDA graphs, checkpointing from the memory estimate).
+    "train-table": {"rows": [67, 68, 69, 70]},
     # 1 vs 2 GPUs through `hybridtune train`: (row, the 1-GPU row a 2-GPU row is scaled against, or None).
     "scaling-table": {"rows": [(56, None), (57, 56), (54, None), (55, 54), (59, None), (60, 59)]},
 }
@@ -291,6 +317,8 @@ def render(rows: list[dict], name: str) -> str:
         raise ConfigError(f"README table '{name}' names rows {missing} that the results table does not hold")
     if name == "scaling-table":
         lines = _scaling_table(by_id, spec["rows"])
+    elif name == "train-table":
+        lines = _train_table(by_id, spec["rows"])
     else:
         lines = _bench_table(by_id, spec["rows"], spec["baseline"])
     return "\n".join(lines) + "\n"
