@@ -201,7 +201,7 @@ class TrainConfig:
     fsdp_units: str = _f(
         "auto",
         "FSDP2's unit: layer (least memory), group:K (K consecutive layers), model (what compile: loop needs), "
-        "auto (model under compile: loop when it leaves room for activations)",
+        "auto (model under the loop if it leaves room for activations, else the largest group that fits)",
     )
     num_threads: int = _f(
         0, "CPU threads for torch (0 = auto: one thread for small models on the CPU, else torch's default)"

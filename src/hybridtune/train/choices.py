@@ -10,11 +10,17 @@ Order of dependence (each choice may read those above it):
     device, bf16 (before the model loads: the frozen base's dtype depends on it)
     threads          <- device, model size
     compile          <- device, FSDP2 engine and units, the whole-model unit's size
-    fsdp_units       <- compile
     pack_layout      <- compile, micro_batch_size, every train and eval pack
     cuda_graphs      <- device, processes, compile, pack_layout (its packs' GDN chunk counts bound the graphs)
     loss             <- the model's head and loss terms
-    checkpointing    <- device, the GPU's free memory, the model's widths, pack_layout, bf16, loss (train/memory.py)
+    checkpointing    <- device, the GPU's free memory, the model's widths, pack_layout, bf16, loss, and under FSDP2
+                        the least units the run gets (`least_units`: explicit ones, the whole model under the loop,
+                        else one layer each) (train/memory.py)
+    fsdp_units       <- compile, and under auto below the whole model: the free memory, the widths, pack_layout,
+                        bf16, loss and checkpointing (the most layers per unit whose step fits, `memory.fsdp_group`)
+
+Checkpointing comes before the units: it is decided on the least units, so it is on only when even one layer per
+unit would not fit without it, and the units then grow into the memory that choice leaves.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from hybridtune.data.collator import StaticLayout
 from hybridtune.errors import ConfigError
 from hybridtune.models.anatomy import param_count, router_loss, text_config
 from hybridtune.train import distributed
-from hybridtune.train.memory import ActivationShapes, decide_checkpointing, step_bytes
+from hybridtune.train.memory import GIB, ActivationShapes, ShardedModel, decide_checkpointing, fsdp_group, step_bytes
 from hybridtune.train.step import fused_loss_blocker
 
 # Estimated share of the step the filler costs (`FillerShares.cost`: tokens, and GDN chunks weighted by their
@@ -70,10 +76,12 @@ class Facts:
     # where it was not measured (no FSDP2, units not auto, or no GPU).
     whole_model_share: float | None = None
     packs: tuple[tuple[int, ...], ...] = ()  # document lengths of every train and eval pack the run collates
-    # The GPU's free bytes once the model is loaded (min over ranks), measured under `gradient_checkpointing: auto`.
+    # The GPU's free bytes once the model is loaded (min over ranks), measured under `gradient_checkpointing: auto`
+    # and under FSDP2 with `fsdp_units: auto`.
     gpu_free_bytes: int | None = None
     state_bytes: int = 0  # what the run allocates beside the resident model: gradients, AdamW state, DDP's buckets
     shapes: ActivationShapes | None = None  # the model's widths, for the activation estimate
+    sharded: ShardedModel | None = None  # under FSDP2: the model's bytes per GPU with its layers as units
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,7 @@ class Choices:
     bf16: Choice
     threads: Choice  # int, or None to keep torch's default
     compile: Choice  # "off" | "loop" | "modules"
-    fsdp_units: Choice  # "model" | "layer", or None without FSDP2
+    fsdp_units: Choice  # "model" | "layer" | "group:K", or None without FSDP2
     pack_layout: Choice  # a StaticLayout, or None for the dynamic layout
     fused_loss: Choice  # bool
     checkpointing: Choice  # bool (auto: from the memory estimate; off is retried with it on after an OOM)
@@ -126,7 +134,8 @@ def measure(
 ) -> Facts:
     """The facts of this run; without a model, those known before it loads (device and processes). Under FSDP2 on
     a GPU with `fsdp_units: auto`, a collective (the whole-model unit's share of the tightest GPU); on a GPU with
-    `gradient_checkpointing: auto` under torchrun, another (the least free memory over ranks)."""
+    `gradient_checkpointing: auto` or FSDP2's `fsdp_units: auto` under torchrun, another (the least free memory over
+    ranks)."""
     cuda = device.type == "cuda"
     base = Facts(
         device=device.type,
@@ -138,7 +147,8 @@ def measure(
         return base
     share = distributed.whole_model_share(model, d, device, bf16) if cfg.fsdp_units == "auto" else None
     free = None
-    if cuda and cfg.gradient_checkpointing == "auto":
+    fsdp = d.enabled and d.engine == "fsdp"
+    if cuda and (cfg.gradient_checkpointing == "auto" or (fsdp and cfg.fsdp_units == "auto")):
         # The driver's free memory, and what torch's allocator holds reserved but unused (the self-test's, say).
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         free = int(-distributed.all_max(-float(torch.cuda.mem_get_info(device)[0] + cached), d))
@@ -152,6 +162,7 @@ def measure(
         gpu_free_bytes=free,
         state_bytes=state_bytes(model, d, bf16),
         shapes=ActivationShapes.of(text_config(model)),
+        sharded=ShardedModel.of(model, d.world, bf16) if fsdp else None,
     )
 
 
@@ -189,13 +200,13 @@ def choose_threads(cfg: TrainConfig, facts: Facts) -> Choice:
 
 
 def _whole_model_too_big(cfg: TrainConfig, facts: Facts) -> str | None:
-    """Why the whole model as one FSDP2 unit would not leave room for activations (units per layer), or None."""
+    """Why the whole model as one FSDP2 unit would not leave room for activations (units of layers), or None."""
     share = facts.whole_model_share
     if facts.engine != "fsdp" or cfg.fsdp_units != "auto" or share is None or share <= WHOLE_MODEL_SHARE:
         return None
     return (
         f"the whole model as one FSDP2 unit needs {share:.0%} of the smallest GPU before activations, "
-        f"more than {WHOLE_MODEL_SHARE:.0%} (fsdp_units: auto -> layer)"
+        f"more than {WHOLE_MODEL_SHARE:.0%}"
     )
 
 
@@ -210,7 +221,7 @@ def choose_compile(cfg: TrainConfig, facts: Facts) -> tuple[Choice, list[str]]:
     if too_big and cfg.compile == "loop":
         warns.append(f"{too_big}; compile: loop keeps it one unit (fsdp_units: layer would shard per layer)")
     elif too_big:
-        per_layer, why = True, why or too_big
+        per_layer, why = True, f"{too_big} (fsdp_units: auto -> layer or group:K)"
     if cfg.compile == "loop" and per_layer:
         raise ConfigError(
             f"config keys 'fsdp_units' = '{cfg.fsdp_units}' and 'compile' = 'loop' do not go together: the loop is "
@@ -228,19 +239,49 @@ def choose_compile(cfg: TrainConfig, facts: Facts) -> tuple[Choice, list[str]]:
     return Choice("loop", "auto: the whole decoder loop as one graph on the GPU"), warns
 
 
-def choose_fsdp_units(cfg: TrainConfig, facts: Facts, strategy: str) -> Choice:
-    """`fsdp_units: auto` is the whole model under the compiled loop (one graph over every layer), per layer
-    otherwise; nothing without FSDP2."""
+def choose_fsdp_units(
+    cfg: TrainConfig,
+    facts: Facts,
+    strategy: str,
+    layout: StaticLayout | None = None,
+    bf16: bool = False,
+    fused: bool = True,
+    checkpointing: bool = False,
+) -> Choice:
+    """`fsdp_units: auto` is the whole model under the compiled loop (one graph over every layer); otherwise the
+    most consecutive layers per unit whose step fits the GPU's free memory (`memory.fsdp_group`: fewer, larger
+    units are fewer collectives and FSDP2 hooks), one layer each where nothing larger fits or nothing can be
+    estimated (the CPU); nothing without FSDP2."""
     if facts.engine != "fsdp":
         return Choice(None, "no FSDP2")
     if cfg.fsdp_units != "auto":
         return Choice(cfg.fsdp_units, f"fsdp_units: {cfg.fsdp_units}")
     if strategy == "loop":
         return Choice("model", "auto: the compiled loop is one graph over every layer")
-    too_big = _whole_model_too_big(cfg, facts)
-    if too_big:
-        return Choice("layer", f"auto: {too_big}")
-    return Choice("layer", f"auto: compile {strategy} leaves the layers to FSDP2's per-layer hooks")
+    why = _whole_model_too_big(cfg, facts) or f"compile {strategy} leaves the layers to FSDP2's hooks"
+    free, shapes, sharded = facts.gpu_free_bytes, facts.shapes, facts.sharded
+    if free is None or sharded is None or shapes is None or not shapes.layer_types or not shapes.hidden:
+        return Choice("layer", f"auto: {why}; no GPU memory to plan larger units for (fsdp_units: auto -> layer)")
+    fit = fsdp_group(
+        sharded, shapes, _largest_tokens(cfg, facts, layout), bf16=bf16, fused_loss=fused,
+        checkpointing=checkpointing, available=free,
+    )  # fmt: skip
+    ckpt = "with" if checkpointing else "without"
+    of = f"of the {free / GIB:.1f} GiB free per GPU ({ckpt} checkpointing)"
+    if fit.k > 1:
+        return Choice(f"group:{fit.k}", f"auto: {why}; {fit.k} layers per unit: about {fit.need / GIB:.1f} GiB {of}")
+    larger = "" if fit.over is None else f", 2 would need {fit.over / GIB:.1f} GiB"
+    return Choice("layer", f"auto: {why}; 1 layer per unit: about {fit.need / GIB:.1f} GiB {of}{larger}")
+
+
+def least_units(cfg: TrainConfig, facts: Facts, strategy: str) -> int | None:
+    """Under FSDP2, the fewest layers per unit the run will get (None: the whole model as one unit): the explicit
+    units, or under auto the whole model with the loop and one layer otherwise (`choose_fsdp_units` only grows
+    them); None without FSDP2."""
+    units = cfg.fsdp_units
+    if facts.engine != "fsdp" or units == "model" or (units == "auto" and strategy == "loop"):
+        return None
+    return int(units.partition(":")[2]) if units.startswith("group:") else 1
 
 
 def choose_pack_layout(cfg: TrainConfig, facts: Facts, strategy: str) -> Choice:
@@ -328,12 +369,24 @@ def choose_loss(cfg: TrainConfig, facts: Facts) -> Choice:
     return Choice(False, f"auto: transformers' own loss ([tokens, vocab] logits kept): {facts.fused_loss_blocker}")
 
 
+def _largest_tokens(cfg: TrainConfig, facts: Facts, layout: StaticLayout | None) -> int:
+    """Tokens of the largest micro-batch the run collates (the static layout's size when it has one)."""
+    tokens = max([cfg.sequence_len * cfg.micro_batch_size] + [sum(p) for p in facts.packs])
+    return max(tokens, layout.tokens) if layout is not None else tokens
+
+
 def choose_checkpointing(
-    cfg: TrainConfig, facts: Facts, layout: StaticLayout | None = None, bf16: bool = False, fused: bool = True
+    cfg: TrainConfig,
+    facts: Facts,
+    layout: StaticLayout | None = None,
+    bf16: bool = False,
+    fused: bool = True,
+    units: int | None = None,
 ) -> tuple[Choice, list[str]]:
     """`gradient_checkpointing: auto` on a GPU: on when the memory estimate of a micro-batch without it
     (train/memory.py, at the largest pack the run collates) would not fit the free memory, off otherwise; where
-    nothing can be estimated (the CPU), off. Off under auto is switched on if the first step runs out of memory."""
+    nothing can be estimated (the CPU), off. Off under auto is switched on if the first step runs out of memory.
+    `units`: FSDP2's layers per unit (`least_units`), whose state replaces the whole-model unit's (None)."""
     if cfg.gradient_checkpointing != "auto":
         return Choice(bool(cfg.gradient_checkpointing), f"gradient_checkpointing: {cfg.gradient_checkpointing}"), []
     retry = "switched on if the first step runs out of GPU memory"
@@ -343,10 +396,9 @@ def choose_checkpointing(
         return Choice(False, f"auto: off, no GPU memory to plan for; {retry}"), []
     if not facts.shapes.layer_types or not facts.shapes.hidden:
         return Choice(False, f"auto: off, the model's layer widths are unknown; {retry}"), []
-    tokens = max([cfg.sequence_len * cfg.micro_batch_size] + [sum(p) for p in facts.packs])
-    if layout is not None:
-        tokens = max(tokens, layout.tokens)
-    est = step_bytes(facts.shapes, tokens, bf16=bf16, fused_loss=fused, state_bytes=facts.state_bytes)
+    tokens = _largest_tokens(cfg, facts, layout)
+    state = facts.state_bytes if units is None or facts.sharded is None else facts.sharded.state_bytes(units)
+    est = step_bytes(facts.shapes, tokens, bf16=bf16, fused_loss=fused, state_bytes=state)
     d = decide_checkpointing(est, facts.gpu_free_bytes, tokens)
     reason = d.reason if d.on else f"{d.reason}; {retry}"
     return Choice(d.on, reason), [d.warning] if d.warning else []
@@ -362,13 +414,17 @@ def resolve(cfg: TrainConfig, facts: Facts) -> Choices:
     bf16 = choose_bf16(cfg, facts)
     layout = choose_pack_layout(cfg, facts, compile_.value)
     fused = choose_loss(cfg, facts)
-    checkpointing, more = choose_checkpointing(cfg, facts, layout.value, bf16.value, fused.value)
+    units = least_units(cfg, facts, compile_.value)
+    checkpointing, more = choose_checkpointing(cfg, facts, layout.value, bf16.value, fused.value, units)
     warns += more
+    fsdp_units = choose_fsdp_units(
+        cfg, facts, compile_.value, layout.value, bf16.value, fused.value, checkpointing.value
+    )
     return Choices(
         bf16=bf16,
         threads=choose_threads(cfg, facts),
         compile=compile_,
-        fsdp_units=choose_fsdp_units(cfg, facts, compile_.value),
+        fsdp_units=fsdp_units,
         pack_layout=layout,
         cuda_graphs=choose_cuda_graphs(cfg, facts, compile_.value, layout.value),
         fused_loss=fused,

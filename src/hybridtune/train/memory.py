@@ -10,6 +10,12 @@ input and output, q/k/v, the delta rule's within-chunk matrix, the gated norm's 
 and its gate), and the MLP's gate, up and product. With checkpointing each layer keeps only its input and one
 layer at a time recomputes the rest.
 
+Under FSDP2 with the decoder layers as units (`layer`, `group:K`), what the model itself holds per GPU is counted
+from the model (`ShardedModel`): the rank's shards, the root unit (embeddings, final norm, head) gathered for the
+whole step, and two gathered groups of K layers (the one computing and the one prefetched) plus one group's
+unsharded gradient before its reduce-scatter; `fsdp_group` picks the largest K whose step fits (what
+`fsdp_units: auto` decides on below the whole-model unit).
+
 The figures are an estimate, deliberately on the high side: a run whose estimate does not fit turns checkpointing
 on; the out-of-memory retry of the first step stays as the fallback for a run whose estimate was too low.
 """
@@ -17,6 +23,8 @@ on; the out-of-memory retry of the first step stays as the fallback for a run wh
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from hybridtune.models.anatomy import decoder_layers
 
 # The delta rule's chunk length (FLA's kernels and `data.collator.GDN_CHUNK_SIZE`).
 GDN_CHUNK = 64
@@ -141,3 +149,82 @@ def decide_checkpointing(est: Estimate, available: int, tokens: int) -> Decision
         f"exceeds {FIT_SHARE:.0%} of the {available / GIB:.1f} GiB free; the step may run out of memory (a shorter "
         "sequence_len, or LoRA, needs less)",
     )
+
+
+@dataclass(frozen=True)
+class ShardedModel:
+    """A model's bytes per GPU under FSDP2 with its decoder layers as units (mixed precision as in
+    train/distributed.py: gathered in the compute dtype, gradients reduce-scattered in fp32 under bf16)."""
+
+    shards: int  # the rank's shards: parameters, and for trainable ones their gradients and AdamW's two moments
+    root: int  # the parameters outside the decoder layers, gathered for the whole step, with unsharded gradients
+    layers: tuple[tuple[int, int], ...]  # per decoder layer: its gathered parameters, its unsharded gradient
+    resident: int  # the model's bytes already allocated (none for a model built on the meta device)
+
+    @classmethod
+    def of(cls, model, world: int, bf16: bool) -> ShardedModel:
+        """Counted from `model`'s parameters (tied ones once); a gradient is counted twice, in the compute dtype
+        and as the reduce-scatter's input (fp32 under bf16)."""
+
+        def gathered(params) -> tuple[int, int]:
+            full = grad = 0
+            for p in params:
+                compute = 2 if bf16 else p.element_size()
+                full += p.numel() * compute
+                grad += p.numel() * (compute + (4 if bf16 else p.element_size())) if p.requires_grad else 0
+            return full, grad
+
+        params = list(model.parameters())
+        layers = [list(layer.parameters()) for layer in decoder_layers(model)]
+        in_layers = {id(p) for ps in layers for p in ps}
+        shards = sum(p.numel() * p.element_size() * (4 if p.requires_grad else 1) for p in params)
+        return cls(
+            shards=shards // world,
+            root=sum(gathered([p for p in params if id(p) not in in_layers])),
+            layers=tuple(gathered(ps) for ps in layers),
+            resident=sum(p.numel() * p.element_size() for p in params if not p.is_meta),
+        )
+
+    def state_bytes(self, k: int) -> int:
+        """What units of `k` consecutive layers (the last group shorter, as `distributed.layer_groups` splits
+        them) allocate beside the resident model: the shards, the root unit, two of the largest group gathered
+        and its gradient."""
+        groups = [self.layers[i : i + k] for i in range(0, len(self.layers), k)]
+        full = max((sum(f for f, _ in g) for g in groups), default=0)
+        grad = max((sum(g_ for _, g_ in g) for g in groups), default=0)
+        return max(0, self.shards + self.root + 2 * full + grad - self.resident)
+
+
+@dataclass(frozen=True)
+class GroupFit:
+    k: int  # layers per unit: the largest that fits, 1 when none does
+    need: int  # the step's estimated bytes with units of k layers
+    over: int | None = None  # with k == 1: the estimate of 2 layers per unit, which did not fit (None: no 2nd layer)
+
+
+def fsdp_group(
+    sharded: ShardedModel,
+    shapes: ActivationShapes,
+    tokens: int,
+    *,
+    bf16: bool,
+    fused_loss: bool,
+    checkpointing: bool,
+    available: int,
+) -> GroupFit:
+    """The most layers per FSDP2 unit (1 <= K < the layer count) whose step (`step_bytes` with `checkpointing`,
+    at micro-batches of `tokens` tokens, beside `ShardedModel.state_bytes(K)`) fills at most FIT_SHARE of
+    `available`; K is then evened out to the fewest layers that make as few units (32 layers at most 20 per unit:
+    2 units of 16, the same collectives for less memory)."""
+
+    def need(k: int) -> int:
+        est = step_bytes(shapes, tokens, bf16=bf16, fused_loss=fused_loss, state_bytes=sharded.state_bytes(k))
+        return est.with_checkpointing if checkpointing else est.without
+
+    n, room = len(sharded.layers), FIT_SHARE * available
+    most = next((k for k in range(n - 1, 1, -1) if need(k) <= room), None)
+    if most is None:
+        return GroupFit(1, need(1), need(2) if n > 2 else None)
+    even = -(-n // -(-n // most))  # the fewest layers per unit that still make ceil(n / most) units
+    k = even if need(even) <= room else most  # (a window of layers may straddle heavier ones: keep what fitted)
+    return GroupFit(k, need(k))
