@@ -296,7 +296,8 @@ def wrap(runner: LossModule, d: Dist, device: torch.device, bf16: bool, loaded=N
     FSDP2 with `d.units == "model"` shards the root alone: parameters, gradients and optimizer state stay
     sharded between optimizer steps, and the whole model is gathered for the window's micro-batches. That
     is what the compiled `loop` needs: FSDP2's per-module hooks are `torch._dynamo.disable`d, so a layer
-    sharded on its own would break the one graph of the decoder loop.
+    sharded on its own would break the one graph of the decoder loop. With layer or group units, each unit
+    prefetches the next one's all-gather explicitly (the previous one's in backward).
     """
     pending = loaded is not None and loaded.reader is not None
     if pending and d.engine != "fsdp":
@@ -324,6 +325,13 @@ def wrap(runner: LossModule, d: Dist, device: torch.device, bf16: bool, loaded=N
     for group in groups:
         fully_shard(group[0] if len(group) == 1 else group, **kw)
     fully_shard(runner, **kw)
+    # Each unit's all-gather is issued when the unit before it (the root for the first) starts its forward, so it
+    # runs while that one computes; in backward the other way round. A group's modules share one FSDP2 state.
+    heads = [group[0] for group in groups]
+    for before, head in zip([runner, *heads], heads):
+        before.set_modules_to_forward_prefetch([head])
+    for head, after in zip(heads, [*heads[1:], runner]):
+        after.set_modules_to_backward_prefetch([head])
     if not groups:
         unit = "the whole model as one unit, gathered once and gradients reduce-scattered once per optimizer step"
     elif len(groups) == len(layers):
