@@ -210,7 +210,10 @@ def _load_checkpoint(source: ModelSource, tok, dtype, meta: bool = False) -> Loa
             model.eval()  # as from_pretrained gives it
         else:
             # dtype "auto": as saved (a bf16 checkpoint stays bf16 until the cast below, the vision tower for good).
-            model = cls.from_pretrained(str(path), config=config, dtype="auto")
+            # On a forked generator: transformers' init still draws for some loaded modules (Qwen3.5's A_log),
+            # which a meta build cannot repeat; the run's RNG (a LoRA adapter's draw next) is then the same either way.
+            with torch.random.fork_rng(devices=[]):
+                model = cls.from_pretrained(str(path), config=config, dtype="auto")
     except SafetensorError as e:
         raise ModelError(
             f"cannot load checkpoint '{path}': a weight file is damaged or incomplete ({e}); download or copy it again"
