@@ -121,13 +121,22 @@ def assert_same_curve(got: list[dict], want: list[dict]) -> None:
 @pytest.mark.slow  # torchrun, twice
 @pytest.mark.parametrize(
     "adapter,engine,units",
-    [("lora", "ddp", "auto"), ("full", "fsdp", "auto"), ("full", "fsdp", "model"), ("full", "fsdp", "group:2")],
+    [
+        ("lora", "ddp", "auto"),
+        ("lora", "fsdp", "auto"),
+        ("full", "fsdp", "auto"),
+        ("full", "fsdp", "model"),
+        ("full", "fsdp", "group:2"),
+    ],
 )
 def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch, adapter, engine, units):
-    """fsdp_units auto on the CPU (compile off) is per layer; `model` reduces the gradients once per window."""
+    """fsdp_units auto on the CPU (compile off) is per layer; `model` reduces the gradients once per window. LoRA
+    under FSDP2 builds its base on the meta device as a full fine-tune does, its adapter drawn as in one process."""
     two = tmp_path / "two"
-    # distributed: auto picks `engine`; the last step is profiled on both ranks (and must change nothing)
-    proc = launch(*args(settings(small_data, adapter, output_dir=two, profile_steps=1, fsdp_units=units)))
+    # distributed: auto picks `engine` where it can (LoRA under FSDP2 is asked for); the last step is profiled on
+    # both ranks (and must change nothing)
+    asked = {} if distributed.choose_engine("auto", adapter) == engine else {"distributed": engine}
+    proc = launch(*args(settings(small_data, adapter, output_dir=two, profile_steps=1, fsdp_units=units, **asked)))
     one = train_here(settings(small_data, adapter, output_dir=tmp_path / "one"))  # while the ranks start
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
@@ -137,8 +146,10 @@ def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch,
             units, "decoder layers + the rest"
         )
         assert said in err, err
-        # built on the meta device, each rank filling its own shards (train/model.py, distributed.wrap)
-        assert "sharded load: rank 1 holds 1.7 MiB of the model's 3.3 MiB" in err, err
+        # built on the meta device, each rank filling its own shards (train/model.py, distributed.wrap); under LoRA
+        # the model is the fp32 base (bf16 is off on the CPU) and the adapter, both sharded
+        held = {"full": "1.7 MiB of the model's 3.3 MiB", "lora": "1.9 MiB of the model's 3.9 MiB"}[adapter]
+        assert f"sharded load: rank 1 holds {held}" in err, err
     assert_same_curve(records(two), one)
     assert len(one) == STEPS
     assert all(r["mem_gib"] > 0 for r in records(two))
@@ -169,7 +180,7 @@ def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch,
     again = tmp_path / "again"
     again.mkdir()
     shutil.copytree(tmp_path / "one" / "checkpoint-2", again / "checkpoint-2")
-    s = settings(small_data, adapter, output_dir=again, resume_from_checkpoint="latest", fsdp_units=units)
+    s = settings(small_data, adapter, output_dir=again, resume_from_checkpoint="latest", fsdp_units=units, **asked)
     proc = launch(*args(s))
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err

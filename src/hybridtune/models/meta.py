@@ -7,7 +7,8 @@ init, so that no process ever holds the whole model.
 - `fill`: once the parameters have storage (`to_empty`, after `fully_shard` or not), each local part written by a
   `Reader`: `CheckpointReader` reads only the rows this rank holds from disk (`safe_open(...).get_slice`);
   `PresetReader` replays transformers' own `initialize_weights` block by block with the preset's seed, the same
-  values a plain load of the preset has; then the buffers (rotary tables) are recomputed.
+  values a plain load of the preset has; `Overlay` adds the parameters made before the fill (a LoRA adapter) to
+  either; then the buffers (rotary tables) are recomputed.
 
 The parts a rank holds are found from the parameters themselves: a DTensor's local shape and global offset
 (`compute_local_shape_and_global_offset`), a plain tensor whole. FSDP2 shards along dim 0, so a rank's part of a
@@ -199,6 +200,29 @@ _DTYPES = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
+
+
+class Overlay:
+    """`Reader` for a meta-built model some of whose parameters got their values before the fill (a LoRA adapter,
+    drawn on the host by peft over the meta base): those, in `given` (name -> the whole tensor), handed out row by
+    row from it; every other one read from `base` under `rename(name)`, its name in the model before it was
+    wrapped. The fill then writes them all alike, each rank its own shard."""
+
+    def __init__(self, base, given: dict[str, torch.Tensor], rename: Callable[[str], str]):
+        self.base, self.given, self.rename = base, given, rename
+
+    @property
+    def held_bytes(self) -> int:
+        return getattr(self.base, "held_bytes", 0)
+
+    def __call__(self, name: str, start: int, stop: int) -> torch.Tensor:
+        if name in self.given:
+            t = self.given[name]
+            return t[start:stop] if t.dim() else t
+        return self.base(self.rename(name), start, stop)
+
+    def close(self) -> None:
+        self.base.close()
 
 
 # -- presets ----------------------------------------------------------------------------------------------------

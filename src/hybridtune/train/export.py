@@ -32,6 +32,7 @@ from hybridtune.models.loading import LoadedModel
 from hybridtune.models.patching import original_config
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train import distributed, integrity
+from hybridtune.train.lora import strip_base_layer
 
 logger = logging.getLogger(__name__)
 
@@ -70,16 +71,6 @@ def unwrapped_base_state(base, peft_state: dict | None = None) -> dict:
     else:
         items = ((k.removeprefix(prefix), v) for k, v in peft_state.items() if k.startswith(prefix))
     return {strip_base_layer(name): tensor for name, tensor in items if "lora_" not in name}
-
-
-def strip_base_layer(name: str) -> str:
-    """A parameter's name in the model peft wraps: every `.base_layer` peft inserted removed (peft nests one wrapper
-    per adapted parameter of a module, e.g. `experts.base_layer.base_layer.gate_up_proj` when both expert weights
-    are adapted), as peft itself unwraps names."""
-    while ".base_layer." in name:
-        head, _, tail = name.rpartition(".base_layer.")
-        name = f"{head}.{tail}"
-    return name
 
 
 def adapter_base(loaded: LoadedModel, base_dir: Path | None) -> tuple[str, str | None]:

@@ -1,4 +1,5 @@
-"""LoRA through peft: target resolution, wrapping, and what gets trained."""
+"""LoRA through peft: target resolution, wrapping, and what gets trained; on a base built on the meta device (FSDP2
+fills it after sharding) the adapter drawn on the host as on a plain base, and kept for the fill (`hold_adapter`)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import logging
 import re
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from hybridtune.errors import ConfigError
 from hybridtune.models import experts
 from hybridtune.models.anatomy import text_model
+from hybridtune.models.meta import Overlay
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +89,11 @@ def apply_lora(
         bias="none",
     )
     try:
-        peft_model = get_peft_model(model, cfg)
+        if any(p.is_meta for p in model.parameters()):
+            with AdaptersOnHost():
+                peft_model = get_peft_model(model, cfg)
+        else:
+            peft_model = get_peft_model(model, cfg)
     except ValueError as e:
         if "lora_dropout" not in str(e):
             raise
@@ -165,3 +172,42 @@ def applied_targets(peft_model) -> tuple[list[str], list[str]]:
     modules = sorted({n.rsplit(".", 1)[-1] for n in getattr(tuner, "targeted_module_names", [])})
     params = sorted({n.rsplit(".", 1)[-1] for n in getattr(tuner, "targeted_parameter_names", [])})
     return modules, params
+
+
+def strip_base_layer(name: str) -> str:
+    """A parameter's name in the model peft wraps: every `.base_layer` peft inserted removed (peft nests one wrapper
+    per adapted parameter of a module, e.g. `experts.base_layer.base_layer.gate_up_proj` when both expert weights
+    are adapted), as peft itself unwraps names."""
+    while ".base_layer." in name:
+        head, _, tail = name.rpartition(".base_layer.")
+        name = f"{head}.{tail}"
+    return name
+
+
+class AdaptersOnHost(TorchFunctionMode):
+    """Inside `get_peft_model` on a base built on the meta device: peft draws each adapter on the host (nn.Linear's
+    init, then its own: lora_A kaiming-uniform, lora_B zeros), then moves it to its base layer's device and dtype.
+    Onto the meta device that move would drop the values just drawn; here it does the dtype cast alone and the
+    tensor stays on the host, so the adapter holds what it holds on a plain base (the same draws in the same order
+    under the run's seed, the same casts)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.to and isinstance(args[0], torch.Tensor) and not args[0].is_meta:
+            device, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+            if device is not None and device.type == "meta":
+                return args[0] if dtype is None else func(args[0], dtype)
+        return func(*args, **kwargs)
+
+
+def hold_adapter(loaded) -> None:
+    """A base built on the meta device with LoRA applied (`apply_lora`): the adapter, drawn on the host, is the only
+    part with values. Filling the model (`models.loading.materialize`, after `fully_shard`) gives every parameter new
+    storage, so the adapter is kept here, whole on every rank (a LoRA adapter is small), and written back shard by
+    shard; the base is read or drawn as without LoRA, under its name before peft wrapped it. No-op for a model
+    that holds its values (`loaded.reader` None)."""
+    if loaded.reader is None:
+        return
+    drawn = {n: p.detach().clone() for n, p in loaded.model.named_parameters() if not p.is_meta}
+    base = loaded.reader
+    loaded.reader = lambda: Overlay(base(), drawn, strip_base_layer)

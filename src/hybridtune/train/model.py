@@ -23,7 +23,7 @@ from hybridtune.models.presets import PRESET_DRAW, PRESETS
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train.checkpoint import CheckpointError
 from hybridtune.train.distributed import ONE, Dist
-from hybridtune.train.lora import lora_from_config
+from hybridtune.train.lora import hold_adapter, lora_from_config
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +78,11 @@ class RunModel:
 def build_model(cfg: TrainConfig, source, tokenizer, device: torch.device, bf16: bool, dist: Dist = ONE) -> RunModel:
     """Load, patch the mixers, checkpointing (when set to true), LoRA, on `device`, in training mode.
 
-    A full fine-tune under FSDP2 (`dist`) is built on the meta device and stays there: `distributed.wrap` fills each
-    rank's shards after `fully_shard`, so no rank holds the whole model."""
-    meta = dist.engine == "fsdp" and cfg.adapter == "full"
+    Under FSDP2 (`dist`) the model is built on the meta device and stays there: `distributed.wrap` fills each rank's
+    shards after `fully_shard`, so no rank holds the whole model. Under LoRA the adapter alone has values before
+    that: peft draws it on the host as over a plain base (`lora.apply_lora`), and `lora.hold_adapter` keeps it for
+    the fill."""
+    meta = dist.engine == "fsdp"
     loaded = load_model(source, tokenizer, seed=cfg.seed, dtype=master_dtype(cfg.adapter, bf16), meta=meta)
     model = loaded.model
     report = patch_model(model)
@@ -89,6 +91,7 @@ def build_model(cfg: TrainConfig, source, tokenizer, device: torch.device, bf16:
         enable_checkpointing(model)
     if cfg.adapter == "lora":
         model = lora_from_config(model, cfg)
+        hold_adapter(loaded)
     if loaded.reader is None:  # (a checkpoint the meta path cannot name loads whole: models.loading says so)
         model.to(device)
     model.train()
