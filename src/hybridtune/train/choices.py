@@ -173,7 +173,7 @@ def state_bytes(model: torch.nn.Module, d: distributed.Dist, bf16: bool) -> int:
     resident (its shards, the gathered model, the window's gradient)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     if d.engine == "fsdp" and d.enabled:
-        # A meta-built model (a full fine-tune under FSDP2, filled after fully_shard) holds none of it yet.
+        # A meta-built model (any model under FSDP2, filled after fully_shard) holds none of it yet.
         resident = sum(p.numel() * p.element_size() for p in model.parameters() if not p.is_meta)
         return max(0, distributed.whole_model_bytes(model, d.world, bf16) - resident)
     copies = 2 * sum(p.numel() for p in trainable if p.dtype == torch.float32) if bf16 else 0

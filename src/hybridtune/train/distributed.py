@@ -14,6 +14,7 @@ Nothing here moves tensors between ranks by itself: `torch.distributed` (process
     reduce-scattered every micro-batch: the least memory;
   - `group:K`: K consecutive decoder layers are one unit (`fully_shard` of the list: one all-gather and one
     reduce-scatter per group), otherwise as `layer`; fewer, larger collectives and FSDP2 hooks (`group:1` is `layer`);
+    layer and group units prefetch: each unit's all-gather is issued as the unit before it starts (see `wrap`);
   - `model`: the root alone, which the compiled `loop` needs (see `wrap`). The whole model is gathered
     anyway, so the window's micro-batches keep it gathered and accumulate the whole gradient, and the
     gradients are reduce-scattered once per optimizer step, like DDP's all-reduce (`accumulation`; the
