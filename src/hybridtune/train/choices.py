@@ -36,7 +36,15 @@ from hybridtune.data.collator import StaticLayout
 from hybridtune.errors import ConfigError
 from hybridtune.models.anatomy import param_count, router_loss, text_config
 from hybridtune.train import distributed
-from hybridtune.train.memory import GIB, ActivationShapes, ShardedModel, decide_checkpointing, fsdp_group, step_bytes
+from hybridtune.train.memory import (
+    GIB,
+    ActivationShapes,
+    ShardedModel,
+    decide_checkpointing,
+    fsdp_group,
+    resident_bytes,
+    step_bytes,
+)
 from hybridtune.train.step import fused_loss_blocker
 
 # Estimated share of the step the filler costs (`FillerShares.cost`: tokens, and GDN chunks weighted by their
@@ -173,9 +181,9 @@ def state_bytes(model: torch.nn.Module, d: distributed.Dist, bf16: bool) -> int:
     resident (its shards, the gathered model, the window's gradient)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     if d.engine == "fsdp" and d.enabled:
-        # A meta-built model (any model under FSDP2, filled after fully_shard) holds none of it yet.
-        resident = sum(p.numel() * p.element_size() for p in model.parameters() if not p.is_meta)
-        return max(0, distributed.whole_model_bytes(model, d.world, bf16) - resident)
+        # A meta-built model (any model under FSDP2, filled after fully_shard) holds none of it yet (nor its LoRA
+        # adapter, drawn on the host: `memory.resident_bytes`).
+        return max(0, distributed.whole_model_bytes(model, d.world, bf16) - resident_bytes(model.parameters()))
     copies = 2 * sum(p.numel() for p in trainable if p.dtype == torch.float32) if bf16 else 0
     own = sum(p.numel() * p.element_size() for p in trainable)
     return own * (4 if d.engine == "ddp" and d.enabled else 3) + copies

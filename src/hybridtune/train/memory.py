@@ -182,7 +182,7 @@ class ShardedModel:
             shards=shards // world,
             root=sum(gathered([p for p in params if id(p) not in in_layers])),
             layers=tuple(gathered(ps) for ps in layers),
-            resident=sum(p.numel() * p.element_size() for p in params if not p.is_meta),
+            resident=resident_bytes(params),
         )
 
     def state_bytes(self, k: int) -> int:
@@ -193,6 +193,16 @@ class ShardedModel:
         full = max((sum(f for f, _ in g) for g in groups), default=0)
         grad = max((sum(g_ for _, g_ in g) for g in groups), default=0)
         return max(0, self.shards + self.root + 2 * full + grad - self.resident)
+
+
+def resident_bytes(params) -> int:
+    """The bytes of `params` already allocated where the model runs: all of them for a model loaded whole, none for
+    one built on the meta device, whose only parameters with values then (a LoRA adapter, drawn on the host over
+    the meta base) are written anew as shards on the GPU by the fill after `fully_shard`."""
+    params = list(params)
+    if any(p.is_meta for p in params):
+        return 0
+    return sum(p.numel() * p.element_size() for p in params)
 
 
 @dataclass(frozen=True)
