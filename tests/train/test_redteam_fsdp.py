@@ -24,3 +24,20 @@ def test_a_meta_built_lora_counts_nothing_resident_on_the_gpu():
     assert any(p.is_meta for p in model.parameters()) and any(not p.is_meta for p in model.parameters())
     assert ShardedModel.of(model, 2, True).resident == 0
     assert state_bytes(model, fsdp, True) == distributed.whole_model_bytes(model, 2, True)
+
+
+def test_adapters_on_host_leaves_other_moves_as_to_makes_them():
+    """`lora.AdaptersOnHost` keeps a move onto the meta device on the host (the dtype cast alone); every other
+    `Tensor.to` call, `copy=True` among them, does what it does outside the mode."""
+    from hybridtune.train.lora import AdaptersOnHost
+
+    t = torch.randn(3)
+    with AdaptersOnHost():
+        to_cpu = t.to("cpu", copy=True)
+        to_meta = t.to("meta", copy=True)
+        cast = t.to(torch.device("meta"), torch.bfloat16, non_blocking=True)
+        kept = t.to("meta")
+    assert to_cpu is not t and torch.equal(to_cpu, t)
+    assert to_meta is not t and to_meta.device.type == "cpu" and torch.equal(to_meta, t)
+    assert cast.device.type == "cpu" and cast.dtype == torch.bfloat16 and torch.equal(cast, t.bfloat16())
+    assert kept.device.type == "cpu" and torch.equal(kept, t)

@@ -194,9 +194,15 @@ class AdaptersOnHost(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.Tensor.to and isinstance(args[0], torch.Tensor) and not args[0].is_meta:
-            device, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+            # (`_parse_to` reads no `copy`; a call it cannot read is left to `to` itself, as outside this mode.)
+            try:
+                device, dtype, _, _ = torch._C._nn._parse_to(
+                    *args[1:], **{k: v for k, v in kwargs.items() if k != "copy"}
+                )
+            except (TypeError, RuntimeError):
+                return func(*args, **kwargs)
             if device is not None and device.type == "meta":
-                return args[0] if dtype is None else func(args[0], dtype)
+                return func(args[0], dtype or args[0].dtype, copy=bool(kwargs.get("copy", False)))
         return func(*args, **kwargs)
 
 
