@@ -29,8 +29,10 @@ from hybridtune.data.packing import Example
 from hybridtune.models.anatomy import decoder_layers
 from hybridtune.models.loading import load_model
 from hybridtune.train import distributed
+sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]).parent)]  # this file, tests/checkpoints.py
+from test_distributed_meta import mismatches
 
-OUT, SOURCES = pathlib.Path(sys.argv[1]), sys.argv[2:]
+OUT, SOURCES = pathlib.Path(sys.argv[1]), sys.argv[3:]
 logging.basicConfig(level=logging.INFO)
 d = distributed.init("fsdp", "full", "cpu")
 CPU = torch.device("cpu")
@@ -43,11 +45,7 @@ def compare(source, units):
     records = distributed.load_sharded(loaded, engine, d, CPU)
     want = dict(plain.named_parameters())
     got = {n.removeprefix("model."): p for n, p in engine.named_parameters()}
-    bad = [
-        n for n in want
-        if n not in got or got[n].dtype != want[n].dtype or got[n].requires_grad != want[n].requires_grad
-        or not torch.equal(got[n].full_tensor(), want[n])
-    ]
+    bad = mismatches(want, got)
     buffers = [n for n, b in plain.named_buffers() if not torch.equal(b, loaded.model.get_buffer(n))]
     return {"bad": bad, "missing": sorted(set(want) ^ set(got)), "buffers": buffers, "records": records,
             "sharded": all(hasattr(p, "device_mesh") for p in engine.parameters())}
@@ -144,12 +142,28 @@ def ranks(tmp_path_factory) -> list[dict]:
     sources = ["tiny-qwen3_5", "tiny-qwen3_next"]
     sources += [str(make_checkpoint(out, k, torch.float32)) for k in ("qwen3_5_text", "qwen3_5_vl", "qwen3_next")]
     sources.append(str(make_checkpoint(out, "qwen3_5_moe_vl", torch.bfloat16)))  # bf16 files, fp32 masters
+    return launch_ranks(out, RANKS, [str(out), os.path.dirname(os.path.abspath(__file__)), *sources])
+
+
+def mismatches(want: dict, got: dict) -> list[str]:
+    """The parameters of a plain load (`want`) that the sharded one (`got`, DTensors) lacks or holds otherwise:
+    another dtype, another requires_grad, or other values once gathered."""
+    return [
+        n for n in want
+        if n not in got or got[n].dtype != want[n].dtype or got[n].requires_grad != want[n].requires_grad
+        or not torch.equal(got[n].full_tensor(), want[n])
+    ]  # fmt: skip
+
+
+def launch_ranks(out, script_text: str, args: list[str]) -> list[dict]:
+    """Run `script_text` as a 2-process torchrun (gloo) in `out` with `args`; each rank's `out/rank{k}.json`. The
+    meta build must have logged the sharded load (rank 0 logs every rank's figures)."""
     script = out / "ranks.py"
-    script.write_text(RANKS)
+    script.write_text(script_text)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
-    r = subprocess.run([*cmd, str(out), *sources], env=ENV, capture_output=True, text=True, timeout=500)
+    r = subprocess.run([*cmd, *args], env=ENV, capture_output=True, text=True, timeout=500)
     assert r.returncode == 0, r.stderr[-4000:]
-    assert "sharded load: rank 1 holds" in r.stderr, r.stderr[-2000:]  # rank 0 logs every rank's figures
+    assert "sharded load: rank 1 holds" in r.stderr, r.stderr[-2000:]
     return [json.loads((out / f"rank{k}.json").read_text()) for k in (0, 1)]
 
 

@@ -7,13 +7,11 @@ test_distributed.py's loss curves."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from test_distributed_meta import launch_ranks
 
 from checkpoints import KINDS, MOE_KINDS, make_checkpoint
 from hybridtune.config import load_config
@@ -113,12 +111,12 @@ def test_strip_base_layer():
 
 # -- FSDP2 over 2 processes (torchrun, gloo, CPU) ------------------------------------------------------------------
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 RANKS = """
 import json, logging, pathlib, sys, torch
 sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]).parent)]  # this file, tests/checkpoints.py
 from test_lora_meta import build, lora_cfg
+from test_distributed_meta import mismatches
 from hybridtune.train import distributed
 from hybridtune.train.distributed import ONE
 
@@ -136,11 +134,7 @@ def compare(source):
     records = distributed.load_sharded(built.loaded, engine, d, CPU)
     want = dict(plain.named_parameters())
     got = {n.removeprefix("model."): p for n, p in engine.named_parameters()}
-    bad = [
-        n for n in want
-        if n not in got or got[n].dtype != want[n].dtype or got[n].requires_grad != want[n].requires_grad
-        or not torch.equal(got[n].full_tensor(), want[n])
-    ]
+    bad = mismatches(want, got)
     base = [p for p in engine.parameters() if not p.requires_grad]
     return {
         "bad": bad, "missing": sorted(set(want) ^ set(got)), "records": records,
@@ -161,14 +155,8 @@ def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("lora_meta_ranks")
     sources = ["tiny-qwen3_5", "tiny-qwen3_next"]
     sources += [str(make_checkpoint(out, k, torch.bfloat16)) for k in ("qwen3_5_vl", "qwen3_next")]
-    script = out / "ranks.py"
-    script.write_text(RANKS)
     here = os.path.dirname(os.path.abspath(__file__))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
-    r = subprocess.run([*cmd, str(out), here, *sources], env=ENV, capture_output=True, text=True, timeout=500)
-    assert r.returncode == 0, r.stderr[-4000:]
-    assert "sharded load: rank 1 holds" in r.stderr, r.stderr[-2000:]  # rank 0 logs every rank's figures
-    return [json.loads((out / f"rank{k}.json").read_text()) for k in (0, 1)]
+    return launch_ranks(out, RANKS, [str(out), here, *sources])
 
 
 @pytest.mark.slow  # torchrun
