@@ -56,6 +56,7 @@ import torch
 from hybridtune.errors import ConfigError, UserError
 from hybridtune.models.anatomy import decoder_layers
 from hybridtune.models.loading import materialize
+from hybridtune.train.memory import fsdp_param_bytes
 from hybridtune.train.step import forward_loss, model_inputs
 
 logger = logging.getLogger(__name__)
@@ -270,13 +271,8 @@ def whole_model_bytes(model: torch.nn.Module, world: int, bf16: bool = True) -> 
     parameters, their gradients and AdamW's two moments (frozen parameters: the shard alone); the whole model
     gathered (in bf16 under mixed precision, else in its own dtype); over an optimizer step's window the whole
     fp32 gradient, and during a backward the gathered-dtype one. Tied parameters count once."""
-    sharded = gathered = 0
-    for p in model.parameters():
-        n, size = p.numel(), p.element_size()
-        compute = 2 if bf16 else size
-        sharded += n * size * (4 if p.requires_grad else 1)
-        gathered += n * (compute + (4 + compute if p.requires_grad else 0))
-    return sharded // world + gathered
+    each = [fsdp_param_bytes(p, bf16) for p in model.parameters()]
+    return sum(e[0] for e in each) // world + sum(e[1] + e[2] for e in each)
 
 
 def whole_model_share(model: torch.nn.Module, d: Dist, device: torch.device, bf16: bool) -> float | None:

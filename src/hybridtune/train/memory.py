@@ -151,6 +151,16 @@ def decide_checkpointing(est: Estimate, available: int, tokens: int) -> Decision
     )
 
 
+def fsdp_param_bytes(p, bf16: bool) -> tuple[int, int, int]:
+    """One parameter under FSDP2 (mixed precision as in train/distributed.py): (its bytes over all shards: the
+    parameter, and for a trainable one its gradient and AdamW's two moments; gathered, in the compute dtype; its
+    unsharded gradient, counted in the compute dtype and as the reduce-scatter's input, fp32 under bf16)."""
+    n, size = p.numel(), p.element_size()
+    compute = 2 if bf16 else size
+    grad = n * (compute + (4 if bf16 else size)) if p.requires_grad else 0
+    return n * size * (4 if p.requires_grad else 1), n * compute, grad
+
+
 @dataclass(frozen=True)
 class ShardedModel:
     """A model's bytes per GPU under FSDP2 with its decoder layers as units (mixed precision as in
@@ -167,19 +177,14 @@ class ShardedModel:
         and as the reduce-scatter's input (fp32 under bf16)."""
 
         def gathered(params) -> tuple[int, int]:
-            full = grad = 0
-            for p in params:
-                compute = 2 if bf16 else p.element_size()
-                full += p.numel() * compute
-                grad += p.numel() * (compute + (4 if bf16 else p.element_size())) if p.requires_grad else 0
-            return full, grad
+            each = [fsdp_param_bytes(p, bf16) for p in params]
+            return sum(e[1] for e in each), sum(e[2] for e in each)
 
         params = list(model.parameters())
         layers = [list(layer.parameters()) for layer in decoder_layers(model)]
         in_layers = {id(p) for ps in layers for p in ps}
-        shards = sum(p.numel() * p.element_size() * (4 if p.requires_grad else 1) for p in params)
         return cls(
-            shards=shards // world,
+            shards=sum(fsdp_param_bytes(p, bf16)[0] for p in params) // world,
             root=sum(gathered([p for p in params if id(p) not in in_layers])),
             layers=tuple(gathered(ps) for ps in layers),
             resident=resident_bytes(params),
