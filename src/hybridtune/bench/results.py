@@ -213,6 +213,17 @@ def _label(r: dict) -> str:
     return r.get("label") or r["mode"]
 
 
+def _tokens_cell(r: dict) -> str:
+    """tokens/s, or why the row has none."""
+    return _n(r["tokens_per_s"], ",.0f") if r["tokens_per_s"] is not None else r["status"]
+
+
+def _loss_span(r: dict) -> str:
+    """A train row's `loss step 1 -> last (step N)`, or nothing where it has not both."""
+    last = r.get("loss_last")
+    return f"{r['loss_step1']:.3f} -> {last[1]:.3f} (step {last[0]})" if last and r.get("loss_step1") else ""
+
+
 def _shape(r: dict) -> str:
     """qwen3_5-2b -> 2B, qwen3_5-35b-a3b@layers=8 -> 35B-A3B@layers=8; other presets as they are."""
     name, at, cut = r["shape"].partition("@")
@@ -233,7 +244,7 @@ def _bench_table(rows: dict[int, dict], entries: list, baseline_of: dict[int, in
             ratio = f"{r['tokens_per_s'] / rows[base]['tokens_per_s']:.2f}x"
             if base != rid and rows[base].get("run") != r.get("run"):
                 ratio += f" (row {base})"
-        tps = _n(r["tokens_per_s"], ",.0f") if r["tokens_per_s"] is not None else r["status"]
+        tps = _tokens_cell(r)
         loss = " / ".join(x for x in (_n(r["loss_step1"], ".5f"), _n(r["loss_last10"], ".5f")) if x)
         out.append(
             f"| {_shape(r)} | {r['seq_len']:,} | {_label(r)} | {tps} | {ratio} | {_n(r.get('step_ms'), '.0f')} "
@@ -264,9 +275,8 @@ def _train_table(rows: dict[int, dict], entries: list) -> list[str]:
         rates = [w[2] for w in windows if w[0] > 5]
         rates = rates if len(rates) > 1 else [w[2] for w in windows if w[0] > 1]
         span = f"{min(rates):,.0f}-{max(rates):,.0f}" if rates else ""
-        tps = _n(r["tokens_per_s"], ",.0f") if r["tokens_per_s"] is not None else r["status"]
-        last = r.get("loss_last")
-        loss = f"{r['loss_step1']:.3f} -> {last[1]:.3f} (step {last[0]})" if last and r.get("loss_step1") else ""
+        tps = _tokens_cell(r)
+        loss = _loss_span(r)
         out.append(
             f"| {_shape(r)} | {r['seq_len']:,} | {_label(r)} | {tps} | {span} | {_n(r['peak_gib'], '.2f')} "
             f"| {_n(r['first_step_s'], '.0f', ' s')} | {loss} | {rid} |"
@@ -287,8 +297,7 @@ def _scaling_table(rows: dict[int, dict], entries: list) -> list[str]:
         scale = ""
         if one:
             scale = f"{r['tokens_per_s'] / (r['gpus'] * rows[one]['tokens_per_s']):.2f} (row {one})"
-        last = r.get("loss_last")
-        loss = f"{r['loss_step1']:.3f} -> {last[1]:.3f} (step {last[0]})" if last and r["loss_step1"] else ""
+        loss = _loss_span(r)
         out.append(
             f"| {r['adapter']} | {r['gpus']} | {ENGINES.get(r.get('engine'), '-')} | {r['tokens_per_s']:,.0f} "
             f"| {r['tokens_per_s'] / r['gpus']:,.0f} | {r['peak_gib']:.1f} | {scale} | {loss} | {rid} |"

@@ -3,6 +3,7 @@ fills it after sharding) the adapter drawn on the host as on a plain base, and k
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 
@@ -89,10 +90,8 @@ def apply_lora(
         bias="none",
     )
     try:
-        if any(p.is_meta for p in model.parameters()):
-            with AdaptersOnHost():
-                peft_model = get_peft_model(model, cfg)
-        else:
+        meta = any(p.is_meta for p in model.parameters())
+        with AdaptersOnHost() if meta else contextlib.nullcontext():
             peft_model = get_peft_model(model, cfg)
     except ValueError as e:
         if "lora_dropout" not in str(e):
