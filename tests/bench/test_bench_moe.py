@@ -113,3 +113,30 @@ def test_expert_gemm_rate_from_a_profile():
         "modes": {"ht-loop": {"error": "x", "experts": "4 layer(s): hybridtune_grouped", "expert_gemms": g}},
     }
     assert "grouped-GEMM kernels 3.0 ms/step" in markdown(doc)
+
+
+def test_profiled_moe_run_keeps_stepping(monkeypatch):
+    """A profiled MoE run with expert LoRA goes on stepping after the profile (the host-sync step): on the H200 the
+    35B-A3B hf-eager row was lost to `clip_grad_norm_` receiving the expert parameters' names. The CUDA-only
+    pieces are stood in for; the step, the model and the expert-GEMM count are the real ones, on the CPU."""
+    kernels = [["void cutlass::grouped_gemm_kernel", 2.0, 3]]
+
+    def fake_profile(run, steps, device):
+        for i in range(steps):
+            run(i)
+        return {"kernels_ms_per_step": kernels}
+
+    def fake_syncs(run_step):
+        run_step()
+        return {"count": 0, "by_line": {}}
+
+    monkeypatch.setattr(worker, "can_profile", lambda device: True)
+    monkeypatch.setattr(worker, "profile_run", fake_profile)
+    monkeypatch.setattr(worker, "find_syncs", fake_syncs)
+    spec = {"kind": "mode", "mode": "hf-eager", "preset": "tiny-qwen3_5_moe@layers=2", "seq_len": 64, "layouts": 2}
+    spec |= {"seed": 0, "warmup": 1, "steps": 1, "adapter": "lora", "lora_r": 4, "lora_targets": ["q_proj"]}
+    spec |= {"lora_parameters": ["gate_up_proj", "down_proj"], "lr": 1e-4, "profile": True}
+    result = worker.run_mode(spec)
+    assert result["host_syncs"] == {"count": 0, "by_line": {}}
+    assert result["expert_gemms"]["kernel_ms_per_step"] == 2.0 and result["expert_gemms"]["tflops_per_s"] > 0
+    assert len(result["losses"]) == 2

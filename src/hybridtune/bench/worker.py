@@ -210,15 +210,27 @@ def run_mode(spec: dict) -> dict:
     else:
         result["peak_rss_gib"] = memory_gib(device)
     _flops(spec, mode, cfg, batches, timed, result)
-    if spec.get("profile") and device.type == "cuda":
-        result["profile"] = profile_run(lambda i: step(batches[i % len(batches)]), 3, device)
-        if getattr(cfg, "num_experts", 0):
-            rows = statistics.fmean(batches[i % len(batches)]["input_ids"].numel() for i in range(3))
-            params = result.get("lora_parameters", [])
-            lora = (spec["lora_r"], params) if spec["adapter"] == "lora" else (0, [])
-            result["expert_gemms"] = expert_gemm_rate(result["profile"], cfg, spec["adapter"], *lora, mode.gc, rows)
-        result["host_syncs"] = find_syncs(lambda: step(batches[0]))
+    if spec.get("profile") and can_profile(device):
+        _profile(spec, mode, cfg, batches, step, device, result)
     return result
+
+
+def can_profile(device: torch.device) -> bool:
+    """The profile reads CUDA kernels and CUDA's sync debugging: a GPU run only."""
+    return device.type == "cuda"
+
+
+def _profile(spec: dict, mode, cfg, batches: list[dict], step, device: torch.device, result: dict) -> None:
+    """Three profiled steps (kernel time by group), the expert GEMMs' rate on an MoE shape, and one step's host
+    syncs. Its own function so nothing here can rebind what the step closes over (an MoE run once handed
+    `clip_grad_norm_` the expert parameters' names this way)."""
+    result["profile"] = profile_run(lambda i: step(batches[i % len(batches)]), 3, device)
+    if getattr(cfg, "num_experts", 0):
+        rows = statistics.fmean(batches[i % len(batches)]["input_ids"].numel() for i in range(3))
+        names = result.get("lora_parameters", [])
+        lora = (spec["lora_r"], names) if spec["adapter"] == "lora" else (0, [])
+        result["expert_gemms"] = expert_gemm_rate(result["profile"], cfg, spec["adapter"], *lora, mode.gc, rows)
+    result["host_syncs"] = find_syncs(lambda: step(batches[0]))
 
 
 GROUPED_KERNEL_KEYS = ("grouped", "groupproblemshape", "group_gemm")  # torch's grouped GEMMs (CUTLASS, Triton)
