@@ -5,7 +5,7 @@
 #   lane_cpus I N (a taskset prefix giving lane I of N its share of the cores; CPUS_<I>="0-10" overrides),
 #   save_cache (the Triton + inductor caches into $OUT/cache.tar.gz.part-*, at most 4 x 15 MB, for the next call),
 #   finish (the work folder and the results table into $OUT when it is set).
-# HYBRIDTUNE_GIT_COMMIT=<sha> names the code where the machine's copy of .git is stale or absent.
+# HYBRIDTUNE_GIT_COMMIT=<the 40-digit sha: the results table takes no short one> names the code where the machine's copy of .git is stale or absent.
 set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/icache}
