@@ -181,19 +181,38 @@ def test_regions_undo_and_eager_calls():
     _close(_step(model, batch), want, "cpu")
 
 
+def _inductor_cpu_regional(monkeypatch=None, options=None):
+    from hybridtune.compiler import loop
+
+    if monkeypatch is not None:
+        monkeypatch.setattr(loop, "REGIONAL_INDUCTOR_OPTIONS", options)
+    torch._dynamo.reset()
+    model = _model("cpu", lora=True, ckpt=False, depth=4)  # 3 GDN layers, stamped out from one region
+    batch = _batch(LAYOUTS[0], "cpu", 0)
+    want = _step(model, batch)
+    loop.compile_loop(model, regional=True)
+    _close(_step(model, batch), want, "cpu")
+
+
+@pytest.mark.slow
+def test_regional_inductor_cpu_gradients():
+    """Inductor (CPU code) compiles the regional loop to the eager loss and every gradient, with the settings
+    compile_loop gives it (REGIONAL_INDUCTOR_OPTIONS: buffer reuse off)."""
+    from torch._inductor import config
+
+    with config.patch(force_disable_caches=True):  # a cached graph from another setting must not answer
+        _inductor_cpu_regional()
+
+
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="inductor on the CPU (torch 2.13): the regional loop's gradients of every GDN layer but the last are "
-    "wrong (the loss is right; aot_eager gives the eager gradients); regions stay opt-in. An XPASS here says a torch "
-    "update fixed it: check CUDA and make regional the default",
+    reason="torch's inductor with buffer reuse on (torch 2.11-2.13): the reused region's backward overwrites a "
+    "buffer later invocations read, so every GDN layer's gradient but the last is wrong (the loss is right). XPASS: "
+    "a torch update fixed it; REGIONAL_INDUCTOR_OPTIONS can go (check CUDA)",
 )
-def test_regional_inductor_cpu_gradients():
-    from hybridtune.compiler.loop import compile_loop
+def test_regional_inductor_buffer_reuse_still_miscompiles(monkeypatch):
+    from torch._inductor import config
 
-    torch._dynamo.reset()
-    model = _model("cpu", lora=True, ckpt=False, depth=4)  # 3 GDN layers: the first two come out wrong
-    batch = _batch(LAYOUTS[0], "cpu", 0)
-    want = _step(model, batch)
-    compile_loop(model, regional=True)
-    _close(_step(model, batch), want, "cpu")
+    with config.patch(force_disable_caches=True):
+        _inductor_cpu_regional(monkeypatch, {})

@@ -162,6 +162,24 @@ def _mark_chunks_dynamic(kwargs) -> None:
         torch._dynamo.maybe_mark_dynamic(kwargs[_CHUNKS_KWARG], 0)
 
 
+# Inductor settings the regional loop needs: with buffer reuse on, inductor (torch 2.11-2.13) lets a reused region's
+# backward write into a buffer a later invocation still reads, so every stamped-out GDN layer but the last gets wrong
+# gradients (the loss is right; the first backward call, the last layer, is right). Off, the freed buffers go back
+# to the caching allocator (or the CUDA-graph pool) instead of being overwritten in place: the same memory, a few
+# more allocator calls. tests/compiler/test_loop_regions.py shows both (a strict xfail says when torch fixes it).
+REGIONAL_INDUCTOR_OPTIONS = {"allow_buffer_reuse": False}
+
+
+def inductor_settings(backend: Any, mode: str | None, regional: bool) -> dict:
+    """torch.compile's `mode` / `options` for the loop: `mode` as given, except that a regional loop compiled by
+    inductor gets REGIONAL_INDUCTOR_OPTIONS on top of the mode's own options (torch.compile takes one or the other)."""
+    if not (regional and backend == "inductor" and REGIONAL_INDUCTOR_OPTIONS):
+        return {"mode": mode}
+    from torch._inductor import list_mode_options
+
+    return {"options": {**list_mode_options(mode or "default"), **REGIONAL_INDUCTOR_OPTIONS}}
+
+
 def compile_loop(
     model: torch.nn.Module,
     *,
@@ -185,9 +203,9 @@ def compile_loop(
 
     `regional=True` traces and compiles each distinct decoder layer once and stamps it out for the identical
     layers (`hybridtune.compiler.regions`); False (the default) inlines every layer into the one graph. Under
-    dynamo's eager and AOT autograd's aot_eager backends both give the eager result; under inductor on the CPU
-    the regional loop has given wrong gradients for the GDN layers but the last (an open inductor question), so
-    regions stay opt-in until the CUDA inductor tests (tests/compiler/test_loop_regions.py -m cuda) pass.
+    dynamo's eager and AOT autograd's aot_eager backends both give the eager result; under inductor the
+    regional loop compiles with inductor's buffer reuse off (REGIONAL_INDUCTOR_OPTIONS: with it on, torch's
+    inductor gives the stamped-out GDN layers wrong gradients).
     Either way the layers return their routers' logits when the model asks for them (`output_router_logits`),
     so an MoE model's router loss stays in the one graph.
     """
@@ -203,11 +221,12 @@ def compile_loop(
         # CUDA graphs: FLA's identity cache would keep pool tensors alive across replays (see fla_adapter).
         if fla_adapter.disable_tensor_cache():
             logger.info("compile strategy 'loop' with CUDA graphs: FLA's tensor cache switched off")
-    compiled = torch.compile(fn, fullgraph=fullgraph, backend=backend, mode=mode)
-    upstream = text.forward
     # dynamo's "eager" backend compiles nothing a region could reuse, and runs each region eagerly once more on
     # uninitialised inputs to learn its outputs (ops that check their index inputs then fail): no regions there.
-    regs = regions.install(text, regional=regional and backend != "eager")
+    regional = regional and backend != "eager"
+    compiled = torch.compile(fn, fullgraph=fullgraph, backend=backend, **inductor_settings(backend, mode, regional))
+    upstream = text.forward
+    regs = regions.install(text, regional=regional)
     handle = LoopHandle(text_model=text, compiled=compiled, patch_report=report, regions=regs)
     recordable = regs is not None and regs.recordable
     keep_ints = _uses_flash(text)
