@@ -73,7 +73,8 @@ def _run(out, data, **kw):
 def test_cuda_graphs_wiring(tmp_path, small_data, monkeypatch, fake_compile, caches, caplog, warn_limit):
     plain_t, plain = _run(tmp_path / "plain", small_data)
     assert plain_t.choices.cuda_graphs.value is False and "CUDA graphs need a GPU" in plain_t.choices.cuda_graphs.reason
-    assert fake_compile[-1]["opts"] == {"static_shapes": True} and fake_compile[-1]["conv"] == "traced"
+    assert fake_compile[-1]["opts"] == {"static_shapes": True, "regional": False}
+    assert fake_compile[-1]["conv"] == "traced"
 
     real = choices.choose_cuda_graphs  # the real decision, as on a GPU
     monkeypatch.setattr(
@@ -85,7 +86,11 @@ def test_cuda_graphs_wiring(tmp_path, small_data, monkeypatch, fake_compile, cac
     with caplog.at_level(logging.INFO, logger="hybridtune"):
         t, got = _run(tmp_path / "cg", small_data)
     keys = len(choices.cuda_graph_keys(t.collate.layout, t.facts.packs))
-    assert t.cuda_graphs and fake_compile[-1]["opts"] == {"static_shapes": True, "mode": "reduce-overhead"}
+    assert t.cuda_graphs and fake_compile[-1]["opts"] == {
+        "static_shapes": True,
+        "regional": False,
+        "mode": "reduce-overhead",
+    }
     assert fake_compile[-1]["conv"] == "op" and conv_in_graph() == "traced"  # op while it ran, put back after
     assert fla == [1] and warn_limit.cudagraph_dynamic_shape_warn_limit == keys
     # One step mark per forward: 4 steps x 2 micro-batches, and every eval pack of every eval.
@@ -98,6 +103,12 @@ def test_cuda_graphs_wiring(tmp_path, small_data, monkeypatch, fake_compile, cac
     assert "choice cuda_graphs: True (auto: the compiled loop over the static layout in one process" in text
     assert f"cuda graphs: an unknown number of recorded (at most {keys} per compiled graph" in text
     assert f"compile caches: inductor {caches / 'inductor'} (cold, empty); triton {caches / 'triton'}" in text
+
+
+def test_compile_regions_reaches_the_loop(tmp_path, small_data, fake_compile):
+    """`compile_regions: true` asks the loop for regions (compile_loop(regional=True)); off by default."""
+    _run(tmp_path / "reg", small_data, compile_regions=True)
+    assert fake_compile[-1]["strategy"] == "loop" and fake_compile[-1]["opts"]["regional"] is True
 
 
 def test_checkpointing_auto_from_the_estimate_is_on_before_the_compile(tmp_path, small_data, monkeypatch, fake_compile):

@@ -325,7 +325,11 @@ def compile_loop(
     setattr(forward, HANDLE_ATTR, handle)
     text.forward = forward
     setattr(model, HANDLE_ATTR, handle)
+    how = "each distinct layer traced once (regions, inductor buffer reuse off)" if regs and regs.regional else ""
     logger.info(
-        "compile strategy 'loop': %s.forward compiled as one graph (fullgraph=%s)", type(text).__name__, fullgraph
+        "compile strategy 'loop': %s.forward compiled as one graph (fullgraph=%s)%s",
+        type(text).__name__,
+        fullgraph,
+        f"; {how}" if how else "",
     )
     return handle
