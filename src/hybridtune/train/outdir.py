@@ -4,8 +4,6 @@ that says what computed its contents."""
 from __future__ import annotations
 
 import fcntl
-import glob
-import itertools
 import json
 import logging
 import os
@@ -16,7 +14,7 @@ from pathlib import Path
 
 import hybridtune
 from hybridtune.config import TrainConfig, to_dict
-from hybridtune.data.sources import sha256_files, visible_files
+from hybridtune.data.sources import data_digest, local_files
 from hybridtune.errors import OutputDirError
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train import integrity
@@ -53,31 +51,15 @@ RESUME_FREE_KEYS = (
 )
 
 
-def _local_files(path: str) -> tuple[list[Path], Path | None]:
-    """The local files a data path reads, as data.sources reads them (the file itself, a directory's files bar hidden
-    ones, a glob's matches; none for bundled data or a dataset id), and the folder their names are taken relative to
-    (None: a single file, whose name does not count)."""
-    p = Path(path).expanduser()
-    if p.is_file():
-        return [p], None
-    if p.is_dir():
-        return visible_files(p), p
-    if glob.has_magic(path):
-        root = Path(*[part for part in itertools.takewhile(lambda x: not glob.has_magic(x), p.parts)] or ["."])
-        return sorted(Path(f) for f in glob.glob(str(p), recursive=True) if Path(f).is_file()), root
-    return [], None
-
-
 def data_fingerprint(cfg: TrainConfig) -> dict[str, str]:
     """sha256 of the local data each source reads (a file; a directory's or a glob's files, with their names under
     it), its test_datasets too, and of a chat_template file: data edited in place is another run's data."""
     out = {}
     for ds in [*cfg.resolved_datasets(), *cfg.test_datasets]:
-        files, root = _local_files(ds.path)
+        files, root = local_files(ds.path)
         if not files:
             continue
-        # A single file: the plain sha256 of its content (as run files have always recorded it).
-        out[ds.path] = sha256_files(files, root) if root is not None else integrity.file_sha256(files[0])
+        out[ds.path] = data_digest(files, root)  # a single file: its plain sha256, as run files have always had
     template = Path(cfg.chat_template).expanduser() if cfg.chat_template else None
     if template is not None and template.is_file():
         out[cfg.chat_template] = integrity.file_sha256(template)

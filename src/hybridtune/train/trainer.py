@@ -39,6 +39,7 @@ from hybridtune.config import TrainConfig, compile_overrides, warmup_warning
 from hybridtune.data import PackedCollator, with_chat_template
 from hybridtune.data.build import PreparedData, prepare
 from hybridtune.data.packing import Example
+from hybridtune.data.sources import one_read
 from hybridtune.errors import TrainingDiverged
 from hybridtune.kernels.environment import use_compile_caches
 from hybridtune.kernels.provision import provision_kernels
@@ -103,8 +104,9 @@ class Trainer:
             raise
 
     def _setup(self) -> None:
-        self._setup_output_dir()
-        self._setup_data()  # before the model: bad input fails in a second, not after a model load
+        with one_read():  # the run record and the tokenisation cache key digest the same data: read it once
+            self._setup_output_dir()
+            self._setup_data()  # before the model: bad input fails in a second, not after a model load
         self._setup_kernels()  # before anything imports the modeling module, where transformers picks its path
         self._setup_model()
         self._setup_choices()
