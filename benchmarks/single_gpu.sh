@@ -18,6 +18,8 @@
 # STARTUP (default 400) is each bench's --startup_timeout unless the lane names its own. NO_RESULTS=1: no rows (add
 # them here later: python -m hybridtune.bench.results add-train DIR NAME --provenance DIR/provenance.json ...);
 # NOTE="..." is the note of every train row (say so when lanes share one GPU: such figures are not of record).
+# LANE_CACHES=1: each lane its own empty compile and self-test caches, so that lanes side by side each start cold
+# (a regional against an inlined first step, say).
 # With OUT set (a lent machine): the work folder, logs and bench.json files come back in $OUT/work.tar.gz and the
 # table in $OUT/results.jsonl (take its new rows, or add a bench.json here: python -m hybridtune.bench.results
 # add-bench FILE); SAVE_CACHE=1 also returns the compile caches for the next call's .cache/.
@@ -32,6 +34,11 @@
 #     "bench --base_model qwen3_5-9b --modes ht-loop:cg=on,hf-eager --layouts 4 --warmup 8 --steps 12 --startup_timeout 450"
 #   16k-token packs:                    "bench --modes hf-eager,ht-loop --sequence_len 16384 --steps 8 --warmup 2"
 #   CUDA tests beside a bench:          "bench ... then tests tests/compiler/test_loop.py -k static"
+#   cold first step, regional vs inlined (LANE_CACHES=1 LANES_ON_ONE_GPU=1, two lanes):
+#     "bench --modes ht-loop:cg=on,regions=on --steps 8" "bench --modes ht-loop:cg=on --steps 8"
+#   MoE, all 40 layers, regional (its inlined compile had no first step within ~280 s):
+#     "bench --base_model qwen3_5-35b-a3b --modes hf-eager,ht-loop:cg=on,regions=on --lora_target_parameters
+#      gate_up_proj,down_proj --warmup 3 --steps 10 --profile"
 #   HYBRIDTUNE_GIT_COMMIT=<sha> T0=545 bash benchmarks/single_gpu.sh "bench --modes hf-eager,ht-loop:cg=on"
 [ $# -ge 1 ] || { sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 2; }
 source "$(dirname "$0")/env.sh"
@@ -43,14 +50,17 @@ job() {  # job LANE GPU N KIND ARGS...: the lane's Nth job
   local left=$((T0 - SECONDS - 10)) cpus
   cpus=$(lane_cpus "$lane" "$N")
   if [ "$left" -le 30 ]; then echo "lane $lane: skipped '$kind $*' (${left}s left)" | tee -a "$R/skipped.txt"; return 0; fi
-  local name="lane$lane-$n-$kind"
+  local name="lane$lane-$n-$kind" caches=()
+  # LANE_CACHES=1: the lane's own Triton, inductor and hybridtune caches (empty at first: each lane's first job cold)
+  [ "${LANE_CACHES:-0}" = 1 ] && caches=(TRITON_CACHE_DIR="/tmp/tcache-$lane" TORCHINDUCTOR_CACHE_DIR="/tmp/icache-$lane"
+    HYBRIDTUNE_CACHE_DIR="/tmp/htcache-$lane")
   case $kind in
     bench)
       local res=(--results "$RESULTS"); [ "${NO_RESULTS:-0}" = 1 ] && res=()
-      CUDA_VISIBLE_DEVICES=$gpu timeout "$left" $cpus $HT bench --startup_timeout "${STARTUP:-400}" "$@" \
+      env "${caches[@]}" CUDA_VISIBLE_DEVICES=$gpu timeout "$left" $cpus $HT bench --startup_timeout "${STARTUP:-400}" "$@" \
         --output_dir "$R/$name" "${res[@]}" > "$R/$name.log" 2>&1 ;;
     tests)
-      CUDA_VISIBLE_DEVICES=$gpu HYBRIDTUNE_FLA_GRANT_FOR_TESTS=${GRANT:-0} timeout -s INT -k 20 "$left" $cpus \
+      env "${caches[@]}" CUDA_VISIBLE_DEVICES=$gpu HYBRIDTUNE_FLA_GRANT_FOR_TESTS=${GRANT:-0} timeout -s INT -k 20 "$left" $cpus \
         ${PY:-python3} -m pytest -p no:cacheprovider -m cuda -v -rfEs --tb=short --durations=0 "$@" > "$R/$name.log" 2>&1 ;;
     train)
       local run=$1 arg base=qwen3_5-2b seq=4096 mbs=1 acc=1 prev=""; shift
@@ -60,7 +70,7 @@ job() {  # job LANE GPU N KIND ARGS...: the lane's Nth job
         prev=$arg
       done
       [ -f "$R/long.jsonl" ] || ${PY:-python3} benchmarks/make_long_text.py "$R/long.jsonl" --docs "${DOCS:-400}" > /dev/null
-      CUDA_VISIBLE_DEVICES=$gpu timeout "$left" $cpus $HT train --dataset "$R/long.jsonl" --dataset_type text \
+      env "${caches[@]}" CUDA_VISIBLE_DEVICES=$gpu timeout "$left" $cpus $HT train --dataset "$R/long.jsonl" --dataset_type text \
         --val_set_size 0 --eval_steps 0 --save_total_limit 1 --overwrite --output_dir "/tmp/out-$run" "$@" \
         > "$R/$run.log" 2>&1
       echo "rc $? at ${SECONDS}s" >> "$R/$run.log"
@@ -69,7 +79,7 @@ job() {  # job LANE GPU N KIND ARGS...: the lane's Nth job
         --command "hybridtune train $*" --shape "$base" --seq-len "$seq" --packs $((mbs * acc)) ${NOTE:+--note "$NOTE"} 2>&1 | tee -a "$R/$run.log"
       return 0 ;;
     train-smoke)
-      CUDA_VISIBLE_DEVICES=$gpu timeout "$left" $cpus $HT train --max_steps 30 --eval_steps 0 --logging_steps 10 \
+      env "${caches[@]}" CUDA_VISIBLE_DEVICES=$gpu timeout "$left" $cpus $HT train --max_steps 30 --eval_steps 0 --logging_steps 10 \
         --output_dir "/tmp/train-smoke-$lane" "$@" > "$R/$name.log" 2>&1 ;;
     *) echo "lane $lane: unknown job '$kind' (bench, tests or train-smoke)" | tee -a "$R/skipped.txt"; return 0 ;;
   esac
