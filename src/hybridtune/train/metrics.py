@@ -84,11 +84,14 @@ class StepFlops:
             "lora_targets": lora_targets,
             "lora_parameters": params,
         }
+        # The modules that can checkpoint (transformers' switch sets the flag only where the class has one), found
+        # once: each step then reads their flags, not the whole module tree.
+        self.switches = [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
         self([1])  # a model the count does not know fails here, once, not at every step
 
     def __call__(self, doc_lens) -> tuple[float, float]:
         """(model FLOPs, hardware FLOPs) of a step over these documents."""
-        ckpt = any(getattr(m, "gradient_checkpointing", False) is True for m in self.model.modules())
+        ckpt = any(m.gradient_checkpointing is True for m in self.switches)
         f = step_flops(self.config, list(doc_lens), gradient_checkpointing=ckpt, **self.kw)
         return f.model, f.hardware
 
