@@ -111,6 +111,15 @@ def test_compile_regions_reaches_the_loop(tmp_path, small_data, fake_compile):
     assert fake_compile[-1]["strategy"] == "loop" and fake_compile[-1]["opts"]["regional"] is True
 
 
+def test_compile_regions_without_the_loop_says_it_does_nothing(tmp_path, small_data, fake_compile, caplog):
+    cfg = make_cfg(tmp_path / "off", small_data, max_steps=1, compile="off", compile_regions=True)
+    t = Trainer(cfg)
+    with caplog.at_level(logging.WARNING, logger="hybridtune"):
+        t.setup()
+    t.close()
+    assert "compile_regions: no effect under compile strategy 'off'" in caplog.text and not fake_compile
+
+
 def test_checkpointing_auto_from_the_estimate_is_on_before_the_compile(tmp_path, small_data, monkeypatch, fake_compile):
     real = trainer_mod.measure
 

@@ -1,5 +1,5 @@
 """A run's start-up reads its data files once for their digests: the run record (`outdir.data_fingerprint`) and
-the tokenisation cache key (`Source.fingerprint`) are the same digest, kept while `sources.one_read()` is open
+the tokenisation cache key (`Source.fingerprint`) are the same digest, kept while `digests.one_read()` is open
 (the trainer's output-dir and data stages); outside it nothing is kept, so an edit is never missed by a later run."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from test_resume import make_cfg
 
 from hybridtune.config import DatasetConfig, load_config
-from hybridtune.data import sources
+from hybridtune.data import digests, sources
 from hybridtune.train import outdir
 from hybridtune.train.trainer import Trainer
 
@@ -65,16 +65,16 @@ def test_run_record_and_cache_key_share_one_digest(tmp_path):
 
 def test_one_read_reads_each_file_once_and_keeps_nothing_after(tmp_path, digest_reads):
     paths = _layouts(tmp_path)
-    with sources.one_read():
-        first = [sources.data_digest(*sources.local_files(p)) for p in paths]
-        again = [sources.data_digest(*sources.local_files(p)) for p in paths]
+    with digests.one_read():
+        first = [digests.data_digest(*digests.local_files(p)) for p in paths]
+        again = [digests.data_digest(*digests.local_files(p)) for p in paths]
     assert first == again
     assert digest_reads == {"one.jsonl": 1, "a.jsonl": 1, "b.jsonl": 1, "x.jsonl": 1, "y.jsonl": 1}
     _rows(tmp_path / "one.jsonl", 5, tag="x")  # edited in place, the same moment; outside one_read: read again
-    with sources.one_read():
-        edited = sources.data_digest(*sources.local_files(paths[0]))
+    with digests.one_read():
+        edited = digests.data_digest(*digests.local_files(paths[0]))
     assert edited != first[0] and digest_reads["one.jsonl"] == 2
-    assert sources._DIGESTS is None
+    assert digests._DIGESTS is None
 
 
 def test_trainer_start_up_digests_its_data_once(tmp_path, small_data, digest_reads):

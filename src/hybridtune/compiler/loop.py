@@ -223,10 +223,11 @@ def compile_loop(
             logger.info("compile strategy 'loop' with CUDA graphs: FLA's tensor cache switched off")
     # dynamo's "eager" backend compiles nothing a region could reuse, and runs each region eagerly once more on
     # uninitialised inputs to learn its outputs (ops that check their index inputs then fail): no regions there.
-    regional = regional and backend != "eager"
-    compiled = torch.compile(fn, fullgraph=fullgraph, backend=backend, **inductor_settings(backend, mode, regional))
+    regs = regions.install(text, regional=regional and backend != "eager")
+    regional = regs is not None and regs.regional  # (None: a layer's forward is another wrapper's; inlined then)
+    settings = inductor_settings(backend, mode, regional)
+    compiled = torch.compile(fn, fullgraph=fullgraph, backend=backend, **settings)
     upstream = text.forward
-    regs = regions.install(text, regional=regional)
     handle = LoopHandle(text_model=text, compiled=compiled, patch_report=report, regions=regs)
     recordable = regs is not None and regs.recordable
     keep_ints = _uses_flash(text)
@@ -325,7 +326,11 @@ def compile_loop(
     setattr(forward, HANDLE_ATTR, handle)
     text.forward = forward
     setattr(model, HANDLE_ATTR, handle)
-    how = "each distinct layer traced once (regions, inductor buffer reuse off)" if regs and regs.regional else ""
+    how = ""
+    if regional:
+        how = "each distinct layer traced once (regions" + (
+            ", inductor's buffer reuse off)" if "options" in settings else ")"
+        )
     logger.info(
         "compile strategy 'loop': %s.forward compiled as one graph (fullgraph=%s)%s",
         type(text).__name__,

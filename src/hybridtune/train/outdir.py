@@ -14,7 +14,7 @@ from pathlib import Path
 
 import hybridtune
 from hybridtune.config import TrainConfig, to_dict
-from hybridtune.data.sources import data_digest, local_files
+from hybridtune.data.digests import data_digest, local_files
 from hybridtune.errors import OutputDirError
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train import integrity
@@ -48,6 +48,7 @@ RESUME_FREE_KEYS = (
     "distributed",
     "fsdp_units",
     "cuda_graphs",  # replays of the same compiled kernels: the same computation
+    "compile_regions",  # each distinct layer traced once instead of inlined: the same computation
 )
 
 

@@ -38,8 +38,8 @@ from hybridtune.compiler.strategies import compile_model
 from hybridtune.config import TrainConfig, compile_overrides, warmup_warning
 from hybridtune.data import PackedCollator, with_chat_template
 from hybridtune.data.build import PreparedData, prepare
+from hybridtune.data.digests import one_read
 from hybridtune.data.packing import Example
-from hybridtune.data.sources import one_read
 from hybridtune.errors import TrainingDiverged
 from hybridtune.kernels.environment import use_compile_caches
 from hybridtune.kernels.provision import provision_kernels
@@ -192,6 +192,10 @@ class Trainer:
         if self.cfg.gradient_checkpointing == "auto" and self.choices.checkpointing.value:
             enable_checkpointing(self.model)  # the memory estimate said so (choices.choose_checkpointing)
         self.compile_handle = None
+        if self.cfg.compile_regions and self.strategy != "loop":
+            logger.warning(
+                "compile_regions: no effect under compile strategy '%s' (regions are the loop's)", self.strategy
+            )
         if self.strategy == "off":
             return
         opts: dict = {}
