@@ -140,3 +140,26 @@ def test_profiled_moe_run_keeps_stepping(monkeypatch):
     assert result["host_syncs"] == {"count": 0, "by_line": {}}
     assert result["expert_gemms"]["kernel_ms_per_step"] == 2.0 and result["expert_gemms"]["tflops_per_s"] > 0
     assert len(result["losses"]) == 2
+
+
+def test_a_failing_profile_keeps_the_timed_steps(monkeypatch):
+    """The timed steps are measured before the profile: a profile that raises leaves them in the result (with the
+    error beside them, and a line in the report), not an errored mode (10 minutes of an H200 call were lost so)."""
+    from hybridtune.bench import report
+
+    def broken(run, steps, device):
+        raise RuntimeError("CUPTI is not available")
+
+    monkeypatch.setattr(worker, "can_profile", lambda device: True)
+    monkeypatch.setattr(worker, "profile_run", broken)
+    spec = {"kind": "mode", "mode": "hf-eager", "preset": "tiny-qwen3_5_moe@layers=2", "seq_len": 64, "layouts": 2}
+    spec |= {"seed": 0, "warmup": 1, "steps": 1, "adapter": "lora", "lora_r": 4, "lora_targets": ["in_proj_qkv"]}
+    spec |= {"lr": 1e-4, "profile": True}
+    result = worker.run_mode(spec)
+    assert result["tokens_per_s"] > 0 and len(result["losses"]) == 2
+    assert result["profile_error"] == "RuntimeError: CUPTI is not available" and "profile" not in result
+    doc = {"device": "cpu", "git_commit": "0" * 40, "modes": {"hf-eager": result}}
+    doc["settings"] = {"preset": "tiny", "seq_len": 64, "adapter": "lora", "lora_r": 4, "dtype": "fp32"}
+    doc["settings"] |= {"steps": 1, "warmup": 1}
+    text = report.markdown(doc)
+    assert "Profile failed (the timed figures above stand): hf-eager: RuntimeError" in text

@@ -84,6 +84,12 @@ def markdown(doc: dict, title: str | None = None) -> str:
             "graph (one per distinct chunk count) is recorded before the timed steps and every mode's losses "
             "cover the same steps.",
         ]
+    failed = {k: r["profile_error"] for k, r in doc["modes"].items() if r.get("profile_error")}
+    if failed:
+        lines += [
+            "",
+            "Profile failed (the timed figures above stand): " + "; ".join(f"{k}: {e}" for k, e in failed.items()),
+        ]
     moe = {k: r for k, r in doc["modes"].items() if r.get("experts")}
     if moe:
         lines += ["", "Routed experts per mode:"]

@@ -211,7 +211,11 @@ def run_mode(spec: dict) -> dict:
         result["peak_rss_gib"] = memory_gib(device)
     _flops(spec, mode, cfg, batches, timed, result)
     if spec.get("profile") and can_profile(device):
-        _profile(spec, mode, cfg, batches, step, device, result)
+        try:
+            _profile(spec, mode, cfg, batches, step, device, result)
+        except Exception as e:  # the timed steps are measured already: a failing profile must not lose them
+            result["profile_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(f"profile failed (the timed steps are kept): {traceback.format_exc()[-3000:]}", flush=True)
     return result
 
 
