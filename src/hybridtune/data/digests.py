@@ -68,17 +68,18 @@ def sha256_files(files: list[Path], root: Path | None = None) -> str:
     return _kept(("files", str(root) if root else None), files, compute)
 
 
+def file_sha256(path: Path) -> str:
+    """The plain sha256 of one file's content, read now (train/integrity.py checks checkpoints with it)."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 22):
+            h.update(chunk)  # releases the GIL: threads hash files in parallel
+    return h.hexdigest()
+
+
 def content_sha256(path: Path) -> str:
-    """The plain sha256 of one file's content."""
-
-    def compute() -> str:
-        h = hashlib.sha256()
-        with path.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):
-                h.update(block)
-        return h.hexdigest()
-
-    return _kept(("file",), [path], compute)
+    """`file_sha256`, kept inside `one_read()`."""
+    return _kept(("file",), [path], lambda: file_sha256(path))
 
 
 def local_files(path: str) -> tuple[list[Path], Path | None]:

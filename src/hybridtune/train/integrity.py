@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import io
 import os
 import pickle
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from hybridtune.data.digests import file_sha256  # (the threads below hash files in parallel)
 from hybridtune.errors import UserError
 from hybridtune.train import distributed
 from hybridtune.train.distributed import ONE, Dist
@@ -64,14 +64,6 @@ def honour_umask(path: Path, directory: bool) -> None:
 
 
 # -- checksums ---------------------------------------------------------------------------------------------
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)  # releases the GIL: the threads below hash files in parallel
-    return h.hexdigest()
 
 
 def hash_files(root: Path, rels: list[str]) -> dict[str, dict]:
