@@ -115,6 +115,14 @@ def test_expert_gemm_rate_from_a_profile():
     assert "grouped-GEMM kernels 3.0 ms/step" in markdown(doc)
 
 
+def _profiled_tiny_moe(**lora) -> dict:
+    """A worker spec: hf-eager on a 2-layer tiny Qwen3.5-MoE, one warm-up and one timed step, then the profile."""
+    spec = {"kind": "mode", "mode": "hf-eager", "preset": "tiny-qwen3_5_moe@layers=2", "seq_len": 64, "layouts": 2}
+    return (
+        spec | {"seed": 0, "warmup": 1, "steps": 1, "adapter": "lora", "lora_r": 4, "lr": 1e-4, "profile": True} | lora
+    )
+
+
 def test_profiled_moe_run_keeps_stepping(monkeypatch):
     """A profiled MoE run with expert LoRA goes on stepping after the profile (the host-sync step): on the H200 the
     35B-A3B hf-eager row was lost to `clip_grad_norm_` receiving the expert parameters' names. The CUDA-only
@@ -133,9 +141,7 @@ def test_profiled_moe_run_keeps_stepping(monkeypatch):
     monkeypatch.setattr(worker, "can_profile", lambda device: True)
     monkeypatch.setattr(worker, "profile_run", fake_profile)
     monkeypatch.setattr(worker, "find_syncs", fake_syncs)
-    spec = {"kind": "mode", "mode": "hf-eager", "preset": "tiny-qwen3_5_moe@layers=2", "seq_len": 64, "layouts": 2}
-    spec |= {"seed": 0, "warmup": 1, "steps": 1, "adapter": "lora", "lora_r": 4, "lora_targets": ["q_proj"]}
-    spec |= {"lora_parameters": ["gate_up_proj", "down_proj"], "lr": 1e-4, "profile": True}
+    spec = _profiled_tiny_moe(lora_targets=["q_proj"], lora_parameters=["gate_up_proj", "down_proj"])
     result = worker.run_mode(spec)
     assert result["host_syncs"] == {"count": 0, "by_line": {}}
     assert result["expert_gemms"]["kernel_ms_per_step"] == 2.0 and result["expert_gemms"]["tflops_per_s"] > 0
@@ -152,9 +158,7 @@ def test_a_failing_profile_keeps_the_timed_steps(monkeypatch):
 
     monkeypatch.setattr(worker, "can_profile", lambda device: True)
     monkeypatch.setattr(worker, "profile_run", broken)
-    spec = {"kind": "mode", "mode": "hf-eager", "preset": "tiny-qwen3_5_moe@layers=2", "seq_len": 64, "layouts": 2}
-    spec |= {"seed": 0, "warmup": 1, "steps": 1, "adapter": "lora", "lora_r": 4, "lora_targets": ["in_proj_qkv"]}
-    spec |= {"lr": 1e-4, "profile": True}
+    spec = _profiled_tiny_moe(lora_targets=["in_proj_qkv"])
     result = worker.run_mode(spec)
     assert result["tokens_per_s"] > 0 and len(result["losses"]) == 2
     assert result["profile_error"] == "RuntimeError: CUPTI is not available" and "profile" not in result
