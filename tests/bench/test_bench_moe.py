@@ -102,6 +102,15 @@ def test_expert_gemm_rate_from_a_profile():
     lora = 8 * n * k * 8 * (h + 2 * i) * 100
     assert g["kernel_ms_per_step"] == 3.0 and g["flops_per_step"] == base + lora
     assert g["tflops_per_s"] == pytest.approx((base + lora) / 3e-3 / 1e12)
+    # A profile's own grouped-GEMM sum (full kernel names) wins over its kernel table
+    g2 = worker.expert_gemm_rate(
+        {"kernels_ms_per_step": kernels, "grouped_gemm_ms_per_step": 4.0}, cfg, "lora", 8, ["gate_up_proj"], True, 100.0
+    )
+    assert g2["kernel_ms_per_step"] == 4.0
+    # An older profile's table holds CUTLASS's names cut at 120 characters (as the H200's 35B-A3B profile did)
+    cut = "_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6kernel13GemmUniversalINS5_17GroupProblem"
+    g3 = worker.expert_gemm_rate({"kernels_ms_per_step": [[cut, 71.5, 400]]}, cfg, "full", 0, [], False, 10.0)
+    assert g3["kernel_ms_per_step"] == 71.5
     assert worker.expert_gemm_rate({}, cfg, "full", 0, [], False, 10.0) == {
         "kernel_ms_per_step": 0,
         "flops_per_step": 6 * n * k * 3 * h * i * 10,

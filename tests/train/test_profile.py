@@ -95,6 +95,25 @@ def test_summary_counts_kernels_not_annotations_and_finds_exposed_communication(
     assert p["gpu_idle_share"] == 1 - 1.3 / 2 and p["cpu_self_ms_per_step"] == [["aten::mm", 0.3, 1]]
 
 
+def test_summary_sums_grouped_gemms_by_their_full_names():
+    """The routed experts' grouped GEMMs are found on the kernel's full name: the kernel table keeps 120
+    characters, and CUTLASS's mangled grouped-GEMM names carry "GroupProblemShape" past that point."""
+    long_name = (
+        "_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6kernel13GemmUniversalIN"
+        + "S5_17GroupProblemShapeIN4cute5tupleIJiiiEEEEENS_4gemm10collective13CollectiveMmaINS_13MainloopSm90"
+    )
+    assert "groupproblemshape" not in long_name[:120].lower()  # what the table keeps
+    events = [
+        _Ev(long_name, 0, 400),
+        _Ev("triton_tem_fused__grouped_mm_0", 400, 500),
+        _Ev("nvjet_sm90_tst_256x128_64x4_2x1_v_bz_coopA_NNT", 500, 800),  # a dense GEMM: not grouped
+    ]
+    p = summarize(_Prof(events), 2, wall=2e-3, cuda=True)
+    assert p["grouped_gemm_ms_per_step"] == 0.25  # (400 + 100) us over 2 steps
+    assert p["groups_ms_per_step"]["gemm"] == 0.35  # CUTLASS + nvjet; the Triton template counts as inductor fused
+    assert p["kernels_ms_per_step"][0][0] == long_name[:120]
+
+
 def test_profile_window():
     assert profile_window(0, 100, 0) is None
     assert profile_window(3, 100, 0) == (11, 13)  # past the compile and the first shapes' recompiles

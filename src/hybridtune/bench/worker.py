@@ -35,7 +35,7 @@ from hybridtune.ops.gdn import conv_in_graph
 from hybridtune.train.checkpoint import atomic_write_text
 from hybridtune.train.lora import applied_targets, apply_lora
 from hybridtune.train.metrics import memory_gib
-from hybridtune.train.profiling import profile_run
+from hybridtune.train.profiling import grouped_gemm, profile_run
 from hybridtune.train.step import forward_loss
 from hybridtune.train.stream import to_device
 
@@ -237,21 +237,17 @@ def _profile(spec: dict, mode, cfg, batches: list[dict], step, device: torch.dev
     result["host_syncs"] = find_syncs(lambda: step(batches[0]))
 
 
-GROUPED_KERNEL_KEYS = ("grouped", "groupproblemshape", "group_gemm")  # torch's grouped GEMMs (CUTLASS, Triton)
-
-
 def expert_gemm_rate(
     profile: dict, cfg, adapter: str, lora_r: int, lora_parameters: list[str], gc: bool, tokens: float
 ) -> dict:
-    """The routed experts' GEMMs in a profile: their kernels' time per step (kernels named as grouped GEMMs) and the
+    """The routed experts' GEMMs in a profile: their kernels' time per step (grouped GEMMs, summed over full kernel
+    names by the profile; from its kernel table in a profile made before it did) and the
     FLOP/s it implies from the experts' share of the step's FLOPs (`tokens` rows of the batch, filler included:
     the experts compute them too; top-k experts per token, LoRA on them included, recompute under checkpointing).
     Plain transformers' `grouped_mm` experts run the same kernels, so modes compare; a loop over experts does not."""
-    ms = sum(
-        m
-        for name, m, _ in profile.get("kernels_ms_per_step", [])
-        if any(k in name.lower() for k in GROUPED_KERNEL_KEYS)
-    )
+    ms = profile.get("grouped_gemm_ms_per_step")
+    if ms is None:
+        ms = sum(m for name, m, _ in profile.get("kernels_ms_per_step", []) if grouped_gemm(name))
     terms = [t for t in linear_terms(cfg) if t.stored > 1]  # routed experts' 3-D weights
     recompute = 2.0 if gc else 0.0
     per = (6.0 if adapter == "full" else 4.0) + recompute

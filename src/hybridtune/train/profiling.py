@@ -37,6 +37,14 @@ KERNEL_GROUPS = (
     ("elementwise (eager)", ("elementwise", "vectorized", "unrolled")),
 )
 COMM = KERNEL_GROUPS[0][0]
+# torch's grouped GEMMs (the routed experts' kernels: CUTLASS's GroupProblemShape, Triton's grouped_mm templates),
+# matched on the full kernel name: the kernel table keeps 120 characters, which cut "GroupProblemShape" short.
+GROUPED_GEMM_KEYS = ("grouped", "groupproblem", "group_gemm")
+
+
+def grouped_gemm(name: str) -> bool:
+    low = name.lower()
+    return any(k in low for k in GROUPED_GEMM_KEYS)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -165,6 +173,7 @@ def summarize(prof, n: int, wall: float, cuda: bool) -> dict:
         gpu_idle_share=max(0.0, 1 - busy / (wall * 1e3 / n)),
         groups_ms_per_step=dict(sorted(groups.items(), key=lambda kv: -kv[1])),
         kernels_ms_per_step=_top(kernel_rows, 60)[0],
+        grouped_gemm_ms_per_step=sum(ms for name, ms, _ in kernel_rows if grouped_gemm(name)),
     )
     if comm:
         out.update(
