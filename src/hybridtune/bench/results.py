@@ -309,14 +309,20 @@ def _scaling_table(rows: dict[int, dict], entries: list) -> list[str]:
 README_TABLES = {
     # Single GPU, the figures of record: the 2B, 0.8B and 9B shapes at 4096 tokens, hf-eager first in each run
     # (the newest code first, then the variants of the conv and of CUDA graphs).
-    "perf-table": {"rows": [71, 72, 74, 73, 76, 75, 27, 26, 24, 25, 30, 29, 28], "baseline": {24: 27, 25: 27}},
+    # Qwen3.5-35B-A3B (all 40 layers): hf-eager and the compiled loop from two calls at one commit (row 82 against 77).
+    "perf-table": {
+        "rows": [71, 72, 74, 73, 76, 75, 77, 82, 27, 26, 24, 25, 30, 29, 28],
+        "baseline": {24: 27, 25: 27, 82: 77},
+    },
+    # Lanes side by side on one GPU (first steps and long packs; their tokens/s are not figures of record).
+    "lanes-table": {"rows": [78, 79, 80], "baseline": {}},
     # The path to there: earlier code (ratios against the same run's hf-eager, else the row named).
     "perf-history": {
         "rows": [1, 5, 2, 4, 3, 9, 6, 14, 17, 10, 11, 20, 19, 22, 21, 32, 31, 66, 65],
         "baseline": {5: 1, 4: 1, 6: 1, 14: 1},
     },
     # One GPU through `hybridtune train` (its defaults: CUDA graphs, checkpointing from the memory estimate).
-    "train-table": {"rows": [67, 68, 69, 70]},
+    "train-table": {"rows": [67, 68, 69, 81, 70]},
     # 1 vs 2 GPUs through `hybridtune train`: (row, the 1-GPU row a 2-GPU row is scaled against, or None).
     "scaling-table": {"rows": [(56, None), (57, 56), (54, None), (55, 54), (59, None), (60, 59)]},
 }
