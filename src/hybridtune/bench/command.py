@@ -35,6 +35,7 @@ from hybridtune.errors import ConfigError, did_you_mean
 from hybridtune.kernels.environment import environment
 from hybridtune.models.presets import PRESETS
 from hybridtune.train.checkpoint import atomic_write_text
+from hybridtune.train.signals import sigterm_interrupts
 
 logger = logging.getLogger(__name__)
 
@@ -157,13 +158,18 @@ def device_name() -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
-def run_worker(spec: dict, log_path: Path, startup_timeout: float, timeout: float) -> dict:
-    """Run one worker process; stop it at the time limits; return its result dict."""
+def run_worker(
+    spec: dict, log_path: Path, startup_timeout: float, timeout: float, program: list[str] | None = None
+) -> dict:
+    """Run one worker process; stop it at the time limits; return its result dict. The worker runs in a session of
+    its own (a stop kills its compile workers with it), so it is also stopped when this process is interrupted
+    (Ctrl-C, or SIGTERM under `sigterm_interrupts`): an orphan would hold the GPU's memory. `program` replaces
+    `python -m hybridtune.bench.worker` (tests)."""
     with tempfile.TemporaryDirectory(prefix="hybridtune-bench-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         spec_path.write_text(json.dumps(spec))
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        cmd = [sys.executable, "-m", "hybridtune.bench.worker", str(spec_path), str(out_path)]
+        cmd = [*(program or [sys.executable, "-m", "hybridtune.bench.worker"]), str(spec_path), str(out_path)]
         started = threading.Event()
         t0 = time.monotonic()
         with log_path.open("w") as log:
@@ -181,16 +187,19 @@ def run_worker(spec: dict, log_path: Path, startup_timeout: float, timeout: floa
             reader = threading.Thread(target=pump, daemon=True)
             reader.start()
             stopped = None
-            while proc.poll() is None:
-                elapsed = time.monotonic() - t0
-                if not started.is_set() and elapsed > startup_timeout:
-                    stopped = f"no first step within {startup_timeout:.0f} s"
-                elif elapsed > timeout:
-                    stopped = f"not finished within {timeout:.0f} s"
-                if stopped:
+            try:
+                while proc.poll() is None:
+                    elapsed = time.monotonic() - t0
+                    if not started.is_set() and elapsed > startup_timeout:
+                        stopped = f"no first step within {startup_timeout:.0f} s"
+                    elif elapsed > timeout:
+                        stopped = f"not finished within {timeout:.0f} s"
+                    if stopped:
+                        break
+                    time.sleep(0.5)
+            finally:
+                if proc.poll() is None:
                     _kill(proc)
-                    break
-                time.sleep(0.5)
             proc.wait()
             reader.join(timeout=10)
         wall = time.monotonic() - t0
@@ -279,20 +288,8 @@ def main(argv: list[str]) -> int:
     logger.info(
         "bench: %s on %s, %d-token packs, modes %s", preset, doc["device"], settings["seq_len"], ", ".join(labels)
     )
-    peak = run_worker({"kind": "peak"}, out / "logs" / "peak.log", args.startup_timeout, args.mode_timeout)
-    doc["peak"] = peak
-    for mode in modes:
-        spec = {"kind": "mode", "mode": mode.label, **settings, "peak_flops_per_s": peak.get("flops_per_s")}
-        logger.info("bench: running %s", mode.label)
-        res = run_worker(
-            spec,
-            out / "logs" / f"{mode.label.replace(':', '_').replace('=', '-')}.log",
-            args.startup_timeout,
-            args.mode_timeout,
-        )
-        doc["modes"][mode.label] = res
-        logger.info("bench: %s", report.one_line(mode.label, res))
-        _write_json(out / "bench.json", doc)
+    interrupted = _run_modes(doc, modes, settings, out, args)
+    _write_json(out / "bench.json", doc)
     table = report.markdown(doc, title=args.title)
     (out / "bench.md").write_text(table)
     try:
@@ -304,7 +301,38 @@ def main(argv: list[str]) -> int:
         added = results.append(results.bench_rows(doc, source="hybridtune bench"), args.results)
         logger.info("bench: rows %s appended to %s", ", ".join(str(r["id"]) for r in added), args.results)
     logger.info("bench: wrote %s, %s, %s", out / "bench.json", out / "bench.md", out / "bench.png")
-    return 0
+    return 130 if interrupted else 0
+
+
+STOPPED_BY_SIGNAL = "bench stopped by a signal (Ctrl-C or SIGTERM) during this mode"
+
+
+def _run_modes(doc: dict, modes: list, settings: dict, out: Path, args) -> bool:
+    """The peak measurement, then each mode in its worker, into `doc` (bench.json rewritten after each). A Ctrl-C
+    or SIGTERM stops the worker in flight and the modes after it; the modes done so far keep their results and
+    become rows as in a whole run. True when so stopped."""
+    doc["peak"], label = {"error": STOPPED_BY_SIGNAL}, None
+    with sigterm_interrupts():
+        try:
+            doc["peak"] = run_worker(
+                {"kind": "peak"}, out / "logs" / "peak.log", args.startup_timeout, args.mode_timeout
+            )
+            for mode in modes:
+                label = mode.label
+                spec = {"kind": "mode", "mode": label, **settings, "peak_flops_per_s": doc["peak"].get("flops_per_s")}
+                logger.info("bench: running %s", label)
+                log = out / "logs" / f"{label.replace(':', '_').replace('=', '-')}.log"
+                doc["modes"][label] = run_worker(spec, log, args.startup_timeout, args.mode_timeout)
+                logger.info("bench: %s", report.one_line(label, doc["modes"][label]))
+                _write_json(out / "bench.json", doc)
+        except KeyboardInterrupt:
+            if label is not None:
+                doc["modes"][label] = {"error": STOPPED_BY_SIGNAL, "stopped": True}
+            logger.warning(
+                "bench: stopped by a signal during %s; the modes before it are kept", label or "the peak measurement"
+            )
+            return True
+    return False
 
 
 def _write_json(path: Path, doc: dict) -> None:

@@ -68,6 +68,15 @@ def _apply_liger(model_type: str) -> str:
     return fn.__name__
 
 
+def phase(what: str) -> None:
+    """A line in the mode's log as each start-up phase ends, so that the log of a mode stopped before its first step
+    says where its time went (a cold self-test, the model's build, the compile)."""
+    print(f"phase {time.perf_counter() - _T0:.1f} s: {what}", flush=True)
+
+
+_T0 = time.perf_counter()
+
+
 def _kernels(mode, cfg, device: torch.device, result: dict) -> None:
     """hybridtune modes lift FLA's guard through the kernel self-test; plain modes can only bypass it."""
     if device.type != "cuda":
@@ -78,6 +87,7 @@ def _kernels(mode, cfg, device: torch.device, result: dict) -> None:
         report = provision_kernels("check", False, cfg, log=False)
         result["kernel_selftest"] = report.selftest
         result["kernel_selftest_s"] = time.perf_counter() - t0
+        phase(f"kernel self-test done ({result['kernel_selftest_s']:.1f} s)")
         result["fla_guard"] = {str(k): v for k, v in fla_guard.granted().items()} or "no grant"
         return
     if fla_guard.guard_active():
@@ -146,6 +156,10 @@ def run_mode(spec: dict) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=spec["lr"], fused=device.type == "cuda")
     result["setup_s"] = time.perf_counter() - t0
+    phase(
+        f"model built ({result['setup_s']:.1f} s); first step next"
+        + (" (it compiles)" if mode.compile != "off" else "")
+    )
     result["trainable_params"] = sum(p.numel() for p in params)
     result["total_params"] = sum(p.numel() for p in model.parameters())
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
