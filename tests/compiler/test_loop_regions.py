@@ -52,11 +52,22 @@ def _model(device: str, lora: bool, ckpt: bool, name: str = "tiny-qwen3_5", dept
     return model.train()
 
 
-def _recording(backend, graphs):
+def _recording(backend, graphs, regional=False):
+    """`backend`, keeping each graph dynamo hands it. Inductor gets the options compile_loop gives a loop of
+    `regional` layers (`inductor_settings`: buffer reuse off), fed to the backward's lazy compile too: a wrapper
+    that called inductor plainly would test a configuration the product never runs."""
     from torch._dynamo.backends.registry import lookup_backend
+
+    from hybridtune.compiler.loop import inductor_settings
+
+    options = inductor_settings(backend, None, regional).get("options")
 
     def recording(gm, example_inputs):
         graphs.append(gm)
+        if backend == "inductor" and options:
+            from torch._inductor.compile_fx import compile_fx
+
+            return compile_fx(gm, example_inputs, config_patches=dict(options))
         return lookup_backend(backend)(gm, example_inputs)
 
     return recording
@@ -90,7 +101,7 @@ def test_regional_loop_equals_eager_one_graph_two_bodies(lora, ckpt, device, bac
     batches = [_batch(lens, device, i) for i, lens in enumerate(LAYOUTS)]
     eager = [_step(model, b) for b in batches]
     graphs: list = []
-    handle = compile_loop(model, backend=_recording(backend, graphs), regional=True)
+    handle = compile_loop(model, backend=_recording(backend, graphs, regional=True), regional=True)
     assert handle.regions is not None and handle.regions.regional
     counters.clear()
     for b, want in zip(batches, eager):
@@ -128,7 +139,7 @@ def test_regional_static_layout_one_graph(device, backend):
     assert len({b["gdn_chunk_indices"].shape for b in batches}) > 1
     eager = [_step(model, b) for b in batches]
     graphs: list = []
-    compile_loop(model, backend=_recording(backend, graphs), static_shapes=True, regional=True)
+    compile_loop(model, backend=_recording(backend, graphs, regional=True), static_shapes=True, regional=True)
     counters.clear()
     for b, want in zip(batches, eager):
         _close(_step(model, b), want, device)
