@@ -36,11 +36,13 @@
 #   CUDA tests beside a bench:          "bench ... then tests tests/compiler/test_loop.py -k static"
 #   cold first step, regional vs inlined (LANE_CACHES=1 LANES_ON_ONE_GPU=1, two lanes):
 #     "bench --modes ht-loop:cg=on,regions=on --steps 8" "bench --modes ht-loop:cg=on --steps 8"
-#   MoE, all 40 layers, regional (rows 77 and 82 came from two calls: cold, the pair does not fit one call):
-#     "bench --base_model qwen3_5-35b-a3b --modes hf-eager,ht-loop:cg=on,regions=on --lora_target_parameters
-#      gate_up_proj,down_proj --warmup 3 --steps 10 --profile"   (STARTUP=500, a call of its own)
+#   MoE, all 40 layers, regional, in a call of its own (STARTUP=500). Rows 77 and 82 came from two calls: hf-eager
+#   first took 232 s (its first step 123 s, FLA's kernels cold) and left the cold compiled mode too little; the
+#   compiled mode first warms FLA's kernels for hf-eager after it:
+#     "bench --base_model qwen3_5-35b-a3b --modes ht-loop:cg=on,regions=on,hf-eager --lora_target_parameters
+#      gate_up_proj,down_proj --warmup 3 --steps 10 --profile"
 #   Qwen3-Next-80B-A3B cut to half depth (24 layers, ~80 GB of bf16 weights), the same pair:
-#     "bench --base_model qwen3_next-80b-a3b@layers=24 --modes hf-eager,ht-loop:cg=on,regions=on
+#     "bench --base_model qwen3_next-80b-a3b@layers=24 --modes ht-loop:cg=on,regions=on,hf-eager
 #      --lora_target_parameters gate_up_proj,down_proj --warmup 3 --steps 10 --profile"
 #   CUDA regional tests after a bench has warmed the caches (one cold case alone took more than 278 s):
 #     "bench --modes ht-loop:cg=on,regions=on --steps 4 then tests tests/compiler/test_loop_regions.py"
