@@ -111,6 +111,13 @@ def test_expert_gemm_rate_from_a_profile():
     cut = "_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6kernel13GemmUniversalINS5_17GroupProblem"
     g3 = worker.expert_gemm_rate({"kernels_ms_per_step": [[cut, 71.5, 400]]}, cfg, "full", 0, [], False, 10.0)
     assert g3["kernel_ms_per_step"] == 71.5
+    from hybridtune.bench.report import _gemm_rate
+
+    # a profile that found none says so (the H200's 35B-A3B bench.md said nothing when the matcher missed them)
+    assert (
+        _gemm_rate({"kernel_ms_per_step": 0, "flops_per_step": 1.0}) == "; no grouped-GEMM kernel found in the profile"
+    )
+    assert _gemm_rate(None) == ""
     assert worker.expert_gemm_rate({}, cfg, "full", 0, [], False, 10.0) == {
         "kernel_ms_per_step": 0,
         "flops_per_step": 6 * n * k * 3 * h * i * 10,

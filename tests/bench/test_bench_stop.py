@@ -20,7 +20,11 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:  # a zombie (exited, not yet reaped: an orphan's reaper may be slow or absent) counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_a_stopped_bench_stops_its_worker(tmp_path):
@@ -81,9 +85,50 @@ def test_a_stopped_bench_keeps_the_modes_it_finished(tmp_path, monkeypatch):
     assert doc["peak"]["flops_per_s"] > 0 and list(doc["modes"]) == ["ht-eager", "hf-eager"]
     assert doc["modes"]["ht-eager"]["tokens_per_s"] > 0
     assert doc["modes"]["hf-eager"] == {"error": command.STOPPED_BY_SIGNAL, "stopped": True}
+    assert doc["not_run"] == ["ht-loop"]
     assert "| ht-eager |" in (out / "bench.md").read_text()
+    assert "Not run (the bench was stopped before them): ht-loop." in (out / "bench.md").read_text()
     log = (out / "logs" / "ht-eager.log").read_text()  # start-up phases are said as they end (a cut mode's log)
     assert "phase " in log and "model built" in log and log.index("model built") < log.index("HYBRIDTUNE_BENCH_FIRST")
     rows = [json.loads(line) for line in table.read_text().splitlines()]
     assert [(r["mode"], r["status"]) for r in rows] == [("ht-eager", "ok"), ("hf-eager", command.STOPPED_BY_SIGNAL)]
     assert rows[0]["tokens_per_s"] > 0 and rows[1]["tokens_per_s"] is None
+
+
+def test_a_worker_ends_when_its_bench_is_killed_outright(tmp_path):
+    """SIGKILL (the OOM killer, a scheduler's grace period over) gives the bench no chance to stop its worker, which
+    runs in a session of its own: the worker watches its parent and ends its process group when it is gone."""
+    pidfile = tmp_path / "worker.pid"
+    child = textwrap.dedent(
+        f"""
+        import os, time
+        from hybridtune.bench.worker import exit_with_parent
+        exit_with_parent(os.getppid(), every=0.1)
+        open({str(pidfile)!r}, "w").write(str(os.getpid()))
+        time.sleep(120)
+        """
+    )
+    parent = textwrap.dedent(
+        f"""
+        import subprocess, sys, time
+        subprocess.Popen([sys.executable, "-c", {child!r}], start_new_session=True)
+        time.sleep(120)
+        """
+    )
+    bench = subprocess.Popen([sys.executable, "-c", parent])
+    pid = None
+    try:
+        deadline = time.monotonic() + 120
+        while not (pidfile.is_file() and pidfile.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pid = int(pidfile.read_text())
+        bench.kill()
+        bench.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid), "the worker outlived its bench's SIGKILL"
+    finally:
+        bench.kill()
+        if pid is not None and _alive(pid):
+            os.kill(pid, signal.SIGKILL)

@@ -14,6 +14,7 @@ numbers), bench.md (the table), bench.png (bar chart), logs/<mode>.log (each wor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from hybridtune.errors import ConfigError, did_you_mean
 from hybridtune.kernels.environment import environment
 from hybridtune.models.presets import PRESETS
 from hybridtune.train.checkpoint import atomic_write_text
-from hybridtune.train.signals import sigterm_interrupts
+from hybridtune.train.signals import deferring, interrupting
 
 logger = logging.getLogger(__name__)
 
@@ -176,18 +177,18 @@ def run_worker(
             proc = subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
             )
-
-            def pump() -> None:
-                for line in proc.stdout:
-                    log.write(line)
-                    log.flush()
-                    if line.startswith(FIRST_STEP_MARKER):
-                        started.set()
-
-            reader = threading.Thread(target=pump, daemon=True)
-            reader.start()
             stopped = None
-            try:
+            try:  # from here on an interrupt stops the worker
+
+                def pump() -> None:
+                    for line in proc.stdout:
+                        log.write(line)
+                        log.flush()
+                        if line.startswith(FIRST_STEP_MARKER):
+                            started.set()
+
+                reader = threading.Thread(target=pump, daemon=True)
+                reader.start()
                 while proc.poll() is None:
                     elapsed = time.monotonic() - t0
                     if not started.is_set() and elapsed > startup_timeout:
@@ -215,16 +216,28 @@ def run_worker(
         return result
 
 
+KILL_GRACE_S = 20.0  # a stopped worker's time to exit on SIGTERM before SIGKILL
+
+
 def _kill(proc: subprocess.Popen) -> None:
+    """SIGTERM to the worker's process group, SIGKILL after KILL_GRACE_S or at once on a second stop request; the
+    request cannot cut the stop short (it would leave the worker running) and is raised after it."""
     import signal
 
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    with deferring("SIGINT", *STOP_SIGNALS, why="stopping the worker at once") as again:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + KILL_GRACE_S
+        while proc.poll() is None and time.monotonic() < deadline and not again.received:
+            time.sleep(0.1)
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if again.received:
+        raise KeyboardInterrupt
 
 
 def main(argv: list[str]) -> int:
@@ -289,30 +302,36 @@ def main(argv: list[str]) -> int:
         "bench: %s on %s, %d-token packs, modes %s", preset, doc["device"], settings["seq_len"], ", ".join(labels)
     )
     interrupted = _run_modes(doc, modes, settings, out, args)
-    _write_json(out / "bench.json", doc)
-    table = report.markdown(doc, title=args.title)
-    (out / "bench.md").write_text(table)
-    try:
-        report.chart(doc, out / "bench.png", title=args.title)
-    except ImportError as e:
-        logger.warning("no chart: %s", e)
-    print(table)
-    if args.results:
-        added = results.append(results.bench_rows(doc, source="hybridtune bench"), args.results)
-        logger.info("bench: rows %s appended to %s", ", ".join(str(r["id"]) for r in added), args.results)
-    logger.info("bench: wrote %s, %s, %s", out / "bench.json", out / "bench.md", out / "bench.png")
-    return 130 if interrupted else 0
+    with deferring("SIGINT", *STOP_SIGNALS) as late:  # the records of what ran are written whole, rows first
+        _write_json(out / "bench.json", doc)
+        table = report.markdown(doc, title=args.title)
+        atomic_write_text(out / "bench.md", table)
+        if args.results:
+            added = results.append(results.bench_rows(doc, source="hybridtune bench"), args.results)
+            logger.info("bench: rows %s appended to %s", ", ".join(str(r["id"]) for r in added), args.results)
+        print(table)
+        if not late.received:
+            try:
+                report.chart(doc, out / "bench.png", title=args.title)
+            except ImportError as e:
+                logger.warning("no chart: %s", e)
+    logger.info("bench: wrote %s and %s in %s", "bench.json", "bench.md", out)
+    return 130 if interrupted or late.received else 0
 
 
-STOPPED_BY_SIGNAL = "bench stopped by a signal (Ctrl-C or SIGTERM) during this mode"
+# Signals that stop a bench besides Ctrl-C: `timeout`'s and a scheduler's SIGTERM, a dropped terminal's SIGHUP.
+STOP_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT")
+STOPPED_BY_SIGNAL = "bench stopped by a signal (Ctrl-C, SIGTERM or SIGHUP) during this mode"
+STOPPED_IN_PEAK = "bench stopped by a signal during the peak measurement"
 
 
 def _run_modes(doc: dict, modes: list, settings: dict, out: Path, args) -> bool:
-    """The peak measurement, then each mode in its worker, into `doc` (bench.json rewritten after each). A Ctrl-C
-    or SIGTERM stops the worker in flight and the modes after it; the modes done so far keep their results and
-    become rows as in a whole run. True when so stopped."""
-    doc["peak"], label = {"error": STOPPED_BY_SIGNAL}, None
-    with sigterm_interrupts():
+    """The peak measurement, then each mode in its worker, into `doc` (bench.json rewritten after each). A Ctrl-C,
+    SIGTERM or SIGHUP stops the worker in flight and the modes after it; the modes done keep their results and
+    become rows as in a whole run; the mode in flight is marked stopped, those not started are listed
+    (`not_run`). True when so stopped."""
+    doc["peak"], label = {"error": STOPPED_IN_PEAK}, None
+    with interrupting(*STOP_SIGNALS):
         try:
             doc["peak"] = run_worker(
                 {"kind": "peak"}, out / "logs" / "peak.log", args.startup_timeout, args.mode_timeout
@@ -323,13 +342,17 @@ def _run_modes(doc: dict, modes: list, settings: dict, out: Path, args) -> bool:
                 logger.info("bench: running %s", label)
                 log = out / "logs" / f"{label.replace(':', '_').replace('=', '-')}.log"
                 doc["modes"][label] = run_worker(spec, log, args.startup_timeout, args.mode_timeout)
-                logger.info("bench: %s", report.one_line(label, doc["modes"][label]))
+                label = None  # done: a signal from here on stops nothing of it
+                logger.info("bench: %s", report.one_line(mode.label, doc["modes"][mode.label]))
                 _write_json(out / "bench.json", doc)
         except KeyboardInterrupt:
             if label is not None:
                 doc["modes"][label] = {"error": STOPPED_BY_SIGNAL, "stopped": True}
+            doc["not_run"] = [m.label for m in modes if m.label not in doc["modes"]]
             logger.warning(
-                "bench: stopped by a signal during %s; the modes before it are kept", label or "the peak measurement"
+                "bench: stopped by a signal%s; the modes done are kept%s",
+                f" during {label}" if label else "",
+                f", not run: {', '.join(doc['not_run'])}" if doc["not_run"] else "",
             )
             return True
     return False

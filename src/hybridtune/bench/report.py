@@ -23,9 +23,11 @@ def one_line(label: str, r: dict) -> str:
 
 
 def _gemm_rate(g: dict | None) -> str:
-    """The profile's grouped-GEMM figure of a mode (`--profile`), or nothing."""
-    if not g or not g.get("tflops_per_s"):
+    """The profile's grouped-GEMM figure of a mode (`--profile`), or nothing (no profile)."""
+    if not g:
         return ""
+    if not g.get("tflops_per_s"):
+        return "; no grouped-GEMM kernel found in the profile"
     return f"; grouped-GEMM kernels {g['kernel_ms_per_step']:.1f} ms/step, {g['tflops_per_s']:.0f} TFLOP/s (profile)"
 
 
@@ -90,6 +92,8 @@ def markdown(doc: dict, title: str | None = None) -> str:
             "",
             "Profile failed (the timed figures above stand): " + "; ".join(f"{k}: {e}" for k, e in failed.items()),
         ]
+    if doc.get("not_run"):
+        lines += ["", "Not run (the bench was stopped before them): " + ", ".join(doc["not_run"]) + "."]
     moe = {k: r for k, r in doc["modes"].items() if r.get("experts")}
     if moe:
         lines += ["", "Routed experts per mode:"]

@@ -345,5 +345,23 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def exit_with_parent(parent: int, every: float = 1.0):
+    """End this process's whole group (its compile workers too) once `parent` is gone. The worker runs in a session
+    of its own, so a bench killed outright (SIGKILL: the OOM killer, a scheduler's grace period over), which can
+    stop nothing, would otherwise leave it holding the GPU. A daemon thread; returned for tests."""
+    import signal
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, daemon=True, name="hybridtune-parent-watch")
+    thread.start()
+    return thread
+
+
 if __name__ == "__main__":
+    exit_with_parent(os.getppid())
     raise SystemExit(main(sys.argv[1:]))

@@ -40,11 +40,15 @@ COMM = KERNEL_GROUPS[0][0]
 # torch's grouped GEMMs (the routed experts' kernels: CUTLASS's GroupProblemShape, Triton's grouped_mm templates),
 # matched on the full kernel name: the kernel table keeps 120 characters, which cut "GroupProblemShape" short.
 GROUPED_GEMM_KEYS = ("grouped", "groupproblem", "group_gemm")
+# inductor names its generated kernels after the aten ops they came from: the copies and scalings it fuses around
+# `_grouped_mm` are "triton_poi_fused__grouped_mm_..." (pointwise) or "..._red_"/"..._per_" (reductions), and on
+# the CPU "cpp_fused_..."; only its templates ("triton_tem_") are GEMMs.
+NOT_GEMM_PREFIXES = ("triton_poi_", "triton_red_", "triton_per_", "cpp_fused")
 
 
 def grouped_gemm(name: str) -> bool:
     low = name.lower()
-    return any(k in low for k in GROUPED_GEMM_KEYS)
+    return not low.startswith(NOT_GEMM_PREFIXES) and any(k in low for k in GROUPED_GEMM_KEYS)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -77,14 +77,48 @@ def _interrupt(signum, frame):
 
 
 @contextlib.contextmanager
-def sigterm_interrupts():
-    """SIGTERM raises KeyboardInterrupt inside the block (as SIGINT does by default): setup stops at once and cleans
-    up after itself, instead of dying with nothing said and its lock left behind."""
+def _handled(names: tuple[str, ...], handler):
+    """`handler` for each signal in `names` (those this platform has) inside the block; main thread only."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.signal(signal.SIGTERM, _interrupt)
+    sigs = [getattr(signal, n) for n in names if hasattr(signal, n)]
+    old = {sig: signal.signal(sig, handler) for sig in sigs}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def interrupting(*names: str):
+    """Each signal named raises KeyboardInterrupt inside the block, as SIGINT does by default (`sigterm_interrupts`,
+    and `hybridtune bench`'s modes, where a SIGHUP from a dropped terminal must stop the worker too)."""
+    return _handled(names, _interrupt)
+
+
+def sigterm_interrupts():
+    """SIGTERM raises KeyboardInterrupt inside the block (as SIGINT does by default): setup stops at once and cleans
+    up after itself, instead of dying with nothing said and its lock left behind."""
+    return interrupting("SIGTERM")
+
+
+class Deferred:
+    """What `deferring` saw: the first signal's name, or None."""
+
+    received: str | None = None
+
+
+@contextlib.contextmanager
+def deferring(*names: str, why: str = "finishing the files being written first"):
+    """The signals named are noted, not acted on, inside the block (records being written, a child being stopped:
+    they finish first); the caller reads `.received` during or after it and stops then."""
+    seen = Deferred()
+
+    def note(signum, frame):
+        if seen.received is None:
+            seen.received = signal.Signals(signum).name
+            logger.warning("%s: %s", seen.received, why)
+
+    with _handled(names, note):
+        yield seen
