@@ -27,6 +27,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _wait_pid(pidfile, seconds: float = 60) -> int:
+    """The pid a test's stand-in worker wrote to `pidfile` once it is up."""
+    deadline = time.monotonic() + seconds
+    while not (pidfile.is_file() and pidfile.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return int(pidfile.read_text())
+
+
 def test_a_stopped_bench_stops_its_worker(tmp_path):
     """The worker runs in a session of its own (so a time limit can kill its compile workers with it); a SIGTERM to
     the bench must still reach it, or an orphan goes on holding the GPU (seen on the H200: 78 GB held after the
@@ -49,10 +57,7 @@ def test_a_stopped_bench_stops_its_worker(tmp_path):
     bench = subprocess.Popen([sys.executable, "-c", parent])
     pid = None
     try:
-        deadline = time.monotonic() + 60
-        while not (pidfile.is_file() and pidfile.read_text()) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        pid = int(pidfile.read_text())
+        pid = _wait_pid(pidfile)
         assert _alive(pid)
         bench.send_signal(signal.SIGTERM)
         assert bench.wait(timeout=60) == 130
@@ -118,10 +123,7 @@ def test_a_worker_ends_when_its_bench_is_killed_outright(tmp_path):
     bench = subprocess.Popen([sys.executable, "-c", parent])
     pid = None
     try:
-        deadline = time.monotonic() + 120
-        while not (pidfile.is_file() and pidfile.read_text()) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        pid = int(pidfile.read_text())
+        pid = _wait_pid(pidfile, 120)
         bench.kill()
         bench.wait(timeout=30)
         deadline = time.monotonic() + 10

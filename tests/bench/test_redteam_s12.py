@@ -14,23 +14,12 @@ import time
 import types
 
 import pytest
+from test_bench_stop import _alive, _wait_pid  # the stop tests' process probes
 
 from hybridtune.bench import command, report
 from hybridtune.cli import main
 
 ARGV = ["bench", "--steps", "1", "--warmup", "1", "--layouts", "1"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (our own child, not yet reaped) counts as gone
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _gone_within(pid: int, seconds: float) -> bool:
@@ -40,13 +29,6 @@ def _gone_within(pid: int, seconds: float) -> bool:
             return True
         time.sleep(0.1)
     return not _alive(pid)
-
-
-def _wait_pid(pidfile, seconds: float = 60) -> int:
-    deadline = time.monotonic() + seconds
-    while not (pidfile.is_file() and pidfile.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return int(pidfile.read_text())
 
 
 def _result() -> dict:

@@ -164,7 +164,7 @@ def run_worker(
 ) -> dict:
     """Run one worker process; stop it at the time limits; return its result dict. The worker runs in a session of
     its own (a stop kills its compile workers with it), so it is also stopped when this process is interrupted
-    (Ctrl-C, or SIGTERM under `sigterm_interrupts`): an orphan would hold the GPU's memory. `program` replaces
+    (Ctrl-C, or a signal that `interrupting` turns into one): an orphan would hold the GPU's memory. `program` replaces
     `python -m hybridtune.bench.worker` (tests)."""
     with tempfile.TemporaryDirectory(prefix="hybridtune-bench-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
@@ -315,7 +315,7 @@ def main(argv: list[str]) -> int:
                 report.chart(doc, out / "bench.png", title=args.title)
             except ImportError as e:
                 logger.warning("no chart: %s", e)
-    logger.info("bench: wrote %s and %s in %s", "bench.json", "bench.md", out)
+    logger.info("bench: wrote bench.json and bench.md in %s", out)
     return 130 if interrupted or late.received else 0
 
 
