@@ -35,13 +35,10 @@ def _wait_pid(pidfile, seconds: float = 60) -> int:
     return int(pidfile.read_text())
 
 
-def test_a_stopped_bench_stops_its_worker(tmp_path):
-    """The worker runs in a session of its own (so a time limit can kill its compile workers with it); a SIGTERM to
-    the bench must still reach it, or an orphan goes on holding the GPU (seen on the H200: 78 GB held after the
-    bench was killed by `timeout`)."""
-    pidfile = tmp_path / "worker.pid"
-    child = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
-    parent = textwrap.dedent(
+def _stand_in_bench(child: str, log) -> str:
+    """A program that runs `run_worker` with the Python code `child` as its worker, SIGTERM stopping it as it stops
+    the bench's modes; it exits 130 when stopped."""
+    return textwrap.dedent(
         f"""
         import sys
         from pathlib import Path
@@ -49,12 +46,20 @@ def test_a_stopped_bench_stops_its_worker(tmp_path):
         from hybridtune.train.signals import sigterm_interrupts
         with sigterm_interrupts():
             try:
-                run_worker({{}}, Path({str(tmp_path / "w.log")!r}), 600, 600, program=[sys.executable, "-c", {child!r}])
+                run_worker({{}}, Path({str(log)!r}), 600, 600, program=[sys.executable, "-c", {child!r}])
             except KeyboardInterrupt:
                 sys.exit(130)
         """
     )
-    bench = subprocess.Popen([sys.executable, "-c", parent])
+
+
+def test_a_stopped_bench_stops_its_worker(tmp_path):
+    """The worker runs in a session of its own (so a time limit can kill its compile workers with it); a SIGTERM to
+    the bench must still reach it, or an orphan goes on holding the GPU (seen on the H200: 78 GB held after the
+    bench was killed by `timeout`)."""
+    pidfile = tmp_path / "worker.pid"
+    child = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    bench = subprocess.Popen([sys.executable, "-c", _stand_in_bench(child, tmp_path / "w.log")])
     pid = None
     try:
         pid = _wait_pid(pidfile)

@@ -14,7 +14,7 @@ import time
 import types
 
 import pytest
-from test_bench_stop import _alive, _wait_pid  # the stop tests' process probes
+from test_bench_stop import _alive, _stand_in_bench, _wait_pid  # the stop tests' process probes
 
 from hybridtune.bench import command, report
 from hybridtune.cli import main
@@ -228,19 +228,7 @@ def test_a_second_signal_while_the_worker_is_stopped_still_kills_it(tmp_path):
         "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
         f"open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
     )
-    script = _bench_script(
-        tmp_path,
-        f"""
-        from pathlib import Path
-        from hybridtune.train.signals import sigterm_interrupts
-        with sigterm_interrupts():
-            try:
-                command.run_worker({{}}, Path(OUT + ".log"), 600, 600, program=[sys.executable, "-c", {child!r}])
-            except KeyboardInterrupt:
-                sys.exit(130)
-        """,
-    )
-    bench = subprocess.Popen([sys.executable, "-c", script])
+    bench = subprocess.Popen([sys.executable, "-c", _stand_in_bench(child, tmp_path / "bench.log")])
     pid = None
     try:
         pid = _wait_pid(pidfile)
