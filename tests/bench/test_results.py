@@ -152,3 +152,12 @@ def test_train_table_shows_the_status_and_the_windows_of_a_short_run():
     lines = results._train_table({3: short, 4: long}, [3, 4])
     assert "| no window after step 10 | 28,000-31,000 | 45.10 | 148 s | 12.800 -> 9.700 (step 6) | 3 |" in lines[2]
     assert "| 33,000 | 32,000-34,000 |" in lines[3]  # the window that recorded the CUDA graphs (2-5) left out
+
+
+def test_shape_labels_shorten_the_preset_families():
+    from hybridtune.bench.results import _shape
+
+    assert _shape({"shape": "qwen3_5-2b"}) == "2B"
+    assert _shape({"shape": "qwen3_5-35b-a3b@layers=8"}) == "35B-A3B@layers=8"
+    assert _shape({"shape": "qwen3_next-80b-a3b@layers=24"}) == "Next-80B-A3B@layers=24"
+    assert _shape({"shape": "tiny-qwen3_next"}) == "tiny-qwen3_next"  # not a family prefix: as it is

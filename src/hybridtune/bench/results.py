@@ -224,10 +224,17 @@ def _loss_span(r: dict) -> str:
     return f"{r['loss_step1']:.3f} -> {last[1]:.3f} (step {last[0]})" if last and r.get("loss_step1") else ""
 
 
+SHAPE_FAMILIES = {"qwen3_5-": "", "qwen3_next-": "Next-"}  # preset prefix -> its short form in the tables
+
+
 def _shape(r: dict) -> str:
-    """qwen3_5-2b -> 2B, qwen3_5-35b-a3b@layers=8 -> 35B-A3B@layers=8; other presets as they are."""
+    """qwen3_5-2b -> 2B, qwen3_5-35b-a3b@layers=8 -> 35B-A3B@layers=8, qwen3_next-80b-a3b@layers=24 ->
+    Next-80B-A3B@layers=24; other presets as they are."""
     name, at, cut = r["shape"].partition("@")
-    return (name.removeprefix("qwen3_5-").upper() if name.startswith("qwen3_5-") else name) + at + cut
+    for prefix, short in SHAPE_FAMILIES.items():
+        if name.startswith(prefix):
+            return short + name.removeprefix(prefix).upper() + at + cut
+    return name + at + cut
 
 
 def _bench_table(rows: dict[int, dict], entries: list, baseline_of: dict[int, int]) -> list[str]:
@@ -309,17 +316,17 @@ def _scaling_table(rows: dict[int, dict], entries: list) -> list[str]:
 README_TABLES = {
     # Single GPU, the figures of record: the 2B, 0.8B and 9B shapes at 4096 tokens, hf-eager first in each run
     # (the newest code first, then the variants of the conv and of CUDA graphs).
-    # Qwen3.5-35B-A3B (all 40 layers): hf-eager and the compiled loop from two calls at one commit (row 82 against 77).
+    # The MoE shapes, each pair in one run: Qwen3.5-35B-A3B (all 40 layers) and Qwen3-Next-80B-A3B cut to 24 layers.
     "perf-table": {
-        "rows": [71, 72, 74, 73, 76, 75, 77, 82, 27, 26, 24, 25, 30, 29, 28],
-        "baseline": {24: 27, 25: 27, 82: 77},
+        "rows": [71, 72, 74, 73, 76, 75, 84, 83, 86, 85, 27, 26, 24, 25, 30, 29, 28],
+        "baseline": {24: 27, 25: 27},
     },
     # Lanes side by side on one GPU (first steps and long packs; their tokens/s are not figures of record).
     "lanes-table": {"rows": [78, 79, 80], "baseline": {}},
     # The path to there: earlier code (ratios against the same run's hf-eager, else the row named).
     "perf-history": {
-        "rows": [1, 5, 2, 4, 3, 9, 6, 14, 17, 10, 11, 20, 19, 22, 21, 32, 31, 66, 65],
-        "baseline": {5: 1, 4: 1, 6: 1, 14: 1},
+        "rows": [1, 5, 2, 4, 3, 9, 6, 14, 17, 10, 11, 20, 19, 22, 21, 32, 31, 66, 65, 77, 82],
+        "baseline": {5: 1, 4: 1, 6: 1, 14: 1, 82: 77},
     },
     # One GPU through `hybridtune train` (its defaults: CUDA graphs, checkpointing from the memory estimate).
     "train-table": {"rows": [67, 68, 69, 81, 70]},
