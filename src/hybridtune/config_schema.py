@@ -188,10 +188,10 @@ class TrainConfig:
         "replay the compiled loop's kernels as CUDA graphs (torch.compile mode reduce-overhead); auto = on for one "
         "process running compile: loop on a GPU over a static pack_layout",
     )
-    compile_regions: bool = _f(
-        False,
-        "compile: loop traces each distinct decoder layer once and reuses it for the identical ones (nested compile "
-        "regions), less to trace for deep models; opt-in for now",
+    compile_regions: Literal["auto"] | bool = _f(
+        "auto",
+        "compile: loop traces each distinct decoder layer once and reuses it for the identical ones: the same step, "
+        "a shorter first one; auto = on for the loop in one process, off under torchrun",
     )
     compile_overrides: list[str] = _f(
         [], "per-class plan overrides for compile: modules, as Class=compile|fullgraph|eager|off (see doctor)"

@@ -73,7 +73,7 @@ def _run(out, data, **kw):
 def test_cuda_graphs_wiring(tmp_path, small_data, monkeypatch, fake_compile, caches, caplog, warn_limit):
     plain_t, plain = _run(tmp_path / "plain", small_data)
     assert plain_t.choices.cuda_graphs.value is False and "CUDA graphs need a GPU" in plain_t.choices.cuda_graphs.reason
-    assert fake_compile[-1]["opts"] == {"static_shapes": True, "regional": False}
+    assert fake_compile[-1]["opts"] == {"static_shapes": True, "regional": True}  # compile_regions: auto, one process
     assert fake_compile[-1]["conv"] == "traced"
 
     real = choices.choose_cuda_graphs  # the real decision, as on a GPU
@@ -88,7 +88,7 @@ def test_cuda_graphs_wiring(tmp_path, small_data, monkeypatch, fake_compile, cac
     keys = len(choices.cuda_graph_keys(t.collate.layout, t.facts.packs))
     assert t.cuda_graphs and fake_compile[-1]["opts"] == {
         "static_shapes": True,
-        "regional": False,
+        "regional": True,
         "mode": "reduce-overhead",
     }
     assert fake_compile[-1]["conv"] == "op" and conv_in_graph() == "traced"  # op while it ran, put back after
@@ -106,9 +106,11 @@ def test_cuda_graphs_wiring(tmp_path, small_data, monkeypatch, fake_compile, cac
 
 
 def test_compile_regions_reaches_the_loop(tmp_path, small_data, fake_compile):
-    """`compile_regions: true` asks the loop for regions (compile_loop(regional=True)); off by default."""
-    _run(tmp_path / "reg", small_data, compile_regions=True)
-    assert fake_compile[-1]["strategy"] == "loop" and fake_compile[-1]["opts"]["regional"] is True
+    """`compile_regions` reaches compile_loop(regional=...): on under auto (one process) and true, off under false."""
+    for value, want in (("auto", True), (True, True), (False, False)):
+        t, _ = _run(tmp_path / f"reg-{value}", small_data, compile_regions=value)
+        assert fake_compile[-1]["strategy"] == "loop" and fake_compile[-1]["opts"]["regional"] is want
+        assert t.choices.compile_regions.value is want
 
 
 def test_compile_regions_without_the_loop_says_it_does_nothing(tmp_path, small_data, fake_compile, caplog):

@@ -11,6 +11,7 @@ Order of dependence (each choice may read those above it):
     threads          <- device, model size
     compile          <- device, FSDP2 engine and units, the whole-model unit's size
     pack_layout      <- compile, micro_batch_size, every train and eval pack
+    compile_regions  <- compile, processes
     cuda_graphs      <- device, processes, compile, pack_layout (its packs' GDN chunk counts bound the graphs)
     loss             <- the model's head and loss terms
     checkpointing    <- device, the GPU's free memory, the model's widths, pack_layout, bf16, loss, and under FSDP2
@@ -102,6 +103,7 @@ class Choices:
     fused_loss: Choice  # bool
     checkpointing: Choice  # bool (auto: from the memory estimate; off is retried with it on after an OOM)
     cuda_graphs: Choice = Choice(False, "cuda_graphs: off")  # bool
+    compile_regions: Choice = Choice(False, "compile_regions: false")  # bool: compile_loop(regional=...)
     warnings: tuple[str, ...] = field(default=())
 
     def lines(self) -> list[str]:
@@ -113,7 +115,17 @@ class Choices:
         return out
 
 
-ORDER = ("bf16", "threads", "compile", "fsdp_units", "pack_layout", "cuda_graphs", "fused_loss", "checkpointing")
+ORDER = (
+    "bf16",
+    "threads",
+    "compile",
+    "compile_regions",
+    "fsdp_units",
+    "pack_layout",
+    "cuda_graphs",
+    "fused_loss",
+    "checkpointing",
+)
 NONE = {"threads": "torch's default", "pack_layout": "dynamic"}  # what a None value means, per choice
 
 
@@ -365,6 +377,23 @@ def choose_cuda_graphs(cfg: TrainConfig, facts: Facts, strategy: str, layout: St
     )
 
 
+def choose_compile_regions(cfg: TrainConfig, facts: Facts, strategy: str) -> tuple[Choice, list[str]]:
+    """`compile_regions: auto` traces each distinct decoder layer once (compile_loop(regional=True)) when one
+    process runs the loop: the same loss and gradients (CPU and CUDA tests, tests/compiler/test_loop_regions.py),
+    the same step time and a first step about a third shorter on the H200 (benchmarks/NOTES.md 37). Under torchrun
+    it stays off: the regional loop under DDP or FSDP2 has not been checked on GPUs."""
+    if strategy != "loop":
+        warns = []
+        if cfg.compile_regions is True:
+            warns.append(f"compile_regions: no effect under compile strategy '{strategy}' (regions are the loop's)")
+        return Choice(False, f"{'auto: ' if cfg.compile_regions == 'auto' else ''}no loop (compile {strategy})"), warns
+    if cfg.compile_regions != "auto":
+        return Choice(bool(cfg.compile_regions), f"compile_regions: {str(cfg.compile_regions).lower()}"), []
+    if facts.engine != "none":
+        return Choice(False, f"auto: off under {facts.engine} ({facts.world} processes): not yet checked there"), []
+    return Choice(True, "auto: each distinct decoder layer traced once for the loop in one process"), []
+
+
 def choose_loss(cfg: TrainConfig, facts: Facts) -> Choice:
     if cfg.loss == "plain":
         return Choice(False, "loss: plain, transformers' own ([tokens, vocab] logits kept)")
@@ -419,6 +448,8 @@ def resolve(cfg: TrainConfig, facts: Facts) -> Choices:
         warns.append("bf16 on CPU autocasts matmuls only and is slow on most CPUs; fp32 is the CPU default")
     compile_, more = choose_compile(cfg, facts)
     warns += more
+    regions, more = choose_compile_regions(cfg, facts, compile_.value)
+    warns += more
     bf16 = choose_bf16(cfg, facts)
     layout = choose_pack_layout(cfg, facts, compile_.value)
     fused = choose_loss(cfg, facts)
@@ -435,6 +466,7 @@ def resolve(cfg: TrainConfig, facts: Facts) -> Choices:
         fsdp_units=fsdp_units,
         pack_layout=layout,
         cuda_graphs=choose_cuda_graphs(cfg, facts, compile_.value, layout.value),
+        compile_regions=regions,
         fused_loss=fused,
         checkpointing=checkpointing,
         warnings=tuple(warns),

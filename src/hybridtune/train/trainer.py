@@ -192,17 +192,16 @@ class Trainer:
         if self.cfg.gradient_checkpointing == "auto" and self.choices.checkpointing.value:
             enable_checkpointing(self.model)  # the memory estimate said so (choices.choose_checkpointing)
         self.compile_handle = None
-        if self.cfg.compile_regions and self.strategy != "loop":
-            logger.warning(
-                "compile_regions: no effect under compile strategy '%s' (regions are the loop's)", self.strategy
-            )
         if self.strategy == "off":
             return
         opts: dict = {}
         if self.strategy == "modules" and self.cfg.compile_overrides:
             opts["overrides"] = compile_overrides(self.cfg)
         if self.strategy == "loop":
-            opts["static_shapes"], opts["regional"] = self.collate.layout is not None, self.cfg.compile_regions
+            opts["static_shapes"], opts["regional"] = (
+                self.collate.layout is not None,
+                self.choices.compile_regions.value,
+            )
         if self.choices.cuda_graphs.value:
             keys = len(cuda_graph_keys(self.collate.layout, self.facts.packs))
             self.cuda_graphs, self.graph_log = True, cudagraphs.GraphLog(self.device, keys)
