@@ -70,7 +70,8 @@ MODES: dict[str, Mode] = {
         Mode("ht-eager", "hybridtune ops + fused loss, eager", patch=True, compile="off", loss="fused"),
         Mode(
             "ht-loop",
-            "hybridtune ops + fused loss, decoder loop as one graph, static pack layout (as `hybridtune train`)",
+            "hybridtune ops + fused loss, decoder loop as one graph, static pack layout, every layer inlined (`hybridtune "
+            "train`'s defaults in one process on a GPU: ht-loop:cg=on,regions=on)",
             patch=True,
             compile="loop",
             loss="fused",
