@@ -44,8 +44,13 @@
 #   Qwen3-Next-80B-A3B cut to half depth (24 layers, ~80 GB of bf16 weights), the same pair:
 #     "bench --base_model qwen3_next-80b-a3b@layers=24 --modes ht-loop:cg=on,regions=on,hf-eager
 #      --lora_target_parameters gate_up_proj,down_proj --warmup 3 --steps 10 --profile"
-#   CUDA regional tests after a bench has warmed the caches (one cold case alone took more than 278 s):
-#     "bench --modes ht-loop:cg=on,regions=on --steps 4 then tests tests/compiler/test_loop_regions.py"
+#   CUDA regional tests (5 passed, 2026-12-02, the first case 280 s cold; rows 83-86 came from the MoE pairs above):
+#     "tests tests/compiler/test_loop_regions.py -k cuda"
+#   Next (compile_regions is train's default now): train's CUDA tests with it, a 262k train (regional memory at long
+#   context), the 9B cold first step regional, each lane's caches its own (LANE_CACHES=1):
+#     "tests tests/train/test_cuda_graphs_gpu.py tests/train/test_samples.py then train lora-1long262 --base_model
+#      qwen3_5-2b --sequence_len 262144 --adapter lora --warmup_steps 1 --max_steps 4 --logging_steps 1"
+#     "bench --base_model qwen3_5-9b --modes ht-loop:cg=on,regions=on,hf-eager --layouts 4 --warmup 8 --steps 12"
 #   HYBRIDTUNE_GIT_COMMIT=<sha> T0=545 bash benchmarks/single_gpu.sh "bench --modes hf-eager,ht-loop:cg=on"
 [ $# -ge 1 ] || { sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 2; }
 source "$(dirname "$0")/env.sh"
