@@ -51,6 +51,8 @@
 #     "tests tests/train/test_cuda_graphs_gpu.py tests/train/test_samples.py then train lora-1long262 --base_model
 #      qwen3_5-2b --sequence_len 262144 --adapter lora --warmup_steps 1 --max_steps 4 --logging_steps 1"
 #     "bench --base_model qwen3_5-9b --modes ht-loop:cg=on,regions=on,hf-eager --layouts 4 --warmup 8 --steps 12"
+#   and HFU at 131k (issue 19's target; row 69 has the first step only):
+#     "bench --modes ht-loop:cg=on,regions=on --sequence_len 131072 --steps 4 --warmup 2"
 #   HYBRIDTUNE_GIT_COMMIT=<sha> T0=545 bash benchmarks/single_gpu.sh "bench --modes hf-eager,ht-loop:cg=on"
 [ $# -ge 1 ] || { sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 2; }
 source "$(dirname "$0")/env.sh"
