@@ -28,8 +28,11 @@ def test_auto_is_on_for_the_loop_in_one_process():
 def test_auto_is_off_under_torchrun_and_says_why(engine):
     c, warns = choose_compile_regions(load_config(None, {}), _facts(engine=engine, world=2), "loop")
     assert c.value is False and c.reason == f"auto: off under {engine} (2 processes): not yet checked there"
-    on, _ = choose_compile_regions(load_config(None, {"compile_regions": True}), _facts(engine=engine, world=2), "loop")
+    on, warns = choose_compile_regions(
+        load_config(None, {"compile_regions": True}), _facts(engine=engine, world=2), "loop"
+    )
     assert on.value is True and on.reason == "compile_regions: true"  # an explicit true is the user's to take
+    assert warns == [f"compile_regions: true under {engine}: the regional loop is not yet checked there"]
 
 
 @pytest.mark.parametrize("strategy", ["off", "modules"])

@@ -10,8 +10,8 @@ Order of dependence (each choice may read those above it):
     device, bf16 (before the model loads: the frozen base's dtype depends on it)
     threads          <- device, model size
     compile          <- device, FSDP2 engine and units, the whole-model unit's size
-    pack_layout      <- compile, micro_batch_size, every train and eval pack
     compile_regions  <- compile, processes
+    pack_layout      <- compile, micro_batch_size, every train and eval pack
     cuda_graphs      <- device, processes, compile, pack_layout (its packs' GDN chunk counts bound the graphs)
     loss             <- the model's head and loss terms
     checkpointing    <- device, the GPU's free memory, the model's widths, pack_layout, bf16, loss, and under FSDP2
@@ -388,7 +388,10 @@ def choose_compile_regions(cfg: TrainConfig, facts: Facts, strategy: str) -> tup
             warns.append(f"compile_regions: no effect under compile strategy '{strategy}' (regions are the loop's)")
         return Choice(False, f"{'auto: ' if cfg.compile_regions == 'auto' else ''}no loop (compile {strategy})"), warns
     if cfg.compile_regions != "auto":
-        return Choice(bool(cfg.compile_regions), f"compile_regions: {str(cfg.compile_regions).lower()}"), []
+        warns = []
+        if cfg.compile_regions is True and facts.engine != "none":
+            warns.append(f"compile_regions: true under {facts.engine}: the regional loop is not yet checked there")
+        return Choice(bool(cfg.compile_regions), f"compile_regions: {str(cfg.compile_regions).lower()}"), warns
     if facts.engine != "none":
         return Choice(False, f"auto: off under {facts.engine} ({facts.world} processes): not yet checked there"), []
     return Choice(True, "auto: each distinct decoder layer traced once for the loop in one process"), []

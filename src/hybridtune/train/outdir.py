@@ -37,6 +37,8 @@ RERUN_FREE_KEYS = (
     "dataset_num_proc",  # how many processes tokenise: the same examples
     "report_to",  # where the metrics also go, and under which name
     "run_name",
+    "cuda_graphs",  # replays of the same compiled kernels: the same computation
+    "compile_regions",  # each distinct layer traced once instead of inlined: the same computation
 )
 # Keys a resumed run may change: how often it logs, evaluates, saves and profiles, and how it spreads over processes.
 RESUME_FREE_KEYS = (
@@ -47,8 +49,6 @@ RESUME_FREE_KEYS = (
     "save_steps",
     "distributed",
     "fsdp_units",
-    "cuda_graphs",  # replays of the same compiled kernels: the same computation
-    "compile_regions",  # each distinct layer traced once instead of inlined: the same computation
 )
 
 
