@@ -5,6 +5,9 @@ import random
 
 import pytest
 
+from hybridtune.compiler import strategies
+from hybridtune.train import trainer as trainer_mod
+
 
 @pytest.fixture(scope="session")
 def small_data(tmp_path_factory) -> str:
@@ -19,3 +22,17 @@ def small_data(tmp_path_factory) -> str:
         )
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return str(path)
+
+
+@pytest.fixture
+def aot_eager(monkeypatch):
+    """The trainer's compile_model, real, under the aot_eager backend (inductor's CPU build would cost minutes);
+    the handles it made."""
+    handles = []
+
+    def compile_(model, strategy, **opts):
+        handles.append(strategies.compile_model(model, strategy, backend="aot_eager", **opts))
+        return handles[-1]
+
+    monkeypatch.setattr(trainer_mod, "compile_model", compile_)
+    return handles

@@ -11,12 +11,11 @@ import sys
 import pytest
 import torch
 from test_resume import make_cfg
+from test_train_regions import run
 
-from hybridtune.compiler import strategies
 from hybridtune.config import load_config, parse_overrides, to_dict
 from hybridtune.errors import ConfigError
 from hybridtune.train import choices, outdir
-from hybridtune.train import trainer as trainer_mod
 from hybridtune.train.choices import Facts, choose_compile_regions
 from hybridtune.train.trainer import Trainer
 
@@ -132,34 +131,12 @@ def test_torchrun_with_one_process_counts_as_one_process(monkeypatch):
 # --- the real trainer with the real regional loop ---------------------------------------------------------------
 
 
-@pytest.fixture
-def aot_eager(monkeypatch):
-    handles = []
-
-    def compile_(model, strategy, **opts):
-        handles.append(strategies.compile_model(model, strategy, backend="aot_eager", **opts))
-        return handles[-1]
-
-    monkeypatch.setattr(trainer_mod, "compile_model", compile_)
-    return handles
-
-
-def _run(out, data, **kw):
-    cfg = make_cfg(out, data, max_steps=2, eval_steps=2, lora_dropout=0.0, pack_layout="static", **kw)
-    t = Trainer(cfg)
-    t.setup()
-    try:
-        return t, t.train()
-    finally:
-        torch._dynamo.reset()
-
-
 def test_eval_generations_after_regional_training(tmp_path, small_data, aot_eager):
     """Pins: greedy generations (the upstream forward with a cache, through the regions' installed layer forwards)
     after training under the regional loop are those of the uncompiled run."""
     kw = dict(eval_samples=2, eval_max_new_tokens=4)
-    _, plain = _run(tmp_path / "off", small_data, compile="off", **kw)
-    t, regional = _run(tmp_path / "reg", small_data, compile="loop", **kw)
+    _, plain = run(tmp_path / "off", small_data, max_steps=2, compile="off", **kw)
+    t, regional = run(tmp_path / "reg", small_data, max_steps=2, compile="loop", **kw)
     assert t.choices.compile_regions.value is True and aot_eager[-1].regions.regional
     assert regional.losses == pytest.approx(plain.losses, rel=1e-5)
     a, b = regional.evals[-1], plain.evals[-1]
@@ -180,9 +157,9 @@ def test_oom_retry_keeps_the_regional_loop(tmp_path, small_data, aot_eager, monk
             raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
         return real(self)
 
-    _, plain = _run(tmp_path / "off", small_data, compile="off", gradient_checkpointing=True)
+    _, plain = run(tmp_path / "off", small_data, max_steps=2, compile="off", gradient_checkpointing=True)
     monkeypatch.setattr(Trainer, "train_step", flaky)
-    t, regional = _run(tmp_path / "reg", small_data, compile="loop", gradient_checkpointing="auto")
+    t, regional = run(tmp_path / "reg", small_data, max_steps=2, compile="loop", gradient_checkpointing="auto")
     assert t.choices.checkpointing.value is False and len(calls) >= 2  # the retry ran
     regs = aot_eager[-1].regions
     assert regs is not None and regs.regional

@@ -10,26 +10,12 @@ import pytest
 import torch
 from test_resume import make_cfg
 
-from hybridtune.compiler import strategies
-from hybridtune.train import trainer as trainer_mod
 from hybridtune.train.trainer import Trainer
 
 
-@pytest.fixture
-def aot_eager(monkeypatch):
-    """The trainer's compile_model, real, under the aot_eager backend; the handles it made."""
-    handles = []
-
-    def compile_(model, strategy, **opts):
-        handles.append(strategies.compile_model(model, strategy, backend="aot_eager", **opts))
-        return handles[-1]
-
-    monkeypatch.setattr(trainer_mod, "compile_model", compile_)
-    return handles
-
-
-def _run(out, data, **kw):
-    cfg = make_cfg(out, data, max_steps=3, eval_steps=2, lora_dropout=0.0, pack_layout="static", **kw)
+def run(out, data, max_steps=3, **kw):
+    """The trainer's run of `kw` over `data` in `out` (static layout, eval every 2 steps); (trainer, result)."""
+    cfg = make_cfg(out, data, max_steps=max_steps, eval_steps=2, lora_dropout=0.0, pack_layout="static", **kw)
     t = Trainer(cfg)
     t.setup()
     try:
@@ -39,11 +25,11 @@ def _run(out, data, **kw):
 
 
 def test_train_default_loop_is_regional_and_trains_as_uncompiled(tmp_path, small_data, aot_eager):
-    _, plain = _run(tmp_path / "off", small_data, compile="off")
-    t, regional = _run(tmp_path / "regions", small_data, compile="loop")
+    _, plain = run(tmp_path / "off", small_data, compile="off")
+    t, regional = run(tmp_path / "regions", small_data, compile="loop")
     assert t.choices.compile_regions.value is True
     assert aot_eager[-1].regions is not None and aot_eager[-1].regions.regional
-    _, inlined = _run(tmp_path / "inlined", small_data, compile="loop", compile_regions=False)
+    _, inlined = run(tmp_path / "inlined", small_data, compile="loop", compile_regions=False)
     assert aot_eager[-1].regions is None or not aot_eager[-1].regions.regional
     assert len(regional.losses) == 3 and len(regional.evals) >= 1
     for other in (plain, inlined):
