@@ -18,6 +18,7 @@ import logging
 import pytest
 import torch
 from test_resume import make_cfg
+from test_train_regions import run
 
 from hybridtune.ops import fla_adapter
 from hybridtune.ops.gdn import conv_in_graph
@@ -64,10 +65,7 @@ def caches(tmp_path, monkeypatch):
 
 
 def _run(out, data, **kw):
-    cfg = make_cfg(out, data, max_steps=4, eval_steps=2, lora_dropout=0.0, compile="loop", pack_layout="static", **kw)
-    t = Trainer(cfg)
-    t.setup()
-    return t, t.train()
+    return run(out, data, max_steps=4, compile="loop", **kw)
 
 
 def test_cuda_graphs_wiring(tmp_path, small_data, monkeypatch, fake_compile, caches, caplog, warn_limit):

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from test_redteam_s11 import _held
 from test_resume import make_cfg
 from test_train_regions import run
 
@@ -19,22 +20,14 @@ from hybridtune.train import choices, outdir
 from hybridtune.train.choices import Facts, choose_compile_regions
 from hybridtune.train.trainer import Trainer
 
-
-def _held(out, cfg) -> None:
-    """`out` holds the run of `cfg` (its run file, as claim_output_dir writes it)."""
-    out.mkdir(parents=True, exist_ok=True)
-    record = {"config": to_dict(cfg), "data": outdir.data_fingerprint(cfg), "cwd": "."}
-    (out / outdir.RUN_FILE).write_text(json.dumps(record))
-
-
 # --- the run file of the version before auto --------------------------------------------------------------------
 
 
 def test_same_command_again_over_a_run_recorded_before_auto(tmp_path, small_data):
-    """Was a defect (fixed: compile_regions and cuda_graphs are outdir.RERUN_FREE_KEYS). The version before eede9b5 recorded `compile_regions: false` (its default) in every run file. The
-    same command run again over that run (no --compile_regions given either time) now reads "auto" and is
-    refused as another config ("compile_regions: False -> 'auto'"), though regions compute the same thing (the
-    reason compile_regions is resume-free)."""
+    """Was a defect (fixed: compile_regions and cuda_graphs are outdir.RERUN_FREE_KEYS). The version before
+    eede9b5 recorded `compile_regions: false` (its default) in every run file. The same command run again over that
+    run (no --compile_regions given either time) read "auto" and was refused as another config ("compile_regions:
+    False -> 'auto'"), though regions compute the same thing."""
     out = tmp_path / "run"
     _held(out, make_cfg(out, small_data, compile="loop", compile_regions=False))  # the old default, recorded
     cfg = make_cfg(out, small_data, compile="loop")  # the same command, under the new default
@@ -42,8 +35,8 @@ def test_same_command_again_over_a_run_recorded_before_auto(tmp_path, small_data
 
 
 def test_same_command_again_after_switching_regions_explicitly(tmp_path, small_data):
-    """Was a defect (same root, same fix). A finished run with regions on, run again with `--compile_regions false` (e.g. to
-    compare the first step): nothing it computes changes, yet it is refused unless --overwrite."""
+    """Was a defect (same root, same fix). A finished run with regions on, run again with `--compile_regions false`
+    (to compare the first step, say): nothing it computes changes, yet it was refused unless --overwrite."""
     out = tmp_path / "run"
     _held(out, make_cfg(out, small_data, compile="loop", compile_regions=True))
     assert outdir.check_output_dir(make_cfg(out, small_data, compile="loop", compile_regions=False)) is True
@@ -121,9 +114,8 @@ def test_torchrun_with_one_process_counts_as_one_process(monkeypatch):
 
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("RANK", "0")
-    d = distributed.from_env() if hasattr(distributed, "from_env") else None
     cfg = load_config(None, {"compile": "loop"})
-    facts = choices.measure(cfg, torch.device("cpu"), d or distributed.Dist())
+    facts = choices.measure(cfg, torch.device("cpu"), distributed.from_env())
     assert facts.engine == "none"
     assert choose_compile_regions(cfg, facts, "loop")[0].value is True
 

@@ -102,8 +102,8 @@ class Choices:
     pack_layout: Choice  # a StaticLayout, or None for the dynamic layout
     fused_loss: Choice  # bool
     checkpointing: Choice  # bool (auto: from the memory estimate; off is retried with it on after an OOM)
+    compile_regions: Choice  # bool: compile_loop(regional=...)
     cuda_graphs: Choice = Choice(False, "cuda_graphs: off")  # bool
-    compile_regions: Choice = Choice(False, "compile_regions: false")  # bool: compile_loop(regional=...)
     warnings: tuple[str, ...] = field(default=())
 
     def lines(self) -> list[str]:

@@ -198,10 +198,8 @@ class Trainer:
         if self.strategy == "modules" and self.cfg.compile_overrides:
             opts["overrides"] = compile_overrides(self.cfg)
         if self.strategy == "loop":
-            opts["static_shapes"], opts["regional"] = (
-                self.collate.layout is not None,
-                self.choices.compile_regions.value,
-            )
+            opts["static_shapes"] = self.collate.layout is not None
+            opts["regional"] = self.choices.compile_regions.value
         if self.choices.cuda_graphs.value:
             keys = len(cuda_graph_keys(self.collate.layout, self.facts.packs))
             self.cuda_graphs, self.graph_log = True, cudagraphs.GraphLog(self.device, keys)
