@@ -130,6 +130,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="torch.compile backend (default inductor; aot_eager for a quick CPU check)",
     )
     _flag(ap, "profile", action="store_true", help="GPU: also profile 3 steps per mode (kernel time table)")
+    _flag(
+        ap,
+        "save_kernel_configs",
+        type=Path,
+        default=None,
+        help="GPU: after each hybridtune mode, add FLA's autotuning choices to this table (JSON; ship it as "
+        "src/hybridtune/kernels/tuned/<GPU>.json so that a fresh machine of that kind skips FLA's cold autotuning)",
+    )
     _flag(ap, "output_dir", default="outputs/bench", help="where bench.json, bench.md, bench.png and logs/ go")
     _flag(ap, "title", default=None, help="title of the markdown table and the chart (default: from the settings)")
     _flag(
@@ -339,6 +347,8 @@ def _run_modes(doc: dict, modes: list, settings: dict, out: Path, args) -> bool:
             for mode in modes:
                 label = mode.label
                 spec = {"kind": "mode", "mode": label, **settings, "peak_flops_per_s": doc["peak"].get("flops_per_s")}
+                if args.save_kernel_configs is not None:
+                    spec["save_kernel_configs"] = str(args.save_kernel_configs.resolve())
                 logger.info("bench: running %s", label)
                 log = out / "logs" / f"{label.replace(':', '_').replace('=', '-')}.log"
                 doc["modes"][label] = run_worker(spec, log, args.startup_timeout, args.mode_timeout)

@@ -20,11 +20,13 @@ import traceback
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import compile_times
 
 from hybridtune.batch import GDN_CHUNK_INDICES, NUM_LOSS_TOKENS, NUM_TOKENS
 from hybridtune.bench.data import make_batches, pack_layouts
 from hybridtune.bench.modes import parse_mode
 from hybridtune.compiler.strategies import compile_model
+from hybridtune.kernels import tuned
 from hybridtune.kernels.provision import provision_kernels
 from hybridtune.models import experts
 from hybridtune.models.flops import linear_terms, measure_peak, step_flops
@@ -51,6 +53,13 @@ def triton_cache_state() -> str:
     d = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
     n = sum(1 for _ in d.iterdir()) if d.is_dir() else 0
     return f"warm ({n} entries)" if n else "cold"
+
+
+def compile_phases(least: float = 0.5) -> dict[str, float]:
+    """Where the compile's seconds went so far, by torch's timed compile phases (`compile_times`, summed over the
+    graphs; nested phases overlap: dynamo's `_compile.compile_inner` holds the rest), those of `least` s or more."""
+    names, values = compile_times(repr="csv", aggregate=True)
+    return {n: round(float(v), 2) for n, v in zip(names, values) if float(v) >= least}
 
 
 def sync(device: torch.device) -> None:
@@ -86,6 +95,7 @@ def _kernels(mode, cfg, device: torch.device, result: dict) -> None:
         t0 = time.perf_counter()
         report = provision_kernels("check", False, cfg, log=False)
         result["kernel_selftest"] = report.selftest
+        result["kernel_configs"] = report.kernel_configs
         result["kernel_selftest_s"] = time.perf_counter() - t0
         phase(f"kernel self-test done ({result['kernel_selftest_s']:.1f} s)")
         result["fla_guard"] = {str(k): v for k, v in fla_guard.granted().items()} or "no grant"
@@ -195,6 +205,7 @@ def run_mode(spec: dict) -> dict:
         losses.append(float(loss))
         if i == 0:
             print(FIRST_STEP_MARKER, f"{times[0]:.2f}", flush=True)
+            result["compile_phases_s"] = compile_phases()
         if i == warmup - 1:
             graphs_after_warmup = counters["stats"]["unique_graphs"]
         print(f"step {i + 1}/{total} {times[-1] * 1e3:.1f} ms loss {losses[-1]:.5f}", flush=True)
@@ -224,6 +235,10 @@ def run_mode(spec: dict) -> dict:
     else:
         result["peak_rss_gib"] = memory_gib(device)
     _flops(spec, mode, cfg, batches, timed, result)
+    if spec.get("save_kernel_configs") and device.type == "cuda" and mode.patch:
+        path = Path(spec["save_kernel_configs"])
+        result["kernel_configs_saved"] = tuned.save(path, torch.cuda.get_device_name(device))
+        print(f"kernel configs: {result['kernel_configs_saved']} entries in {path}", flush=True)
     if spec.get("profile") and can_profile(device):
         try:
             _profile(spec, mode, cfg, batches, step, device, result)

@@ -36,6 +36,7 @@ from typing import Any
 from hybridtune.errors import ConfigError, KernelUnavailableError
 from hybridtune.kernels import gates as gates_mod
 from hybridtune.kernels import selftest as selftest_mod
+from hybridtune.kernels import tuned
 from hybridtune.kernels.environment import (
     FALSE_WORDS,
     TRUE_WORDS,
@@ -117,6 +118,7 @@ class ProvisionReport:
     kernels: dict[str, KernelStatus] = field(default_factory=dict)
     hooks: dict[str, Any] | None = None
     selftest: list[dict[str, Any]] = field(default_factory=list)
+    kernel_configs: str = ""  # the shipped autotuning table's line (kernels.tuned.seed), when the self-test ran
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -177,6 +179,8 @@ class ProvisionReport:
         for st in self.kernels.values():
             via = f" via {st.substitute}" if st.substitute and not st.available else ""
             lines.append(f"  {st.name}: {st.state}{' ' + st.version if st.version else ''}{via}. {st.detail}".rstrip())
+        if self.kernel_configs:
+            lines.append(f"  {self.kernel_configs}")
         for v in self.selftest:
             lines.append(f"  self-test {v.get('kernel')} {v.get('layout')}: {v.get('verdict')}")
         if self.gaps:
@@ -332,6 +336,7 @@ def provision_kernels(
 
     fla = report.kernels.get("fla")
     if selftest and policy != "off" and accel is not None and fla is not None and fla.available:
+        report.kernel_configs = _seed_kernel_configs()
         report.selftest = _run_selftest(model_type_or_config, report)
 
     if log:
@@ -371,6 +376,19 @@ def _gate_provisioner(policy: str, installer: Installer, report: ProvisionReport
         return state in ("installed", "present")
 
     return on_false
+
+
+def _seed_kernel_configs() -> str:
+    """FLA's autotuning choices for this GPU kind from the shipped table (kernels.tuned), before the self-test's
+    first kernel call; the line says what was taken. A failure here only leaves FLA to autotune as usual."""
+    import torch  # torch-bound; this module stays light for `doctor --help`
+
+    try:
+        fla_adapter.load()  # the kernel modules, so that their autotuners exist
+        return tuned.seed(torch.cuda.get_device_name(torch.cuda.current_device()))
+    except Exception as e:
+        logger.warning("kernel configs not seeded (%s: %s): FLA autotunes its kernels", type(e).__name__, e)
+        return f"kernel configs: not seeded ({type(e).__name__}); FLA autotunes its kernels"
 
 
 def _run_selftest(model_type_or_config: Any, report: ProvisionReport) -> list[dict[str, Any]]:

@@ -24,14 +24,13 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybridtune.kernels.environment import cache_dir, dist_version, environment
+from hybridtune.kernels.environment import cache_dir, dist_version, environment, write_json_atomic
 from hybridtune.kernels.needs import read_config
 from hybridtune.models.anatomy import text_config
 from hybridtune.models.presets import preset_config
@@ -160,13 +159,9 @@ def _load_cache() -> dict[str, Any]:
 def _store(fingerprint: str, verdict: Verdict) -> None:
     path = _cache_path()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         data = _load_cache()
         data[fingerprint] = {"passed": verdict.passed, "errors": verdict.errors, "reason": verdict.reason}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        write_json_atomic(path, data)
     except OSError as e:
         logger.warning("could not write the self-test cache %s: %s", path, e)
 

@@ -1,0 +1,183 @@
+"""FLA's Triton autotuning, done once per GPU kind and shipped: the first minute on a fresh machine.
+
+On a machine whose Triton cache is empty every FLA kernel the run uses compiles and benchmarks each of its candidate
+configs before its first call (the self-test's cold start: 32-131 s on an H200, benchmarks/NOTES.md 37 and 40).
+Triton keeps what it chose in its own cache (`cache_results`), so a second run on the same machine is warm; a fresh
+machine, a new container or a wiped cache pays again. This module keeps those choices as data:
+
+- `save(path)` (after a run on the GPU: `hybridtune bench --save_kernel_configs FILE`) writes what every FLA
+  autotuner of this process chose, per kernel and autotune key, with the device and the FLA / Triton versions;
+- `seed()` (before the self-test, `kernels.provision`) puts the shipped table of this GPU kind
+  (`kernels/tuned/<GPU>.json`, package data) into the autotuners, so they pick without benchmarking.
+
+The file is JSON, read as data: an entry is taken only when its config equals one of the kernel's own candidate
+configs (FLA's config space decides what can run; a file can only choose among them), only for the device and the
+versions it was made with, and never over a choice the process already made. A kernel the table does not cover
+autotunes as before. The self-test then checks the numbers of the kernels so configured. FLA 0.6 has a config-file
+mechanism of its own (`FLA_CACHE_MODE`, `FLA_CONFIG_DIR`), but only for the kernels it decorates with
+`fla_cache_autotune`; some on the GDN path use plain `triton.autotune` (the `solve_tril` merges), which only the
+autotuner's choice table reaches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from hybridtune.kernels.environment import write_json_atomic
+from hybridtune.versions import dist_version
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "hybridtune-kernel-configs/1"
+SHIPPED = Path(__file__).parent / "tuned"
+_JSON_SCALARS = (bool, int, float, str, type(None))
+
+
+def device_slug(name: str) -> str:
+    """A device name as a file name: `NVIDIA H200` -> `NVIDIA_H200` (FLA's spelling of its config folders)."""
+    return re.sub(r"[^0-9A-Za-z]+", "_", name).strip("_") or "unknown"
+
+
+def versions() -> dict[str, str | None]:
+    """The versions a table is valid for: the kernels' source (FLA) and their compiler (Triton)."""
+    return {"fla": dist_version("fla-core", "flash-linear-attention"), "triton": dist_version("triton")}
+
+
+def autotuners(modules: dict[str, Any] | None = None, kind: type | None = None) -> dict[str, Any]:
+    """Every Triton autotuner in FLA's imported modules, by the defining function's `module.name`.
+
+    A kernel is a module attribute that may wrap its autotuner (`@triton.heuristics` over `@autotune` over
+    `@triton.jit`): each `.fn` is followed down to the plain function. A kernel re-exported by another module is
+    the same object and is counted once. `modules` (default sys.modules) and `kind` (default Triton's Autotuner)
+    are for tests."""
+    if kind is None:
+        from triton.runtime.autotuner import Autotuner as kind  # torch-bound: only on a GPU path
+
+    found: dict[str, Any] = {}
+    for mod_name, mod in list((modules if modules is not None else sys.modules).items()):
+        if not (mod_name == "fla" or mod_name.startswith("fla.")) or mod is None:
+            continue
+        for value in list(vars(mod).values()):
+            obj, tuner = value, None
+            for _ in range(8):  # heuristics -> autotuner -> jit -> function; a bound on odd wrappers
+                if isinstance(obj, kind):
+                    tuner = obj
+                inner = getattr(obj, "fn", None)
+                if inner is None or inner is obj:
+                    break
+                obj = inner
+            if tuner is not None and callable(obj):
+                found.setdefault(f"{getattr(obj, '__module__', mod_name)}.{getattr(obj, '__name__', '?')}", tuner)
+    return found
+
+
+def _plain(config: Any) -> dict[str, Any]:
+    """A Triton config as the flat dict Triton launches it with (its kwargs and num_warps, num_stages, ...)."""
+    return dict(config.all_kwargs())
+
+
+def snapshot(tuners: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """What each autotuner chose so far: {kernel: [{"key": [...], "config": {...}}]}, JSON-able entries only."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, tuner in sorted((tuners if tuners is not None else autotuners()).items()):
+        entries = []
+        for key, config in tuner.cache.items():
+            plain = _plain(config)
+            if all(isinstance(v, _JSON_SCALARS) for v in (*key, *plain.values())):
+                entries.append({"key": list(key), "config": plain})
+        if entries:
+            out[name] = sorted(entries, key=lambda e: json.dumps(e["key"]))
+    return out
+
+
+def save(path: Path, device: str, tuners: dict[str, Any] | None = None) -> int:
+    """Add this process's choices to the table at `path` (made for `device` and the installed versions; a table of
+    other versions or another device is replaced, not mixed). Returns the number of entries written."""
+    path = Path(path)
+    table = _read(path) if path.exists() else None
+    want = {"device": device, "versions": versions()}
+    kernels: dict[str, list[dict[str, Any]]] = {}
+    if table is not None and all(table.get(k) == v for k, v in want.items()):
+        kernels = table["kernels"]
+    for name, entries in snapshot(tuners).items():
+        merged = {json.dumps(e["key"]): e for e in kernels.get(name, [])}
+        merged.update({json.dumps(e["key"]): e for e in entries})  # this run's choice wins
+        kernels[name] = [merged[k] for k in sorted(merged)]
+    write_json_atomic(path, {"format": FORMAT, **want, "kernels": kernels})
+    return sum(len(v) for v in kernels.values())
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    """The table at `path`, or None (with the reason logged) when it is unreadable or not of this format."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        logger.warning("kernel config table %s unreadable (%s): FLA autotunes as usual", path, e)
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("kernels"), dict):
+        logger.warning("kernel config table %s is not a %s file: FLA autotunes as usual", path, FORMAT)
+        return None
+    return data
+
+
+def seed(device: str, path: Path | None = None, tuners: dict[str, Any] | None = None) -> str:
+    """Put the table for `device` (default: the shipped one of its kind) into FLA's autotuners; returns the log line.
+
+    Needs FLA's kernel modules imported (`hybridtune.ops.fla_adapter.load()`)."""
+    path = Path(path) if path is not None else SHIPPED / f"{device_slug(device)}.json"
+    if not path.exists():
+        return f"kernel configs: none shipped for {device}: FLA autotunes its kernels (slow on a cold Triton cache)"
+    table = _read(path)
+    if table is None:
+        return f"kernel configs: {path} not used (see the warning): FLA autotunes its kernels"
+    have = versions()
+    if table.get("device") != device or table.get("versions") != have:
+        return (
+            f"kernel configs: {path.name} is for {_made(table.get('device'), table.get('versions'))}, this is "
+            f"{_made(device, have)}: FLA autotunes its kernels (make a table: hybridtune bench --save_kernel_configs)"
+        )
+    tuners = tuners if tuners is not None else autotuners()
+    taken = offered = 0
+    for name, entries in table["kernels"].items():
+        tuner = tuners.get(name)
+        if tuner is None or not isinstance(entries, list):
+            continue
+        candidates = list(tuner.configs)
+        for entry in entries:
+            offered += 1
+            key, config = _entry(entry)
+            if key is None or key in tuner.cache:
+                continue
+            match = next((c for c in candidates if _plain(c) == config), None)
+            if match is None:
+                logger.debug("kernel config for %s %s is none of its candidates: not taken", name, list(key))
+                continue
+            tuner.cache[key] = match
+            taken += 1
+    line = f"kernel configs: {taken} FLA autotuning choices taken from {path.name} ({_made(device, have)})"
+    if taken < offered:
+        line += f"; {offered - taken} of its {offered} not (already chosen, or not a candidate of that kernel)"
+    return line + "; kernels or keys it does not list autotune"
+
+
+def _made(device: Any, vers: Any) -> str:
+    """`NVIDIA H200, fla 0.6.0, triton 3.6.0`: what a table was made on, or what this process has."""
+    pairs = sorted(vers.items()) if isinstance(vers, dict) else []
+    return ", ".join([str(device), *(f"{k} {v}" for k, v in pairs)])
+
+
+def _entry(entry: Any) -> tuple[tuple | None, dict[str, Any] | None]:
+    """An entry's (key, config) when both are plain JSON of the expected shape, else (None, None)."""
+    if not isinstance(entry, dict):
+        return None, None
+    key, config = entry.get("key"), entry.get("config")
+    if not isinstance(key, list) or not isinstance(config, dict):
+        return None, None
+    if not all(isinstance(v, _JSON_SCALARS) for v in (*key, *config.values())):
+        return None, None
+    return tuple(key), config

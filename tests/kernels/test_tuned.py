@@ -1,0 +1,204 @@
+"""The shipped FLA autotuning table (kernels/tuned.py): found, saved, seeded, and refused when it should be.
+
+The CPU tests stand in for Triton's Autotuner / Config with objects of the same surface (`configs`, `cache`, `fn`,
+`all_kwargs()`); the GPU test runs the real kernels with the seeded choices through the self-test."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from hybridtune.kernels import tuned
+
+DEVICE = "NVIDIA H200"
+VERSIONS = {"fla": "0.6.0", "triton": "3.6.0"}
+
+
+class Config:
+    def __init__(self, num_warps, num_stages=2, **kwargs):
+        self.kwargs, self.num_warps, self.num_stages = kwargs, num_warps, num_stages
+
+    def all_kwargs(self):
+        return {**self.kwargs, "num_warps": self.num_warps, "num_stages": self.num_stages, "num_ctas": 1}
+
+
+class Autotuner:
+    def __init__(self, fn, configs):
+        self.fn, self.configs, self.cache = fn, configs, {}
+
+
+class Heuristics:
+    def __init__(self, fn):
+        self.fn = fn
+
+
+def _kernel(module: str, name: str):
+    def f():
+        return None
+
+    f.__module__, f.__name__ = module, name
+    jit = types.SimpleNamespace(fn=f)  # triton.jit's JITFunction keeps the function as .fn
+    return jit
+
+
+def _modules():
+    """Two FLA modules: a heuristics-wrapped autotuned kernel, a plain autotuned one, its re-export elsewhere, and a
+    module outside FLA that must not be read."""
+    h = Autotuner(_kernel("fla.ops.common.chunk_o", "chunk_fwd_kernel_o"), [Config(4, BV=64), Config(8, BV=128)])
+    p = Autotuner(_kernel("fla.ops.utils.solve_tril", "merge_kernel"), [Config(2), Config(4), Config(4, 3)])
+    other = Autotuner(_kernel("not_fla", "k"), [Config(1)])
+    mods = {
+        "fla.ops.common.chunk_o": types.SimpleNamespace(chunk_fwd_kernel_o=Heuristics(h), helper=len),
+        "fla.ops.utils.solve_tril": types.SimpleNamespace(merge_kernel=p),
+        "fla.ops.gated_delta_rule.chunk": types.SimpleNamespace(merge_kernel=p),  # a re-export: the same tuner
+        "not_fla": types.SimpleNamespace(k=other),
+        "fla.empty": None,
+    }
+    return mods, h, p
+
+
+@pytest.fixture
+def fixed_versions(monkeypatch):
+    monkeypatch.setattr(tuned, "versions", lambda: dict(VERSIONS))
+
+
+def _found():
+    mods, h, p = _modules()
+    return tuned.autotuners(mods, kind=Autotuner), h, p
+
+
+def test_autotuners_are_found_through_wrappers_once_and_only_in_fla():
+    found, h, p = _found()
+    assert found == {"fla.ops.common.chunk_o.chunk_fwd_kernel_o": h, "fla.ops.utils.solve_tril.merge_kernel": p}
+
+
+def test_device_slug_is_fla_spelling():
+    assert tuned.device_slug("NVIDIA H200") == "NVIDIA_H200"
+    assert tuned.device_slug("NVIDIA GeForce RTX 4090 (x)") == "NVIDIA_GeForce_RTX_4090_x"
+    assert tuned.device_slug("---") == "unknown"
+
+
+def test_save_then_seed_gives_a_fresh_process_the_same_choices(tmp_path, fixed_versions):
+    found, h, p = _found()
+    key_h, key_p = (16, 128, 128, 64, "torch.bfloat16"), (16, 64, True)
+    h.cache[key_h], p.cache[key_p] = h.configs[1], p.configs[2]
+    path = tmp_path / "NVIDIA_H200.json"
+    assert tuned.save(path, DEVICE, found) == 2
+    data = json.loads(path.read_text())
+    assert data["format"] == tuned.FORMAT and data["device"] == DEVICE and data["versions"] == VERSIONS
+
+    fresh, h2, p2 = _found()  # a new process: the same kernels, nothing chosen yet
+    line = tuned.seed(DEVICE, path, fresh)
+    assert h2.cache == {key_h: h2.configs[1]} and p2.cache == {key_p: p2.configs[2]}
+    assert h2.cache[key_h] is h2.configs[1]  # the kernel's own candidate object, not one built from the file
+    assert "2 FLA autotuning choices taken from NVIDIA_H200.json" in line and "of its" not in line
+
+
+def test_seed_takes_only_candidates_scalars_and_never_overrides(tmp_path, fixed_versions):
+    found, h, p = _found()
+    chosen_before = Config(4, BV=64)
+    p.cache[(1,)] = chosen_before
+    entries = {
+        "fla.ops.common.chunk_o.chunk_fwd_kernel_o": [
+            {"key": [16, "torch.bfloat16"], "config": {"BV": 96, "num_warps": 4, "num_stages": 2, "num_ctas": 1}},
+            {"key": [[16], "x"], "config": {"BV": 64, "num_warps": 4, "num_stages": 2, "num_ctas": 1}},
+            {"key": [32], "config": {"BV": 64, "num_warps": 4, "num_stages": 2, "num_ctas": 1, "extra": {"a": 1}}},
+            "not an entry",
+        ],
+        "fla.ops.utils.solve_tril.merge_kernel": [
+            {"key": [1], "config": {"num_warps": 2, "num_stages": 2, "num_ctas": 1}},
+            {"key": [2], "config": {"num_warps": 4, "num_stages": 3, "num_ctas": 1}},
+        ],
+        "fla.gone.kernel": [{"key": [1], "config": {}}],
+    }
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"format": tuned.FORMAT, "device": DEVICE, "versions": VERSIONS, "kernels": entries}))
+    line = tuned.seed(DEVICE, path, found)
+    assert h.cache == {}  # BV=96 is none of its candidates; a nested key and a nested config value are not data
+    assert p.cache == {(1,): chosen_before, (2,): p.configs[2]}  # the earlier choice stands
+    assert "1 FLA autotuning choices taken" in line and "5 of its 6 not" in line
+
+
+@pytest.mark.parametrize(
+    "table, said",
+    [
+        ({"device": "NVIDIA A100-SXM4-80GB", "versions": VERSIONS}, "is for NVIDIA A100-SXM4-80GB, fla 0.6.0"),
+        ({"device": DEVICE, "versions": {"fla": "0.5.4", "triton": "3.6.0"}}, "this is NVIDIA H200, fla 0.6.0"),
+        ({"device": DEVICE, "versions": VERSIONS, "format": "other/9"}, "not used"),
+    ],
+)
+def test_a_table_for_another_device_versions_or_format_is_not_used(tmp_path, fixed_versions, table, said):
+    found, h, p = _found()
+    kernels = {"fla.ops.utils.solve_tril.merge_kernel": [{"key": [1], "config": p.configs[0].all_kwargs()}]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"format": tuned.FORMAT, "kernels": kernels, **table}))
+    line = tuned.seed(DEVICE, path, found)
+    assert said in line and "FLA autotunes its kernels" in line
+    assert p.cache == {}
+
+
+def test_a_broken_or_missing_table_leaves_autotuning_alone(tmp_path, fixed_versions, caplog):
+    found, _h, p = _found()
+    broken = tmp_path / "b.json"
+    broken.write_text('{"format": ')
+    assert "not used" in tuned.seed(DEVICE, broken, found)
+    assert "unreadable" in caplog.text
+    assert "none shipped for NVIDIA H200" in tuned.seed(DEVICE, tmp_path / "missing.json", found)
+    assert p.cache == {}
+
+
+def test_the_shipped_table_is_found_by_device_kind(tmp_path, fixed_versions, monkeypatch):
+    found, _h, p = _found()
+    p.cache[(7,)] = p.configs[1]
+    monkeypatch.setattr(tuned, "SHIPPED", tmp_path)
+    tuned.save(tmp_path / "NVIDIA_H200.json", DEVICE, found)
+    fresh, _h2, p2 = _found()
+    assert "1 FLA autotuning choices taken from NVIDIA_H200.json" in tuned.seed(DEVICE, tuners=fresh)
+    assert p2.cache == {(7,): p2.configs[1]}
+
+
+def test_save_merges_with_the_table_of_the_same_versions_and_replaces_another(tmp_path, fixed_versions, monkeypatch):
+    path = tmp_path / "t.json"
+    found, h, p = _found()
+    p.cache[(1,)], p.cache[(2,)] = p.configs[0], p.configs[1]
+    tuned.save(path, DEVICE, found)
+    found, h, p = _found()
+    p.cache[(2,)], p.cache[(3,)] = p.configs[2], p.configs[0]  # key 2 chosen again, differently; key 3 new
+    assert tuned.save(path, DEVICE, found) == 3
+    table = json.loads(path.read_text())["kernels"]["fla.ops.utils.solve_tril.merge_kernel"]
+    got = {tuple(e["key"]): e["config"] for e in table}
+    assert got == {(1,): p.configs[0].all_kwargs(), (2,): p.configs[2].all_kwargs(), (3,): p.configs[0].all_kwargs()}
+    monkeypatch.setattr(tuned, "versions", lambda: {"fla": "0.6.1", "triton": "3.6.0"})
+    found, h, p = _found()
+    p.cache[(9,)] = p.configs[0]
+    assert tuned.save(path, DEVICE, found) == 1  # another FLA: the old choices are not mixed in
+
+
+@pytest.mark.cuda
+def test_seeded_choices_run_the_real_kernels_and_pass_the_selftest(tmp_path):
+    """On a GPU with FLA: after a self-test every GDN-path autotuner has chosen; the table made from that, seeded
+    into emptied autotuners, is taken whole (each choice one of the kernel's candidates) and the kernels so
+    configured pass the self-test against the fp32 reference again."""
+    import torch
+
+    from hybridtune.kernels.selftest import layouts_from_config, verify
+    from hybridtune.models.presets import preset_config
+    from hybridtune.ops import gdn
+
+    if gdn.backend("cuda")[0] != "fla":
+        pytest.skip("flash-linear-attention not installed")
+    layouts = layouts_from_config(preset_config("qwen3_5-2b"))
+    assert all(v.passed for v in verify(layouts, use_cache=False))
+    device = torch.cuda.get_device_name(0)
+    path = tmp_path / "t.json"
+    n = tuned.save(path, device)
+    assert n > 0
+    found = tuned.autotuners()
+    for tuner in found.values():
+        tuner.cache.clear()
+    line = tuned.seed(device, path, found)
+    assert f"{n} FLA autotuning choices taken" in line and "of its" not in line, line
+    assert all(any(c is cand for cand in t.configs) for t in found.values() for c in t.cache.values())
+    assert all(v.passed for v in verify(layouts, use_cache=False))
