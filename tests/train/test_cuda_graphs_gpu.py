@@ -1,8 +1,8 @@
 """CUDA graphs on the GPU (`-m cuda`): the compiled loop under "reduce-overhead" over a static layout equals the eager
 step (loss and every gradient) for every layout, the first call of each chunk count and its replays alike, with and
 without gradient checkpointing, LoRA and full, and with gradients accumulated over micro-batches; a graph per chunk
-count at most, none skipped. Then the trainer: `cuda_graphs: auto` is on for the compiled loop and follows the
-curve of `cuda_graphs: off`."""
+count at most, none skipped; regional (train's default) and inlined. Then the trainer: `cuda_graphs: auto` is on for
+the compiled loop (regional) and follows the curve of `cuda_graphs: off`."""
 
 from __future__ import annotations
 
@@ -66,8 +66,12 @@ def _grads(model) -> dict:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("adapter,gc", [("lora", True), ("lora", False), ("full", True)])
-def test_cuda_graph_step_equals_eager_over_layouts(adapter, gc):
+# Regional (each distinct layer one traced body: what `hybridtune train` compiles by default) for every case, and the
+# inlined loop (`compile_regions: false`) for one.
+@pytest.mark.parametrize(
+    "adapter,gc,regional", [("lora", True, True), ("lora", False, True), ("full", True, True), ("lora", True, False)]
+)
+def test_cuda_graph_step_equals_eager_over_layouts(adapter, gc, regional):
     from torch._dynamo.utils import counters
     from torch._inductor.cudagraph_trees import reset_cudagraph_trees
 
@@ -89,7 +93,7 @@ def test_cuda_graph_step_equals_eager_over_layouts(adapter, gc):
 
     conv = cudagraphs.before_compile(len(keys))
     try:
-        compile_loop(model, mode=cudagraphs.MODE, static_shapes=True)
+        compile_loop(model, mode=cudagraphs.MODE, static_shapes=True, regional=regional)
         counters.clear()
         for _ in range(3):  # the first call of a size warms up, the second records, the third replays
             for b, (loss_e, grads_e) in zip(batches, eager):
@@ -135,6 +139,7 @@ def test_trainer_cuda_graphs_follow_the_curve_without(tmp_path, small_data, adap
     off_t, off = run("off")
     on_t, on = run("auto")
     assert off_t.choices.cuda_graphs.value is False and on_t.choices.cuda_graphs.value is True
+    assert on_t.choices.compile_regions.value is True  # train's default: the regional loop under CUDA graphs
     assert on_t.cuda_graphs and (cudagraphs.recorded(on_t.device) or 0) > 0
     assert len(on.losses) == len(off.losses) == 6
     assert max(abs(a - b) / abs(b) for a, b in zip(on.losses, off.losses)) < 1e-2, (on.losses, off.losses)
