@@ -62,3 +62,16 @@ def test_pairs_keep_to_their_variant(tmp_path):
     runs = [{**table.run(tmp_path, n), "id": n, "dir": "x"} for n in table.names(tmp_path)]
     runs = [r for r in runs if r["status"] == "ok"]
     assert sorted((p["two"], p["one"]) for p in table.scaling(runs)) == [("full-2m", "full-1m"), ("lora-2", "lora-1t1")]
+
+
+def test_rc_is_the_runner_line_not_what_the_results_tool_appended(tmp_path):
+    """single_gpu.sh appends `rc N at Ns`, then the results tool's own messages to the same log (tee -a): a message
+    written while the tool starts came last and was recorded as the run's rc (rows 87-88 of 2026-12-02)."""
+    write_run(tmp_path, "lora-1", {1: 1.0, 15: 2.0})
+    log = tmp_path / "lora-1.log"
+    log.write_text("step 1\nrc 0 at 271s\nHYBRIDTUNE_GIT_COMMIT=abc differs from the tree's git HEAD; recording abc\n")
+    assert table.run(tmp_path, "lora-1")["rc"] == "rc 0 at 271s"
+    log.write_text("killed before the runner could say\n")
+    assert table.run(tmp_path, "lora-1")["rc"] == "no rc line"
+    log.unlink()
+    assert table.run(tmp_path, "lora-1")["rc"] == "not run"
