@@ -316,20 +316,22 @@ def _scaling_table(rows: dict[int, dict], entries: list) -> list[str]:
 README_TABLES = {
     # Single GPU, the figures of record: the 2B, 0.8B and 9B shapes at 4096 tokens, hf-eager first in each run
     # (the newest code first, then the variants of the conv and of CUDA graphs).
+    # Then train's compiled mode (regions) alone at 4096 and 131,072 tokens (rows 89, 91: no hf-eager in their runs).
     # The MoE shapes, each pair in one run: Qwen3.5-35B-A3B (all 40 layers) and Qwen3-Next-80B-A3B cut to 24 layers.
     "perf-table": {
-        "rows": [71, 72, 74, 73, 76, 75, 84, 83, 86, 85, 27, 26, 24, 25, 30, 29, 28],
+        "rows": [71, 72, 89, 91, 74, 73, 76, 75, 84, 83, 86, 85, 27, 26, 24, 25, 30, 29, 28],
         "baseline": {24: 27, 25: 27},
     },
     # Lanes side by side on one GPU (first steps and long packs; their tokens/s are not figures of record).
-    "lanes-table": {"rows": [78, 79, 80], "baseline": {}},
+    "lanes-table": {"rows": [78, 79, 80, 92], "baseline": {}},
     # The path to there: earlier code (ratios against the same run's hf-eager, else the row named).
     "perf-history": {
         "rows": [1, 5, 2, 4, 3, 9, 6, 14, 17, 10, 11, 20, 19, 22, 21, 32, 31, 66, 65, 77, 82],
         "baseline": {5: 1, 4: 1, 6: 1, 14: 1, 82: 77},
     },
     # One GPU through `hybridtune train` (its defaults: CUDA graphs, checkpointing from the memory estimate).
-    "train-table": {"rows": [67, 68, 69, 81, 70]},
+    # Rows 90, 87, 88 (2026-12-02) the machine alone: a fresh machine with the shipped FLA table, cold, warm.
+    "train-table": {"rows": [90, 87, 88, 67, 68, 69, 81, 70]},
     # 1 vs 2 GPUs through `hybridtune train`: (row, the 1-GPU row a 2-GPU row is scaled against, or None).
     "scaling-table": {"rows": [(56, None), (57, 56), (54, None), (55, 54), (59, None), (60, 59)]},
 }
