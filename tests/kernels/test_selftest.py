@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from hybridtune.kernels import selftest  # noqa: E402
+from hybridtune.kernels.environment import environment  # noqa: E402
 from hybridtune.kernels.selftest import Layout, layouts_from_config, verify  # noqa: E402
 from hybridtune.models.presets import preset_config  # noqa: E402
 
@@ -143,6 +144,37 @@ def test_prepare_runs_the_selftest_on_gpu(fake_device, monkeypatch):
     rep = provision.provision_kernels("check", True, cfg, accelerator="cuda (Fake H200)", env={})
     assert [v["kernel"] for v in rep.selftest] == ["gdn_chunk", "causal_conv1d"]
     assert rep.fast_path and fla_guard.is_granted((16, 32, 128, 128))
+
+
+def test_the_shipped_kernel_configs_are_seeded_before_the_selftest_and_said(fake_device, monkeypatch):
+    """Provisioning puts the device kind's FLA table into the autotuners before the self-test's first kernel call,
+    says so in the report, its summary and doctor; a failure there is a warning and the self-test still runs."""
+    from hybridtune.kernels import doctor, provision, tuned
+    from hybridtune.ops import fla_adapter
+
+    order = []
+    monkeypatch.setattr(provision, "installed_version", lambda name: "0.6.0" if name == "fla" else None)
+    monkeypatch.setattr(fla_adapter, "load", lambda: order.append("load"))
+    monkeypatch.setattr(tuned, "seed", lambda device: order.append(f"seed {device}") or f"kernel configs: for {device}")
+    real_verify = selftest.verify
+    monkeypatch.setattr(selftest, "verify", lambda *a, **k: order.append("verify") or real_verify(*a, **k))
+    rep = provision.provision_kernels("check", False, preset_config("qwen3_5-2b"), accelerator="cuda (x)", env={})
+    assert order == ["load", "seed Fake H200", "verify"]
+    assert (
+        rep.kernel_configs == "kernel configs: for Fake H200" and rep.to_dict()["kernel_configs"] == rep.kernel_configs
+    )
+    assert "  kernel configs: for Fake H200" in rep.summary().splitlines()
+    d = {"environment": environment(), "attention": {"packed_path": "x"}, "model": {"source": "s", "model_type": "t"}}
+    d["provision"] = rep.to_dict()
+    assert "  kernel configs: for Fake H200" in doctor.render(d).splitlines()
+
+    def broken():
+        raise RuntimeError("no triton")
+
+    monkeypatch.setattr(fla_adapter, "load", broken)
+    rep = provision.provision_kernels("check", False, preset_config("qwen3_5-2b"), accelerator="cuda (x)", env={})
+    assert rep.kernel_configs == "kernel configs: not seeded (RuntimeError); FLA autotunes its kernels"
+    assert rep.selftest and all(v["passed"] for v in rep.selftest)
 
 
 @pytest.mark.cuda

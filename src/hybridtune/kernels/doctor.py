@@ -246,6 +246,8 @@ def render(d: dict[str, Any]) -> str:
         lines.append("self-test: not run (" + ("no GDN layout or FLA missing" if gpu_ok else "no CUDA device") + ")")
     else:
         lines.append("self-test:")
+        if prov.get("kernel_configs"):
+            lines.append(f"  {prov['kernel_configs']}")
         for v in prov["selftest"]:
             lines.append(
                 f"  {v['kernel']:<14} {v['layout']:<26} {v['verdict']}{' (cached)' if v.get('cached') else ''}"

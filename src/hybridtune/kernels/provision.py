@@ -164,6 +164,7 @@ class ProvisionReport:
             "kernels": {k: {**vars(v), "covered": v.covered} for k, v in self.kernels.items()},
             "gate_hooks": self.hooks,
             "selftest": self.selftest,
+            "kernel_configs": self.kernel_configs,
             "fast_path": self.fast_path,
             "gaps": self.gaps,
             "fixes": self.fixes(),
