@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from hybridtune.batch import DYNAMIC_DIM0_KEYS, GDN_CHUNK_INDICES, INT_KEYS
-from hybridtune.compiler import regions
+from hybridtune.compiler import region_schema, regions
 from hybridtune.compiler.introspect import resolve_method
 from hybridtune.models.anatomy import text_model
 from hybridtune.models.patching import is_patched, patch_model
@@ -225,6 +225,8 @@ def compile_loop(
     # uninitialised inputs to learn its outputs (ops that check their index inputs then fail): no regions there.
     regs = regions.install(text, regional=regional and backend != "eager")
     regional = regs is not None and regs.regional  # (None: a layer's forward is another wrapper's; inlined then)
+    if regional:
+        logger.info("%s", region_schema.memoize())  # else AOT re-traces every layer's body (region_schema.py)
     settings = inductor_settings(backend, mode, regional)
     compiled = torch.compile(fn, fullgraph=fullgraph, backend=backend, **settings)
     upstream = text.forward

@@ -1,0 +1,80 @@
+"""Trace each region body once, not once per layer: torch's input-mutation check on `invoke_subgraph`, memoised.
+
+Under autograd every `invoke_subgraph` call (one per decoder layer of the regional loop) first asks
+`InvokeSubgraphHOP.gen_schema` whether the body mutates its inputs (torch/_ops.py, `py_autograd_impl`), and
+`gen_schema` answers by re-tracing the whole body with make_fx (`materialize_as_graph`), uncached, in each of AOT
+autograd's passes (metadata, then the joint graph; torch 2.11's functionalization asks again). So the AOT share of
+the first step grew with depth although dynamo traced each distinct layer once: measured on the CPU
+(`benchmarks/compile_time.py`'s model, 24 layers, aot_eager), AOT's two passes took 43.0 s regional, more than the
+inlined loop's 40.9 s; on the H200 they took 42 s of a 90 s first step (benchmarks/NOTES.md 42, 45).
+
+The schema of one body depends on the body and on its operands' metadata, nothing else; within one compile
+(`TracingContext`) dynamo's identifier names one body. So `memoize()` keeps each schema per compile, keyed by the
+identifier, the kind of subgraph object, and every operand's type, shape, stride, dtype, device and requires_grad:
+the check still runs for every distinct body and operand layout, and a body that mutates an input is refused as
+before. Installed by `compiler.loop.compile_loop` for a regional loop; a torch without this method is left alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import weakref
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_MODULE = "torch._higher_order_ops.invoke_subgraph"
+_MARK = "_hybridtune_memoized"
+# One table per compile: dropped with its TracingContext.
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def operand_key(o: Any) -> tuple:
+    """What of an operand a body's schema can depend on."""
+    if isinstance(o, torch.Tensor):
+        return (type(o).__name__, tuple(map(str, o.shape)), tuple(map(str, o.stride())), o.dtype, str(o.device),
+                o.requires_grad)  # fmt: skip
+    if isinstance(o, (int, float, bool, str, torch.SymInt, torch.SymFloat, torch.SymBool)) or o is None:
+        return (type(o).__name__, str(o))
+    return (type(o).__name__, id(o))  # anything else: only the very same object matches
+
+
+def memoize() -> str:
+    """Memoise `InvokeSubgraphHOP.gen_schema` per compile (idempotent); returns what was done, for the log."""
+    try:
+        hop = importlib.import_module(_MODULE).InvokeSubgraphHOP
+    except (ImportError, AttributeError):
+        return "region schemas: this torch has no InvokeSubgraphHOP; nothing to memoise"
+    original = getattr(hop, "gen_schema", None)
+    if original is None:
+        return "region schemas: this torch's InvokeSubgraphHOP has no gen_schema; nothing to memoise"
+    if getattr(original, _MARK, False):
+        return "region schemas: memoised per compile (already)"
+
+    @functools.wraps(original)
+    def gen_schema(self, subgraph, identifier, *operands):
+        ctx = torch._guards.TracingContext.try_get()
+        if ctx is None or identifier is None:
+            return original(self, subgraph, identifier, *operands)
+        table = _TABLES.setdefault(ctx, {})
+        key = (identifier, type(subgraph).__name__, tuple(operand_key(o) for o in operands))
+        if key not in table:
+            table[key] = original(self, subgraph, identifier, *operands)
+        return table[key]
+
+    setattr(gen_schema, _MARK, True)
+    gen_schema.__wrapped_original__ = original  # for tests and for undoing
+    hop.gen_schema = gen_schema
+    return "region schemas: memoised per compile (each region body traced once for torch's mutation check)"
+
+
+def undo() -> None:
+    """Put torch's own `gen_schema` back (tests)."""
+    hop = importlib.import_module(_MODULE).InvokeSubgraphHOP
+    original = getattr(hop.gen_schema, "__wrapped_original__", None)
+    if original is not None:
+        hop.gen_schema = original

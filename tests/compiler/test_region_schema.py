@@ -1,0 +1,80 @@
+"""compiler/region_schema.py: torch's per-call input-mutation check on `invoke_subgraph` memoised per compile, so that
+AOT autograd traces each region body once per distinct body and operand layout instead of once per layer.
+
+The slow-tier case compiles the regional loop (aot_eager, LoRA, checkpointing) at two depths (8 and 12 layers), with torch's own
+`gen_schema` and with the memo, counting the body re-traces (`materialize_as_graph`): torch's own grows with depth,
+the memo's does not, and the memo's loss and every gradient equal eager's."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from test_loop import _batch, _step
+from test_loop_regions import LAYOUTS, _close, _model
+
+from hybridtune.compiler import region_schema
+
+HOP = importlib.import_module("torch._higher_order_ops.invoke_subgraph").InvokeSubgraphHOP
+
+
+def test_operand_key_tells_apart_what_a_schema_can_depend_on():
+    a = torch.zeros(2, 3)
+    key = region_schema.operand_key
+    assert key(a) == key(torch.ones(2, 3))  # values do not matter
+    assert key(a) != key(torch.zeros(3, 2))
+    assert key(a) != key(torch.zeros(2, 3, dtype=torch.bfloat16))
+    assert key(a) != key(torch.zeros(2, 3).requires_grad_())
+    assert key(a) != key(torch.zeros(3, 2).t())  # same shape, other strides
+    assert key(4) == key(4) != key(5) and key(None) == key(None)
+    obj = object()
+    assert key(obj) == key(obj) != key(object())
+
+
+def test_memoize_is_idempotent_and_undone():
+    try:
+        first = region_schema.memoize()
+        assert "memoised per compile" in first and HOP.gen_schema is not None
+        wrapped = HOP.gen_schema
+        assert "already" in region_schema.memoize() and HOP.gen_schema is wrapped
+    finally:
+        region_schema.undo()
+    assert not getattr(HOP.gen_schema, "_hybridtune_memoized", False)
+
+
+def _compile_and_count(monkeypatch, depth: int, memo: bool):
+    """(body re-traces by torch's mutation check, (loss, grads) per layout compiled, the same eager)."""
+    from torch._higher_order_ops import utils
+
+    from hybridtune.compiler.loop import compile_loop
+
+    region_schema.undo()
+    calls = []
+    real = utils.materialize_as_graph
+    with monkeypatch.context() as m:
+        m.setattr(utils, "materialize_as_graph", lambda *a, **k: calls.append(1) or real(*a, **k))
+        if not memo:  # compile_loop memoises for a regional loop: here torch's own check runs
+            m.setattr(region_schema, "memoize", lambda: "region schemas: off for this test")
+        torch._dynamo.reset()
+        model = _model("cpu", lora=True, ckpt=True, depth=depth)
+        batches = [_batch(lens, "cpu", i) for i, lens in enumerate(LAYOUTS[:2])]
+        eager = [_step(model, b) for b in batches]
+        compile_loop(model, backend="aot_eager", regional=True)
+        got = [_step(model, b) for b in batches]
+    region_schema.undo()
+    return len(calls), got, eager
+
+
+@pytest.mark.slow
+def test_region_bodies_are_retraced_per_distinct_body_not_per_layer(monkeypatch):
+    # 8 and 12 layers: both past the depth at which every distinct body and operand layout has appeared (3 GDN then
+    # 1 attention layer, repeated; the first layer's inputs differ from the others')
+    own_8, _, _ = _compile_and_count(monkeypatch, 8, memo=False)
+    own_12, _, _ = _compile_and_count(monkeypatch, 12, memo=False)
+    memo_8, got_8, eager_8 = _compile_and_count(monkeypatch, 8, memo=True)
+    memo_12, got_12, eager_12 = _compile_and_count(monkeypatch, 12, memo=True)
+    assert own_12 > own_8  # torch's own check re-traces a body for every layer it stamps out
+    assert memo_12 == memo_8 < own_8, (memo_8, memo_12, own_8, own_12)  # the memo: per distinct body, not per layer
+    for got, want in zip(got_8 + got_12, eager_8 + eager_12):
+        _close(got, want, "cpu")
