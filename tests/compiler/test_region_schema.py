@@ -33,6 +33,7 @@ def test_operand_key_tells_apart_what_a_schema_can_depend_on():
 
 
 def test_memoize_is_idempotent_and_undone():
+    region_schema.undo()  # a fresh install, whatever an earlier test left
     try:
         first = region_schema.memoize()
         assert "memoised per compile" in first and HOP.gen_schema is not None
@@ -40,6 +41,49 @@ def test_memoize_is_idempotent_and_undone():
         assert "already" in region_schema.memoize() and HOP.gen_schema is wrapped
     finally:
         region_schema.undo()
+    assert not getattr(HOP.gen_schema, "_hybridtune_memoized", False)
+
+
+def test_a_body_that_mutates_its_input_is_still_refused_and_computed_once(monkeypatch):
+    """torch refuses training through a region whose body writes its input (the schema's is_write): with the memo
+    every call still gets that schema, traced once per compile; another body or operand layout is traced anew."""
+    from torch._guards import TracingContext, tracing
+    from torch._higher_order_ops import utils
+    from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def writes(x):
+        x.add_(1)
+        return (x * 2,)
+
+    def pure(x):
+        return (x * 2,)
+
+    traced = []
+    real = utils.materialize_as_graph
+    monkeypatch.setattr(utils, "materialize_as_graph", lambda *a, **k: traced.append(1) or real(*a, **k))
+    region_schema.undo()
+    try:
+        region_schema.memoize()
+        with tracing(TracingContext(FakeTensorMode())):
+            first = invoke_subgraph.gen_schema(writes, "subgraph_0", torch.ones(3))
+            again = invoke_subgraph.gen_schema(writes, "subgraph_0", torch.ones(3))
+            assert [a.is_write for a in first.arguments][-1] and again is first and len(traced) == 1
+            other_layout = invoke_subgraph.gen_schema(writes, "subgraph_0", torch.ones(4))
+            assert [a.is_write for a in other_layout.arguments][-1] and len(traced) == 2
+            clean = invoke_subgraph.gen_schema(pure, "subgraph_1", torch.ones(3))
+            assert not any(a.is_write for a in clean.arguments) and len(traced) == 3
+        with tracing(TracingContext(FakeTensorMode())):  # another compile: nothing carried over
+            invoke_subgraph.gen_schema(writes, "subgraph_0", torch.ones(3))
+            assert len(traced) == 4
+    finally:
+        region_schema.undo()
+
+
+def test_an_untested_torch_keeps_its_own_check(monkeypatch):
+    region_schema.undo()
+    monkeypatch.setattr(torch, "__version__", "2.99.0")
+    assert "not memoised (torch 2.99.0 untested" in region_schema.memoize()
     assert not getattr(HOP.gen_schema, "_hybridtune_memoized", False)
 
 

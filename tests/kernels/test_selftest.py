@@ -146,6 +146,18 @@ def test_prepare_runs_the_selftest_on_gpu(fake_device, monkeypatch):
     assert rep.fast_path and fla_guard.is_granted((16, 32, 128, 128))
 
 
+def test_a_verdict_is_keyed_by_the_shipped_table_it_ran_under(monkeypatch):
+    from hybridtune.kernels import tuned
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
+    lay = Layout(16, 16, 128, 128)
+    with_table = selftest.fingerprint("gdn_chunk", lay)
+    assert with_table.endswith(f"|configs {tuned.digest('NVIDIA H200')}") and "configs none" not in with_table
+    monkeypatch.setattr(tuned, "digest", lambda device: "none")
+    assert selftest.fingerprint("gdn_chunk", lay) != with_table
+
+
 def test_the_shipped_kernel_configs_are_seeded_before_the_selftest_and_said(fake_device, monkeypatch):
     """Provisioning puts the device kind's FLA table into the autotuners before the self-test's first kernel call,
     says so in the report, its summary and doctor; a failure there is a warning and the self-test still runs."""

@@ -202,3 +202,41 @@ def test_seeded_choices_run_the_real_kernels_and_pass_the_selftest(tmp_path):
     assert f"{n} FLA autotuning choices taken" in line and "of its" not in line, line
     assert all(any(c is cand for cand in t.configs) for t in found.values() for c in t.cache.values())
     assert all(v.passed for v in verify(layouts, use_cache=False))
+
+
+def test_the_shipped_h200_table_is_a_valid_table_of_its_name():
+    path = tuned.SHIPPED / "NVIDIA_H200.json"
+    table = tuned._read(path)
+    assert table is not None and table["device"] == DEVICE and tuned.device_slug(table["device"]) == path.stem
+    assert set(table["versions"]) == {"fla", "triton"} and all(table["versions"].values())
+    entries = [e for v in table["kernels"].values() for e in v]
+    assert entries and all(tuned._entry(e)[0] is not None for e in entries)
+    assert all(name.startswith("fla.") for name in table["kernels"])
+    assert tuned.digest(DEVICE) != "none" and tuned.digest("Some Other GPU") == "none"
+
+
+def test_fla_cache_mode_set_means_flas_own_files_choose(tmp_path, fixed_versions, monkeypatch):
+    found, _h, p = _found()
+    p.cache[(1,)] = p.configs[0]
+    tuned.save(tmp_path / "t.json", DEVICE, found)
+    fresh, _h2, p2 = _found()
+    monkeypatch.setenv("FLA_CACHE_MODE", "strict")
+    assert "FLA_CACHE_MODE=strict is set" in tuned.seed(DEVICE, tmp_path / "t.json", fresh)
+    assert p2.cache == {}
+
+
+def test_save_refuses_a_table_of_another_device_and_seed_counts_unknown_kernels(tmp_path, fixed_versions):
+    found, h, p = _found()
+    p.cache[(1,)] = p.configs[0]
+    path = tmp_path / "t.json"
+    tuned.save(path, "NVIDIA A100-SXM4-80GB", found)
+    before = path.read_text()
+    with pytest.raises(ValueError, match="holds the kernel configs of NVIDIA A100-SXM4-80GB, not NVIDIA H200"):
+        tuned.save(path, DEVICE, found)
+    assert path.read_text() == before  # nothing of the other GPU's table lost
+    data = json.loads(before)
+    data["device"] = DEVICE
+    data["kernels"]["fla.renamed.kernel"] = [{"key": [1], "config": {}}]
+    path.write_text(json.dumps(data))
+    fresh, _h2, _p2 = _found()
+    assert "1 of its kernels not in this FLA" in tuned.seed(DEVICE, path, fresh)

@@ -44,7 +44,7 @@ def run(r: Path, name: str) -> dict:
     out: dict = {"name": name, "gpus": gpus(name), "adapter": name.partition("-")[0]}
     out["engine"] = "-" if out["gpus"] == 1 else ("ddp" if out["adapter"] == "lora" else "fsdp")
     # The runner's "rc N at Ns" line; lines after it (the results tool's own, appended to the same log) are not it.
-    ends = [x for x in log.read_text().splitlines() if x.startswith("rc ")] if log.exists() else []
+    ends = [x for x in log.read_text().splitlines() if re.fullmatch(r"rc \d+( at \d+s)?", x)] if log.exists() else []
     out["rc"] = ends[-1] if ends else ("no rc line" if log.exists() else "not run")
     recs = [x for x in map(json.loads, m.read_text().splitlines()) if x.get("type") == "train"] if m.exists() else []
     if not recs:

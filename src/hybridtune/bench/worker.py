@@ -237,8 +237,12 @@ def run_mode(spec: dict) -> dict:
     _flops(spec, mode, cfg, batches, timed, result)
     if spec.get("save_kernel_configs") and device.type == "cuda" and mode.patch:
         path = Path(spec["save_kernel_configs"])
-        result["kernel_configs_saved"] = tuned.save(path, torch.cuda.get_device_name(device))
-        print(f"kernel configs: {result['kernel_configs_saved']} entries in {path}", flush=True)
+        try:  # the timed steps are measured already: a table that cannot be written must not lose them
+            result["kernel_configs_saved"] = tuned.save(path, torch.cuda.get_device_name(device))
+            print(f"kernel configs: {result['kernel_configs_saved']} entries in {path}", flush=True)
+        except (OSError, ValueError) as e:
+            result["kernel_configs_error"] = f"{type(e).__name__}: {e}"
+            print(f"kernel configs not saved: {e}", flush=True)
     if spec.get("profile") and can_profile(device):
         try:
             _profile(spec, mode, cfg, batches, step, device, result)

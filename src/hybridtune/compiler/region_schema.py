@@ -10,9 +10,10 @@ inlined loop's 40.9 s; on the H200 they took 42 s of a 90 s first step (benchmar
 
 The schema of one body depends on the body and on its operands' metadata, nothing else; within one compile
 (`TracingContext`) dynamo's identifier names one body. So `memoize()` keeps each schema per compile, keyed by the
-identifier, the kind of subgraph object, and every operand's type, shape, stride, dtype, device and requires_grad:
-the check still runs for every distinct body and operand layout, and a body that mutates an input is refused as
-before. Installed by `compiler.loop.compile_loop` for a regional loop; a torch without this method is left alone.
+identifier, the kind of subgraph object, grad mode, and every operand's type, shape, stride, dtype, device and
+requires_grad: the check still runs for every distinct body and operand layout, and a body that mutates an input is
+refused as before. Installed by `compiler.loop.compile_loop` for a regional loop, on the torch releases of
+TESTED_TORCH; elsewhere, or on a torch without this method, torch's own check runs (the log says which).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ import torch
 logger = logging.getLogger(__name__)
 
 _MODULE = "torch._higher_order_ops.invoke_subgraph"
+# The torch releases whose gen_schema and its callers this was read against and tested with (2.11 on the H200,
+# 2.13 here); another release keeps torch's own check until it is read again.
+TESTED_TORCH = ("2.11", "2.12", "2.13")
 _MARK = "_hybridtune_memoized"
 # One table per compile: dropped with its TracingContext.
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -45,6 +49,9 @@ def operand_key(o: Any) -> tuple:
 
 def memoize() -> str:
     """Memoise `InvokeSubgraphHOP.gen_schema` per compile (idempotent); returns what was done, for the log."""
+    release = ".".join(torch.__version__.split(".")[:2])
+    if release not in TESTED_TORCH:
+        return f"region schemas: not memoised (torch {torch.__version__} untested; each layer's body is re-traced)"
     try:
         hop = importlib.import_module(_MODULE).InvokeSubgraphHOP
     except (ImportError, AttributeError):
@@ -61,7 +68,7 @@ def memoize() -> str:
         if ctx is None or identifier is None:
             return original(self, subgraph, identifier, *operands)
         table = _TABLES.setdefault(ctx, {})
-        key = (identifier, type(subgraph).__name__, tuple(operand_key(o) for o in operands))
+        key = (identifier, type(subgraph).__name__, torch.is_grad_enabled(), tuple(map(operand_key, operands)))
         if key not in table:
             table[key] = original(self, subgraph, identifier, *operands)
         return table[key]

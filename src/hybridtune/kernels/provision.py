@@ -388,7 +388,7 @@ def _seed_kernel_configs() -> str:
         fla_adapter.load()  # the kernel modules, so that their autotuners exist
         return tuned.seed(torch.cuda.get_device_name(torch.cuda.current_device()))
     except Exception as e:
-        logger.warning("kernel configs not seeded (%s: %s): FLA autotunes its kernels", type(e).__name__, e)
+        logger.info("kernel configs not seeded (%s: %s): FLA autotunes its kernels", type(e).__name__, e)
         return f"kernel configs: not seeded ({type(e).__name__}); FLA autotunes its kernels"
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hybridtune.kernels import tuned
 from hybridtune.kernels.environment import cache_dir, dist_version, environment, write_json_atomic
 from hybridtune.kernels.needs import read_config
 from hybridtune.models.anatomy import text_config
@@ -175,7 +176,8 @@ def fingerprint(kernel: str, layout: Layout, device_index: int = 0) -> str:
     triton, fla, tilelang = (dist_version(d) or "none" for d in ("triton", "fla-core", "tilelang"))
     versions = f"torch {torch.__version__}|triton {triton}|fla {fla}|tilelang {tilelang}"
     shape = f"{layout.key}" if kernel == "gdn_chunk" else f"D={layout.conv_dim} W={layout.conv_kernel}"
-    return f"v{SELFTEST_VERSION}|{name}|sm{cap}|{versions}|{kernel}|{shape}|bf16"
+    # The shipped autotuning table picks the kernels' configs: a verdict holds for the table it ran under.
+    return f"v{SELFTEST_VERSION}|{name}|sm{cap}|{versions}|{kernel}|{shape}|bf16|configs {tuned.digest(name)}"
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -12,8 +12,11 @@ machine, a new container or a wiped cache pays again. This module keeps those ch
 
 The file is JSON, read as data: an entry is taken only when its config equals one of the kernel's own candidate
 configs (FLA's config space decides what can run; a file can only choose among them), only for the device and the
-versions it was made with, and never over a choice the process already made. A kernel the table does not cover
-autotunes as before. The self-test then checks the numbers of the kernels so configured. FLA 0.6 has a config-file
+versions it was made with, and never over a choice the process already made. A seeded choice also stands over what
+Triton's on-disk autotuning cache holds for that key (a machine's own earlier measurement on the same GPU kind); with
+`FLA_CACHE_MODE` set, FLA's own config files choose and the table is not used. A kernel the table does not cover
+autotunes as before. The self-test then checks the numbers of the kernels so configured (its verdicts are keyed by
+the table's digest). FLA 0.6 has a config-file
 mechanism of its own (`FLA_CACHE_MODE`, `FLA_CONFIG_DIR`), but only for the kernels it decorates with
 `fla_cache_autotune`; some on the GDN path use plain `triton.autotune` (the `solve_tril` merges), which only the
 autotuner's choice table reaches.
@@ -21,8 +24,10 @@ autotuner's choice table reaches.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import re
 import sys
 from pathlib import Path
@@ -41,6 +46,17 @@ _JSON_SCALARS = (bool, int, float, str, type(None))
 def device_slug(name: str) -> str:
     """A device name as a file name: `NVIDIA H200` -> `NVIDIA_H200` (FLA's spelling of its config folders)."""
     return re.sub(r"[^0-9A-Za-z]+", "_", name).strip("_") or "unknown"
+
+
+def shipped(device: str) -> Path:
+    """Where the table of `device`'s kind ships (it may not exist)."""
+    return SHIPPED / f"{device_slug(device)}.json"
+
+
+def digest(device: str) -> str:
+    """The shipped table's sha256 (first 16 hex digits) for `device`, or "none": part of a self-test verdict's key."""
+    path = shipped(device)
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else "none"
 
 
 def versions() -> dict[str, str | None]:
@@ -97,9 +113,11 @@ def snapshot(tuners: dict[str, Any] | None = None) -> dict[str, list[dict[str, A
 
 def save(path: Path, device: str, tuners: dict[str, Any] | None = None) -> int:
     """Add this process's choices to the table at `path` (made for `device` and the installed versions; a table of
-    other versions or another device is replaced, not mixed). Returns the number of entries written."""
+    other versions is replaced, not mixed; one of another device is refused). Returns the number of entries."""
     path = Path(path)
     table = _read(path) if path.exists() else None
+    if table is not None and table.get("device") != device:
+        raise ValueError(f"{path} holds the kernel configs of {table.get('device')}, not {device}: give another file")
     want = {"device": device, "versions": versions()}
     kernels: dict[str, list[dict[str, Any]]] = {}
     if table is not None and all(table.get(k) == v for k, v in want.items()):
@@ -129,7 +147,12 @@ def seed(device: str, path: Path | None = None, tuners: dict[str, Any] | None = 
     """Put the table for `device` (default: the shipped one of its kind) into FLA's autotuners; returns the log line.
 
     Needs FLA's kernel modules imported (`hybridtune.ops.fla_adapter.load()`)."""
-    path = Path(path) if path is not None else SHIPPED / f"{device_slug(device)}.json"
+    if os.environ.get("FLA_CACHE_MODE", "disabled") != "disabled":
+        return (
+            f"kernel configs: FLA_CACHE_MODE={os.environ['FLA_CACHE_MODE']} is set: FLA's own config files choose; "
+            "hybridtune's table is not used"
+        )
+    path = Path(path) if path is not None else shipped(device)
     if not path.exists():
         return f"kernel configs: none shipped for {device}: FLA autotunes its kernels (slow on a cold Triton cache)"
     table = _read(path)
@@ -142,10 +165,11 @@ def seed(device: str, path: Path | None = None, tuners: dict[str, Any] | None = 
             f"{_made(device, have)}: FLA autotunes its kernels (make a table: hybridtune bench --save_kernel_configs)"
         )
     tuners = tuners if tuners is not None else autotuners()
-    taken = offered = 0
+    taken = offered = absent = 0
     for name, entries in table["kernels"].items():
         tuner = tuners.get(name)
         if tuner is None or not isinstance(entries, list):
+            absent += 1
             continue
         candidates = list(tuner.configs)
         for entry in entries:
@@ -162,6 +186,8 @@ def seed(device: str, path: Path | None = None, tuners: dict[str, Any] | None = 
     line = f"kernel configs: {taken} FLA autotuning choices taken from {path.name} ({_made(device, have)})"
     if taken < offered:
         line += f"; {offered - taken} of its {offered} not (already chosen, or not a candidate of that kernel)"
+    if absent:
+        line += f"; {absent} of its kernels not in this FLA"
     return line + "; kernels or keys it does not list autotune"
 
 
