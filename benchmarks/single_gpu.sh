@@ -46,13 +46,14 @@
 #      --lora_target_parameters gate_up_proj,down_proj --warmup 3 --steps 10 --profile"
 #   CUDA regional tests (5 passed, 2026-12-02, the first case 280 s cold; rows 83-86 came from the MoE pairs above):
 #     "tests tests/compiler/test_loop_regions.py -k cuda"
-#   Next (compile_regions is train's default now): train's CUDA tests with it, a 262k train (regional memory at long
-#   context), the 9B cold first step regional, each lane's caches its own (LANE_CACHES=1):
-#     "tests tests/train/test_cuda_graphs_gpu.py tests/train/test_samples.py then train lora-1long262 --base_model
-#      qwen3_5-2b --sequence_len 262144 --adapter lora --warmup_steps 1 --max_steps 4 --logging_steps 1"
-#     "bench --base_model qwen3_5-9b --modes ht-loop:cg=on,regions=on,hf-eager --layouts 4 --warmup 8 --steps 12"
-#   and HFU at 131k (issue 19's target; row 69 has the first step only):
-#     "bench --modes ht-loop:cg=on,regions=on --sequence_len 131072 --steps 4 --warmup 2"
+#   Done 2026-12-02 (rows 87-92): train cold/warm, the shipped FLA table on a fresh machine, 131k, 9B regional, the
+#   CUDA-graph step with regions (4 passed; the trainer cases were cut). Next, on a fresh machine (every cache cold
+#   but the shipped table), the region-schema memo's first step (predicted 2B about 60-65 s, NOTES 45), then the 9B,
+#   then the CUDA regional tests under the memo and the trainer cases:
+#     "bench --modes ht-loop:cg=on,regions=on --steps 8 then bench --base_model qwen3_5-9b --modes
+#      ht-loop:cg=on,regions=on --layouts 4 --warmup 8 --steps 12"
+#     "tests tests/compiler/test_loop_regions.py -k cuda then tests tests/train/test_cuda_graphs_gpu.py -k trainer"
+#   (a tests lane's -k takes one word: the lane splits on spaces)
 #   HYBRIDTUNE_GIT_COMMIT=<sha> T0=545 bash benchmarks/single_gpu.sh "bench --modes hf-eager,ht-loop:cg=on"
 [ $# -ge 1 ] || { sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 2; }
 source "$(dirname "$0")/env.sh"
