@@ -14,9 +14,10 @@ import sys
 import time
 
 import torch
-from torch._dynamo.utils import compile_times, counters
+from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM
 
+from hybridtune.bench.worker import compile_phases
 from hybridtune.compiler import region_schema
 from hybridtune.compiler.loop import compile_loop
 from hybridtune.config import DEFAULT_LORA_TARGETS
@@ -55,7 +56,6 @@ for i, lens in enumerate(LAYOUTS):
         flush=True,
     )
 print("graphs", counters["stats"]["unique_graphs"], "breaks", dict(counters["graph_break"]))
-names, values = compile_times(repr="csv", aggregate=True)
-phases = dict(zip(names, map(float, values)))
+phases = compile_phases(least=0.0)
 for name in ("_compile.compile_inner", "bytecode_tracing", "aot_collect_metadata", "aot_trace_joint_graph"):
     print(f"{name} {phases.get(name, 0.0):.1f}s")

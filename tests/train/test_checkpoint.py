@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from test_resume import make_cfg, run
 
+from hybridtune import files
 from hybridtune.errors import OutputDirError
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train import outdir
@@ -194,10 +195,10 @@ def test_atomic_write_text_never_follows_a_planted_link(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / ".hybridtune_run.json.tmp").symlink_to(victim)  # the old fixed temp name
-    ckpt.atomic_write_text(out / "hybridtune_run.json", "{}")
+    files.atomic_write_text(out / "hybridtune_run.json", "{}")
     assert victim.read_text() == "precious" and (out / "hybridtune_run.json").read_text() == "{}"
     (out / "link.json").symlink_to(victim)  # a link at the name itself is replaced, not written through
-    ckpt.atomic_write_text(out / "link.json", "new")
+    files.atomic_write_text(out / "link.json", "new")
     assert victim.read_text() == "precious" and not (out / "link.json").is_symlink()
     assert sorted(os.listdir(out)) == [".hybridtune_run.json.tmp", "hybridtune_run.json", "link.json"]
 
@@ -209,7 +210,7 @@ def test_written_files_and_dirs_follow_the_umask(tmp_path, mask):
     old = os.umask(mask)
     try:
         ckpt.atomic_dir(tmp_path / "final", lambda d: (d / "model.safetensors").write_bytes(b"x"))
-        ckpt.atomic_write_text(tmp_path / "run.json", "{}")
+        files.atomic_write_text(tmp_path / "run.json", "{}")
     finally:
         os.umask(old)
     mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731

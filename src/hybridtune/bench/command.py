@@ -33,9 +33,9 @@ from hybridtune.bench.modes import OPTION_KEYS, cudagraph_warmup, parse_mode, sp
 from hybridtune.bench.worker import FIRST_STEP_MARKER
 from hybridtune.config import DEFAULT_LORA_TARGETS
 from hybridtune.errors import ConfigError, did_you_mean
+from hybridtune.files import atomic_write_text
 from hybridtune.kernels.environment import environment
 from hybridtune.models.presets import PRESETS
-from hybridtune.train.checkpoint import atomic_write_text
 from hybridtune.train.signals import deferring, interrupting
 
 logger = logging.getLogger(__name__)

@@ -26,6 +26,7 @@ from hybridtune.batch import GDN_CHUNK_INDICES, NUM_LOSS_TOKENS, NUM_TOKENS
 from hybridtune.bench.data import make_batches, pack_layouts
 from hybridtune.bench.modes import parse_mode
 from hybridtune.compiler.strategies import compile_model
+from hybridtune.files import atomic_write_text
 from hybridtune.kernels import tuned
 from hybridtune.kernels.provision import provision_kernels
 from hybridtune.models import experts
@@ -34,7 +35,6 @@ from hybridtune.models.patching import patch_model
 from hybridtune.models.presets import preset_config
 from hybridtune.ops import fla_guard
 from hybridtune.ops.gdn import conv_in_graph
-from hybridtune.train.checkpoint import atomic_write_text
 from hybridtune.train.lora import applied_targets, apply_lora
 from hybridtune.train.metrics import memory_gib
 from hybridtune.train.profiling import grouped_gemm, profile_run

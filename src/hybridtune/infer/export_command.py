@@ -15,6 +15,7 @@ import logging
 from pathlib import Path
 
 from hybridtune.errors import ModelError, OutputDirError
+from hybridtune.files import atomic_write_text
 from hybridtune.infer.load import open_model
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train import distributed, export
@@ -49,7 +50,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, overwrite: bool =
         out, opened.model, opened.model, opened.tokenizer, distributed.ONE, adapter=run.adapter, loaded=opened.loaded,
         steps=step, card=card,
     )  # fmt: skip
-    ckpt.atomic_write_text(out / RUN_FILE, json.dumps(record, indent=2))
+    atomic_write_text(out / RUN_FILE, json.dumps(record, indent=2))
     logger.info("exported %s (step %d) to %s", src, opened.step, final)
     return final
 

@@ -11,12 +11,10 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
-import json
 import logging
 import os
 import platform
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -127,23 +125,6 @@ def environment() -> dict[str, Any]:
         "versions": {d: dist_version(d) for d in VERSIONED},
         "gpu": gpu_info(),
     }
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write a small JSON file of hybridtune's caches so that a reader sees the old content or the new, never half a
-    file (a new temporary beside it, then a rename); the parent folder is made."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp's 0600 would outlive the rename: a table is shipped and shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def cache_dir() -> Path:

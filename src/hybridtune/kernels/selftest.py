@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hybridtune.files import atomic_write_text
 from hybridtune.kernels import tuned
-from hybridtune.kernels.environment import cache_dir, dist_version, environment, write_json_atomic
+from hybridtune.kernels.environment import cache_dir, dist_version, environment
 from hybridtune.kernels.needs import read_config
 from hybridtune.models.anatomy import text_config
 from hybridtune.models.presets import preset_config
@@ -160,9 +161,10 @@ def _load_cache() -> dict[str, Any]:
 def _store(fingerprint: str, verdict: Verdict) -> None:
     path = _cache_path()
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         data = _load_cache()
         data[fingerprint] = {"passed": verdict.passed, "errors": verdict.errors, "reason": verdict.reason}
-        write_json_atomic(path, data)
+        atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
     except OSError as e:
         logger.warning("could not write the self-test cache %s: %s", path, e)
 

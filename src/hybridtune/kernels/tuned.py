@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hybridtune.kernels.environment import write_json_atomic
+from hybridtune.files import atomic_write_text
 from hybridtune.versions import dist_version
 
 logger = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def snapshot(tuners: dict[str, Any] | None = None) -> dict[str, list[dict[str, A
         entries = []
         for key, config in tuner.cache.items():
             plain = _plain(config)
-            if all(isinstance(v, _JSON_SCALARS) for v in (*key, *plain.values())):
+            if _is_data(key, plain):
                 entries.append({"key": list(key), "config": plain})
         if entries:
             out[name] = sorted(entries, key=lambda e: json.dumps(e["key"]))
@@ -120,13 +120,13 @@ def save(path: Path, device: str, tuners: dict[str, Any] | None = None) -> int:
         raise ValueError(f"{path} holds the kernel configs of {table.get('device')}, not {device}: give another file")
     want = {"device": device, "versions": versions()}
     kernels: dict[str, list[dict[str, Any]]] = {}
-    if table is not None and all(table.get(k) == v for k, v in want.items()):
+    if table is not None and table.get("versions") == want["versions"]:  # (its device is this one: checked above)
         kernels = table["kernels"]
     for name, entries in snapshot(tuners).items():
         merged = {json.dumps(e["key"]): e for e in kernels.get(name, [])}
         merged.update({json.dumps(e["key"]): e for e in entries})  # this run's choice wins
         kernels[name] = [merged[k] for k in sorted(merged)]
-    write_json_atomic(path, {"format": FORMAT, **want, "kernels": kernels})
+    atomic_write_text(path, json.dumps({"format": FORMAT, **want, "kernels": kernels}, indent=1, sort_keys=True))
     return sum(len(v) for v in kernels.values())
 
 
@@ -171,13 +171,12 @@ def seed(device: str, path: Path | None = None, tuners: dict[str, Any] | None = 
         if tuner is None or not isinstance(entries, list):
             absent += 1
             continue
-        candidates = list(tuner.configs)
         for entry in entries:
             offered += 1
             key, config = _entry(entry)
             if key is None or key in tuner.cache:
                 continue
-            match = next((c for c in candidates if _plain(c) == config), None)
+            match = next((c for c in tuner.configs if _plain(c) == config), None)
             if match is None:
                 logger.debug("kernel config for %s %s is none of its candidates: not taken", name, list(key))
                 continue
@@ -204,6 +203,11 @@ def _entry(entry: Any) -> tuple[tuple | None, dict[str, Any] | None]:
     key, config = entry.get("key"), entry.get("config")
     if not isinstance(key, list) or not isinstance(config, dict):
         return None, None
-    if not all(isinstance(v, _JSON_SCALARS) for v in (*key, *config.values())):
+    if not _is_data(key, config):
         return None, None
     return tuple(key), config
+
+
+def _is_data(key: Any, config: dict[str, Any]) -> bool:
+    """Whether an autotune key and a config's launch kwargs are plain JSON scalars (what a table holds)."""
+    return all(isinstance(v, _JSON_SCALARS) for v in (*key, *config.values()))

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from hybridtune.errors import OutputDirError
+from hybridtune.files import honour_umask
 from hybridtune.train import distributed, integrity
 from hybridtune.train.distributed import ONE, Dist
 from hybridtune.train.integrity import CheckpointError, DiskFullError
@@ -79,7 +80,7 @@ def make_tmp_dir(target: Path) -> Path:
     try:
         fd = os.open(tmp / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         os.close(fd)
-        integrity.honour_umask(tmp, directory=True)
+        honour_umask(tmp, directory=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -100,26 +101,6 @@ def atomic_dir(target: Path, write: Callable[[Path], None]) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a small file so that a reader sees the old content or the new, never a half-written file.
-
-    The temporary file is new (O_EXCL, a unique name beside `path`), so a link planted at any name is never
-    followed; the rename replaces a link at `path` itself, not its target. The mode follows the umask.
-    """
-    path = Path(path)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        integrity.honour_umask(Path(name), directory=False)
-        os.replace(name, path)
-    except BaseException:
-        Path(name).unlink(missing_ok=True)
-        raise
 
 
 def _commit(tmp: Path, target: Path) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from hybridtune.files import honour_umask
 from hybridtune.models import source
 from hybridtune.models.anatomy import unwrap
 from hybridtune.models.loading import LoadedModel
@@ -91,16 +92,16 @@ def honour_umask_tree(root: Path) -> None:
     """Give every directory and regular file under `root` (and `root`) the mode the umask gives a plain
     mkdir/open; links are left alone (chmod would follow them)."""
     root = Path(root)
-    integrity.honour_umask(root, directory=True)
+    honour_umask(root, directory=True)
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         for name in dirnames + filenames:
             p = Path(dirpath) / name
             if p.is_symlink():
                 continue
             if p.is_dir():
-                integrity.honour_umask(p, directory=True)
+                honour_umask(p, directory=True)
             elif p.is_file():
-                integrity.honour_umask(p, directory=False)
+                honour_umask(p, directory=False)
 
 
 def tensor_bytes(state: dict, dtype: torch.dtype | None = None) -> int:

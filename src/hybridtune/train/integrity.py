@@ -45,24 +45,6 @@ class DiskFullError(UserError):
     """A save does not fit on the output directory's disk; the previous checkpoint is intact."""
 
 
-def umask() -> int:
-    """This process's umask (read without changing it where /proc tells it)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def honour_umask(path: Path, directory: bool) -> None:
-    """Give `path` (made 0700/0600 by tempfile) the mode a plain mkdir/open would have given it."""
-    os.chmod(path, (0o777 if directory else 0o666) & ~umask())
-
-
 # -- checksums ---------------------------------------------------------------------------------------------
 
 

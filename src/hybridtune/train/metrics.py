@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 
 from hybridtune.errors import OutputDirError
+from hybridtune.files import atomic_write_text
 from hybridtune.models.anatomy import text_config
 from hybridtune.models.flops import step_flops
-from hybridtune.train.checkpoint import atomic_write_text
 from hybridtune.train.lora import applied_targets
 
 logger = logging.getLogger(__name__)

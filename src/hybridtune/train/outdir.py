@@ -16,6 +16,7 @@ import hybridtune
 from hybridtune.config import TrainConfig, to_dict
 from hybridtune.data.digests import data_digest, local_files
 from hybridtune.errors import OutputDirError
+from hybridtune.files import atomic_write_text
 from hybridtune.train import checkpoint as ckpt
 from hybridtune.train import integrity
 from hybridtune.train.export import BASE_DIR, FINAL_DIR
@@ -418,4 +419,4 @@ def write_run_file(out: Path, record: dict) -> None:
     """The run's config, data checksums (`run_record`) and hybridtune version, which a later run in the same
     directory compares itself with."""
     data = {**record, "hybridtune_version": hybridtune.__version__}
-    ckpt.atomic_write_text(out / RUN_FILE, json.dumps(data, indent=2))
+    atomic_write_text(out / RUN_FILE, json.dumps(data, indent=2))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from hybridtune.train import checkpoint as ckpt
+from hybridtune.files import atomic_write_text
 from hybridtune.train import distributed
 
 logger = logging.getLogger(__name__)
@@ -233,7 +233,7 @@ def write_profile(profiler: StepProfiler, first: int, last: int, out: Path, d: d
         return
     path = out / PROFILE_FILE.format(first=first, last=last)
     doc = {"steps": [first, last], "world": d.world, "ranks": ranks}
-    ckpt.atomic_write_text(path, json.dumps(doc, indent=2))
+    atomic_write_text(path, json.dumps(doc, indent=2))
     failed = [f"rank {r}: {p['error']}" for r, p in enumerate(ranks) if "error" in p]
     if failed:
         logger.warning("profile of steps %d-%d failed on %s; %s", first, last, "; ".join(failed), path)
