@@ -146,7 +146,9 @@ def build_model(spec: dict, mode, device: torch.device, result: dict):
     if mode.compile == "torch":
         model = torch.compile(model, backend=backend, mode=cmode)
     elif mode.compile in ("loop", "modules"):
-        opts = {"static_shapes": mode.static, "regional": mode.regional} if mode.compile == "loop" else {}
+        opts = {}
+        if mode.compile == "loop":
+            opts = {"static_shapes": mode.static, "regional": mode.regional, "save_cores": mode.save_cores}
         compile_model(model, mode.compile, backend=backend, mode=cmode, **opts)
     return cfg, model
 
@@ -329,6 +331,7 @@ def _flops(spec, mode, cfg, batches, timed, result) -> None:
             lora_targets=result.get("lora_modules", spec["lora_targets"]),
             lora_parameters=result.get("lora_parameters", spec.get("lora_parameters", ())),
             gradient_checkpointing=mode.gc,
+            recompute_cores=not mode.save_cores,
         )
         for lens in steps
     ]

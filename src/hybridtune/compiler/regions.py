@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from hybridtune.compiler.recompute import checkpoint_kwargs
+
 ATTR = "_hybridtune_regions"
 
 
@@ -113,9 +115,11 @@ def _record(router, index, sink, *args, **kwargs):
     return out
 
 
-def _bodies(fn, tree, index, regional: bool):
+def _bodies(fn, tree, index, regional: bool, save_cores: bool = False):
     """[forward body, checkpointed body, recording forward body, recording checkpointed body] for layers whose
-    forward is `fn` and whose routers sit at `tree` (the recording ones None without routers)."""
+    forward is `fn` and whose routers sit at `tree` (the recording ones None without routers); `save_cores`: the
+    checkpoints keep the mixers' cores (compiler/recompute.py)."""
+    ckpt = checkpoint_kwargs(save_cores)
 
     def plain(layer, *args, **kwargs):
         return fn(layer, *args, **kwargs)
@@ -127,7 +131,7 @@ def _bodies(fn, tree, index, regional: bool):
 
     def checkpointed(body):
         def run(layer, *args, **kwargs):
-            return checkpoint(functools.partial(body, layer, **kwargs), *args, use_reentrant=False)
+            return checkpoint(functools.partial(body, layer, **kwargs), *args, **ckpt)
 
         return run
 
@@ -144,6 +148,7 @@ class Regions:
 
     layers: list = field(default_factory=list)  # (layer, previous forward in its __dict__ or None, previous ckpt)
     regional: bool = True
+    save_cores: bool = False  # the checkpoints keep the mixers' cores (compiler/recompute.py)
     recordable: bool = False  # every MoE layer's routers can be recorded
     record: bool = False
     sink: list = field(default_factory=list)
@@ -205,7 +210,7 @@ def _install_layer(regions: Regions, layer, bodies) -> None:
         # `forward` above). Eagerly that runs as transformers runs it; compiled, the body runs directly (see
         # `Regions.foreign_hooks`), the layer being ours to name and the keyword arguments the partial's.
         if not torch.compiler.is_compiling():
-            return checkpoint(fn, *args, use_reentrant=False)
+            return checkpoint(fn, *args, **checkpoint_kwargs(regions.save_cores))
         if regions.record and rec_ckpt is not None:
             return emit(rec_ckpt(layer, *args, **fn.keywords))
         return plain_ckpt(layer, *args, **fn.keywords)
@@ -217,15 +222,16 @@ def _install_layer(regions: Regions, layer, bodies) -> None:
     regions.funcs.append(checkpointed)
 
 
-def install(text: torch.nn.Module, regional: bool = True) -> Regions | None:
+def install(text: torch.nn.Module, regional: bool = True, save_cores: bool = False) -> Regions | None:
     """Give the decoder layers of `text` their bodies (see the module docstring); None where a layer's forward is
-    not its own method (another wrapper already replaced it): the loop then traces the layers as they are."""
+    not its own method (another wrapper already replaced it): the loop then traces the layers as they are.
+    `save_cores`: their checkpoints keep the mixers' cores' outputs (compiler/recompute.py)."""
     spec = router_spec(text)
     layers = list(text.layers)
     fns = [_own_forward(layer) for layer in layers]
     if any(f is None for f in fns):
         return None
-    regions = Regions(regional=regional, recordable=spec is not None)
+    regions = Regions(regional=regional, save_cores=save_cores, recordable=spec is not None)
     made: dict = {}
     for layer, fn in zip(layers, fns):
         tree = _router_tree(layer, spec[0]) if spec else {}
@@ -233,7 +239,7 @@ def install(text: torch.nn.Module, regional: bool = True) -> Regions | None:
             regions.recordable, tree = False, {}
         key = (fn, _freeze(tree))
         if key not in made:
-            made[key] = _bodies(fn, tree, spec[1] if spec else 0, regional)
+            made[key] = _bodies(fn, tree, spec[1] if spec else 0, regional, save_cores)
         _install_layer(regions, layer, made[key])
     return regions
 

@@ -45,7 +45,8 @@ Two figures per step:
 * `hardware` (for HFU): `model` plus, under gradient checkpointing (transformers checkpoints each decoder
   layer), one more forward of every decoder layer: +2 per frozen or trained linear/conv parameter per
   token (LoRA adapters in the decoder layers included), plus the attention and GDN core forwards again.
-  The LM head is not recomputed.
+  The LM head is not recomputed. With `recompute_cores=False` (checkpoints that keep the mixers' cores:
+  compiler/recompute.py) the attention and GDN core forwards are not counted again.
 
 Under LoRA every decoder linear is charged the input gradient, even the first layer's (whose input
 needs no gradient when the embedding is frozen); the overcount is one layer's projections.
@@ -200,6 +201,7 @@ def step_flops(
     lora_targets: Iterable[str] = (),
     gradient_checkpointing: bool = False,
     lora_parameters: Iterable[str] = (),
+    recompute_cores: bool = True,
 ) -> StepFlops:
     """FLOPs of one optimizer step over the packed documents `doc_lens` (see the module docstring)."""
     if adapter not in ADAPTERS:
@@ -253,7 +255,9 @@ def step_flops(
     }
     recompute = 0.0
     if gradient_checkpointing:
-        recompute = 2.0 * (decoder_params + conv_params + lora_dec) * tokens + attn_fwd + gdn_fwd
+        recompute = 2.0 * (decoder_params + conv_params + lora_dec) * tokens
+        if recompute_cores:
+            recompute += attn_fwd + gdn_fwd
     breakdown["recompute"] = recompute
     model = sum(v for k, v in breakdown.items() if k != "recompute")
     return StepFlops(model=model, hardware=model + recompute, breakdown=breakdown)

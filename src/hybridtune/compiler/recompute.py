@@ -1,0 +1,58 @@
+"""What a checkpointed decoder layer recomputes in the backward: everything (plain non-reentrant checkpointing), or
+everything but its mixer's core (`save_cores`).
+
+Under gradient checkpointing each layer's forward runs twice, the second time in the backward to rebuild what the
+backward reads. The projections are GEMMs at the GPU's peak, worth recomputing; the mixers' cores are not: the GDN
+delta rule's chunked forward (`hybridtune::gdn_chunk`: its output, cumulative gate and solved WY matrix) and the
+attention kernel are a few FLOPs per byte of output at a fraction of the peak (FLA's kernels and FlashAttention,
+benchmarks/NOTES.md 46), so with `save_cores` their outputs are kept from the first forward (selective activation
+checkpointing: `torch.utils.checkpoint.create_selective_checkpoint_contexts`, which AOT autograd's partitioner honours
+under torch.compile as eagerly) and the recompute runs the rest. Its price is those outputs per layer
+(`train.memory.ActivationShapes.core_elements`); the loss and every gradient are the same.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+
+@functools.cache
+def core_ops() -> frozenset:
+    """The ops whose outputs `save_cores` keeps: hybridtune's GDN core and every attention kernel SDPA dispatches
+    to (FlashAttention, memory-efficient, cuDNN, the CPU flash form)."""
+    import hybridtune.ops.gdn  # noqa: F401  (defines torch.ops.hybridtune.gdn_chunk)
+
+    aten = torch.ops.aten
+    names = [
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_flash_attention_forward",
+        "_efficient_attention_forward",
+    ]
+    ops = {torch.ops.hybridtune.gdn_chunk.default}
+    ops.update(getattr(aten, n).default for n in names if hasattr(aten, n))
+    return frozenset(ops)
+
+
+def _keep_cores(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in core_ops() else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def keep_cores_context():
+    """`context_fn` for `torch.utils.checkpoint`: the cores' outputs saved, the rest recomputed."""
+    return create_selective_checkpoint_contexts(_keep_cores)
+
+
+def checkpoint_kwargs(save_cores: bool) -> dict:
+    """The keyword arguments of a layer's non-reentrant checkpoint."""
+    return {"use_reentrant": False, "context_fn": keep_cores_context} if save_cores else {"use_reentrant": False}
+
+
+def checkpoint_fn(save_cores: bool):
+    """`torch.utils.checkpoint.checkpoint` with those arguments (a layer's `_gradient_checkpointing_func`)."""
+    return functools.partial(checkpoint, **checkpoint_kwargs(save_cores))
