@@ -193,6 +193,12 @@ class TrainConfig:
         "compile: loop traces each distinct decoder layer once and reuses it for the identical ones: the same step, "
         "a shorter first one; auto = on for the loop in one process, off under torchrun",
     )
+    recompute_cores: Literal["auto"] | bool = _f(
+        "auto",
+        "under gradient checkpointing with compile: loop, recompute the mixers' cores (GDN delta rule, attention "
+        "kernel) in the backward (true) or keep their outputs from the forward (false: a faster step, more memory); "
+        "auto = keep them in one process when the memory estimate with them fits",
+    )
     compile_overrides: list[str] = _f(
         [], "per-class plan overrides for compile: modules, as Class=compile|fullgraph|eager|off (see doctor)"
     )

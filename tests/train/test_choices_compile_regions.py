@@ -10,7 +10,7 @@ import pytest
 
 from hybridtune.config import load_config
 from hybridtune.errors import ConfigError
-from hybridtune.train import choices
+from hybridtune.train import facts
 from hybridtune.train.choices import Facts, choose_compile_regions
 
 
@@ -47,7 +47,7 @@ def test_without_the_loop_nothing_is_regional(strategy):
 def test_false_is_off_and_the_choice_is_logged_in_order():
     c, _ = choose_compile_regions(load_config(None, {"compile_regions": False}), _facts(), "loop")
     assert c.value is False and c.reason == "compile_regions: false"
-    assert choices.ORDER.index("compile_regions") == choices.ORDER.index("compile") + 1
+    assert facts.ORDER.index("compile_regions") == facts.ORDER.index("compile") + 1
 
 
 @pytest.mark.parametrize("text,want", [("true", True), ("false", False), ("auto", "auto")])

@@ -71,7 +71,11 @@ def _run(out, data, **kw):
 def test_cuda_graphs_wiring(tmp_path, small_data, monkeypatch, fake_compile, caches, caplog, warn_limit):
     plain_t, plain = _run(tmp_path / "plain", small_data)
     assert plain_t.choices.cuda_graphs.value is False and "CUDA graphs need a GPU" in plain_t.choices.cuda_graphs.reason
-    assert fake_compile[-1]["opts"] == {"static_shapes": True, "regional": True}  # compile_regions: auto, one process
+    assert fake_compile[-1]["opts"] == {
+        "static_shapes": True,
+        "regional": True,
+        "save_cores": False,
+    }  # regions auto; no checkpointing on the CPU
     assert fake_compile[-1]["conv"] == "traced"
 
     real = choices.choose_cuda_graphs  # the real decision, as on a GPU
@@ -87,6 +91,7 @@ def test_cuda_graphs_wiring(tmp_path, small_data, monkeypatch, fake_compile, cac
     assert t.cuda_graphs and fake_compile[-1]["opts"] == {
         "static_shapes": True,
         "regional": True,
+        "save_cores": False,
         "mode": "reduce-overhead",
     }
     assert fake_compile[-1]["conv"] == "op" and conv_in_graph() == "traced"  # op while it ran, put back after

@@ -18,6 +18,9 @@ import functools
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+# Set on a layer's checkpoint function (`_gradient_checkpointing_func`) that keeps the cores, for the FLOP count.
+KEEPS = "_hybridtune_keeps_cores"
+
 
 @functools.cache
 def core_ops() -> frozenset:
@@ -55,4 +58,11 @@ def checkpoint_kwargs(save_cores: bool) -> dict:
 
 def checkpoint_fn(save_cores: bool):
     """`torch.utils.checkpoint.checkpoint` with those arguments (a layer's `_gradient_checkpointing_func`)."""
-    return functools.partial(checkpoint, **checkpoint_kwargs(save_cores))
+    fn = functools.partial(checkpoint, **checkpoint_kwargs(save_cores))
+    setattr(fn, KEEPS, save_cores)
+    return fn
+
+
+def keeps_cores(module: torch.nn.Module) -> bool:
+    """Whether `module`'s checkpoint function keeps the cores (one installed here or by compiler/regions.py)."""
+    return bool(getattr(getattr(module, "_gradient_checkpointing_func", None), KEEPS, False))

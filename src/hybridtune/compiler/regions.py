@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from hybridtune.compiler.recompute import checkpoint_kwargs
+from hybridtune.compiler.recompute import KEEPS, checkpoint_kwargs
 
 ATTR = "_hybridtune_regions"
 
@@ -216,6 +216,7 @@ def _install_layer(regions: Regions, layer, bodies) -> None:
         return plain_ckpt(layer, *args, **fn.keywords)
 
     checkpointed.__dict__[ATTR] = regions  # tells the loop's checkpointing switch this one is non-reentrant already
+    checkpointed.__dict__[KEEPS] = regions.save_cores
     regions.layers.append((layer, layer.__dict__.get("forward"), layer.__dict__.get("_gradient_checkpointing_func")))
     layer.forward = forward
     layer._gradient_checkpointing_func = checkpointed

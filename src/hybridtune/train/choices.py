@@ -17,6 +17,7 @@ Order of dependence (each choice may read those above it):
     checkpointing    <- device, the GPU's free memory, the model's widths, pack_layout, bf16, loss, and under FSDP2
                         the least units the run gets (`least_units`: explicit ones, the whole model under the loop,
                         else one layer each) (train/memory.py)
+    recompute_cores  <- checkpointing, compile, processes, and the estimate checkpointing reads (with the cores kept)
     fsdp_units       <- compile, and under auto below the whole model: the free memory, the widths, pack_layout,
                         bf16, loss and checkpointing (the most layers per unit whose step fits, `memory.fsdp_group`)
 
@@ -27,8 +28,6 @@ unit would not fit without it, and the units then grow into the memory that choi
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -37,7 +36,9 @@ from hybridtune.data.collator import StaticLayout
 from hybridtune.errors import ConfigError
 from hybridtune.models.anatomy import param_count, router_loss, text_config
 from hybridtune.train import distributed
+from hybridtune.train.facts import Choice, Choices, Facts
 from hybridtune.train.memory import (
+    FIT_SHARE,
     GIB,
     ActivationShapes,
     ShardedModel,
@@ -62,77 +63,6 @@ WHOLE_MODEL_SHARE = 0.7
 # The most CUDA graphs `cuda_graphs: auto` lets one compiled graph record: one per distinct GDN chunk count of the
 # static layout's packs, all held in the graphs' memory pool for the run.
 MAX_CUDA_GRAPHS = 64
-
-
-@dataclass(frozen=True)
-class Choice:
-    value: Any
-    reason: str
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What the choices depend on, measured by the trainer before it resolves them."""
-
-    device: str  # "cpu" | "cuda"
-    bf16_supported: bool = False  # the GPU computes in bf16
-    engine: str = "none"  # "none" (one process) | "ddp" | "fsdp"
-    world: int = 1
-    n_params: int = 0
-    router_loss: bool = False  # the model's loss adds an MoE router term (`output_router_logits`)
-    fused_loss_blocker: str | None = None  # why the fused loss cannot stand in for the model's, or None
-    # The whole-model FSDP2 unit's estimated bytes per GPU over the smallest GPU's memory (max over ranks); None
-    # where it was not measured (no FSDP2, units not auto, or no GPU).
-    whole_model_share: float | None = None
-    packs: tuple[tuple[int, ...], ...] = ()  # document lengths of every train and eval pack the run collates
-    # The GPU's free bytes once the model is loaded (min over ranks), measured under `gradient_checkpointing: auto`
-    # and under FSDP2 with `fsdp_units: auto`.
-    gpu_free_bytes: int | None = None
-    state_bytes: int = 0  # what the run allocates beside the resident model: gradients, AdamW state, DDP's buckets
-    shapes: ActivationShapes | None = None  # the model's widths, for the activation estimate
-    sharded: ShardedModel | None = None  # under FSDP2: the model's bytes per GPU with its layers as units
-
-
-@dataclass(frozen=True)
-class Choices:
-    bf16: Choice
-    threads: Choice  # int, or None to keep torch's default
-    compile: Choice  # "off" | "loop" | "modules"
-    fsdp_units: Choice  # "model" | "layer" | "group:K", or None without FSDP2
-    pack_layout: Choice  # a StaticLayout, or None for the dynamic layout
-    fused_loss: Choice  # bool
-    checkpointing: Choice  # bool (auto: from the memory estimate; off is retried with it on after an OOM)
-    compile_regions: Choice  # bool: compile_loop(regional=...)
-    cuda_graphs: Choice = Choice(False, "cuda_graphs: off")  # bool
-    warnings: tuple[str, ...] = field(default=())
-
-    def lines(self) -> list[str]:
-        """One log line per choice: `name: value (reason)`."""
-        out = []
-        for name in ORDER:
-            c: Choice = getattr(self, name)
-            out.append(f"{name}: {_show(c.value, NONE.get(name, '-'))} ({c.reason})")
-        return out
-
-
-ORDER = (
-    "bf16",
-    "threads",
-    "compile",
-    "compile_regions",
-    "fsdp_units",
-    "pack_layout",
-    "cuda_graphs",
-    "fused_loss",
-    "checkpointing",
-)
-NONE = {"threads": "torch's default", "pack_layout": "dynamic"}  # what a None value means, per choice
-
-
-def _show(value, none: str) -> str:
-    if isinstance(value, StaticLayout):
-        return f"static {value.tokens} tokens / {value.docs} documents"
-    return none if value is None else str(value)
 
 
 def pick_device(name: str) -> torch.device:
@@ -168,7 +98,8 @@ def measure(
     share = distributed.whole_model_share(model, d, device, bf16) if cfg.fsdp_units == "auto" else None
     free = None
     fsdp = d.enabled and d.engine == "fsdp"
-    if cuda and (cfg.gradient_checkpointing == "auto" or (fsdp and cfg.fsdp_units == "auto")):
+    planned = cfg.gradient_checkpointing == "auto" or cfg.recompute_cores == "auto"
+    if cuda and (planned or (fsdp and cfg.fsdp_units == "auto")):
         # The driver's free memory, and what torch's allocator holds reserved but unused (the self-test's, say).
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         free = int(-distributed.all_max(-float(torch.cuda.mem_get_info(device)[0] + cached), d))
@@ -415,6 +346,40 @@ def _largest_tokens(cfg: TrainConfig, facts: Facts, layout: StaticLayout | None)
     return max(tokens, layout.tokens) if layout is not None else tokens
 
 
+def _estimate(cfg: TrainConfig, facts: Facts, layout, bf16: bool, fused: bool, units: int | None):
+    """(tokens of the largest micro-batch, `memory.step_bytes` for it)."""
+    tokens = _largest_tokens(cfg, facts, layout)
+    state = facts.state_bytes if units is None or facts.sharded is None else facts.sharded.state_bytes(units)
+    return tokens, step_bytes(facts.shapes, tokens, bf16=bf16, fused_loss=fused, state_bytes=state)
+
+
+def choose_recompute_cores(
+    cfg: TrainConfig, facts: Facts, strategy: str, checkpointing: bool, layout, bf16: bool, fused: bool
+) -> Choice:
+    """`recompute_cores: auto` under checkpointing: the compiled loop's checkpoints keep the mixers' cores
+    (compiler/recompute.py; the same loss and gradients, the GDN and attention cores' forward not run again) in one
+    process when the memory estimate with them kept fits the free memory; they are recomputed otherwise."""
+    if not checkpointing:
+        return Choice(True, "no checkpointing: nothing is recomputed")
+    if strategy != "loop":
+        return Choice(
+            True, f"{'auto: ' if cfg.recompute_cores == 'auto' else ''}compile {strategy}: only the loop keeps them"
+        )
+    if cfg.recompute_cores != "auto":
+        return Choice(bool(cfg.recompute_cores), f"recompute_cores: {str(cfg.recompute_cores).lower()}")
+    if facts.engine != "none":
+        return Choice(True, f"auto: recomputed under {facts.engine}: keeping them is not yet checked there")
+    if facts.device != "cuda" or facts.gpu_free_bytes is None or facts.shapes is None or not facts.shapes.hidden:
+        return Choice(True, "auto: recomputed, no GPU memory to plan for")
+    tokens, est = _estimate(cfg, facts, layout, bf16, fused, None)
+    need, free = est.keeping_cores / GIB, facts.gpu_free_bytes / GIB
+    if est.keeping_cores <= FIT_SHARE * facts.gpu_free_bytes:
+        return Choice(
+            False, f"auto: kept: {tokens}-token micro-batches need about {need:.1f} GiB so; {free:.1f} GiB free"
+        )
+    return Choice(True, f"auto: recomputed: keeping them would need about {need:.1f} GiB; {free:.1f} GiB free")
+
+
 def choose_checkpointing(
     cfg: TrainConfig,
     facts: Facts,
@@ -436,9 +401,7 @@ def choose_checkpointing(
         return Choice(False, f"auto: off, no GPU memory to plan for; {retry}"), []
     if not facts.shapes.layer_types or not facts.shapes.hidden:
         return Choice(False, f"auto: off, the model's layer widths are unknown; {retry}"), []
-    tokens = _largest_tokens(cfg, facts, layout)
-    state = facts.state_bytes if units is None or facts.sharded is None else facts.sharded.state_bytes(units)
-    est = step_bytes(facts.shapes, tokens, bf16=bf16, fused_loss=fused, state_bytes=state)
+    tokens, est = _estimate(cfg, facts, layout, bf16, fused, units)
     d = decide_checkpointing(est, facts.gpu_free_bytes, tokens)
     reason = d.reason if d.on else f"{d.reason}; {retry}"
     return Choice(d.on, reason), [d.warning] if d.warning else []
@@ -462,6 +425,9 @@ def resolve(cfg: TrainConfig, facts: Facts) -> Choices:
     fsdp_units = choose_fsdp_units(
         cfg, facts, compile_.value, layout.value, bf16.value, fused.value, checkpointing.value
     )
+    cores = choose_recompute_cores(
+        cfg, facts, compile_.value, checkpointing.value, layout.value, bf16.value, fused.value
+    )
     return Choices(
         bf16=bf16,
         threads=choose_threads(cfg, facts),
@@ -472,5 +438,6 @@ def resolve(cfg: TrainConfig, facts: Facts) -> Choices:
         compile_regions=regions,
         fused_loss=fused,
         checkpointing=checkpointing,
+        recompute_cores=cores,
         warnings=tuple(warns),
     )

@@ -92,6 +92,14 @@ class ActivationShapes:
             mixer = 5 * self.attn_q + 3 * self.attn_kv + 2 * self.attn_heads
         return common + mixer
 
+    def core_elements(self, kind: str) -> int:
+        """Elements per token a checkpointed layer keeps when its mixer's core is not recomputed
+        (compiler/recompute.py): the delta rule's output, solved WY matrix and fp32 cumulative gate; attention's
+        output and fp32 log-sum-exp (fp32 counted as two 16-bit elements)."""
+        if kind == "linear_attention":
+            return self.gdn_v + GDN_CHUNK * self.gdn_heads + 2 * self.gdn_heads
+        return self.attn_q + 2 * self.attn_heads
+
     def backward_fp32_elements(self, kind: str) -> int:
         """fp32 elements per token a linear-attention layer's backward adds: the chunk states and their gradients."""
         return 2 * self.gdn_state // GDN_CHUNK if kind == "linear_attention" else 0
@@ -103,6 +111,7 @@ class Estimate:
 
     without: int
     with_checkpointing: int
+    keeping_cores: int = 0  # with checkpointing whose layers keep their mixers' cores (compiler/recompute.py)
 
 
 def step_bytes(shapes: ActivationShapes, tokens: int, *, bf16: bool, fused_loss: bool, state_bytes: int) -> Estimate:
@@ -120,7 +129,8 @@ def step_bytes(shapes: ActivationShapes, tokens: int, *, bf16: bool, fused_loss:
     without = fixed + tokens * (sum(saved) + transient + head)
     # Checkpointed: every layer's input, and one layer recomputed (what it keeps, then its backward's transients).
     ckpt = fixed + tokens * (len(kinds) * shapes.hidden * b + max(saved, default=0) + transient + head)
-    return Estimate(without=without, with_checkpointing=ckpt)
+    cores = tokens * sum(shapes.core_elements(k) for k in kinds) * b
+    return Estimate(without=without, with_checkpointing=ckpt, keeping_cores=ckpt + cores)
 
 
 @dataclass(frozen=True)

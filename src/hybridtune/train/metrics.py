@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from hybridtune.compiler import recompute
 from hybridtune.errors import OutputDirError
 from hybridtune.files import atomic_write_text
 from hybridtune.models.anatomy import text_config
@@ -91,8 +92,11 @@ class StepFlops:
 
     def __call__(self, doc_lens) -> tuple[float, float]:
         """(model FLOPs, hardware FLOPs) of a step over these documents."""
-        ckpt = any(m.gradient_checkpointing is True for m in self.switches)
-        f = step_flops(self.config, list(doc_lens), gradient_checkpointing=ckpt, **self.kw)
+        on = [m for m in self.switches if m.gradient_checkpointing is True]
+        keeps = any(recompute.keeps_cores(m) for m in on)  # the compiled loop's checkpoints keep the cores
+        f = step_flops(
+            self.config, list(doc_lens), gradient_checkpointing=bool(on), recompute_cores=not keeps, **self.kw
+        )
         return f.model, f.hardware
 
 
