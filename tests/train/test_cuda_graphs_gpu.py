@@ -67,11 +67,19 @@ def _grads(model) -> dict:
 
 
 # Regional (each distinct layer one traced body: what `hybridtune train` compiles by default) for every case, and the
-# inlined loop (`compile_regions: false`) for one.
+# inlined loop (`compile_regions: false`) for one; checkpoints keeping the mixers' cores (`recompute_cores: auto` under
+# checkpointing on a GPU: compiler/recompute.py) for one.
 @pytest.mark.parametrize(
-    "adapter,gc,regional", [("lora", True, True), ("lora", False, True), ("full", True, True), ("lora", True, False)]
+    "adapter,gc,regional,save_cores",
+    [
+        ("lora", True, True, False),
+        ("lora", False, True, False),
+        ("full", True, True, False),
+        ("lora", True, False, False),
+        pytest.param("lora", True, True, True, id="lora-gc-regional-sac"),
+    ],
 )
-def test_cuda_graph_step_equals_eager_over_layouts(adapter, gc, regional):
+def test_cuda_graph_step_equals_eager_over_layouts(adapter, gc, regional, save_cores):
     from torch._dynamo.utils import counters
     from torch._inductor.cudagraph_trees import reset_cudagraph_trees
 
@@ -93,7 +101,7 @@ def test_cuda_graph_step_equals_eager_over_layouts(adapter, gc, regional):
 
     conv = cudagraphs.before_compile(len(keys))
     try:
-        compile_loop(model, mode=cudagraphs.MODE, static_shapes=True, regional=regional)
+        compile_loop(model, mode=cudagraphs.MODE, static_shapes=True, regional=regional, save_cores=save_cores)
         counters.clear()
         for _ in range(3):  # the first call of a size warms up, the second records, the third replays
             for b, (loss_e, grads_e) in zip(batches, eager):
