@@ -195,9 +195,8 @@ class TrainConfig:
     )
     recompute_cores: Literal["auto"] | bool = _f(
         "auto",
-        "under gradient checkpointing with compile: loop, recompute the mixers' cores (GDN delta rule, attention "
-        "kernel) in the backward (true) or keep their outputs from the forward (false: a faster step, more memory); "
-        "auto = keep them in one process when the memory estimate with them fits",
+        "under checkpointing, recompute the GDN and attention cores in the backward (true) or keep their outputs "
+        "(false: faster, more memory); auto = keep them when the memory estimate fits",
     )
     compile_overrides: list[str] = _f(
         [], "per-class plan overrides for compile: modules, as Class=compile|fullgraph|eager|off (see doctor)"

@@ -316,10 +316,13 @@ def _scaling_table(rows: dict[int, dict], entries: list) -> list[str]:
 README_TABLES = {
     # Single GPU, the figures of record: the 2B, 0.8B and 9B shapes at 4096 tokens, hf-eager first in each run
     # (the newest code first, then the variants of the conv and of CUDA graphs).
+    # Rows 98, 97 (2026-12-02, session 15): hf-eager beside train's compiled mode under checkpointing (regions, CUDA
+    # graphs, the cores kept); then that mode's steps alone: cold on a fresh machine (93), the cores recomputed and kept
+    # in one run (95, 96), 131,072 tokens (91), and the 9B's cold regional first step (94).
     # Then train's compiled mode (regions) alone at 4096 and 131,072 tokens (rows 89, 91: no hf-eager in their runs).
     # The MoE shapes, each pair in one run: Qwen3.5-35B-A3B (all 40 layers) and Qwen3-Next-80B-A3B cut to 24 layers.
     "perf-table": {
-        "rows": [71, 72, 89, 91, 74, 73, 76, 75, 84, 83, 86, 85, 27, 26, 24, 25, 30, 29, 28],
+        "rows": [98, 97, 93, 95, 96, 91, 71, 72, 89, 74, 73, 76, 75, 94, 84, 83, 86, 85, 27, 26, 24, 25, 30, 29, 28],
         "baseline": {24: 27, 25: 27},
     },
     # Lanes side by side on one GPU (first steps and long packs; their tokens/s are not figures of record).
