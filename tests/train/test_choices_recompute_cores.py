@@ -56,6 +56,12 @@ def test_auto_keeps_them_where_they_fit_and_says_so():
         ({"device": "cpu", "gpu_free_bytes": None}, True, "auto: recomputed, no GPU memory to plan for"),
         ({"recompute_cores": True}, True, "recompute_cores: true"),
         ({"recompute_cores": False}, False, "recompute_cores: false"),
+        ({"recompute_cores": False, "checkpointing": False}, False, "recompute_cores: false"),  # for an OOM retry
+        (
+            {"recompute_cores": False, "engine": "fsdp", "world": 2},
+            False,
+            "recompute_cores: false; not yet checked under fsdp",
+        ),
     ],
 )
 def test_where_they_are_recomputed(kw, value, reason):

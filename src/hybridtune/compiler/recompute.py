@@ -24,8 +24,9 @@ KEEPS = "_hybridtune_keeps_cores"
 
 @functools.cache
 def core_ops() -> frozenset:
-    """The ops whose outputs `save_cores` keeps: hybridtune's GDN core and every attention kernel SDPA dispatches
-    to (FlashAttention, memory-efficient, cuDNN, the CPU flash form)."""
+    """The ops whose outputs `save_cores` keeps: hybridtune's GDN core, torch's varlen attention and every attention
+    kernel SDPA dispatches to (FlashAttention, memory-efficient, cuDNN, the CPU flash form). An attention that runs
+    as another custom op (the flash-attn package's) is recomputed."""
     import hybridtune.ops.gdn  # noqa: F401  (defines torch.ops.hybridtune.gdn_chunk)
 
     aten = torch.ops.aten
@@ -39,6 +40,12 @@ def core_ops() -> frozenset:
     ]
     ops = {torch.ops.hybridtune.gdn_chunk.default}
     ops.update(getattr(aten, n).default for n in names if hasattr(aten, n))
+    # torch's varlen attention (what models/attention.py runs on packed CUDA batches) is a custom op of its own,
+    # opaque to the policy: the flash kernel inside it is not seen. Its out-of-place form only (`_varlen_attn_out`
+    # writes into its argument).
+    varlen = getattr(getattr(torch.ops, "torch_attn", None), "_varlen_attn", None)
+    if varlen is not None:
+        ops.add(varlen.default)
     return frozenset(ops)
 
 

@@ -359,14 +359,17 @@ def choose_recompute_cores(
     """`recompute_cores: auto` under checkpointing: the compiled loop's checkpoints keep the mixers' cores
     (compiler/recompute.py; the same loss and gradients, the GDN and attention cores' forward not run again) in one
     process when the memory estimate with them kept fits the free memory; they are recomputed otherwise."""
-    if not checkpointing:
-        return Choice(True, "no checkpointing: nothing is recomputed")
     if strategy != "loop":
         return Choice(
             True, f"{'auto: ' if cfg.recompute_cores == 'auto' else ''}compile {strategy}: only the loop keeps them"
         )
-    if cfg.recompute_cores != "auto":
-        return Choice(bool(cfg.recompute_cores), f"recompute_cores: {str(cfg.recompute_cores).lower()}")
+    if cfg.recompute_cores != "auto":  # (also for the checkpointing an out-of-memory retry may switch on)
+        unchecked = (
+            f"; not yet checked under {facts.engine}" if facts.engine != "none" and not cfg.recompute_cores else ""
+        )
+        return Choice(bool(cfg.recompute_cores), f"recompute_cores: {str(cfg.recompute_cores).lower()}{unchecked}")
+    if not checkpointing:
+        return Choice(True, "no checkpointing: nothing is recomputed")
     if facts.engine != "none":
         return Choice(True, f"auto: recomputed under {facts.engine}: keeping them is not yet checked there")
     if facts.device != "cuda" or facts.gpu_free_bytes is None or facts.shapes is None or not facts.shapes.hidden:
