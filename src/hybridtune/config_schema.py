@@ -195,7 +195,7 @@ class TrainConfig:
     )
     recompute_cores: Literal["auto"] | bool = _f(
         "auto",
-        "under checkpointing, recompute the GDN and attention cores in the backward (true) or keep their outputs "
+        "under checkpointing, recompute the GDN cores (delta rule) in the backward (true) or keep their outputs "
         "(false: faster, more memory); auto = keep them when the memory estimate fits",
     )
     compile_overrides: list[str] = _f(

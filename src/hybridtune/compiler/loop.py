@@ -211,8 +211,8 @@ def compile_loop(
     Either way the layers return their routers' logits when the model asks for them (`output_router_logits`),
     so an MoE model's router loss stays in the one graph.
 
-    `save_cores=True`: under gradient checkpointing each layer keeps its mixer's core outputs (the GDN delta rule's,
-    the attention kernel's) from the forward and the backward's recompute skips them (compiler/recompute.py).
+    `save_cores=True`: under gradient checkpointing each layer keeps its mixer's core outputs (the GDN delta rule's;
+    SDPA's attention kernels) from the forward and the backward's recompute skips them (compiler/recompute.py).
     """
     report = None
     if patch and not is_patched(model):

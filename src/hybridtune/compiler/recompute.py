@@ -5,10 +5,12 @@ Under gradient checkpointing each layer's forward runs twice, the second time in
 backward reads. The projections are GEMMs at the GPU's peak, worth recomputing; the mixers' cores are not: the GDN
 delta rule's chunked forward (`hybridtune::gdn_chunk`: its output, cumulative gate and solved WY matrix) and the
 attention kernel are a few FLOPs per byte of output at a fraction of the peak (FLA's kernels and FlashAttention,
-benchmarks/NOTES.md 46), so with `save_cores` their outputs are kept from the first forward (selective activation
+benchmarks/NOTES.md 47), so with `save_cores` their outputs are kept from the first forward (selective activation
 checkpointing: `torch.utils.checkpoint.create_selective_checkpoint_contexts`, which AOT autograd's partitioner honours
 under torch.compile as eagerly) and the recompute runs the rest. Its price is those outputs per layer
-(`train.memory.ActivationShapes.core_elements`); the loss and every gradient are the same.
+(`train.memory.ActivationShapes.core_elements`); the loss and every gradient are the same. What is kept is the ops in
+`core_ops()`: the GDN core and SDPA's attention kernels, not torch's varlen attention (a custom op of its own) that
+packed CUDA batches run, which is recomputed until keeping it is checked on a GPU.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ KEEPS = "_hybridtune_keeps_cores"
 
 @functools.cache
 def core_ops() -> frozenset:
-    """The ops whose outputs `save_cores` keeps: hybridtune's GDN core, torch's varlen attention and every attention
-    kernel SDPA dispatches to (FlashAttention, memory-efficient, cuDNN, the CPU flash form). An attention that runs
-    as another custom op (the flash-attn package's) is recomputed."""
+    """The ops whose outputs `save_cores` keeps: hybridtune's GDN core and every attention kernel SDPA dispatches to
+    (FlashAttention, memory-efficient, cuDNN, the CPU flash form). An attention that runs as a custom op of its own
+    (torch's varlen attention, the flash-attn package's) is recomputed."""
     import hybridtune.ops.gdn  # noqa: F401  (defines torch.ops.hybridtune.gdn_chunk)
 
     aten = torch.ops.aten
@@ -40,12 +42,9 @@ def core_ops() -> frozenset:
     ]
     ops = {torch.ops.hybridtune.gdn_chunk.default}
     ops.update(getattr(aten, n).default for n in names if hasattr(aten, n))
-    # torch's varlen attention (what models/attention.py runs on packed CUDA batches) is a custom op of its own,
-    # opaque to the policy: the flash kernel inside it is not seen. Its out-of-place form only (`_varlen_attn_out`
-    # writes into its argument).
-    varlen = getattr(getattr(torch.ops, "torch_attn", None), "_varlen_attn", None)
-    if varlen is not None:
-        ops.add(varlen.default)
+    # Not kept (yet): torch's varlen attention, what models/attention.py runs on packed CUDA batches. It is a custom
+    # op of its own (`torch_attn::_varlen_attn`), opaque to the policy, so its flash kernel is recomputed; keeping
+    # it is one entry here, not yet checked on a GPU (benchmarks/NOTES.md 47).
     return frozenset(ops)
 
 

@@ -46,7 +46,8 @@ Two figures per step:
   layer), one more forward of every decoder layer: +2 per frozen or trained linear/conv parameter per
   token (LoRA adapters in the decoder layers included), plus the attention and GDN core forwards again.
   The LM head is not recomputed. With `recompute_cores=False` (checkpoints that keep the mixers' cores:
-  compiler/recompute.py) the attention and GDN core forwards are not counted again.
+  compiler/recompute.py) the GDN core forwards are not counted again (the packed batches' varlen attention, a
+  custom op the policy does not keep, still is).
 
 Under LoRA every decoder linear is charged the input gradient, even the first layer's (whose input
 needs no gradient when the embedding is frozen); the overcount is one layer's projections.
@@ -255,9 +256,10 @@ def step_flops(
     }
     recompute = 0.0
     if gradient_checkpointing:
-        recompute = 2.0 * (decoder_params + conv_params + lora_dec) * tokens
+        # Kept cores (compiler/recompute.py) are the GDN ones; the packed batches' varlen attention is recomputed.
+        recompute = 2.0 * (decoder_params + conv_params + lora_dec) * tokens + attn_fwd
         if recompute_cores:
-            recompute += attn_fwd + gdn_fwd
+            recompute += gdn_fwd
     breakdown["recompute"] = recompute
     model = sum(v for k, v in breakdown.items() if k != "recompute")
     return StepFlops(model=model, hardware=model + recompute, breakdown=breakdown)

@@ -357,7 +357,7 @@ def choose_recompute_cores(
     cfg: TrainConfig, facts: Facts, strategy: str, checkpointing: bool, layout, bf16: bool, fused: bool
 ) -> Choice:
     """`recompute_cores: auto` under checkpointing: the compiled loop's checkpoints keep the mixers' cores
-    (compiler/recompute.py; the same loss and gradients, the GDN and attention cores' forward not run again) in one
+    (compiler/recompute.py; the same loss and gradients, the GDN cores' forward not run again) in one
     process when the memory estimate with them kept fits the free memory; they are recomputed otherwise."""
     if strategy != "loop":
         return Choice(
