@@ -54,6 +54,13 @@
 #      ht-loop:cg=on,regions=on --layouts 4 --warmup 8 --steps 12"
 #     "tests tests/compiler/test_loop_regions.py -k cuda then tests tests/train/test_cuda_graphs_gpu.py -k trainer"
 #   (a tests lane's -k takes one word: the lane splits on spaces)
+#   Done 2026-12-02 (session 15, rows 93-98): the memo's cold first step (2B 50.5 s, 9B 70.6 s), the GDN cores kept
+#   (sac=on), the figures of record beside hf-eager. Next: the CUDA-graph step with the cores kept (its first
+#   minutes are the tiny model's cold self-test: give it a call of its own), the trainer cases, and the varlen
+#   attention kept (one entry in compiler/recompute.core_ops, then the bench pair and the CUDA tests again):
+#     "tests tests/train/test_cuda_graphs_gpu.py -k sac then tests tests/train/test_cuda_graphs_gpu.py -k trainer"
+#     "bench --modes ht-loop:cg=on,regions=on,sac=on,hf-eager --profile"
+#   (the figures of record: one bench run, the compiled mode first, then hf-eager)
 #   HYBRIDTUNE_GIT_COMMIT=<sha> T0=545 bash benchmarks/single_gpu.sh "bench --modes hf-eager,ht-loop:cg=on"
 [ $# -ge 1 ] || { sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 2; }
 source "$(dirname "$0")/env.sh"
