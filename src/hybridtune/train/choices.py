@@ -98,7 +98,9 @@ def measure(
     share = distributed.whole_model_share(model, d, device, bf16) if cfg.fsdp_units == "auto" else None
     free = None
     fsdp = d.enabled and d.engine == "fsdp"
-    planned = cfg.gradient_checkpointing == "auto" or cfg.recompute_cores == "auto"
+    # (recompute_cores: auto reads it only under checkpointing in one process: `choose_recompute_cores`)
+    cores = cfg.gradient_checkpointing is True and cfg.recompute_cores == "auto" and not d.enabled
+    planned = cfg.gradient_checkpointing == "auto" or cores
     if cuda and (planned or (fsdp and cfg.fsdp_units == "auto")):
         # The driver's free memory, and what torch's allocator holds reserved but unused (the self-test's, say).
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)

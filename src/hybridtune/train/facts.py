@@ -31,8 +31,9 @@ class Facts:
     # where it was not measured (no FSDP2, units not auto, or no GPU).
     whole_model_share: float | None = None
     packs: tuple[tuple[int, ...], ...] = ()  # document lengths of every train and eval pack the run collates
-    # The GPU's free bytes once the model is loaded (min over ranks), measured under `gradient_checkpointing: auto`
-    # and under FSDP2 with `fsdp_units: auto`.
+    # The GPU's free bytes once the model is loaded (min over ranks), measured under `gradient_checkpointing: auto`,
+    # under `gradient_checkpointing: true` with `recompute_cores: auto` in one process, and under FSDP2 with
+    # `fsdp_units: auto`.
     gpu_free_bytes: int | None = None
     state_bytes: int = 0  # what the run allocates beside the resident model: gradients, AdamW state, DDP's buckets
     shapes: ActivationShapes | None = None  # the model's widths, for the activation estimate

@@ -111,7 +111,7 @@ class Estimate:
 
     without: int
     with_checkpointing: int
-    keeping_cores: int = 0  # with checkpointing whose layers keep their mixers' cores (compiler/recompute.py)
+    keeping_cores: int  # with checkpointing whose layers keep their mixers' cores (compiler/recompute.py)
 
 
 def step_bytes(shapes: ActivationShapes, tokens: int, *, bf16: bool, fused_loss: bool, state_bytes: int) -> Estimate:
