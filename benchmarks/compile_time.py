@@ -25,8 +25,8 @@ from hybridtune.data.collator import PackedCollator, StaticLayout
 from hybridtune.data.packing import Example
 from hybridtune.models.patching import patch_model
 from hybridtune.models.presets import preset_config
-from hybridtune.train.lora import apply_lora
-from hybridtune.train.step import forward_loss
+from hybridtune.runtime.lora import apply_lora
+from hybridtune.runtime.step import forward_loss
 
 n_layers, layout = int(sys.argv[1]), sys.argv[2]
 regional = len(sys.argv) > 3 and sys.argv[3] == "regional"

@@ -34,8 +34,9 @@ def main():
     import triton
 
     from hybridtune.data.collator import varlen_metadata
-    from hybridtune.ops import fla_guard, gdn
-    from hybridtune.ops.reference import causal_conv1d_ref, chunk_gated_delta_rule_ref
+    from hybridtune.mixers.gdn import fla_guard
+    from hybridtune.mixers.gdn import ops as gdn
+    from hybridtune.mixers.gdn.reference import causal_conv1d_ref, chunk_gated_delta_rule_ref
 
     meta = varlen_metadata(LENS)
     cu, ci = meta["cu_seq_lens_q"].cuda(), meta["gdn_chunk_indices"].cuda()

@@ -53,7 +53,7 @@ from hybridtune.config_schema import DEFAULT_LORA_TARGETS
 from hybridtune.data import IGNORE_INDEX
 from hybridtune.models.anatomy import decoder_layers, output_head, text_model, unwrap
 from hybridtune.models.presets import preset_config
-from hybridtune.train.step import forward_loss, model_inputs, shifted_targets
+from hybridtune.runtime.step import forward_loss, model_inputs, shifted_targets
 
 CPU = torch.device("cpu")
 

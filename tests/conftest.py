@@ -75,6 +75,6 @@ def _fla_switch_restored():
     yield
     import sys
 
-    adapter = sys.modules.get("hybridtune.ops.fla_adapter")
+    adapter = sys.modules.get("hybridtune.mixers.gdn.fla_adapter")
     if adapter is not None:
         adapter.turn_off(None)

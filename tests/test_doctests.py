@@ -31,7 +31,7 @@ MODULES = _modules_with_examples()
 
 
 def test_examples_were_found():
-    assert {"hybridtune.train.stream", "hybridtune.train.profiling", "hybridtune.train.distributed"} <= set(MODULES)
+    assert {"hybridtune.runtime.stream", "hybridtune.runtime.profiling", "hybridtune.runtime.distributed"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -43,7 +43,7 @@ def _stand_in_bench(child: str, log) -> str:
         import sys
         from pathlib import Path
         from hybridtune.bench.command import run_worker
-        from hybridtune.train.signals import sigterm_interrupts
+        from hybridtune.runtime.signals import sigterm_interrupts
         with sigterm_interrupts():
             try:
                 run_worker({{}}, Path({str(log)!r}), 600, 600, program=[sys.executable, "-c", {child!r}])

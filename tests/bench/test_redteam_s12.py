@@ -152,7 +152,7 @@ def test_a_hangup_stops_the_worker(tmp_path):
     """The worker runs in a session of its own, so the terminal's SIGHUP (an ssh connection dropped, a tmux or
     screen window closed, `kill -HUP`) reaches the bench alone; the bench handles SIGINT and SIGTERM only, dies of
     the SIGHUP at once, and leaves the worker running: the very orphan d74cd39 set out to prevent (78 GB held on
-    the H200). Fix (command.py, `_run_modes`, or train/signals.py with a variant of `sigterm_interrupts`): raise
+    the H200). Fix (command.py, `_run_modes`, or runtime/signals.py with a variant of `sigterm_interrupts`): raise
     KeyboardInterrupt on SIGHUP too (and SIGQUIT) for the duration of the modes, so the worker in flight is
     killed and the finished modes kept. For a bench killed outright (SIGKILL: the OOM killer, a scheduler's
     grace period over) the worker should also watch its parent: `preexec_fn` / the worker's start calling
@@ -250,10 +250,10 @@ def test_grouped_gemm_counts_gemm_kernels_not_the_pointwise_kernels_fused_around
     on CUDA (`cpp_fused__grouped_mm_expand_mul_transpose_0` from the same graph on the CPU: seen here with
     torch.compile of `F.grouped_mm(x * 2, w.transpose(1, 2), offs)` backward). Its time is then summed into
     grouped_gemm_ms_per_step, so expert_gemms' kernel_ms_per_step is too large and its TFLOP/s too small.
-    Fix (train/profiling.py, `grouped_gemm`): leave out inductor's pointwise / reduction kernels
+    Fix (runtime/profiling.py, `grouped_gemm`): leave out inductor's pointwise / reduction kernels
     (names starting "triton_poi_", "triton_red_", "triton_per_", "cpp_fused"): among inductor's kernels only its
     templates ("triton_tem_...grouped_mm...") are GEMMs."""
-    from hybridtune.train.profiling import grouped_gemm
+    from hybridtune.runtime.profiling import grouped_gemm
 
     assert grouped_gemm("triton_tem_fused__grouped_mm_0")  # inductor's grouped-GEMM template: a GEMM
     assert grouped_gemm("_ZN7cutlass13device_kernelIN2at4cuda6detail...GroupProblemShapeIN4cute5tupleIJiiiEEEE")

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from hybridtune.compiler.diskload import MANIFEST, UnsafeGeneratedCode, load_verified, read_verified, write_dump
+from hybridtune.compiler.modules.diskload import MANIFEST, UnsafeGeneratedCode, load_verified, read_verified, write_dump
 
 TEXT = "VALUE = 41 + 1\n"
 SHA = hashlib.sha256(TEXT.encode()).hexdigest()

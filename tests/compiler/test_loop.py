@@ -245,7 +245,7 @@ def test_conv_in_graph_traced_or_as_the_op(conv, device, backend):
     from torch._dynamo.utils import counters
 
     from hybridtune.compiler.loop import compile_loop
-    from hybridtune.ops.gdn import conv_in_graph
+    from hybridtune.mixers.gdn.ops import conv_in_graph
 
     graphs = []
 

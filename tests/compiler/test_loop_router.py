@@ -143,11 +143,11 @@ def test_router_loss_in_the_loop_under_cpu_inductor():
 
 
 def test_checkpointing_switched_on_after_compiling_keeps_the_router_logits():
-    """train/oom.py switches checkpointing on after the loop was compiled (the first step ran out of memory):
+    """runtime/oom.py switches checkpointing on after the loop was compiled (the first step ran out of memory):
     transformers then gives every layer its own checkpoint function, around which a recording body's router logits
     could not leave ("Unsafe side effect"); the loop keeps the regions' checkpoint functions."""
     from hybridtune.compiler.loop import compile_loop
-    from hybridtune.train.model import enable_checkpointing
+    from hybridtune.runtime.model import enable_checkpointing
 
     torch._dynamo.reset()
     model = _moe("tiny-qwen3_5_moe", "cpu", ckpt=False)

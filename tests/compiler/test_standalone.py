@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from hybridtune.compiler import standalone_source
-from hybridtune.compiler.decoration import Decoration, NotGeneratable
-from hybridtune.compiler.plan import plan_class
-from hybridtune.compiler.standalone import generate_loaded, global_refs
+from hybridtune.compiler.modules.decoration import Decoration, NotGeneratable
+from hybridtune.compiler.modules.plan import plan_class
+from hybridtune.compiler.modules.standalone import generate_loaded, global_refs
 
 
 def test_real_body_is_emitted_and_no_name_is_unbound(fake):

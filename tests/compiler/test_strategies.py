@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridtune.compiler.plan import ROUTED_ATTR, plan_model
+from hybridtune.compiler.modules.plan import ROUTED_ATTR, plan_model
 from hybridtune.compiler.strategies import CompileStrategyError, compile_model
 
 
@@ -174,7 +174,7 @@ def test_modules_compile_once_per_frame_across_static_layout_batches(name):
     from hybridtune.data.packing import Example
     from hybridtune.models.loading import load_model
     from hybridtune.models.patching import patch_model
-    from hybridtune.train.step import forward_loss
+    from hybridtune.runtime.step import forward_loss
 
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -208,7 +208,7 @@ def test_modules_compile_once_per_frame_across_static_layout_batches(name):
             torch.testing.assert_close(grads_c[n], grads_e[n], rtol=1e-5, atol=1e-6, msg=n)
     assert graphs[0] > 0 and graphs == [graphs[0]] * len(batches), graphs  # no frame compiled twice
     # Eval (no grad: graphs of its own) reads the batch through the same inputs: once per frame too.
-    from hybridtune.train.distributed import LossModule
+    from hybridtune.runtime.distributed import LossModule
 
     runner = LossModule(model).eval()
     evals = []

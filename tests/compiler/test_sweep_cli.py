@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hybridtune.compiler.sweep import all_families, run_sweep
+from hybridtune.compiler.modules.sweep import all_families, run_sweep
 
 HYBRID = ["qwen3_5", "qwen3_5_moe", "qwen3_next", "mamba", "lfm2"]
 

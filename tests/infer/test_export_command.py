@@ -86,7 +86,7 @@ def test_export_refuses_what_it_cannot_or_must_not_do(trained, tmp_path, capsys)
 def test_a_damaged_checkpoint_is_refused_by_its_checksums(trained, tmp_path):
     import shutil
 
-    from hybridtune.train.checkpoint import CheckpointError
+    from hybridtune.run.checkpoint import CheckpointError
 
     src = trained("tiny-qwen3_5", "lora")
     copy = tmp_path / "run"

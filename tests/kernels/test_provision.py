@@ -146,7 +146,8 @@ def test_off_does_nothing(env):
 def test_off_keeps_the_gdn_ops_on_the_reference_even_with_fla_installed(env, monkeypatch):
     """A `kernels: off` run on an H200 with FLA installed crashed in its first backward: the ops used FLA (it
     imported), whose Hopper backward needs the self-test that `off` skips. `off` now keeps them on the reference."""
-    from hybridtune.ops import fla_adapter, gdn
+    from hybridtune.mixers.gdn import fla_adapter
+    from hybridtune.mixers.gdn import ops as gdn
 
     monkeypatch.setattr(fla_adapter, "load", lambda: type("F", (), {"version": "0.6.0"})())
     assert gdn.backend("cuda")[0] == "fla"  # as on the GPU machine: FLA importable

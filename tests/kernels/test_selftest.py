@@ -13,7 +13,7 @@ from hybridtune.kernels.environment import environment  # noqa: E402
 from hybridtune.kernels.selftest import Layout, layouts_from_config, verify  # noqa: E402
 from hybridtune.models.presets import preset_config  # noqa: E402
 
-fla_guard = pytest.importorskip("hybridtune.ops.fla_guard")
+fla_guard = pytest.importorskip("hybridtune.mixers.gdn.fla_guard")
 
 SHAPES = {
     "qwen3_5-0.8b": Layout(16, 16, 128, 128),
@@ -71,7 +71,7 @@ def test_without_cuda_nothing_runs_or_is_granted():
 @pytest.fixture
 def fake_device(monkeypatch):
     """Pretend to be a Hopper GPU with FLA: the checks are replaced by functions returning chosen errors."""
-    from hybridtune.ops import gdn
+    from hybridtune.mixers.gdn import ops as gdn
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Fake H200")
@@ -162,7 +162,7 @@ def test_the_shipped_kernel_configs_are_seeded_before_the_selftest_and_said(fake
     """Provisioning puts the device kind's FLA table into the autotuners before the self-test's first kernel call,
     says so in the report, its summary and doctor; a failure there is a warning and the self-test still runs."""
     from hybridtune.kernels import doctor, provision, tuned
-    from hybridtune.ops import fla_adapter
+    from hybridtune.mixers.gdn import fla_adapter
 
     order = []
     monkeypatch.setattr(provision, "installed_version", lambda name: "0.6.0" if name == "fla" else None)
@@ -193,7 +193,7 @@ def test_the_shipped_kernel_configs_are_seeded_before_the_selftest_and_said(fake
 @pytest.mark.parametrize("name", ["qwen3_5-2b", "qwen3_5-9b"])
 def test_selftest_on_device(name):
     """On a GPU with FLA: the real kernels against the fp32 reference for the real head layouts."""
-    from hybridtune.ops import gdn
+    from hybridtune.mixers.gdn import ops as gdn
 
     if gdn.backend("cuda")[0] != "fla":
         pytest.skip("flash-linear-attention not installed")
@@ -205,7 +205,7 @@ def test_selftest_on_device(name):
 def test_ops_without_fla_on_gpu_is_a_gap(monkeypatch):
     """FLA importable by name but unusable by the ops (a missing dependency): reported, never called fast."""
     from hybridtune.kernels import provision
-    from hybridtune.ops import gdn
+    from hybridtune.mixers.gdn import ops as gdn
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Fake H200")

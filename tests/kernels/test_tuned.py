@@ -184,8 +184,8 @@ def test_seeded_choices_run_the_real_kernels_and_pass_the_selftest(tmp_path):
     import torch
 
     from hybridtune.kernels.selftest import layouts_from_config, verify
+    from hybridtune.mixers.gdn import ops as gdn
     from hybridtune.models.presets import preset_config
-    from hybridtune.ops import gdn
 
     if gdn.backend("cuda")[0] != "fla":
         pytest.skip("flash-linear-attention not installed")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridtune.models.attention import _half_dtype
+from hybridtune.mixers.attention.varlen import _half_dtype
 
 
 def test_half_dtype_follows_the_projection_output():

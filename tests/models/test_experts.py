@@ -1,4 +1,4 @@
-"""Grouped-GEMM experts (models/experts.py) against transformers' eager experts loop: outputs and every gradient,
+"""Grouped-GEMM experts (mixers/moe/experts.py) against transformers' eager experts loop: outputs and every gradient,
 odd token counts, experts without tokens, LoRA on the experts; in float64 through the exact fallback GEMM and in
 bf16 through `F.grouped_mm` (the GPU's path) against a float64 reference."""
 
@@ -12,7 +12,7 @@ from transformers import Qwen3_5MoeTextConfig, Qwen3NextConfig
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeSparseMoeBlock
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextSparseMoeBlock
 
-from hybridtune.models import experts as X
+from hybridtune.mixers.moe import experts as X
 
 E, K, H, INTER = 6, 3, 16, 8  # every matrix dimension a multiple of 8: bf16 grouped GEMMs take them
 

@@ -11,7 +11,7 @@ from test_experts import H, make_block
 from test_experts_lora import lora_model
 from torch._dynamo.utils import counters
 
-from hybridtune.models import experts as X
+from hybridtune.mixers.moe import experts as X
 
 
 @pytest.fixture(autouse=True)
@@ -97,7 +97,7 @@ def test_whole_model_compiled_with_grouped_experts_and_lora(strategy):
     from hybridtune.compiler.strategies import compile_model
     from hybridtune.models.loading import load_model
     from hybridtune.models.patching import patch_model
-    from hybridtune.train.lora import apply_lora
+    from hybridtune.runtime.lora import apply_lora
 
     base = load_model("tiny-qwen3_5_moe").model.float()
     patch_model(base)

@@ -12,7 +12,7 @@ from test_experts import H, make_block
 from test_experts_lora import lora_model
 from torch._dynamo.utils import counters
 
-from hybridtune.models import experts as X
+from hybridtune.mixers.moe import experts as X
 
 pytestmark = pytest.mark.cuda
 

@@ -10,7 +10,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora.layer import ParamWrapper
 from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
-from hybridtune.models import experts as X
+from hybridtune.mixers.moe import experts as X
 
 VOCAB, E = 64, 6
 

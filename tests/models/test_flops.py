@@ -295,7 +295,7 @@ def test_lora_parameters_match_peft(name, targets):
 
     c = moe_config() if name == "moe" else preset_config(name)
     present = {n.rsplit(".", 1)[-1] for n, m in meta_model(c).named_modules() if isinstance(m, torch.nn.Linear)}
-    found = [t for t in targets if t in present]  # as hybridtune.train.lora.present_targets does
+    found = [t for t in targets if t in present]  # as hybridtune.runtime.lora.present_targets does
     peft_model = get_peft_model(meta_model(c), LoraConfig(r=16, target_modules=found, task_type="CAUSAL_LM"))
     trained = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     t = 11

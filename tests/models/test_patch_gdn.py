@@ -126,7 +126,7 @@ def test_report_names_every_mixer_and_attention():
 def test_varlen_attention_fallback_keeps_documents_apart():
     """Without a mask (a packed row on CPU, or CUDA without varlen kwargs) the attention function builds
     the causal document mask from the restarting position_ids."""
-    from hybridtune.models.attention import varlen_attention_forward
+    from hybridtune.mixers.attention.varlen import varlen_attention_forward
 
     torch.manual_seed(0)
     lens = [5, 1, 9]

@@ -1,7 +1,7 @@
 """The CUDA tests of FLA's kernels run the device self-test first, as `hybridtune doctor` and training do.
 
 On Hopper with Triton < 3.7.1, FLA 0.6 refuses the gated delta rule backward (fla #640) unless
-`hybridtune.ops.fla_guard` holds a grant for the head layout, and only `hybridtune.kernels.selftest.verify`
+`hybridtune.mixers.gdn.fla_guard` holds a grant for the head layout, and only `hybridtune.kernels.selftest.verify`
 grants one, after its numeric check passed on this device. So a CUDA test of the FLA path asks the
 `fla_selftest` fixture for its layout: the self-test runs once per layout per session (never from a cache), a
 pass grants the layout and the test runs, a failure fails the test with the self-test's reason (a kernel with
@@ -52,7 +52,7 @@ class FlaSelftest:
         return v
 
     def require(self, key):
-        from hybridtune.ops import fla_guard
+        from hybridtune.mixers.gdn import fla_guard
 
         v = self._check(key, "gdn_chunk")
         if not fla_guard.is_granted(key):
@@ -75,7 +75,8 @@ def fla_selftest():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from hybridtune.kernels.selftest import verify
-    from hybridtune.ops import fla_guard, gdn
+    from hybridtune.mixers.gdn import fla_guard
+    from hybridtune.mixers.gdn import ops as gdn
 
     backend, why = gdn.backend("cuda")
     if backend != "fla":

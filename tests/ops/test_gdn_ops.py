@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hybridtune.ops import fla_guard, gdn
-from hybridtune.ops.reference import causal_conv1d_ref, chunk_gated_delta_rule_ref
+from hybridtune.mixers.gdn import fla_guard
+from hybridtune.mixers.gdn import ops as gdn
+from hybridtune.mixers.gdn.reference import causal_conv1d_ref, chunk_gated_delta_rule_ref
 
 
 def _cu(lens):
@@ -128,7 +129,7 @@ def test_packed_batch_gt_1_raises():
 
 
 def test_zero_length_documents_are_dropped_before_a_kernel():
-    from hybridtune.ops.gdn import _varlen
+    from hybridtune.mixers.gdn.ops import _varlen
 
     cu, ci = _varlen(torch.tensor([0, 5, 5, 70], dtype=torch.int32), None, torch.device("cpu"))
     assert cu.tolist() == [0, 5, 70]
@@ -243,7 +244,7 @@ def test_fla_tensor_cache_switch(monkeypatch):
     import sys
     import types
 
-    from hybridtune.ops import fla_adapter
+    from hybridtune.mixers.gdn import fla_adapter
 
     monkeypatch.setitem(sys.modules, "fla.utils", None)  # import fails: FLA absent
     assert fla_adapter.disable_tensor_cache() is False

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hybridtune.ops.reference import (
+from hybridtune.mixers.gdn.reference import (
     causal_conv1d_ref,
     chunk_gated_delta_rule_ref,
     position_in_document,
@@ -103,7 +103,7 @@ def test_stacked_conv_equals_the_reference_output_and_every_gradient(T, lens, bi
     """`causal_conv1d_stacked` (the form inductor can fold into one weight-gradient reduction) computes the
     reference's numbers: output and the gradients of x, weight and bias, in float64, fresh random inputs,
     documents of uneven length (one of a single token)."""
-    from hybridtune.ops.reference import causal_conv1d_ref, causal_conv1d_stacked
+    from hybridtune.mixers.gdn.reference import causal_conv1d_ref, causal_conv1d_stacked
 
     gen = torch.Generator().manual_seed(T + len(lens))
     D, W = 37, 4

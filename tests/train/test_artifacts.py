@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 from checkpoints import ARCHITECTURES, MTP_PREFIX, hub_cache, make_checkpoint, read_tensors
 from hybridtune.config import load_config
 from hybridtune.models.source import INDEX_FILE
-from hybridtune.train.merge import merge
+from hybridtune.run.merge import merge
 from hybridtune.train.trainer import Trainer
 
 MOE_PARAMETERS = ["gate_up_proj", "down_proj"]
@@ -317,7 +317,7 @@ def test_full_export_from_a_hub_snapshot(tmp_path, small_data, monkeypatch):
 def test_card_loads_a_hub_base_at_the_commit_trained_on():
     from types import SimpleNamespace
 
-    from hybridtune.train.card import _base_line
+    from hybridtune.run.card import _base_line
 
     hub = SimpleNamespace(name="Qwen/Qwen3.5-0.8B", revision="a" * 40, random_init=False)
     assert _base_line("Qwen3_5ForConditionalGeneration", hub) == (

@@ -26,9 +26,9 @@ from test_resume import make_cfg, run
 
 from hybridtune import files
 from hybridtune.errors import OutputDirError
-from hybridtune.train import checkpoint as ckpt
-from hybridtune.train import outdir
-from hybridtune.train.outdir import claim_output_dir
+from hybridtune.run import checkpoint as ckpt
+from hybridtune.run import outdir
+from hybridtune.run.outdir import claim_output_dir
 
 
 def fake_checkpoint(out: Path, step: int, meta: bool = True) -> Path:

@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch import nn
 
-from hybridtune.train import checkpoint as ckpt
-from hybridtune.train import integrity
+from hybridtune.run import checkpoint as ckpt
+from hybridtune.run import integrity
 
 
 def parts(seed: int = 0):

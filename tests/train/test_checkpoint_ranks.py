@@ -16,7 +16,8 @@ RANK = """
 import json, pathlib, sys
 import torch
 from torch import nn
-from hybridtune.train import checkpoint as ckpt, distributed
+from hybridtune.run import checkpoint as ckpt
+from hybridtune.runtime import distributed
 
 out, engine = pathlib.Path(sys.argv[1]), sys.argv[2]
 d = distributed.init(engine, "full", "cpu")

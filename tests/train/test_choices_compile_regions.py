@@ -10,8 +10,8 @@ import pytest
 
 from hybridtune.config import load_config
 from hybridtune.errors import ConfigError
-from hybridtune.train import facts
-from hybridtune.train.choices import Facts, choose_compile_regions
+from hybridtune.runtime import facts
+from hybridtune.runtime.choices import Facts, choose_compile_regions
 
 
 def _facts(**kw) -> Facts:

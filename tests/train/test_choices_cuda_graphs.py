@@ -15,8 +15,8 @@ from hybridtune.config import load_config
 from hybridtune.data.collator import PackedCollator, StaticLayout
 from hybridtune.data.packing import Example
 from hybridtune.errors import ConfigError
-from hybridtune.train import choices
-from hybridtune.train.choices import Facts, choose_cuda_graphs, cuda_graph_keys
+from hybridtune.runtime import choices
+from hybridtune.runtime.choices import Facts, choose_cuda_graphs, cuda_graph_keys
 
 PACKS = ((100, 30), (64,), (200,), (7, 7, 7))
 

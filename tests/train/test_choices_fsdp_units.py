@@ -1,5 +1,5 @@
 """`fsdp_units: auto` below the whole-model unit: the most consecutive decoder layers per FSDP2 unit whose step fits
-the GPU's free memory (train/memory.py: the rank's shards, the root unit, two gathered groups and one group's
+the GPU's free memory (runtime/memory.py: the rank's shards, the root unit, two gathered groups and one group's
 gradient, plus the activation estimate at the run's checkpointing), stated with the figures; one layer each when
 nothing larger fits or nothing can be estimated; explicit units kept; the whole model under the loop when it fits.
 The 9B shape (preset qwen3_5-9b, built on the meta device) is a full fine-tune on 2 GPUs of 139 GiB."""
@@ -13,9 +13,9 @@ import torch
 
 from hybridtune.config import load_config
 from hybridtune.models.presets import preset_config
-from hybridtune.train import distributed
-from hybridtune.train.choices import Facts, choose_checkpointing, least_units, measure, resolve
-from hybridtune.train.memory import FIT_SHARE, GIB, ActivationShapes, ShardedModel, fsdp_group, step_bytes
+from hybridtune.runtime import distributed
+from hybridtune.runtime.choices import Facts, choose_checkpointing, least_units, measure, resolve
+from hybridtune.runtime.memory import FIT_SHARE, GIB, ActivationShapes, ShardedModel, fsdp_group, step_bytes
 
 TOTAL = 139 * GIB  # an H200
 FREE = 138 * GIB  # ... with a meta-built model (nothing resident yet) and the CUDA context

@@ -1,4 +1,4 @@
-"""`gradient_checkpointing: auto` decided before the first step from a memory estimate (train/memory.py) against the
+"""`gradient_checkpointing: auto` decided before the first step from a memory estimate (runtime/memory.py) against the
 GPU's free memory: the 2B shape (preset qwen3_5-2b) with LoRA on an H200 trains 4k-token packs without
 checkpointing and 65k, 131k and 262k-token packs with it, saying why with the figures; the CPU keeps the
 out-of-memory retry; explicit settings are kept. The estimate sits on the high side of the peaks measured on the
@@ -12,9 +12,9 @@ import pytest
 
 from hybridtune.config import load_config
 from hybridtune.models.presets import preset_config
-from hybridtune.train import memory
-from hybridtune.train.choices import Facts, choose_checkpointing, resolve
-from hybridtune.train.memory import GIB, ActivationShapes, step_bytes
+from hybridtune.runtime import memory
+from hybridtune.runtime.choices import Facts, choose_checkpointing, resolve
+from hybridtune.runtime.memory import GIB, ActivationShapes, step_bytes
 
 SHAPES_2B = ActivationShapes.of(preset_config("qwen3_5-2b"))
 FREE_H200 = 135 * GIB  # an H200 (about 139 GiB) with the 2B model loaded
@@ -119,8 +119,8 @@ def test_resolve_reads_the_largest_pack_and_the_static_layout():
 def test_state_bytes_counts_gradients_moments_buckets_and_bf16_copies():
     import torch
 
-    from hybridtune.train import distributed
-    from hybridtune.train.choices import state_bytes
+    from hybridtune.runtime import distributed
+    from hybridtune.runtime.choices import state_bytes
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 4, bias=False), torch.nn.Linear(4, 3, bias=False))
     model[0].weight.requires_grad_(False)  # frozen: no gradient, no moments
@@ -132,12 +132,12 @@ def test_state_bytes_counts_gradients_moments_buckets_and_bf16_copies():
 
 
 def test_state_bytes_of_a_meta_built_fsdp_model_counts_the_whole_model():
-    """A full fine-tune under FSDP2 is built on the meta device (train/model.py) and measured there: none of its
+    """A full fine-tune under FSDP2 is built on the meta device (runtime/model.py) and measured there: none of its
     bytes are resident yet, so the state is all of what FSDP2 holds, not that less the model's own size."""
     import torch
 
-    from hybridtune.train import distributed
-    from hybridtune.train.choices import state_bytes
+    from hybridtune.runtime import distributed
+    from hybridtune.runtime.choices import state_bytes
 
     fsdp = dataclasses.replace(distributed.ONE, engine="fsdp", world=2, rank=0)
     with torch.device("meta"):
@@ -149,7 +149,7 @@ def test_state_bytes_of_a_meta_built_fsdp_model_counts_the_whole_model():
 
 
 def test_the_retry_is_not_promised_under_torchrun():
-    """train/oom.py retries the first step in one process only; under torchrun the choice line must not say so."""
+    """runtime/oom.py retries the first step in one process only; under torchrun the choice line must not say so."""
     c, _ = _choose(4096, engine="ddp", world=2)
     assert c.value is False and "switched on if" not in c.reason and "no retry" in c.reason
     assert "switched on if the first step runs out of GPU memory" in _choose(4096)[0].reason

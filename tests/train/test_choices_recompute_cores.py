@@ -11,9 +11,9 @@ from hybridtune.compiler import recompute
 from hybridtune.config import load_config
 from hybridtune.models.flops import step_flops
 from hybridtune.models.presets import preset_config
-from hybridtune.train import facts
-from hybridtune.train.choices import Facts, choose_recompute_cores
-from hybridtune.train.memory import GIB, ActivationShapes, step_bytes
+from hybridtune.runtime import facts
+from hybridtune.runtime.choices import Facts, choose_recompute_cores
+from hybridtune.runtime.memory import GIB, ActivationShapes, step_bytes
 
 SHAPES_2B = ActivationShapes.of(preset_config("qwen3_5-2b"))
 LORA_STATE = 3 * 4 * 21_000_000
@@ -74,7 +74,7 @@ def test_the_choice_is_logged_after_checkpointing():
 
 
 def test_the_flop_count_reads_the_checkpoint_functions():
-    from hybridtune.train.metrics import StepFlops
+    from hybridtune.runtime.metrics import StepFlops
 
     cfg = preset_config("tiny-qwen3_5", vocab_size=256)
     from transformers import AutoModelForCausalLM

@@ -14,7 +14,7 @@ from hybridtune.batch import NUM_LOSS_TOKENS
 from hybridtune.data.collator import PackedCollator, StaticLayout
 from hybridtune.data.packing import Example
 from hybridtune.models.presets import preset_config
-from hybridtune.train import choices, cudagraphs
+from hybridtune.runtime import choices, cudagraphs
 from hybridtune.train.trainer import Trainer
 
 pytestmark = pytest.mark.cuda
@@ -57,7 +57,7 @@ def _batches(layout: StaticLayout) -> list[dict]:
 
 
 def _loss(model, batch):
-    from hybridtune.train.step import forward_loss
+    from hybridtune.runtime.step import forward_loss
 
     return forward_loss(model, batch, batch[NUM_LOSS_TOKENS], fused=True)
 

@@ -20,9 +20,9 @@ import torch
 from test_resume import make_cfg
 from test_train_regions import run
 
-from hybridtune.ops import fla_adapter
-from hybridtune.ops.gdn import conv_in_graph
-from hybridtune.train import choices, oom
+from hybridtune.mixers.gdn import fla_adapter
+from hybridtune.mixers.gdn.ops import conv_in_graph
+from hybridtune.runtime import choices, oom
 from hybridtune.train import trainer as trainer_mod
 from hybridtune.train.evaluation import eval_batches
 from hybridtune.train.trainer import Trainer
@@ -157,7 +157,7 @@ def test_cuda_graphs_on_where_it_cannot_run_is_one_line_and_exit_2(tmp_path, sma
 
 
 def test_graph_log_says_the_count_when_it_changes_and_at_the_end(monkeypatch):
-    from hybridtune.train import cudagraphs
+    from hybridtune.runtime import cudagraphs
 
     counts = iter([None, 0, 0, 2, 2, 6, 6])
     monkeypatch.setattr(cudagraphs, "recorded", lambda device: next(counts))

@@ -31,8 +31,8 @@ import torch
 
 from hybridtune.config import load_config
 from hybridtune.errors import ConfigError
-from hybridtune.train import checkpoint as ckpt
-from hybridtune.train import distributed
+from hybridtune.run import checkpoint as ckpt
+from hybridtune.runtime import distributed
 from hybridtune.train.trainer import Trainer
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
@@ -146,7 +146,7 @@ def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch,
             units, "decoder layers + the rest"
         )
         assert said in err, err
-        # built on the meta device, each rank filling its own shards (train/model.py, distributed.wrap); under LoRA
+        # built on the meta device, each rank filling its own shards (runtime/model.py, distributed.wrap); under LoRA
         # the model is the fp32 base (bf16 is off on the CPU) and the adapter, both sharded
         held = {"full": "1.7 MiB of the model's 3.3 MiB", "lora": "1.9 MiB of the model's 3.9 MiB"}[adapter]
         assert f"sharded load: rank 1 holds {held}" in err, err
@@ -213,7 +213,7 @@ from hybridtune.data import PackedCollator
 from hybridtune.data.packing import Example
 from hybridtune.models.loading import load_model
 from hybridtune.models.patching import patch_model
-from hybridtune.train import distributed
+from hybridtune.runtime import distributed
 
 OUT, BACKEND = pathlib.Path(sys.argv[1]), sys.argv[2]
 PACKS = [(65, 23), (40, 23, 9), (90, 30), (12, 7, 50)]  # a new pack layout every micro-batch
@@ -552,7 +552,7 @@ def test_more_ranks_than_gpus_is_refused_before_any_launch(tmp_path, monkeypatch
 
 
 def test_rng_state_round_trip(tmp_path):
-    from hybridtune.train import checkpoint as ckpt
+    from hybridtune.run import checkpoint as ckpt
 
     torch.manual_seed(3)
     state = ckpt.rng_state()
@@ -636,7 +636,7 @@ def test_all_max_and_all_sum_over_two_processes(ranks):
 def _strategy(model, engine: str, device: str, share: float | None = None, **cfg) -> tuple[str, str | None, list]:
     """compile and fsdp_units as `choices.resolve` picks them for 2 processes of `engine` on `device`."""
     from hybridtune.config import load_config
-    from hybridtune.train import choices
+    from hybridtune.runtime import choices
 
     c = load_config(None, cfg)
     facts = choices.Facts(device=device, bf16_supported=True, engine=engine, world=2, whole_model_share=share)
@@ -706,7 +706,7 @@ def test_fsdp_units_auto_shards_per_layer_when_the_whole_model_would_not_fit(mon
     import types
 
     from hybridtune.models.loading import load_model
-    from hybridtune.train import choices
+    from hybridtune.runtime import choices
 
     model = load_model("tiny-qwen3_5").model  # fp32, all trainable, lm_head tied to the embeddings
     n = sum(p.numel() for p in model.parameters())

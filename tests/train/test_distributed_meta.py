@@ -28,7 +28,7 @@ from hybridtune.data import PackedCollator
 from hybridtune.data.packing import Example
 from hybridtune.models.anatomy import decoder_layers
 from hybridtune.models.loading import load_model
-from hybridtune.train import distributed
+from hybridtune.runtime import distributed
 sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]).parent)]  # this file, tests/checkpoints.py
 from test_distributed_meta import mismatches
 
@@ -219,7 +219,7 @@ def test_fsdp2_layer_groups_train_what_ddp_trains_with_one_gather_per_group(rank
 
 def test_layer_group_units_are_checked():
     from hybridtune.errors import ConfigError
-    from hybridtune.train.distributed import layer_groups
+    from hybridtune.runtime.distributed import layer_groups
 
     assert layer_groups(list(range(7)), "group:3") == [[0, 1, 2], [3, 4, 5], [6]]
     assert layer_groups(list(range(3)), "group:1") == layer_groups(list(range(3)), "layer") == [[0], [1], [2]]
@@ -232,7 +232,7 @@ def test_layer_group_units_are_checked():
 def test_wrap_fills_a_meta_built_model_whole_in_one_process():
     """Off FSDP2 (one process here; DDP likewise) `wrap` gives a meta-built model its values whole, as loaded plainly."""
     from hybridtune.models.loading import load_model
-    from hybridtune.train import distributed
+    from hybridtune.runtime import distributed
 
     want = load_model("tiny-qwen3_5", seed=4).model
     loaded = load_model("tiny-qwen3_5", seed=4, meta=True)

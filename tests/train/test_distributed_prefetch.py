@@ -14,7 +14,7 @@ from hybridtune.data import PackedCollator
 from hybridtune.data.packing import Example
 from hybridtune.models.anatomy import decoder_layers
 from hybridtune.models.loading import load_model
-from hybridtune.train import distributed
+from hybridtune.runtime import distributed
 
 CPU = torch.device("cpu")
 # Dist.world only says whether to wrap (and what to log); the process group below has one rank.
@@ -76,7 +76,7 @@ def test_each_unit_prefetches_the_next_in_forward_and_the_previous_in_backward(o
         assert events.index(("gather", u)) < events.index(("forward", u - 1)), events
 
     loss.backward()
-    from hybridtune.train.step import forward_loss
+    from hybridtune.runtime.step import forward_loss
 
     want = forward_loss(plain, batch, 72, True)
     want.backward()

@@ -17,8 +17,8 @@ import safetensors.torch
 from safetensors import SafetensorError
 from test_resume import make_cfg
 
-from hybridtune.train import checkpoint as ckpt
-from hybridtune.train import integrity
+from hybridtune.run import checkpoint as ckpt
+from hybridtune.run import integrity
 from hybridtune.train.trainer import Trainer
 
 ENOSPC = 'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'

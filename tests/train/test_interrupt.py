@@ -13,7 +13,7 @@ import torch
 from test_resume import make_cfg
 
 from hybridtune.errors import TrainingDiverged
-from hybridtune.train import checkpoint as ckpt
+from hybridtune.run import checkpoint as ckpt
 from hybridtune.train.trainer import Trainer
 
 
@@ -72,7 +72,7 @@ def reference(tmp_path_factory, small_data):
 def test_a_signal_inside_a_step_resumes_on_the_uninterrupted_curve(
     tmp_path, small_data, reference, deterministic, signals, saved_at, monkeypatch
 ):
-    from hybridtune.train import signals as stop
+    from hybridtune.runtime import signals as stop
 
     if saved_at == 2:
         monkeypatch.setattr(stop, "SAME_PRESS_S", 0.0)  # the second press comes later than a repeat of the first
@@ -89,7 +89,7 @@ def test_a_signal_inside_a_step_resumes_on_the_uninterrupted_curve(
 
 
 def test_a_second_ctrl_c_during_a_save_does_not_cut_it(tmp_path, small_data, monkeypatch, caplog):
-    from hybridtune.train import signals as stop
+    from hybridtune.runtime import signals as stop
 
     monkeypatch.setattr(stop, "SAME_PRESS_S", 0.0)  # a real second press, not a repeat of the first
     t = _trainer(make_cfg(tmp_path, small_data, max_steps=4))
@@ -150,7 +150,7 @@ def test_divergence_on_the_last_update_exports_nothing(tmp_path, small_data):
 
 
 def test_ctrl_c_in_the_final_eval_keeps_the_last_checkpoint_and_the_resume_finishes(tmp_path, small_data, monkeypatch):
-    from hybridtune.train import signals as stop
+    from hybridtune.runtime import signals as stop
 
     monkeypatch.setattr(stop, "SAME_PRESS_S", 0.0)
     t = _trainer(make_cfg(tmp_path, small_data, max_steps=2))

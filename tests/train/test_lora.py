@@ -6,24 +6,24 @@ import logging
 
 from hybridtune.config import DEFAULT_LORA_TARGETS
 from hybridtune.models.loading import load_model
-from hybridtune.train.lora import applied_targets, apply_lora
+from hybridtune.runtime.lora import applied_targets, apply_lora
 
 
 def test_dense_model_targets_as_asked(caplog):
-    with caplog.at_level(logging.INFO, logger="hybridtune.train.lora"):
+    with caplog.at_level(logging.INFO, logger="hybridtune.runtime.lora"):
         model = apply_lora(load_model("tiny-qwen3_5").model, 4, 8, 0.0, DEFAULT_LORA_TARGETS)
     modules, params = applied_targets(model)
     assert set(modules) == set(DEFAULT_LORA_TARGETS) and params == []
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and r.name == "hybridtune.train.lora"]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and r.name == "hybridtune.runtime.lora"]
 
 
 def test_moe_expert_rewrite_is_said(caplog):
-    with caplog.at_level(logging.INFO, logger="hybridtune.train.lora"):
+    with caplog.at_level(logging.INFO, logger="hybridtune.runtime.lora"):
         model = apply_lora(load_model("tiny-qwen3_next").model, 4, 8, 0.0, DEFAULT_LORA_TARGETS)
     modules, params = applied_targets(model)
     moved = {"gate_proj", "up_proj", "down_proj"} - set(modules)
     warnings = [
-        r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name == "hybridtune.train.lora"
+        r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name == "hybridtune.runtime.lora"
     ]
     if not moved:  # a peft that adapts the Linear layers themselves: nothing to say
         assert not warnings
@@ -86,7 +86,7 @@ def test_expert_parameters_are_validated_and_counted(caplog):
         apply_lora(load_model("tiny-qwen3_next").model, 4, 8, 0.0, ["q_proj"], ["gate_proj_x"])
     with pytest.raises(ConfigError, match="it has no 3-D expert weights"):
         apply_lora(load_model("tiny-qwen3_5").model, 4, 8, 0.0, ["q_proj"], ["gate_up_proj"])
-    with caplog.at_level(logging.INFO, logger="hybridtune.train.lora"):
+    with caplog.at_level(logging.INFO, logger="hybridtune.runtime.lora"):
         model = apply_lora(load_model("tiny-qwen3_next").model, 4, 8, 0.0, ["q_proj"], ["gate_up_proj", "down_proj"])
     modules, params = applied_targets(model)
     assert modules == ["q_proj"] and params == ["down_proj", "gate_up_proj"]

@@ -7,9 +7,9 @@ import logging
 
 import torch
 
-from hybridtune.models import experts
+from hybridtune.mixers.moe import experts
 from hybridtune.models.loading import load_model
-from hybridtune.train.lora import applied_targets, apply_lora
+from hybridtune.runtime.lora import applied_targets, apply_lora
 
 PARAMS = ["gate_up_proj", "down_proj"]
 
@@ -23,7 +23,7 @@ def _model(routed: bool):
 
 
 def test_routed_experts_get_grouped_lora(caplog):
-    with caplog.at_level(logging.INFO, logger="hybridtune.train.lora"):
+    with caplog.at_level(logging.INFO, logger="hybridtune.runtime.lora"):
         model = apply_lora(_model(True), 8, 16, 0.0, ["q_proj"], PARAMS)
     assert sorted(applied_targets(model)[1]) == sorted(PARAMS)
     assert [r for r in caplog.records if "grouped GEMMs in 2 layer(s)" in r.getMessage()]

@@ -16,9 +16,9 @@ from test_distributed_meta import launch_ranks
 from checkpoints import KINDS, MOE_KINDS, make_checkpoint
 from hybridtune.config import load_config
 from hybridtune.models.loading import materialize, resolve_source, tokenizer_for
-from hybridtune.train.distributed import ONE, Dist
-from hybridtune.train.lora import strip_base_layer
-from hybridtune.train.model import build_model
+from hybridtune.runtime.distributed import ONE, Dist
+from hybridtune.runtime.lora import strip_base_layer
+from hybridtune.runtime.model import build_model
 
 CPU = torch.device("cpu")
 MOE_PARAMETERS = ["gate_up_proj", "down_proj"]
@@ -117,8 +117,8 @@ import json, logging, pathlib, sys, torch
 sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]).parent)]  # this file, tests/checkpoints.py
 from test_lora_meta import build, lora_cfg
 from test_distributed_meta import mismatches
-from hybridtune.train import distributed
-from hybridtune.train.distributed import ONE
+from hybridtune.runtime import distributed
+from hybridtune.runtime.distributed import ONE
 
 OUT, SOURCES = pathlib.Path(sys.argv[1]), sys.argv[3:]
 logging.basicConfig(level=logging.INFO)

@@ -10,7 +10,7 @@ import torch
 
 from hybridtune.config import load_config
 from hybridtune.errors import ModelError, OutputDirError
-from hybridtune.train.merge import merge
+from hybridtune.run.merge import merge
 from hybridtune.train.trainer import Trainer
 
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from hybridtune.cli import main
 from hybridtune.config import load_config
 from hybridtune.models.loading import load_model, tokenizer_for
-from hybridtune.train.metrics import StepLog, Throughput, format_step
+from hybridtune.runtime.metrics import StepLog, Throughput, format_step
 from hybridtune.train.trainer import Trainer
 
 
@@ -38,7 +38,7 @@ def settings(out: Path, data: str, **kw) -> dict:
 def test_step_log_window_mean_and_time_left(monkeypatch):
     # perf_counter, call by call: the start (100), step 1's end (112, this process's first step), step 3's (120)
     clock = iter([100.0, 100.0, 112.0, 112.0, 112.0, 120.0, 120.0])
-    monkeypatch.setattr("hybridtune.train.metrics.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("hybridtune.runtime.metrics.time.perf_counter", lambda: next(clock))
     log = StepLog(total_steps=10, done=0, logging_steps=3)
     got = []
     for step, loss in zip(range(1, 4), [4.0, 3.0, 2.0]):
@@ -119,8 +119,8 @@ def test_step_flops_charges_the_lora_peft_applied_expert_lora_included():
     LoRA alone."""
     from hybridtune.models.flops import step_flops
     from hybridtune.models.patching import patch_model
-    from hybridtune.train.lora import lora_from_config
-    from hybridtune.train.metrics import StepFlops
+    from hybridtune.runtime.lora import lora_from_config
+    from hybridtune.runtime.metrics import StepFlops
 
     def flops(**keys):
         cfg = load_config(None, dict(base_model="tiny-qwen3_5_moe", adapter="lora", lora_dropout=0.0, **keys))
@@ -149,7 +149,7 @@ def test_step_flops_charges_the_lora_peft_applied_expert_lora_included():
 
 def test_throughput_hfu_counts_the_recompute_and_the_line_shows_it_where_it_differs(monkeypatch):
     clock = iter([0.0, 2.0, 4.0])
-    monkeypatch.setattr("hybridtune.train.metrics.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("hybridtune.runtime.metrics.time.perf_counter", lambda: next(clock))
     t = Throughput(peak_flops=1e12)
     t.add(100, flops=6e11, hardware=8e11)
     t.add(100, flops=2e11)  # no hardware figure: no recompute, the model FLOPs

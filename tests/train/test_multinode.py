@@ -125,8 +125,8 @@ def test_two_nodes_train_what_one_process_trains(tmp_path, small_data):
 RANKS = """
 import pathlib, sys
 from hybridtune.errors import ConfigError
-from hybridtune.train import distributed
-from hybridtune.train.nodes import check_shared_output_dir
+from hybridtune.runtime import distributed
+from hybridtune.runtime.nodes import check_shared_output_dir
 d = distributed.init("fsdp", "full", "cpu")
 out = pathlib.Path(sys.argv[1])
 if d.is_main:

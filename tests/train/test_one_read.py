@@ -12,7 +12,7 @@ from test_resume import make_cfg
 
 from hybridtune.config import DatasetConfig, load_config
 from hybridtune.data import digests, sources
-from hybridtune.train import outdir
+from hybridtune.run import outdir
 from hybridtune.train.trainer import Trainer
 
 

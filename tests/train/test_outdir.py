@@ -10,7 +10,7 @@ import pytest
 from test_resume import make_cfg
 
 from hybridtune.errors import OutputDirError
-from hybridtune.train import outdir
+from hybridtune.run import outdir
 from hybridtune.train.trainer import Trainer
 
 

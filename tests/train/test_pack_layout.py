@@ -47,7 +47,7 @@ def test_auto_takes_static_only_under_a_compile_and_within_the_filler_limit(tmp_
     import pytest
 
     from hybridtune.errors import ConfigError
-    from hybridtune.train import choices
+    from hybridtune.runtime import choices
 
     cfg = load_config(None, dict(dataset=small_data, sequence_len=96, max_steps=1, output_dir=str(tmp_path / "a")))
     t = Trainer(cfg)

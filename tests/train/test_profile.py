@@ -8,7 +8,7 @@ import random
 
 from test_resume import make_cfg, run
 
-from hybridtune.train.profiling import (
+from hybridtune.runtime.profiling import (
     PROFILE_FILE,
     exposed_length,
     kernel_group,

@@ -6,10 +6,10 @@ import torch
 
 from hybridtune.config import load_config
 from hybridtune.models.loading import resolve_source, tokenizer_for
-from hybridtune.train import distributed
-from hybridtune.train.choices import state_bytes
-from hybridtune.train.memory import ShardedModel
-from hybridtune.train.model import build_model
+from hybridtune.runtime import distributed
+from hybridtune.runtime.choices import state_bytes
+from hybridtune.runtime.memory import ShardedModel
+from hybridtune.runtime.model import build_model
 
 
 def test_a_meta_built_lora_counts_nothing_resident_on_the_gpu():
@@ -29,7 +29,7 @@ def test_a_meta_built_lora_counts_nothing_resident_on_the_gpu():
 def test_adapters_on_host_leaves_other_moves_as_to_makes_them():
     """`lora.AdaptersOnHost` keeps a move onto the meta device on the host (the dtype cast alone); every other
     `Tensor.to` call, `copy=True` among them, does what it does outside the mode."""
-    from hybridtune.train.lora import AdaptersOnHost
+    from hybridtune.runtime.lora import AdaptersOnHost
 
     t = torch.randn(3)
     with AdaptersOnHost():

@@ -13,7 +13,7 @@ from test_resume import make_cfg
 
 from hybridtune.config import to_dict
 from hybridtune.data.digests import data_digest, local_files, one_read
-from hybridtune.train import outdir
+from hybridtune.run import outdir
 
 
 def _held(out, cfg, data=None) -> None:

@@ -16,8 +16,9 @@ from test_train_regions import run
 
 from hybridtune.config import load_config, parse_overrides, to_dict
 from hybridtune.errors import ConfigError
-from hybridtune.train import choices, outdir
-from hybridtune.train.choices import Facts, choose_compile_regions
+from hybridtune.run import outdir
+from hybridtune.runtime import choices
+from hybridtune.runtime.choices import Facts, choose_compile_regions
 from hybridtune.train.trainer import Trainer
 
 # --- the run file of the version before auto --------------------------------------------------------------------
@@ -110,7 +111,7 @@ def test_choice_lines_name_compile_regions_after_compile():
 
 def test_torchrun_with_one_process_counts_as_one_process(monkeypatch):
     """Pins: torchrun --nproc_per_node 1 (WORLD_SIZE=1) is one process: no engine, so regions are on."""
-    from hybridtune.train import distributed
+    from hybridtune.runtime import distributed
 
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("RANK", "0")

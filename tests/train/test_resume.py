@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hybridtune.config import load_config
-from hybridtune.train import checkpoint as ckpt
+from hybridtune.run import checkpoint as ckpt
 from hybridtune.train.trainer import Trainer
 
 
@@ -88,7 +88,7 @@ def test_a_lora_checkpoint_of_another_preset_draw_is_refused(tmp_path, small_dat
     import json
 
     from hybridtune.models.presets import PRESET_DRAW
-    from hybridtune.train.checkpoint import CheckpointError
+    from hybridtune.run.checkpoint import CheckpointError
 
     out = tmp_path / "run"
     run(make_cfg(out, small_data, adapter=adapter, max_steps=2, save_steps=2))

@@ -9,7 +9,7 @@ import torch
 
 from hybridtune.config import load_config
 from hybridtune.models.anatomy import router_loss
-from hybridtune.train.choices import Facts, choose_compile, choose_pack_layout
+from hybridtune.runtime.choices import Facts, choose_compile, choose_pack_layout
 
 
 def _facts(device: str, model) -> Facts:
@@ -54,7 +54,7 @@ def test_router_loss_model_compiled_per_class_keeps_its_router_term(moe):
     from hybridtune.data import PackedCollator
     from hybridtune.data.packing import Example
     from hybridtune.models.patching import patch_model
-    from hybridtune.train.step import forward_loss
+    from hybridtune.runtime.step import forward_loss
 
     torch._dynamo.reset()
     moe = moe.float().train()
@@ -98,7 +98,7 @@ def _collated(lens, seed, layout=None):
 
 
 def _loss_and_grads(model, batch, fused):
-    from hybridtune.train.step import forward_loss
+    from hybridtune.runtime.step import forward_loss
 
     loss = forward_loss(model, batch, batch["num_loss_tokens"], fused)
     loss.backward()
@@ -114,7 +114,7 @@ def test_filler_is_kept_out_of_the_router_loss(name, fused):
     what transformers' own forward gives for the same real tokens without filler (router term included), fused or
     not; counting the filler in the router statistics (transformers' forward on the padded batch) would differ."""
     from hybridtune.data.collator import StaticLayout
-    from hybridtune.train.step import real_token_mask
+    from hybridtune.runtime.step import real_token_mask
 
     model = _moe_model(name)
     lens, seed = [40, 23, 61], int(torch.randint(0, 10**6, ()).item())
@@ -140,7 +140,7 @@ def test_filler_is_kept_out_of_the_router_loss(name, fused):
 def test_fused_loss_keeps_the_router_term():
     """The fused loss stands in for an MoE model's own loss: cross-entropy plus the router term as its forward
     computes it (loss and every gradient equal to transformers'), so nothing blocks it for such a model."""
-    from hybridtune.train.step import fused_loss_blocker
+    from hybridtune.runtime.step import fused_loss_blocker
 
     model = _moe_model("tiny-qwen3_next")
     assert fused_loss_blocker(model) is None

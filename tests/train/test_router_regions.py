@@ -11,7 +11,7 @@ import torch
 from test_router_loss import _collated, _loss_and_grads, _moe_model
 
 from hybridtune.data.collator import StaticLayout
-from hybridtune.train.lora import apply_lora
+from hybridtune.runtime.lora import apply_lora
 
 PACKS = [[40, 23, 61], [150], [7, 90, 3]]
 

@@ -7,7 +7,7 @@ import torch
 
 from hybridtune.data import PackedCollator
 from hybridtune.data.packing import Example
-from hybridtune.train.step import forward_loss, fused_loss_blocker
+from hybridtune.runtime.step import forward_loss, fused_loss_blocker
 
 
 def _batch(vocab, lens, seed):
@@ -29,7 +29,7 @@ def test_fused_equals_plain(preset, lora):
     model = load_model(preset, seed=3).model  # fp32 (the MoE grouped matmul has no fp64)
     patch_model(model)
     if lora:
-        from hybridtune.train.lora import apply_lora
+        from hybridtune.runtime.lora import apply_lora
 
         model = apply_lora(model, 4, 8, 0.0, ["q_proj", "in_proj_qkv", "out_proj"])
         for n, p in model.named_parameters():

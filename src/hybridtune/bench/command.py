@@ -36,7 +36,7 @@ from hybridtune.errors import ConfigError, did_you_mean
 from hybridtune.files import atomic_write_text
 from hybridtune.kernels.environment import environment
 from hybridtune.models.presets import PRESETS
-from hybridtune.train.signals import deferring, interrupting
+from hybridtune.runtime.signals import deferring, interrupting
 
 logger = logging.getLogger(__name__)
 

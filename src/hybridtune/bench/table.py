@@ -22,7 +22,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from hybridtune.train.profiling import summary_line
+from hybridtune.runtime.profiling import summary_line
 
 KNOWN = ["lora-1", "lora-2", "full-1", "full-2"]
 FIRST_STEP = 10  # windows starting after this step count

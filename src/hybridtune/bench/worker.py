@@ -29,17 +29,17 @@ from hybridtune.compiler.strategies import compile_model
 from hybridtune.files import atomic_write_text
 from hybridtune.kernels import tuned
 from hybridtune.kernels.provision import provision_kernels
-from hybridtune.models import experts
+from hybridtune.mixers.gdn import fla_guard
+from hybridtune.mixers.gdn.ops import conv_in_graph
+from hybridtune.mixers.moe import experts
 from hybridtune.models.flops import linear_terms, measure_peak, step_flops
 from hybridtune.models.patching import patch_model
 from hybridtune.models.presets import preset_config
-from hybridtune.ops import fla_guard
-from hybridtune.ops.gdn import conv_in_graph
-from hybridtune.train.lora import applied_targets, apply_lora
-from hybridtune.train.metrics import memory_gib
-from hybridtune.train.profiling import grouped_gemm, profile_run
-from hybridtune.train.step import forward_loss
-from hybridtune.train.stream import to_device
+from hybridtune.runtime.lora import applied_targets, apply_lora
+from hybridtune.runtime.metrics import memory_gib
+from hybridtune.runtime.profiling import grouped_gemm, profile_run
+from hybridtune.runtime.step import forward_loss
+from hybridtune.runtime.stream import to_device
 
 FIRST_STEP_MARKER = "HYBRIDTUNE_BENCH_FIRST_STEP"
 HF_GUARD_NOTE = (

@@ -15,8 +15,8 @@ def in its file), `analyze.py` + `plan.py` (the decision), `standalone.py` (the 
 from __future__ import annotations
 
 from hybridtune.compiler.introspect import resolve_method
-from hybridtune.compiler.plan import plan_model
-from hybridtune.compiler.standalone import standalone_source
+from hybridtune.compiler.modules.plan import plan_model
+from hybridtune.compiler.modules.standalone import standalone_source
 
 __all__ = ["resolve_method", "standalone_source", "plan_model", "compile_model"]
 

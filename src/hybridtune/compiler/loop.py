@@ -41,9 +41,9 @@ import torch
 from hybridtune.batch import DYNAMIC_DIM0_KEYS, GDN_CHUNK_INDICES, INT_KEYS
 from hybridtune.compiler import recompute, region_schema, regions
 from hybridtune.compiler.introspect import resolve_method
+from hybridtune.mixers.gdn import fla_adapter
 from hybridtune.models.anatomy import text_model
 from hybridtune.models.patching import is_patched, patch_model
-from hybridtune.ops import fla_adapter
 
 logger = logging.getLogger(__name__)
 HANDLE_ATTR = "_hybridtune_loop"

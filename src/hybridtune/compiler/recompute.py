@@ -29,7 +29,7 @@ def core_ops() -> frozenset:
     """The ops whose outputs `save_cores` keeps: hybridtune's GDN core and every attention kernel SDPA dispatches to
     (FlashAttention, memory-efficient, cuDNN, the CPU flash form). An attention that runs as a custom op of its own
     (torch's varlen attention, the flash-attn package's) is recomputed."""
-    import hybridtune.ops.gdn  # noqa: F401  (defines torch.ops.hybridtune.gdn_chunk)
+    import hybridtune.mixers.gdn.ops  # noqa: F401  (defines torch.ops.hybridtune.gdn_chunk)
 
     aten = torch.ops.aten
     names = [
@@ -42,7 +42,7 @@ def core_ops() -> frozenset:
     ]
     ops = {torch.ops.hybridtune.gdn_chunk.default}
     ops.update(getattr(aten, n).default for n in names if hasattr(aten, n))
-    # Not kept (yet): torch's varlen attention, what models/attention.py runs on packed CUDA batches. It is a custom
+    # Not kept (yet): torch's varlen attention, what mixers/attention/varlen.py runs on packed CUDA batches. It is a custom
     # op of its own (`torch_attn::_varlen_attn`), opaque to the policy, so its flash kernel is recomputed; keeping
     # it is one entry here, not yet checked on a GPU (benchmarks/NOTES.md 47).
     return frozenset(ops)

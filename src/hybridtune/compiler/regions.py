@@ -156,7 +156,7 @@ class Regions:
 
     def keep_checkpointing(self) -> None:
         """Put back each layer's checkpoint function where something replaced it since `install` (transformers'
-        `gradient_checkpointing_enable` after compiling: the out-of-memory retry of train/oom.py). A plain
+        `gradient_checkpointing_enable` after compiling: the out-of-memory retry of runtime/oom.py). A plain
         checkpoint around a recording body would write the router logits out from inside it, which dynamo refuses
         ("Unsafe side effect")."""
         for (layer, _, _), fn in zip(self.layers, self.funcs):

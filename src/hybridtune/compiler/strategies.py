@@ -17,11 +17,11 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridtune.compiler.decoration import Decoration
-from hybridtune.compiler.loader import GeneratedModule
 from hybridtune.compiler.loop import compile_loop
-from hybridtune.compiler.plan import ClassPlan, has_foreign_forward, is_routed, plan_model
-from hybridtune.compiler.standalone import generate_loaded
+from hybridtune.compiler.modules.decoration import Decoration
+from hybridtune.compiler.modules.loader import GeneratedModule
+from hybridtune.compiler.modules.plan import ClassPlan, has_foreign_forward, is_routed, plan_model
+from hybridtune.compiler.modules.standalone import generate_loaded
 from hybridtune.errors import UserError
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """What a run's data is, as digests: the local files a data path reads (`local_files`) and their sha256
-(`data_digest`), which the run record (train/outdir.py) and the tokenisation cache key (`sources.Source.fingerprint`)
+(`data_digest`), which the run record (run/outdir.py) and the tokenisation cache key (`sources.Source.fingerprint`)
 both take, so a start-up inside `one_read()` reads its data once for them."""
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def sha256_files(files: list[Path], root: Path | None = None) -> str:
 
 
 def file_sha256(path: Path) -> str:
-    """The plain sha256 of one file's content, read now (train/integrity.py checks checkpoints with it)."""
+    """The plain sha256 of one file's content, read now (run/integrity.py checks checkpoints with it)."""
     h = hashlib.sha256()
     with path.open("rb") as fh:
         while chunk := fh.read(1 << 22):

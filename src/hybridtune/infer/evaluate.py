@@ -29,10 +29,10 @@ from hybridtune.data.sources import ACCEPTED, open_source
 from hybridtune.errors import ConfigError, DataError
 from hybridtune.infer.generate import MODEL_HELP
 from hybridtune.infer.load import Opened, open_model, recorded_run
-from hybridtune.train.choices import choose_bf16, measure, pick_device
-from hybridtune.train.distributed import ONE, LossModule
+from hybridtune.runtime.choices import choose_bf16, measure, pick_device
+from hybridtune.runtime.distributed import ONE, LossModule
+from hybridtune.runtime.model import master_dtype
 from hybridtune.train.evaluation import evaluate
-from hybridtune.train.model import master_dtype
 
 logger = logging.getLogger(__name__)
 

@@ -17,11 +17,12 @@ from pathlib import Path
 from hybridtune.errors import ModelError, OutputDirError
 from hybridtune.files import atomic_write_text
 from hybridtune.infer.load import open_model
-from hybridtune.train import checkpoint as ckpt
-from hybridtune.train import distributed, export
-from hybridtune.train.card import model_card
-from hybridtune.train.merge import check_out_dir
-from hybridtune.train.outdir import RUN_FILE
+from hybridtune.run import checkpoint as ckpt
+from hybridtune.run import export
+from hybridtune.run.card import model_card
+from hybridtune.run.merge import check_out_dir
+from hybridtune.run.outdir import RUN_FILE
+from hybridtune.runtime import distributed
 
 logger = logging.getLogger(__name__)
 

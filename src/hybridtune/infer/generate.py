@@ -177,7 +177,7 @@ def open_for_generation(args):
     from transformers.utils import logging as hf_logging
 
     from hybridtune.infer.load import open_model
-    from hybridtune.train.choices import pick_device
+    from hybridtune.runtime.choices import pick_device
 
     hf_logging.disable_progress_bar()
     dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]

@@ -7,7 +7,7 @@ OUTPUT_DIR                  a run's output directory: its final/ (else its newes
 OUTPUT_DIR/final            the exported full model (transformers) or LoRA adapter (peft)
 OUTPUT_DIR/checkpoint-N     a training checkpoint (torch DCP): the model is rebuilt from the run's recorded config
                             (checkpoint.json, else the run file) and the checkpoint's weights loaded into it, after
-                            its checksums are verified and with nothing that runs code (train/checkpoint.py)
+                            its checksums are verified and with nothing that runs code (run/checkpoint.py)
 ADAPTER_DIR                 a peft adapter: its base from adapter_config.json, else a `base_model/` inside or beside
 MODEL_DIR, hub id, preset   a base model, as training opens one (models/loading.py)
 ```
@@ -35,12 +35,12 @@ from hybridtune.models.hub import resolve_source
 from hybridtune.models.loading import LoadedModel, load_model, load_tokenizer, tokenizer_for
 from hybridtune.models.patching import patch_model
 from hybridtune.models.presets import PRESETS
-from hybridtune.train import checkpoint as ckpt
-from hybridtune.train.export import BASE_DIR, FINAL_DIR, INFO_FILE
-from hybridtune.train.lora import lora_from_config
-from hybridtune.train.merge import read_adapter_config
-from hybridtune.train.model import base_revision
-from hybridtune.train.outdir import RUN_FILE
+from hybridtune.run import checkpoint as ckpt
+from hybridtune.run.base import base_revision
+from hybridtune.run.export import BASE_DIR, FINAL_DIR, INFO_FILE
+from hybridtune.run.merge import read_adapter_config
+from hybridtune.run.outdir import RUN_FILE
+from hybridtune.runtime.lora import lora_from_config
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hybridtune.compiler.plan import plan_model
+from hybridtune.compiler.modules.plan import plan_model
 from hybridtune.config import bundled_configs
 from hybridtune.config_schema import TrainConfig
 from hybridtune.errors import ModelError, did_you_mean
@@ -32,9 +32,9 @@ from hybridtune.kernels.needs import kernel_spec, read_config
 from hybridtune.kernels.paths import report
 from hybridtune.kernels.provision import ENV_POLICY, ENV_REQUIRE, provision_kernels
 from hybridtune.kernels.selftest import layouts_from_config
+from hybridtune.mixers.gdn import fla_guard
 from hybridtune.models.hub import looks_like_hub_id, resolve_source
 from hybridtune.models.presets import PRESETS, preset_config
-from hybridtune.ops import fla_guard
 
 logger = logging.getLogger(__name__)
 

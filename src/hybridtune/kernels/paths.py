@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridtune.kernels.needs import HUB_KERNEL_NAMES, analyze, kernel_spec
-from hybridtune.ops import fla_guard
+from hybridtune.mixers.gdn import fla_guard
 
 
 @dataclass
@@ -132,7 +132,7 @@ def _op_backend(module: Any) -> tuple[str, bool]:
     """(description, fast) of hybridtune's op backend for the device the mixer's weights are on."""
     try:
         # why here: importing gdn registers the custom ops; a torch that cannot is reported, not raised
-        from hybridtune.ops import gdn
+        from hybridtune.mixers.gdn import ops as gdn
     except ImportError as e:
         return f"hybridtune ops unavailable ({e})", False
     try:

@@ -46,8 +46,8 @@ from hybridtune.kernels.environment import (
 )
 from hybridtune.kernels.install import Installer, InstallResult, PipInstaller
 from hybridtune.kernels.needs import ArchitectureNeeds, KernelSpec, analyze, kernel_spec
+from hybridtune.mixers.gdn import fla_adapter
 from hybridtune.models.presets import PRESETS, preset_config
-from hybridtune.ops import fla_adapter
 
 logger = logging.getLogger(__name__)
 

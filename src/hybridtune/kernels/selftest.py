@@ -1,13 +1,13 @@
 """Device self-test: run the selected fast kernels forward and backward against the fp32 reference.
 
 Before the first training step on a GPU, each kernel the run will use is exercised on a small packed input
-with the model's own head layout: hybridtune's custom ops (`hybridtune.ops.gdn`, FLA underneath) against
-`hybridtune.ops.reference` in fp32, over three documents of odd lengths (63, 75, 130 tokens, so chunks
+with the model's own head layout: hybridtune's custom ops (`hybridtune.mixers.gdn.ops`, FLA underneath) against
+`hybridtune.mixers.gdn.reference` in fp32, over three documents of odd lengths (63, 75, 130 tokens, so chunks
 straddle document boundaries). The error measure is FLA's: relative RMS, ||ref - out|| / ||ref||, for the
 output and every gradient.
 
 FLA 0.6.0 refuses the gated delta rule backward on Hopper with Triton < 3.7.1 (fla #640), a guard wider than
-the miscompile it guards. The trial grants the layout to `hybridtune.ops.fla_guard` for its own duration;
+the miscompile it guards. The trial grants the layout to `hybridtune.mixers.gdn.fla_guard` for its own duration;
 a pass keeps the grant (with its numbers as the source), a failure revokes it and names the fix.
 
 Verdicts are cached per device, capability, torch/triton/FLA/tilelang versions, kernel and head layout in
@@ -34,9 +34,9 @@ from hybridtune.files import atomic_write_text
 from hybridtune.kernels import tuned
 from hybridtune.kernels.environment import cache_dir, dist_version, environment
 from hybridtune.kernels.needs import read_config
+from hybridtune.mixers.gdn import fla_guard
 from hybridtune.models.anatomy import text_config
 from hybridtune.models.presets import preset_config
-from hybridtune.ops import fla_guard
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +209,8 @@ def _check_gdn(layout: Layout, device, lengths: tuple[int, ...] = DOC_LENGTHS) -
     import torch
     import torch.nn.functional as F
 
-    from hybridtune.ops import gdn, reference  # why here: ops import torch; this module must not
+    from hybridtune.mixers.gdn import ops as gdn  # why here: ops import torch; this module must not
+    from hybridtune.mixers.gdn import reference
 
     T, cu = _packed_lengths(device, lengths)
     gen = torch.Generator().manual_seed(0)
@@ -236,7 +237,8 @@ def _check_gdn(layout: Layout, device, lengths: tuple[int, ...] = DOC_LENGTHS) -
 def _check_conv(layout: Layout, device, lengths: tuple[int, ...] = DOC_LENGTHS) -> dict[str, float]:
     import torch
 
-    from hybridtune.ops import gdn, reference  # why here: ops import torch; this module must not
+    from hybridtune.mixers.gdn import ops as gdn  # why here: ops import torch; this module must not
+    from hybridtune.mixers.gdn import reference
 
     T, cu = _packed_lengths(device, lengths)
     gen = torch.Generator().manual_seed(1)
@@ -263,7 +265,7 @@ def verify(layouts: Iterable[Layout], *, use_cache: bool = True, device_index: i
     """Self-test the GDN op and the conv op for each layout on CUDA device `device_index` (default: the current
     device, so each rank of a multi-GPU run tests its own GPU).
 
-    A GDN layout that passes is granted to `hybridtune.ops.fla_guard` (its backward may then bypass FLA's Hopper
+    A GDN layout that passes is granted to `hybridtune.mixers.gdn.fla_guard` (its backward may then bypass FLA's Hopper
     guard); one that fails is revoked. Never raises for a kernel failure: the verdict carries it.
     """
     layouts = sorted(set(layouts))
@@ -274,7 +276,7 @@ def verify(layouts: Iterable[Layout], *, use_cache: bool = True, device_index: i
     if not torch.cuda.is_available():
         return [Verdict("gdn_chunk", lay, None, reason="no CUDA device") for lay in layouts]
     try:
-        from hybridtune.ops import gdn  # why here: imports torch (checked above) and registers the ops
+        from hybridtune.mixers.gdn import ops as gdn  # why here: imports torch (checked above) and registers the ops
     except ImportError as e:
         return [Verdict("gdn_chunk", lay, None, reason=f"hybridtune.ops unavailable ({e})") for lay in layouts]
     if device_index is None:

@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 import torch
 
 from hybridtune.batch import CU_SEQ_LENS_Q, GDN_CHUNK_INDICES
-from hybridtune.models import attention, experts, qwen3_5, qwen3_next
+from hybridtune.mixers.attention import varlen as attention
+from hybridtune.mixers.gdn import ops as gdn_ops
+from hybridtune.mixers.gdn import qwen3_5, qwen3_next
+from hybridtune.mixers.moe import experts
 from hybridtune.models.anatomy import PATCHED_FORWARD_ATTR
-from hybridtune.ops import gdn as gdn_ops
 
 ADAPTERS = (qwen3_5, qwen3_next)  # first match wins; each has NAME, matches(module), project(module, h)
 _ORIGINAL = PATCHED_FORWARD_ATTR

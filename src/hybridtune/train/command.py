@@ -210,9 +210,9 @@ def _train_or_say(cfg) -> int:
 def _train(cfg) -> int:
     # Imported here, past argument parsing: `hybridtune train --help` and a config error answer without loading
     # torch and transformers.
-    from hybridtune.train import distributed
-    from hybridtune.train.nodes import check_shared_output_dir
-    from hybridtune.train.outdir import RUN_FILE
+    from hybridtune.run.outdir import RUN_FILE
+    from hybridtune.runtime import distributed
+    from hybridtune.runtime.nodes import check_shared_output_dir
     from hybridtune.train.trainer import Trainer
 
     is_main = int(os.environ.get("RANK", "0")) == 0
@@ -298,8 +298,8 @@ def launch(how: Launch, argv: list[str], cfg) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    from hybridtune.train.checkpoint import list_checkpoints
-    from hybridtune.train.distributed import GPU_ENV_DEFAULTS, Dist, check_window
+    from hybridtune.run.checkpoint import list_checkpoints
+    from hybridtune.runtime.distributed import GPU_ENV_DEFAULTS, Dist, check_window
 
     nproc = how.nproc
     # Input mistakes are found here, once, before N processes each load a model and say it N times.

@@ -10,10 +10,10 @@ import torch
 from hybridtune.batch import CU_SEQ_LENS_Q, LABELS, NUM_TOKENS
 from hybridtune.data import IGNORE_INDEX, PackedCollator
 from hybridtune.data.packing import Example
-from hybridtune.train import distributed
-from hybridtune.train.metrics import MetricsLog
+from hybridtune.runtime import distributed
+from hybridtune.runtime.metrics import MetricsLog
+from hybridtune.runtime.stream import to_device
 from hybridtune.train.samples import log_samples
-from hybridtune.train.stream import to_device
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from transformers import GenerationConfig
 
 from hybridtune.config import TrainConfig
 from hybridtune.data.packing import Example
-from hybridtune.train import distributed
+from hybridtune.runtime import distributed
 
 logger = logging.getLogger(__name__)
 _warned: set[str] = set()

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from hybridtune.config import TrainConfig, to_dict
 from hybridtune.errors import ConfigError
-from hybridtune.train.metrics import MetricsLog
-from hybridtune.train.outdir import TRACKER_DIR
+from hybridtune.run.outdir import TRACKER_DIR
+from hybridtune.runtime.metrics import MetricsLog
 
 NOT_SCALARS = ("step", "type", "total_steps")
 

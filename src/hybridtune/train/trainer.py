@@ -46,19 +46,21 @@ from hybridtune.kernels.provision import provision_kernels
 from hybridtune.models.flops import measure_peak
 from hybridtune.models.hub import resolve_source
 from hybridtune.models.loading import tokenizer_for
-from hybridtune.train import checkpoint as ckpt
-from hybridtune.train import cudagraphs, distributed, export, health, oom
-from hybridtune.train.card import model_card
-from hybridtune.train.choices import Choices, Facts, choose_bf16, cuda_graph_keys, measure, pick_device, resolve
+from hybridtune.run import checkpoint as ckpt
+from hybridtune.run import export
+from hybridtune.run.base import base_identity, base_revision
+from hybridtune.run.card import model_card
+from hybridtune.run.outdir import RUN_FILE, OutputLock, claim_output_dir, tidy, write_run_file
+from hybridtune.runtime import cudagraphs, distributed, health, oom
+from hybridtune.runtime.choices import Choices, Facts, choose_bf16, cuda_graph_keys, measure, pick_device, resolve
+from hybridtune.runtime.metrics import MetricsLog, StepFlops, StepLog, memory_gib
+from hybridtune.runtime.model import build_model, enable_checkpointing
+from hybridtune.runtime.optim import build_optimizer, build_scheduler
+from hybridtune.runtime.profiling import ProfileWindow
+from hybridtune.runtime.signals import StopRequest, sigterm_interrupts
+from hybridtune.runtime.stream import BatchStream, to_device
 from hybridtune.train.evaluation import eval_batches, evaluate, report_eval
-from hybridtune.train.metrics import MetricsLog, StepFlops, StepLog, memory_gib
-from hybridtune.train.model import base_identity, base_revision, build_model, enable_checkpointing
-from hybridtune.train.optim import build_optimizer, build_scheduler
-from hybridtune.train.outdir import RUN_FILE, OutputLock, claim_output_dir, tidy, write_run_file
-from hybridtune.train.profiling import ProfileWindow
 from hybridtune.train.samples import generate_samples
-from hybridtune.train.signals import StopRequest, sigterm_interrupts
-from hybridtune.train.stream import BatchStream, to_device
 from hybridtune.train.trackers import open_metrics
 
 logger = logging.getLogger(__name__)
@@ -164,7 +166,7 @@ class Trainer:
         return measure(self.cfg, self.device, self.dist, model, self.use_bf16, packs)
 
     def _setup_model(self) -> None:
-        """Load, patch the mixers, checkpointing, LoRA, on the device; the dtypes are train/model.py's."""
+        """Load, patch the mixers, checkpointing, LoRA, on the device; the dtypes are runtime/model.py's."""
         self.use_bf16 = choose_bf16(self.cfg, self._facts()).value
         built = build_model(self.cfg, self.source, self.tokenizer, self.device, self.use_bf16, self.dist)
         self.loaded, self.model, self.patch_report = built.loaded, built.model, built.patch_report
@@ -188,7 +190,7 @@ class Trainer:
 
     def _setup_compile(self) -> None:
         """Compile after patching, LoRA and checkpointing are in place (the graph must see all three); CUDA graphs
-        as choices.py decided (train/cudagraphs.py)."""
+        as choices.py decided (runtime/cudagraphs.py)."""
         if self.cfg.gradient_checkpointing == "auto" and self.choices.checkpointing.value:
             enable_checkpointing(self.model)  # the memory estimate said so (choices.choose_checkpointing)
         self.compile_handle = None
@@ -337,7 +339,7 @@ class Trainer:
 
     def first_step(self) -> dict:
         """This process's first step (of a fresh or a resumed run). Under `gradient_checkpointing: auto` with
-        checkpointing left off, retried once with it on if it runs out of memory (train/oom.py)."""
+        checkpointing left off, retried once with it on if it runs out of memory (runtime/oom.py)."""
         if self.cfg.gradient_checkpointing != "auto" or self.choices.checkpointing.value:
             return self.train_step()
         return oom.retry_with_checkpointing(
@@ -384,7 +386,7 @@ class Trainer:
 
     def save_final(self) -> Path:
         """The final model (adapter or full) with tokenizer and model card, loadable by peft / transformers in the
-        original class (train/export.py). Rank 0 writes it."""
+        original class (run/export.py). Rank 0 writes it."""
         card = model_card(self.cfg, self.loaded, self.step, self.out) if self.dist.is_main else None
         return export.save_final(
             self.out, self.model, self.engine, self.tokenizer, self.dist, adapter=self.cfg.adapter, loaded=self.loaded,

@@ -1,0 +1,118 @@
+"""Writing generated modules for reading, and reading them back only when nothing can have changed them.
+
+Generated code normally never touches the disk: it is compiled from memory. `--dump DIR` writes it
+for people to read, with a manifest of SHA-256 hashes. When code is loaded back from disk
+(`hybridtune compile --check DIR`, or any future cache), the load fails closed: the directory must
+be a real directory (no symlink) owned by this user and not writable by group or others, the file a
+regular file (no symlink) with the same owner and mode rules, and its bytes must hash to what was
+generated in this process. A file that passes is compiled from the bytes that were verified, not
+read a second time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+
+from hybridtune.compiler.modules.loader import exec_text
+from hybridtune.errors import UserError
+
+MANIFEST = "MANIFEST.json"
+
+
+class UnsafeGeneratedCode(UserError, PermissionError):
+    """Generated code on disk failed a check; it is not loaded."""
+
+
+def write_dump(directory: str | os.PathLike, files: dict[str, str]) -> Path:
+    """Write `files` (name -> text) and a manifest of their hashes into `directory`; returns its path.
+
+    The directory is created with mode 0700 when missing; an existing one must pass the same
+    checks a load would apply, so a dump never lands somewhere another user can edit.
+    """
+    path = Path(directory)
+    if not path.exists():
+        path.mkdir(mode=0o700, parents=True)
+    _check_dir(path)
+    manifest = {}
+    for name, text in sorted(files.items()):
+        if os.sep in name or name.startswith("."):
+            raise ValueError(f"generated file name {name!r} must be a plain file name")
+        data = text.encode()
+        _write_own(path / name, data)
+        manifest[name] = hashlib.sha256(data).hexdigest()
+    _write_own(path / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    return path
+
+
+def _write_own(target: Path, data: bytes) -> None:
+    """Write `target` as this user's private file (code that will be executed), never through a planted link."""
+    if target.is_symlink():
+        raise UnsafeGeneratedCode(f"{target} is a symlink; remove it before dumping there")
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _check_dir(path: Path) -> None:
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeGeneratedCode(f"{path} is a symlink; generated code is only read from a real directory")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeGeneratedCode(f"{path} is not a directory")
+    _check_owner_mode(path, st)
+
+
+def _check_owner_mode(path: Path, st: os.stat_result) -> None:
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise UnsafeGeneratedCode(f"{path} is owned by uid {st.st_uid}, not by this user ({os.getuid()})")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeGeneratedCode(
+            f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); chmod go-w it"
+        )
+
+
+def read_verified(directory: str | os.PathLike, name: str, expected_sha256: str) -> str:
+    """The text of `directory/name`, only if every check passes and it hashes to `expected_sha256`.
+
+    `expected_sha256` must come from generating the code in this process, never from the
+    manifest next to the file (whoever can edit the file can edit the manifest).
+    """
+    path = Path(directory)
+    if os.sep in name or name in ("", ".", ".."):
+        raise UnsafeGeneratedCode(f"{name!r} is not a plain file name")
+    _check_dir(path)
+    dir_fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        # Checked again through the descriptor: the directory cannot be swapped between check and use.
+        _check_owner_mode(path, os.fstat(dir_fd))
+        try:
+            fd = os.open(name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0), dir_fd=dir_fd)
+        except OSError as e:
+            raise UnsafeGeneratedCode(
+                f"{path / name} cannot be opened safely ({e.strerror}; symlinks are refused)"
+            ) from e
+    finally:
+        os.close(dir_fd)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeGeneratedCode(f"{path / name} is not a regular file")
+        _check_owner_mode(path / name, st)
+        data = f.read()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != expected_sha256:
+        raise UnsafeGeneratedCode(
+            f"{path / name} does not match the code generated now (sha256 {digest[:12]} != {expected_sha256[:12]}); "
+            "it was edited or generated by another version: regenerate it with --dump"
+        )
+    return data.decode()
+
+
+def load_verified(directory: str | os.PathLike, name: str, expected_sha256: str):
+    """Compile and load a dumped module after `read_verified`; returns the module object."""
+    text = read_verified(directory, name, expected_sha256)
+    return exec_text(text, str(Path(directory) / name), expected_sha256)

@@ -1,0 +1,420 @@
+"""Atomic, verified checkpoints: written to a temporary directory beside the target, fsynced, then renamed.
+
+A checkpoint holds the trainable weights (the LoRA adapter, or the full model) and the optimizer state
+through `torch.distributed.checkpoint` (DCP, in `state/`: one file per rank plus `.metadata`), the
+scheduler state, the data position and the step (`trainer_state.pt`), each rank's RNG state
+(`rng-<rank>.pt`) and `checkpoint.json`. DCP reshards on load, so a checkpoint written by N processes
+(DDP, FSDP2 or one process) resumes in M. A crash, Ctrl-C or a dead rank mid-write leaves the previous
+checkpoint intact: the rename, done by rank 0 after every rank has written, is the commit point.
+
+`checkpoint.json`, written last, lists every other file with its size and sha256; a resume verifies them all
+before reading anything, and loads nothing that could run code (see `integrity`). `resume_from_checkpoint
+latest` falls back to the newest intact checkpoint, saying what it skipped and why (`find_resume`).
+
+```
+checkpoint-120/
+  state/.metadata  state/__0_0.distcp  state/__1_0.distcp   model + optimizer, sharded as trained
+  trainer_state.pt                                          scheduler, step, data position, world size
+  rng-0.pt  rng-1.pt                                        per-rank RNG (dropout)
+  .hybridtune                                               marker: a directory hybridtune wrote
+  checkpoint.json                                           step, data position, base model, checksums
+```
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from hybridtune.errors import OutputDirError
+from hybridtune.files import honour_umask
+from hybridtune.run import integrity
+from hybridtune.run.integrity import CheckpointError, DiskFullError
+from hybridtune.runtime import distributed
+from hybridtune.runtime.distributed import ONE, Dist
+
+__all__ = ["CheckpointError", "DiskFullError"]  # re-exported: the trainer and CLI catch them from here
+
+logger = logging.getLogger("hybridtune")
+
+STATE_DIR = "state"
+STATE_FILE = "trainer_state.pt"
+META_FILE = "checkpoint.json"
+RNG_FILE = "rng-{rank}.pt"
+MARKER = ".hybridtune"  # in every directory atomic_dir makes: only such directories are ever removed
+FINAL_DIR = "final"  # the final export; FINAL_META inside it records the step it was taken at
+FINAL_META = "hybridtune.json"
+TMP_PREFIX = ".tmp-"  # atomic_dir's directory before its commit
+OLD_PREFIX = ".old-"  # the replaced directory during a commit
+REQUIRED = (f"{STATE_DIR}/.metadata", STATE_FILE)
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with p.open("rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_tmp_dir(target: Path) -> Path:
+    """A new, uniquely named `.tmp-<name>-*` directory beside `target`, carrying the marker from its first
+    moment (so that only hybridtune's own temporary directories are ever tidied away), with the mode a plain
+    mkdir would give it under this umask (tempfile makes it 0700)."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-", dir=target.parent))
+    try:
+        fd = os.open(tmp / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        os.close(fd)
+        honour_umask(tmp, directory=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
+
+
+def atomic_dir(target: Path, write: Callable[[Path], None]) -> Path:
+    """Create directory `target` atomically: `write(tmp)` fills a temp dir that is then renamed over.
+
+    An existing `target` is replaced only after the new one is complete (moved aside, then removed).
+    """
+    target = Path(target)
+    tmp = make_tmp_dir(target)
+    try:
+        write(tmp)
+        _commit(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _commit(tmp: Path, target: Path) -> None:
+    _fsync_tree(tmp)
+    if target.exists():
+        old = target.parent / f"{OLD_PREFIX}{target.name}-{os.getpid()}"
+        os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+
+
+def shared_atomic_dir(target: Path, write_all: Callable[[Path], None], write_main: Callable[[Path], None], d: Dist):
+    """`atomic_dir` written by every rank: `write_all(tmp)` on each (collectives allowed), then `write_main(tmp)`
+    on rank 0, which renames once every rank is done. One process: plain `atomic_dir`.
+
+    Ranks share the filesystem (one machine). A rank that dies mid-write leaves only a `.tmp-*` directory,
+    which `list_checkpoints` never returns.
+    """
+    target = Path(target)
+    if not d.enabled:
+        return atomic_dir(target, lambda tmp: (write_all(tmp), write_main(tmp)))
+    tmp = None
+    if d.is_main:
+        tmp = str(make_tmp_dir(target))
+    tmp = Path(distributed.broadcast_object(tmp, d))
+    try:
+        write_all(tmp)
+        distributed.barrier(d)
+        if d.is_main:
+            write_main(tmp)
+            _commit(tmp, target)
+        distributed.barrier(d)  # nobody reads or prunes before the rename
+    except BaseException:
+        if d.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def rng_state() -> dict:
+    """This process's RNG states: Python, torch CPU, and the CUDA generator of the device it trains on
+    (one per rank, so a checkpoint restores on any number of visible GPUs). Plain values and tensors only,
+    so that it loads with weights_only=True."""
+    version, internal, gauss = random.getstate()
+    state = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda_device"] = torch.cuda.get_rng_state(torch.cuda.current_device())
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda_device" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda_device"], torch.cuda.current_device())
+
+
+@contextmanager
+def _quiet_single_process():
+    """DCP warns on every call that it assumes one process when no process group exists: that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
+def _options(trainable_only: bool, load: bool = False):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # LoRA: only the adapter and its optimizer state are saved; the frozen base is rebuilt from base_model,
+    # so loading must not ask for it (DCP itself fails on a key the checkpoint lacks).
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=not (trainable_only and load))
+
+
+def _before_save(target: Path, need: int, previous: Path | None) -> None:
+    if target.exists() and not is_ours(target):
+        raise OutputDirError(
+            f"'{target}' exists and was not written by hybridtune (no {MARKER} marker or checkpoint.json): a save "
+            "would replace it; move it away or choose another --output_dir"
+        )
+    integrity.check_free_space(
+        target.parent, need, lambda free: integrity.disk_full_message(target, need, free, previous)
+    )
+
+
+def save_checkpoint(
+    target: Path,
+    model: torch.nn.Module,
+    optimizer,
+    scheduler,
+    step: int,
+    data_position: dict,
+    extra: dict | None = None,
+    d: Dist = ONE,
+    trainable_only: bool = False,
+) -> Path:
+    """Write checkpoint `target` (e.g. output_dir/checkpoint-120) atomically; a collective on every rank.
+
+    `model` is what the optimizer steps (plain, DDP- or FSDP2-wrapped): DCP saves each rank's shard. A save
+    that cannot fit on the disk is refused before anything is written, and one that runs out of space
+    midway is removed; both raise DiskFullError (the previous checkpoint is intact).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    target = Path(target)
+    msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
+    need = integrity.state_bytes(msd, osd, d=d)
+    done = [p for p in list_checkpoints(target.parent) if p != target]
+    previous = done[-1] if done else None
+    distributed.main_only(d, lambda: _before_save(target, need, previous))
+    files: dict[str, dict] = {}
+
+    def guarded(write: Callable[[Path], None]) -> Callable[[Path], None]:
+        return integrity.disk_full_guard(
+            write, need, lambda free: integrity.disk_full_message(target, need, free, previous)
+        )
+
+    def write_all(tmp: Path) -> None:
+        with _quiet_single_process():
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / STATE_DIR))
+        torch.save(rng_state(), tmp / RNG_FILE.format(rank=d.rank))
+        distributed.barrier(d)  # every rank's files are complete: hash them, each rank its share
+        files.update(integrity.manifest(tmp, {META_FILE, STATE_FILE}, d))
+
+    def write_main(tmp: Path) -> None:
+        state = {"scheduler": scheduler.state_dict(), "step": step, "data_position": data_position, "world": d.world}
+        torch.save(state, tmp / STATE_FILE)
+        files.update(integrity.hash_files(tmp, [STATE_FILE]))
+        meta = {"format": integrity.FORMAT, "step": step, "data_position": data_position, "world_size": d.world}
+        meta.update(extra or {})
+        meta["files"] = dict(sorted(files.items()))
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2))  # last: the checksums of complete files
+
+    return shared_atomic_dir(target, guarded(write_all), guarded(write_main), d)
+
+
+def verify_checkpoint(path: Path, d: Dist = ONE) -> str | None:
+    """Why checkpoint `path` must not be resumed (the first file that failed, and how), or None when it is
+    intact: every file listed with its checksum in checkpoint.json, nothing missing, changed or added.
+    A collective (each rank hashes its share)."""
+    return integrity.check(Path(path), META_FILE, REQUIRED, d)
+
+
+def find_resume(where: str, output_dir: Path, d: Dist = ONE) -> tuple[Path, list[str]]:
+    """The verified checkpoint to resume from, and one warning line per newer checkpoint skipped on the way.
+
+    `where` is `latest` (the newest intact checkpoint of `output_dir`; newer ones that fail verification are
+    skipped, each named with why) or the path of one checkpoint (which must be intact: no fallback, since the
+    user named it). Raises CheckpointError, one line naming the file that failed. A collective.
+    """
+    if where != "latest":
+        path = Path(where)
+        if not path.is_dir():
+            raise CheckpointError(f"resume_from_checkpoint '{where}': no such checkpoint directory")
+        why = verify_checkpoint(path, d)
+        if why:
+            raise CheckpointError(f"resume_from_checkpoint '{where}' cannot be resumed: {why}")
+        return path, []
+    skipped: list[tuple[Path, str]] = []
+    for path in reversed(_candidates(output_dir)):
+        why = verify_checkpoint(path, d)
+        if why is None:
+            lines = [
+                f"resume_from_checkpoint latest: skipped {p.name} ({why}); resuming from {path.name}"
+                for p, why in skipped
+            ]
+            return path, lines
+        skipped.append((path, why))
+    if not skipped:
+        raise CheckpointError(f"resume_from_checkpoint 'latest': no checkpoint in '{output_dir}'")
+    raise CheckpointError(
+        f"resume_from_checkpoint 'latest': no intact checkpoint in '{output_dir}' ("
+        + "; ".join(f"{p.name}: {why}" for p, why in skipped)
+        + "); start a new run with --overwrite, or resume from a copy you trust"
+    )
+
+
+def load_checkpoint(
+    path: Path,
+    model: torch.nn.Module,
+    optimizer,
+    scheduler,
+    d: Dist = ONE,
+    trainable_only: bool = False,
+    verified: bool = False,
+) -> dict:
+    """Load weights, optimizer, scheduler and this rank's RNG from checkpoint `path` (written by any number of
+    processes); returns the trainer state (`step`, `data_position`, `world`).
+
+    The checkpoint is verified first unless `verified` (it came from `find_resume`); nothing in it is unpickled
+    beyond tensors, plain values and DCP's metadata classes. Raises CheckpointError naming the file.
+    """
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    path = Path(path)
+    if not verified:
+        why = verify_checkpoint(path, d)
+        if why:
+            raise CheckpointError(f"checkpoint '{path}' cannot be resumed: {why}")
+    msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
+    state = {"model": msd, "optim": osd}
+    try:
+        with _quiet_single_process():
+            integrity.safe_dcp_load(state, path / STATE_DIR)
+        trainer = load_trainer_state(path)
+        rng = path / RNG_FILE.format(rank=d.rank)
+        rng_saved = integrity.load_plain(rng) if rng.is_file() else None
+    except CheckpointError as e:
+        raise CheckpointError(f"checkpoint '{path}' cannot be resumed: {e}") from None
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=_options(trainable_only, load=True),
+    )
+    scheduler.load_state_dict(trainer["scheduler"])
+    if rng_saved is not None:
+        set_rng_state(rng_saved)
+    else:
+        # Resumed on more ranks than wrote it: a rank without its own state gets a fresh stream of its own
+        # (only dropout reads it), seeded by rank and step so that the resume is still reproducible.
+        seed = d.rank * 1_000_003 + int(trainer["step"])
+        random.seed(seed)
+        torch.manual_seed(seed)
+    return trainer
+
+
+def load_weights(path: Path, model: torch.nn.Module, trainable_only: bool) -> dict:
+    """The model weights of checkpoint `path` alone (no optimizer, RNG or scheduler), into `model` as the trainer
+    built it before wrapping (patched or not, peft-wrapped for LoRA): the checkpoint names its tensors after the
+    trainer's `LossModule`, which wraps it here too. Verified first, loaded with nothing that runs code; returns
+    the trainer state (`step`, ...). For a checkpoint used outside training (generate, eval, export)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    path = Path(path)
+    why = verify_checkpoint(path)
+    if why:
+        raise CheckpointError(f"checkpoint '{path}' cannot be loaded: {why}")
+    wrapped = distributed.LossModule(model)
+    state = {"model": get_model_state_dict(wrapped, options=_options(trainable_only))}
+    try:
+        with _quiet_single_process():
+            integrity.safe_dcp_load(state, path / STATE_DIR)
+        trainer = load_trainer_state(path)
+    except CheckpointError as e:
+        raise CheckpointError(f"checkpoint '{path}' cannot be loaded: {e}") from None
+    set_model_state_dict(wrapped, state["model"], options=_options(trainable_only, load=True))
+    return trainer
+
+
+def is_step_dir(p: Path) -> bool:
+    return p.name.split("-", 1)[1].isdigit() and p.is_dir() and not p.is_symlink()
+
+
+def is_step_link(p: Path) -> bool:
+    return p.name.split("-", 1)[1].isdigit() and p.is_symlink()
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints in `output_dir`, oldest first (temp dirs never match)."""
+    out = [p for p in Path(output_dir).glob("checkpoint-*") if is_step_dir(p) and (p / META_FILE).is_file()]
+    return sorted(out, key=step_of)
+
+
+def _candidates(output_dir: Path) -> list[Path]:
+    """Checkpoints `latest` considers, oldest first: the complete ones, and hybridtune's own that lost their
+    checkpoint.json (named when skipped, not silently passed over)."""
+    out = [p for p in Path(output_dir).glob("checkpoint-*") if is_step_dir(p) and is_ours(p)]
+    return sorted(set(out) | set(list_checkpoints(output_dir)), key=step_of)
+
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def meta_of(path: Path) -> dict:
+    """A checkpoint's checkpoint.json as a mapping (empty when unreadable: call after verify_checkpoint)."""
+    meta = _json(Path(path) / META_FILE)
+    return meta if isinstance(meta, dict) else {}
+
+
+def is_ours(path: Path) -> bool:
+    """Whether hybridtune wrote directory `path`, so that it may remove or replace it: the marker every
+    directory `atomic_dir` makes carries, or (written before the marker existed) a checkpoint.json holding a
+    checkpoint's step and data position, or a final export's hybridtune.json. Never a symbolic link."""
+    p = Path(path)
+    if p.is_symlink() or not p.is_dir():
+        return False
+    if (p / MARKER).is_file():
+        return True
+    meta, final = _json(p / META_FILE), _json(p / FINAL_META)
+    return (isinstance(meta, dict) and {"step", "data_position"} <= meta.keys()) or (
+        isinstance(final, dict) and "steps" in final
+    )
+
+
+def prune_checkpoints(output_dir: Path, keep: int) -> None:
+    """Remove all but the newest `keep` checkpoints, counting and removing only hybridtune's own (`is_ours`)."""
+    for p in [p for p in list_checkpoints(output_dir) if is_ours(p)][:-keep]:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def step_of(path: Path) -> int:
+    return int(path.name.split("-", 1)[1])
+
+
+def load_trainer_state(ckpt: Path) -> dict:
+    """The scheduler, step, data position and world size of checkpoint `ckpt` (tensors and plain values only)."""
+    return integrity.load_plain(Path(ckpt) / STATE_FILE)

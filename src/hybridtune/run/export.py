@@ -1,0 +1,235 @@
+"""The final model: the adapter (with the preset's base weights when they exist only in memory) or the full model,
+with its tokenizer and a model card (README.md), written atomically as safetensors that transformers and peft load.
+
+- Form. A full fine-tune is written as its source checkpoint is (models/source.py): the original architecture and
+  config, the source's dtype, every tensor training did not touch copied bit for bit (a frozen vision tower, the
+  `mtp.*` weights transformers never loads), the source's processor and chat-template files. An adapter's keys
+  follow the original tree; `base_model_name_or_path` is the base as the user named it (a hub id, with its
+  `revision`, or the checkpoint directory), for a preset the `base_model/` written beside `final/`.
+
+- Modes. Every file and directory exported has the mode a plain open/mkdir gives under the umask (safetensors
+  writes through a 0600 temporary file, which would otherwise leave the weights unreadable to a serving account).
+- Disk space. The export's size (the tensors it writes, plus the tokenizer) is checked against the free space
+  before anything is written, and a write that runs out of space midway is removed; both are one line
+  (`DiskFullError`) naming the last checkpoint, which is intact: a run resumed from it at its last step only
+  evaluates and exports.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from hybridtune.files import honour_umask
+from hybridtune.models import source
+from hybridtune.models.anatomy import unwrap
+from hybridtune.models.loading import LoadedModel
+from hybridtune.models.patching import original_config
+from hybridtune.run import checkpoint as ckpt
+from hybridtune.run import integrity
+from hybridtune.runtime import distributed
+from hybridtune.runtime.lora import strip_base_layer
+
+logger = logging.getLogger(__name__)
+
+FINAL_DIR = ckpt.FINAL_DIR
+BASE_DIR = "base_model"
+INFO_FILE = ckpt.FINAL_META
+TOKENIZER_BYTES_PER_TOKEN = 96  # tokenizer.json (+ vocab/merges where written): about 75 bytes a token for Qwen's
+
+
+def gathered_state(engine: torch.nn.Module, model: torch.nn.Module, d: distributed.Dist) -> dict | None:
+    """Under FSDP2: the whole model's state dict on rank 0, on the CPU (a collective; empty on other ranks).
+    Otherwise None: the model in memory is whole."""
+    if d.engine != "fsdp":
+        return None
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(engine, options=opts)
+    # Tied weights (lm_head = embed_tokens) come back as two tensors; keep the first name, as the model's own
+    # state_dict + save_pretrained would.
+    seen, tied = set(), set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            tied.add(name)
+        seen.add(id(p))
+    state = {k.removeprefix("model."): v for k, v in state.items()}  # LossModule's prefix
+    return {k: v for k, v in state.items() if k not in tied}
+
+
+def unwrapped_base_state(base, peft_state: dict | None = None) -> dict:
+    """The frozen base weights without LoRA layers: peft keeps the original Linear as `base_layer`.
+
+    `peft_state`: the gathered state dict of the whole peft model (FSDP2), in place of `base`'s own.
+    """
+    prefix = "base_model.model."
+    if peft_state is None:
+        items = base.state_dict().items()
+    else:
+        items = ((k.removeprefix(prefix), v) for k, v in peft_state.items() if k.startswith(prefix))
+    return {strip_base_layer(name): tensor for name, tensor in items if "lora_" not in name}
+
+
+def adapter_base(loaded: LoadedModel, base_dir: Path | None) -> tuple[str, str | None]:
+    """(base_model_name_or_path, revision) for adapter_config.json: a hub id as named with the commit it resolved
+    to; a local checkpoint as the directory named (made absolute, so it does not depend on the working directory);
+    a preset's `base_model/` written beside the adapter."""
+    if base_dir is not None:
+        return str(base_dir.resolve()), None
+    if loaded.revision is not None:  # a hub id
+        return loaded.name, loaded.revision
+    return str(Path(loaded.name).expanduser().absolute()), None
+
+
+# -- modes and disk space ---------------------------------------------------------------------------------------
+
+
+def honour_umask_tree(root: Path) -> None:
+    """Give every directory and regular file under `root` (and `root`) the mode the umask gives a plain
+    mkdir/open; links are left alone (chmod would follow them)."""
+    root = Path(root)
+    honour_umask(root, directory=True)
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            if p.is_symlink():
+                continue
+            if p.is_dir():
+                honour_umask(p, directory=True)
+            elif p.is_file():
+                honour_umask(p, directory=False)
+
+
+def tensor_bytes(state: dict, dtype: torch.dtype | None = None) -> int:
+    """The bytes a safetensors file of `state` holds (its floating tensors in `dtype`, when given): each tensor's
+    data once (tied weights share one), plus its header entry and some slack."""
+    seen, total = set(), integrity.SLACK_BYTES
+    for t in state.values():
+        if not isinstance(t, torch.Tensor):
+            continue
+        local = t.to_local() if hasattr(t, "to_local") else t
+        ptr = local.data_ptr() if local.device.type != "meta" else 0
+        key = (ptr, tuple(local.shape), local.dtype) if ptr else id(t)
+        if key in seen:
+            continue
+        seen.add(key)
+        size = dtype.itemsize if dtype is not None and local.is_floating_point() else local.element_size()
+        total += local.numel() * size + integrity.ENTRY_BYTES
+    return total
+
+
+def tokenizer_bytes(tokenizer) -> int:
+    try:
+        return len(tokenizer) * TOKENIZER_BYTES_PER_TOKEN
+    except TypeError:
+        return 0
+
+
+def disk_full_message(out: Path, what: str, need: int, free: int | None, previous: Path | None) -> str:
+    has = f"{integrity.gib(free)} free" if free is not None else "no space left"
+    if previous is not None:
+        kept = f"the last checkpoint {previous.name} is intact"
+        then = (
+            "run again with --resume_from_checkpoint latest, which finishes the run (a run resumed at its last "
+            "step only evaluates and exports)"
+        )
+    else:
+        kept, then = "no checkpoint was saved", "run again"
+    return (
+        f"disk full: exporting {what} needs about {integrity.gib(need)} and '{out}' has {has}; {kept}. Free some "
+        f"space (or use an output_dir on a larger disk) and {then}"
+    )
+
+
+def _write_all(out: Path, parts: list[tuple[Path, int, Callable[[Path], None]]], previous: Path | None) -> None:
+    """Write each `(target, bytes, write)` atomically, after checking that all of them fit; a write that runs out
+    of space becomes DiskFullError, its partial temporary directory removed."""
+    need = sum(n for _, n, _ in parts)
+    what = " and ".join(f"{t.name}/" for t, _, _ in parts)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def message(free: int | None) -> str:
+        return disk_full_message(out, what, need, free, previous)
+
+    integrity.check_free_space(out, need, message)
+    for target, _, write in parts:
+
+        def write_with_modes(tmp: Path, write=write) -> None:
+            write(tmp)
+            honour_umask_tree(tmp)
+
+        ckpt.atomic_dir(target, integrity.disk_full_guard(write_with_modes, need, message))
+
+
+def save_final(
+    out: Path,
+    model: torch.nn.Module,
+    engine: torch.nn.Module,
+    tokenizer,
+    d: distributed.Dist,
+    *,
+    adapter: str,
+    loaded: LoadedModel,
+    steps: int,
+    card: str | None = None,
+) -> Path:
+    """`out/final`: the model (adapter or full) with its tokenizer, loadable by peft / transformers in the
+    original class, and `card` as its README.md; for an adapter on a preset (`loaded.random_init`), the base weights
+    beside it in `out/base_model`. Every rank calls it (FSDP2 gathers); rank 0 writes."""
+    full = gathered_state(engine, model, d)
+    final = out / FINAL_DIR
+
+    def export() -> None:  # rank 0
+        parts = []
+        tok = tokenizer_bytes(tokenizer)
+        base_dir = None
+        if adapter == "lora" and loaded.source_dir is None:
+            # A preset's base weights exist only in memory: save them so the adapter can be loaded and merged.
+            base_dir = out / BASE_DIR
+            base = model.get_base_model()
+            base_state = unwrapped_base_state(base, full)
+
+            def write_base(tmp: Path) -> None:
+                with original_config(base):
+                    base.save_pretrained(tmp, state_dict=base_state, safe_serialization=True)
+                tokenizer.save_pretrained(tmp)
+
+            parts.append((base_dir, tensor_bytes(base_state) + tok, write_base))
+        if adapter == "lora":
+            from peft import get_peft_model_state_dict
+
+            weights = tensor_bytes(get_peft_model_state_dict(model, state_dict=full))
+        else:
+            state = full if full is not None else unwrap(model).state_dict()
+            weights = max(tensor_bytes(state, loaded.source_dtype), source.weight_bytes(loaded.source_dir))
+
+        def write(tmp: Path) -> None:
+            if adapter == "lora":
+                config = model.peft_config["default"]
+                config.base_model_name_or_path, config.revision = adapter_base(loaded, base_dir)
+                model.save_pretrained(
+                    tmp, safe_serialization=True, **({"state_dict": full} if full is not None else {})
+                )
+            else:
+                frozen = source.frozen_names(unwrap(model))
+                source.save_like_source(unwrap(model), tmp, state, loaded.source_dir, loaded.source_dtype, frozen)
+            tokenizer.save_pretrained(tmp)
+            source.carry_files(tmp, loaded.source_dir)
+            info = {"base_model": loaded.name, "revision": loaded.revision, "adapter": adapter, "steps": steps}
+            (tmp / INFO_FILE).write_text(json.dumps(info, indent=2))
+            if card is not None:
+                (tmp / "README.md").write_text(card, encoding="utf-8")
+
+        parts.append((final, weights + tok, write))
+        done = ckpt.list_checkpoints(out)
+        _write_all(out, parts, done[-1] if done else None)
+        logger.info("saved final %s to %s", "adapter" if adapter == "lora" else "model", final)
+
+    # Rank 0 writes; its error (a full disk) is raised on every rank rather than leaving the others waiting.
+    distributed.main_only(d, export)
+    return final

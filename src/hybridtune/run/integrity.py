@@ -1,0 +1,412 @@
+"""What makes a checkpoint safe to resume: checksums, loading that runs no code, and room on the disk.
+
+- Checksums. `checkpoint.json` lists every other file of the checkpoint with its size and sha256, written at
+  save once every file is complete and before the atomic rename. `verify` checks them all (split over the ranks)
+  before anything of the checkpoint is read; a missing, truncated, changed, added or linked file fails it.
+- No code runs on load. `trainer_state.pt` and `rng-<rank>.pt` hold only tensors and plain values and load with
+  `torch.load(weights_only=True)`. DCP's `state/.metadata` is a pickle: it is read only after its checksum
+  matched, and then by an unpickler that builds DCP's own metadata classes and nothing else (`SafeReader`);
+  DCP's non-tensor entries (the optimizer's hyperparameters) load with `weights_only=True` (`SafePlanner`).
+  A checkpoint from someone else can therefore fail to load, but cannot run code when it is loaded, even with a
+  forged `checkpoint.json`.
+- Disk space. `check_free_space` refuses a save that cannot fit before anything is written; `is_disk_full` tells
+  a failed write from other errors so that the save reports the full disk in one line (`DiskFullError`).
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import pickle
+import shutil
+import stat
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from hybridtune.data.digests import file_sha256  # (the threads below hash files in parallel)
+from hybridtune.errors import UserError
+from hybridtune.runtime import distributed
+from hybridtune.runtime.distributed import ONE, Dist
+
+FORMAT = 2  # checkpoint.json "format": 2 lists "files" with their checksums
+SLACK_BYTES = 256 * 2**10  # per rank, beyond the tensors: RNG and trainer state, JSON, file headers
+ENTRY_BYTES = 1024  # per tensor or value saved: its entry in DCP's metadata (about 350 bytes each)
+
+
+class CheckpointError(UserError):
+    """A checkpoint is incomplete, corrupt, changed since it was saved, or holds something unsafe to load."""
+
+
+class DiskFullError(UserError):
+    """A save does not fit on the output directory's disk; the previous checkpoint is intact."""
+
+
+# -- checksums ---------------------------------------------------------------------------------------------
+
+
+def hash_files(root: Path, rels: list[str]) -> dict[str, dict]:
+    """`{rel: {"bytes": n, "sha256": hex}}` for the files `rels` under `root`."""
+
+    def one(rel: str) -> tuple[str, dict]:
+        p = root / rel
+        return rel, {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+
+    if not rels:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(len(rels), os.cpu_count() or 1, 8)) as pool:
+        return dict(pool.map(one, rels))
+
+
+def _walk(root: Path) -> tuple[list[str], list[str]]:
+    """Every regular file under `root` (relative, sorted) and every entry that is not one (links, devices)."""
+    files, odd = [], []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            mode = os.lstat(p).st_mode
+            rel = p.relative_to(root).as_posix()
+            if stat.S_ISREG(mode):
+                files.append(rel)
+            elif not stat.S_ISDIR(mode):
+                odd.append(rel)
+    return sorted(files), sorted(odd)
+
+
+def manifest(root: Path, exclude: set[str], d: Dist = ONE) -> dict[str, dict]:
+    """Checksums of every file under `root` but `exclude`, each rank hashing its share; a collective."""
+    files = [f for f in _walk(root)[0] if f not in exclude]
+    mine = hash_files(root, distributed.my_share(d, files))
+    out: dict[str, dict] = {}
+    for part in distributed.gather_objects(mine, d):
+        out.update(part)
+    return dict(sorted(out.items()))
+
+
+def _problem(root: Path, rel: str, want: dict) -> str | None:
+    p = root / rel
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return f"{rel} is missing"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{rel} is not a regular file (a checkpoint holds only regular files)"
+    if st.st_size != want.get("bytes"):
+        return f"{rel} is {st.st_size} bytes, checkpoint.json says {want.get('bytes')} (truncated or changed)"
+    if file_sha256(p) != want.get("sha256"):
+        return f"{rel} does not match its sha256 in checkpoint.json (corrupt, or changed since it was saved)"
+    return None
+
+
+def check(path: Path, meta_file: str, required: tuple[str, ...], d: Dist = ONE) -> str | None:
+    """Why checkpoint `path` must not be loaded, or None when every file matches `meta_file`'s checksums and its
+    DCP metadata (state/.metadata) is DCP's own.
+
+    A collective: each rank hashes its share of the files and every rank returns the same answer.
+    """
+    path = Path(path)
+    try:
+        meta = _read_meta(path / meta_file, meta_file)
+        files = meta.get("files")
+        if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
+            raise CheckpointError(
+                f"{meta_file} lists no checksums: written by an older hybridtune, so it cannot be verified, and "
+                "loading its pickled files unverified could run code; resume it with the hybridtune that wrote "
+                "it, or start a new run"
+            )
+        for rel in files:
+            if Path(rel).is_absolute() or ".." in Path(rel).parts:
+                raise CheckpointError(f"{meta_file} lists '{rel}', a path outside the checkpoint")
+        for rel in required:
+            if rel not in files:
+                raise CheckpointError(f"{meta_file} does not list {rel}")
+        present, odd = _walk(path)
+        extra = [f for f in present if f not in files and f != meta_file]
+        if odd:
+            raise CheckpointError(f"{odd[0]} is not a regular file (a checkpoint holds only regular files)")
+        if extra:
+            raise CheckpointError(f"{extra[0]} is not listed in {meta_file} (added after the save)")
+        local = None
+    except CheckpointError as e:
+        local = str(e)
+    except OSError as e:
+        local = f"cannot be read: {e}"
+    first = distributed.gather_objects(local, d)[0] if d.enabled else local
+    if first is not None:
+        return first
+    names = sorted(files)
+    mine = [(rel, _problem(path, rel, files[rel])) for rel in distributed.my_share(d, names)]
+    found = [why for part in distributed.gather_objects(mine, d) for _, why in part if why]
+    if found:
+        return sorted(found)[0]
+    # Checksums prove only that the files are the ones checkpoint.json lists, which whoever wrote it chose: DCP's
+    # metadata must also be DCP's (every rank reads the same file, so every rank answers the same).
+    return _metadata_problem(path / DCP_METADATA) if DCP_METADATA in files else None
+
+
+DCP_METADATA = "state/.metadata"
+
+
+def _metadata_problem(p: Path) -> str | None:
+    try:
+        read_dcp_metadata(p.read_bytes())
+    except CheckpointError as e:
+        return str(e)
+    except OSError as e:
+        return f"{DCP_METADATA} cannot be read: {e}"
+    return None
+
+
+def _read_meta(p: Path, name: str) -> dict:
+    import json
+
+    try:
+        meta = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{name} is missing (the checkpoint is incomplete)") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{name} is not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{name} is not a JSON object")
+    return meta
+
+
+# -- loading without running code -----------------------------------------------------------------------------
+
+
+def load_plain(path: Path):
+    """A `.pt` file of tensors and plain values; anything else (a pickled object) is refused, never run."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{path.name} holds objects other than tensors and plain values; refused, since loading it could run "
+            f"code ({str(e).splitlines()[0]})"
+        ) from None
+    except (OSError, RuntimeError, EOFError) as e:
+        raise CheckpointError(f"{path.name} cannot be read ({str(e).splitlines()[0]})") from None
+
+
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
+_ALLOWED = {
+    (_DCP_METADATA, n)
+    for n in (
+        "Metadata",
+        "MetadataIndex",
+        "ChunkStorageMetadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "TensorProperties",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    )
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds DCP's metadata dataclasses, torch.Size, dtypes and paths; any other global is refused."""
+
+    def find_class(self, module: str, name: str):
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"global '{module}.{name}' is not part of DCP's metadata")
+
+
+def read_dcp_metadata(data: bytes):
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        md = _MetadataUnpickler(io.BytesIO(data)).load()
+    except Exception as e:
+        raise CheckpointError(f"state/.metadata is refused: {e} (loading it could run code)") from None
+    if not isinstance(md, Metadata):
+        raise CheckpointError(f"state/.metadata holds a {type(md).__name__}, not DCP metadata")
+    return md
+
+
+def _safe_reader_class():
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        """DCP's file reader, whose metadata comes from `read_dcp_metadata` instead of `pickle.load`."""
+
+        def read_metadata(self, *args, **kwargs):
+            if kwargs.get("rank") is not None:
+                raise CheckpointError("state/ has per-rank metadata, which hybridtune never writes")
+            with self.fs.create_stream(self.fs.concat_path(self.path, ".metadata"), "rb") as f:
+                md = read_dcp_metadata(f.read())
+            if getattr(md, "storage_meta", None) is None:
+                md.storage_meta = StorageMeta()
+            md.storage_meta.load_id = self.load_id
+            return md
+
+    return SafeReader
+
+
+def _safe_planner_class():
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class SafePlanner(DefaultLoadPlanner):
+        """DCP's load planner, whose non-tensor entries must load with weights_only=True first."""
+
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            try:
+                torch.load(value, weights_only=True)
+            except pickle.UnpicklingError:
+                raise CheckpointError(
+                    f"state/ entry '{read_item.dest_index.fqn}' holds a pickled object; refused, since loading it "
+                    "could run code"
+                ) from None
+            value.seek(0)
+            super().load_bytes(read_item, value)
+
+    return SafePlanner
+
+
+def safe_dcp_load(state: dict, state_dir: Path) -> None:
+    """`dcp.load(state)` from `state_dir` through `SafeReader` and `SafePlanner`; DCP's failures come back as
+    the CheckpointError that caused them, or one CheckpointError naming the first rank's failure."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.load(state, storage_reader=_safe_reader_class()(str(state_dir)), planner=_safe_planner_class()())
+    except CheckpointException as e:
+        causes = [exc for exc, _ in e.failures.values()]
+        ours = [c for c in causes if isinstance(c, CheckpointError)]
+        if ours:
+            raise ours[0] from None
+        first = causes[0] if causes else e
+        raise CheckpointError(f"state/ cannot be loaded: {type(first).__name__}: {first}") from None
+
+
+# -- disk space ----------------------------------------------------------------------------------------------
+
+
+def state_bytes(*states, d: Dist = ONE) -> int:
+    """The bytes a DCP save of `states` writes over all ranks, estimated from their tensors (plus slack).
+
+    Sharded (FSDP2) ranks each write their own shard: summed. Replicated (DDP, one process) state is written once.
+    """
+    mine = 0
+
+    def visit(x) -> None:
+        nonlocal mine
+        mine += ENTRY_BYTES
+        if isinstance(x, torch.Tensor):
+            local = x.to_local() if hasattr(x, "to_local") else x
+            mine += local.numel() * local.element_size()
+        elif isinstance(x, dict):
+            for v in x.values():
+                visit(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                visit(v)
+
+    for s in states:
+        visit(s)
+    if d.enabled:
+        total = distributed.all_sum([float(mine)], d)[0] if d.engine == "fsdp" else distributed.all_max(mine, d)
+        return int(total) + SLACK_BYTES * d.world
+    return mine + SLACK_BYTES
+
+
+def gib(n: float) -> str:
+    if n >= 2**28:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{int(n)} bytes"
+
+
+def disk_full_message(target: Path, need: int, free: int | None, previous: Path | None) -> str:
+    where = Path(target).parent
+    has = f"{gib(free)} free" if free is not None else "no space left"
+    if previous is not None:
+        kept, then = (
+            f"the previous checkpoint {previous.name} is intact",
+            "continue with --resume_from_checkpoint latest",
+        )
+    else:
+        kept, then = "no earlier checkpoint exists, so the run starts again", "run again"
+    return (
+        f"disk full: saving {Path(target).name} needs about {gib(need)} and '{where}' has {has}; {kept}. Free "
+        f"some space (or lower save_total_limit, or use an output_dir on a larger disk) and {then}"
+    )
+
+
+def check_free_space(where: Path, need: int, message: Callable[[int | None], str]) -> None:
+    """Refuse a write of about `need` bytes into directory `where` before anything is written, when it cannot fit:
+    DiskFullError(message(free bytes))."""
+    free = shutil.disk_usage(where).free
+    if free < need:
+        raise DiskFullError(message(free))
+
+
+def disk_full_guard(
+    write: Callable[[Path], None], need: int, message: Callable[[int | None], str]
+) -> Callable[[Path], None]:
+    """`write(tmp)` with a failure for lack of space turned into DiskFullError(message(None)); the caller's atomic
+    write then removes the partial temporary directory. Interrupts pass through unchanged."""
+
+    def run(tmp: Path) -> None:
+        try:
+            write(tmp)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # DCP's CheckpointException is a BaseException
+            if is_disk_full(e, tmp.parent, need):  # asked while the partial write is still there
+                raise DiskFullError(message(None)) from None
+            raise
+
+    return run
+
+
+_WRITE_FAILED = ("unexpected pos", "failed writing", "file write failed", "no space left")
+
+
+# The text of an out-of-space error where it comes as a plain Exception (safetensors: `IoError(Os { code: 28, kind:
+# StorageFull, ... })`) rather than an OSError with its errno.
+_NO_SPACE = ("no space left on device", "storagefull", "disk quota exceeded", "os error 28", "code: 28")
+
+
+def is_disk_full(exc: BaseException, where: Path, need: int) -> bool:
+    """Whether a save failed for lack of space; call it while the partial save is still on the disk.
+
+    ENOSPC or EDQUOT anywhere in the causes (DCP wraps every rank's failure), its text in an error that carries no
+    errno (safetensors), or a short write (torch.save's
+    zip writer says 'unexpected pos') on a disk that now has less room than the whole save needs.
+    """
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(s in str(e).lower() for s in _NO_SPACE):
+            return True
+        if isinstance(e, (RuntimeError, OSError)) and any(s in str(e).lower() for s in _WRITE_FAILED):
+            try:
+                if shutil.disk_usage(where).free < need:
+                    return True
+            except OSError:
+                pass
+        if isinstance(e, CheckpointException):
+            todo += [f[0] for f in e.failures.values()]
+        todo += [e.__cause__, e.__context__]
+    return False

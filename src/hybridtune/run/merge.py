@@ -1,0 +1,155 @@
+"""`hybridtune merge ADAPTER_DIR OUT_DIR`: fold a LoRA adapter into its base and save safetensors.
+
+The base loads in its original class (config.json `architectures[0]`, e.g. Qwen3_5ForConditionalGeneration), the
+class the adapter's keys follow. The result is written as the base checkpoint is (models/source.py): its
+architecture and config, in its dtype, with the tensors transformers does not load (`mtp.*`) and its processor
+files carried over; it loads with `from_pretrained(OUT_DIR)` in that class and gives the logits of base + adapter.
+The base is the adapter's `base_model_name_or_path` (a directory, or a hub id at its `revision` from the local hub
+cache); where that is missing, a `base_model/` beside the adapter (what training writes for a preset). The output is
+written atomically; an existing OUT_DIR is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from hybridtune.errors import ModelError, OutputDirError
+from hybridtune.models import source
+from hybridtune.models.anatomy import text_model
+from hybridtune.models.hub import looks_like_hub_id, resolve_source
+from hybridtune.models.loading import model_class
+from hybridtune.run.checkpoint import MARKER, atomic_dir, is_ours
+from hybridtune.run.export import BASE_DIR
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_base(adapter_dir: Path, config_file: Path, base_name, revision: str | None) -> Path:
+    """The local directory of the adapter's base: the recorded directory, else a `base_model/` beside (or in) the
+    adapter directory, else the recorded hub id from the local hub cache."""
+    if isinstance(base_name, str) and base_name and Path(base_name).expanduser().is_dir():
+        return Path(base_name).expanduser()
+    for beside in (adapter_dir.parent / BASE_DIR, adapter_dir / BASE_DIR):
+        if (beside / "config.json").is_file():
+            logger.info(
+                "the adapter's base %r is not a local directory; using %s beside the adapter", base_name, beside
+            )
+            return beside
+    if isinstance(base_name, str) and base_name and looks_like_hub_id(base_name):
+        return resolve_source(base_name, revision).path  # a download that cannot happen is one line (ModelError)
+    raise ModelError(
+        f"the adapter's base model {base_name!r} is not a local directory (nor a hub id), and no {BASE_DIR}/ is "
+        f"beside the adapter; edit base_model_name_or_path in {config_file}"
+    )
+
+
+def merge(adapter_dir: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
+    from peft import PeftConfig, PeftModel
+    from transformers import AutoConfig, AutoTokenizer
+
+    adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
+    config_file = adapter_dir / "adapter_config.json"
+    if not config_file.is_file():
+        raise ModelError(
+            f"'{adapter_dir}' has no adapter_config.json; give the adapter directory (e.g. OUTPUT_DIR/final)"
+        )
+    check_out_dir(out_dir, overwrite)
+    recorded = read_adapter_config(config_file)
+    revision = recorded.get("revision") if isinstance(recorded.get("revision"), str) else None
+    base_path = resolve_base(adapter_dir, config_file, recorded.get("base_model_name_or_path"), revision)
+    check_replaceable(out_dir, {"the adapter": adapter_dir, "its base model": base_path})
+    try:
+        PeftConfig.from_pretrained(str(adapter_dir))
+    except (ValueError, TypeError, KeyError) as e:  # an unknown peft_type or field
+        raise ModelError(f"{config_file}: not a LoRA adapter config peft can read ({type(e).__name__}: {e})") from None
+    try:
+        cls = model_class(AutoConfig.from_pretrained(str(base_path)))
+        base = cls.from_pretrained(str(base_path), dtype="auto")  # as saved
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"cannot load the adapter's base model '{base_path}': {e}") from None
+    dtype = text_model(base).embed_tokens.weight.dtype
+    try:
+        model = PeftModel.from_pretrained(base, str(adapter_dir))
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as e:  # missing, mismatched or garbled fields
+        raise ModelError(f"cannot load the adapter in '{adapter_dir}' onto '{base_path}': {e}") from None
+    merged = model.merge_and_unload()
+    tok_dir = adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else base_path
+
+    def write(tmp: Path) -> None:
+        source.save_like_source(merged, tmp, merged.state_dict(), base_path, dtype)
+        if (tok_dir / "tokenizer_config.json").is_file():
+            AutoTokenizer.from_pretrained(str(tok_dir)).save_pretrained(tmp)
+        source.carry_files(tmp, base_path)
+        (tmp / "hybridtune.json").write_text(
+            json.dumps({"merged_from": str(adapter_dir), "base": str(base_path)}, indent=2)
+        )
+
+    atomic_dir(out_dir, write)
+    logger.info("merged %s into %s -> %s", adapter_dir, base_path, out_dir)
+    return out_dir
+
+
+def check_out_dir(out_dir: Path, overwrite: bool) -> None:
+    """Refuse an out_dir that is a file (even with --overwrite: it is not ours to replace), or a non-empty
+    directory without --overwrite; before anything is loaded."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputDirError(
+            f"'{out_dir}' exists and is not a directory; give a new directory path for the merged model"
+        )
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise OutputDirError(
+            f"'{out_dir}' already exists and is not empty; choose another directory or pass --overwrite"
+        )
+    parent = out_dir.parent
+    if parent.exists() and not parent.is_dir():
+        raise OutputDirError(f"'{out_dir}': '{parent}' is a file; give a directory path for the merged model")
+
+
+def check_replaceable(out_dir: Path, inputs: dict[str, Path]) -> None:
+    """A non-empty out_dir (--overwrite) is replaced whole, so it must be a directory hybridtune wrote (its marker)
+    and neither hold nor be what the merge reads (`inputs`: what -> path); before anything is loaded."""
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return
+    target = out_dir.resolve()
+    for what, path in inputs.items():
+        p = Path(path).resolve()
+        if p == target or target in p.parents:
+            raise OutputDirError(
+                f"'{out_dir}' holds {what} ({path}) that the merge reads; give a new directory for the merged model"
+            )
+    if not is_ours(out_dir):
+        raise OutputDirError(
+            f"'{out_dir}' was not written by hybridtune (no {MARKER} marker), and --overwrite replaces the whole "
+            "directory; move its files away or give a new directory for the merged model"
+        )
+
+
+def read_adapter_config(config_file: Path) -> dict:
+    """adapter_config.json as a mapping; garbled JSON names the file, line and column."""
+    try:
+        data = json.loads(config_file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ModelError(
+            f"{config_file}: not UTF-8 text; restore the adapter_config.json written at training"
+        ) from None
+    except json.JSONDecodeError as e:
+        raise ModelError(
+            f"{config_file}:{e.lineno}: malformed JSON ({e.msg} at column {e.colno}); "
+            "restore the adapter_config.json written at training"
+        ) from None
+    if not isinstance(data, dict):
+        raise ModelError(f"{config_file}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="hybridtune merge", description=__doc__.splitlines()[0])
+    parser.add_argument("adapter_dir", help="LoRA adapter directory (OUTPUT_DIR/final)")
+    parser.add_argument("out_dir", help="where to write the merged model (must not exist)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty out_dir")
+    args = parser.parse_args(argv)
+    merge(args.adapter_dir, args.out_dir, args.overwrite)
+    return 0

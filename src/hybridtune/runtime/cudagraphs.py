@@ -1,0 +1,130 @@
+"""CUDA graphs in training (`cuda_graphs`, decided in choices.py): the compiled loop under torch.compile's
+"reduce-overhead" mode, which records each compiled graph's kernels once per input size (under a static pack layout:
+once per GDN chunk count) and replays them with one launch.
+
+What a run under CUDA graphs must do, and where it is done:
+
+- before compiling (`before_compile`): FLA's tensor cache off (it would keep tensors of the graphs' memory pool alive
+  across replays), the GDN conv kept as FLA's op inside the graph (its launch cost is gone under a graph, and it
+  is faster than the traced form there), and inductor's warning limit for graphs recorded per dynamic size raised
+  to the run's bound (`choices.cuda_graph_keys`), which is expected and not a problem;
+- before every forward, training and eval alike (`step_begin`, `StepMarked`): a new step for cudagraph trees, so a
+  replay may reuse the previous step's outputs;
+- outputs read after the next replay are never the pool's own: the loss is computed outside the compiled region
+  and kept as a copy (`kept`); gradients accumulated over several micro-batches go into buffers allocated outside
+  the graphs (`stable_grads`): a gradient the backward's graph handed to `.grad` would be overwritten by the next
+  micro-batch's replay;
+- the number of graphs recorded is logged (`GraphLog`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from hybridtune.mixers.gdn import fla_adapter
+from hybridtune.mixers.gdn.ops import conv_in_graph
+
+logger = logging.getLogger(__name__)
+
+MODE = "reduce-overhead"  # torch.compile's mode with CUDA graphs (cudagraph trees)
+
+
+def before_compile(bound: int) -> str:
+    """Process-wide settings for CUDA graphs (see the module doc); returns the conv form it replaced, for
+    `restore`."""
+    import torch._inductor.config as inductor_config  # why here: inductor loads only for a compiled run
+
+    if fla_adapter.disable_tensor_cache():
+        logger.info("cuda graphs: FLA's tensor cache switched off")
+    limit = getattr(inductor_config.triton, "cudagraph_dynamic_shape_warn_limit", None)
+    if limit is not None and limit < bound:
+        inductor_config.triton.cudagraph_dynamic_shape_warn_limit = bound
+    previous = conv_in_graph()
+    conv_in_graph("op")
+    return previous
+
+
+def restore(conv: str) -> None:
+    """The conv form `before_compile` replaced."""
+    conv_in_graph(conv)
+
+
+def step_begin(on: bool) -> None:
+    """Mark a new step for cudagraph trees before a forward (training or eval) when CUDA graphs are on."""
+    if on:
+        torch.compiler.cudagraph_mark_step_begin()
+
+
+def kept(loss: torch.Tensor) -> torch.Tensor:
+    """A detached fp32 copy of a micro-batch's loss, owned outside any graph's pool."""
+    return loss.detach().float().clone()
+
+
+def stable_grads(params: list[torch.nn.Parameter]) -> None:
+    """Zero gradient buffers, allocated here (outside the graphs), for every trainable parameter without one: the
+    backward of each micro-batch then adds into them instead of handing `.grad` a tensor of the graphs' pool."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+
+
+class StepMarked:
+    """A model whose every call starts a new CUDA-graph step (for evaluation, whose loop is not the trainer's);
+    everything else is the model's."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, *args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        return self.model(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
+def recorded(device: torch.device) -> int | None:
+    """CUDA graphs recorded so far on `device` (every compiled graph, every size), or None where torch does not
+    say (no graph recorded yet, or its cudagraph trees changed shape)."""
+    try:
+        from torch._inductor import cudagraph_trees  # why here: inductor loads only for a compiled run
+
+        manager = cudagraph_trees.get_manager(device.index or 0, create_if_none_exists=False)
+        if manager is None:
+            return None
+        nodes = [n for roots in manager.roots.values() for n in roots]
+        count = 0
+        while nodes:
+            node = nodes.pop()
+            count += 1
+            nodes += [c for children in node.children.values() for c in children]
+        return count
+    except Exception:  # a private structure of torch's: report nothing rather than fail a run
+        return None
+
+
+class GraphLog:
+    """The log lines of the CUDA graphs recorded against the run's bound (`keys` distinct chunk counts): at a logged
+    step when the number changed since the last line, and at the end of the run."""
+
+    def __init__(self, device: torch.device, keys: int):
+        self.device, self.keys, self.said = device, keys, -1
+
+    def changed(self) -> str | None:
+        n = recorded(self.device)
+        if n == self.said:
+            return None
+        self.said = n
+        return self.line(n)
+
+    def line(self, n: int | None) -> str:
+        got = "an unknown number of" if n is None else str(n)
+        return (
+            f"cuda graphs: {got} recorded (at most {self.keys} per compiled graph, one per distinct GDN chunk count: "
+            "forward, backward and eval each)"
+        )
+
+    def final(self) -> str:
+        return self.line(recorded(self.device))

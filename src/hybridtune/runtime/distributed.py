@@ -1,0 +1,484 @@
+"""Multi-process training through PyTorch's own engine: torchrun starts the ranks, DDP or FSDP2 wraps the model.
+
+Nothing here moves tensors between ranks by itself: `torch.distributed` (process group, DDP,
+`fully_shard`, `torch.distributed.checkpoint`) does all of it. This module only decides how to use it:
+
+- one process (no torchrun environment): no process group is created and nothing is wrapped beyond
+  `LossModule`, so a single-process run computes what it always did;
+- `distributed: ddp` (the default for LoRA): every rank holds the whole model, gradients are averaged
+  by DDP once per optimizer step (`no_sync` for the earlier micro-batches of the window);
+- `distributed: fsdp` (the default for a full fine-tune): `fully_shard` on the units `fsdp_units` names
+  (`Dist.units`), then on the root (`LossModule`, so the embeddings, final norm and `lm_head` are
+  gathered by the root's hook even where the fused loss reads `lm_head.weight` directly):
+  - `layer`: every decoder layer is a unit, gathered for its forward and backward and its gradients
+    reduce-scattered every micro-batch: the least memory;
+  - `group:K`: K consecutive decoder layers are one unit (`fully_shard` of the list: one all-gather and one
+    reduce-scatter per group), otherwise as `layer`; fewer, larger collectives and FSDP2 hooks (`group:1` is `layer`);
+    layer and group units prefetch: each unit's all-gather is issued as the unit before it starts (see `wrap`);
+  - `model`: the root alone, which the compiled `loop` needs (see `wrap`). The whole model is gathered
+    anyway, so the window's micro-batches keep it gathered and accumulate the whole gradient, and the
+    gradients are reduce-scattered once per optimizer step, like DDP's all-reduce (`accumulation`; the
+    price is the unsharded fp32 gradient kept over the window).
+  A model built on the meta device (`load_model(meta=True)`) is sharded first and filled after (`load_sharded`):
+  each rank reads or draws its own shards only, so no rank holds the whole model, in host or GPU memory.
+
+Mixed precision under FSDP2 when bf16 computes (`MixedPrecisionPolicy(param_dtype=bfloat16,
+reduce_dtype=float32)`): the sharded parameters, which are the optimizer's master weights, stay fp32 (runtime/model.py
+holds a full fine-tune's text model in fp32; a LoRA base is bf16 already); each unit all-gathers them cast to bf16
+for its forward and backward; the gradients, computed in bf16, are reduce-scattered in fp32 and land on the fp32
+shards as fp32 `.grad`; AdamW's moments are fp32. Without bf16 everything is in the parameters' own dtype.
+
+Both engines average gradients over ranks; each rank's loss is multiplied by the world size before
+backward, so the averaged gradient is the gradient of the global loss (sum over all trained tokens of
+the window / their count). With a power-of-two world size the scaling is exact in floating point.
+
+The rank's share of a window: micro-batches `rank, rank + N, rank + 2N, ...` of the
+`gradient_accumulation_steps` micro-batches, so the global batch and the schedule do not depend on N.
+Eval is split the same way, pack by pack (`eval_share`), and its sums are all-reduced; the memory a
+logged step reports is the peak over ranks (`all_max`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import logging
+import os
+import resource
+import signal
+import sys
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from hybridtune.errors import ConfigError, UserError
+from hybridtune.models.anatomy import decoder_layers
+from hybridtune.models.loading import materialize
+from hybridtune.runtime.memory import fsdp_param_bytes
+from hybridtune.runtime.step import forward_loss, model_inputs
+
+logger = logging.getLogger(__name__)
+
+# NVLink SHARP (NVLS) multicast hangs or fails on machines whose fabric manager does not grant it; the
+# plain NVLink ring / tree paths lose little for data parallelism. Set unless the user set them.
+GPU_ENV_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+TIMEOUT_ENV = "HYBRIDTUNE_DIST_TIMEOUT_S"
+# A collective that waits longer than this ends the run (a stuck rank, not a slow step). The first
+# collectives wait for every rank's model load, so this also bounds how unequal those may be.
+DEFAULT_TIMEOUT_S = 600
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Where this process stands: rank, world size, local rank (GPU index on its host)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    engine: str = "none"  # "none" (one process), "ddp" or "fsdp"
+    units: str = "layer"  # FSDP2's units: "layer" (each decoder layer), "group:K" (K layers) or "model" (all as one)
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+ONE = Dist()  # a single process
+
+
+def from_env() -> Dist:
+    """The ranks torchrun announced in the environment (RANK, WORLD_SIZE, LOCAL_RANK); one process without them."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return ONE
+    return Dist(rank=int(os.environ["RANK"]), world=world, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def timeout() -> datetime.timedelta:
+    raw = os.environ.get(TIMEOUT_ENV, str(DEFAULT_TIMEOUT_S))
+    try:
+        return datetime.timedelta(seconds=float(raw))
+    except ValueError:
+        raise ConfigError(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+
+
+def choose_engine(setting: str, adapter: str) -> str:
+    """`distributed: auto` is DDP for LoRA (small gradients, whole model fits) and FSDP2 for a full fine-tune."""
+    if setting != "auto":
+        return setting
+    return "ddp" if adapter == "lora" else "fsdp"
+
+
+def init(setting: str, adapter: str, device_kind: str) -> Dist:
+    """Join the process group torchrun set up (nccl on CUDA, gloo on CPU); a no-op in one process.
+
+    Must run before anything touches the GPU: on CUDA it selects device `cuda:LOCAL_RANK`.
+    """
+    d = from_env()
+    if not d.enabled:
+        return d
+    d = Dist(d.rank, d.world, d.local_rank, choose_engine(setting, adapter))
+    _end_with_launcher()
+    if torch.distributed.is_initialized():
+        return d
+    cuda = device_kind == "cuda" or (device_kind == "auto" and torch.cuda.is_available())
+    kw: dict = {"timeout": timeout()}
+    if cuda:
+        for k, v in GPU_ENV_DEFAULTS.items():
+            os.environ.setdefault(k, v)  # read by NCCL when the communicator is created, below
+        if d.local_rank >= torch.cuda.device_count():
+            raise ConfigError(
+                f"rank {d.rank} has LOCAL_RANK {d.local_rank} but only {torch.cuda.device_count()} GPU(s) are "
+                "visible; use --nproc-per-node <= the GPU count"
+            )
+        torch.cuda.set_device(d.local_rank)
+        kw.update(backend="nccl", device_id=torch.device("cuda", d.local_rank))
+    else:
+        kw.update(backend="gloo")
+    torch.distributed.init_process_group(**kw)
+    if not d.is_main:
+        # One voice: rank 0 logs (its warnings are the same on every rank); the others speak only to fail.
+        logging.getLogger("hybridtune").setLevel(logging.ERROR)
+    machines = d.world // int(os.environ.get("LOCAL_WORLD_SIZE", d.world))
+    logger.info(
+        "distributed: %d processes%s (%s, %s), engine %s",
+        d.world,
+        f" on {machines} machines" if machines > 1 else "",
+        kw["backend"],
+        "cuda" if cuda else "cpu",
+        d.engine,
+    )
+    return d
+
+
+def _end_with_launcher() -> None:
+    """A rank is stopped (SIGTERM: it saves and exits, see runtime/signals.py) when the torchrun launcher that started
+    it dies, even by SIGKILL; otherwise the ranks live on as orphans that keep writing into the output directory.
+    Linux only (prctl PR_SET_PDEATHSIG); elsewhere the ranks rely on torchrun's own stop."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl")
+    except (OSError, AttributeError) as e:
+        logger.warning("ranks will not stop with their launcher on this system (prctl: %s)", e)
+        return
+    if os.getppid() != parent:  # the launcher died before the line above: nothing would send the signal now
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def shutdown(d: Dist) -> None:
+    if d.enabled and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def check_window(d: Dist, gradient_accumulation_steps: int) -> None:
+    if gradient_accumulation_steps % d.world:
+        raise ConfigError(
+            f"config key 'gradient_accumulation_steps' = {gradient_accumulation_steps} is not a multiple of the "
+            f"{d.world} processes: the micro-batches of an optimizer step are split evenly over the ranks, so the "
+            f"global batch stays what the config says; use a multiple of {d.world} (e.g. "
+            f"{gradient_accumulation_steps + (-gradient_accumulation_steps) % d.world})"
+        )
+
+
+def my_share(d: Dist, items: list) -> list:
+    """This rank's micro-batches of a window: items rank, rank + N, ..."""
+    return items[d.rank :: d.world]
+
+
+def eval_share(n: int, d: Dist) -> list[tuple[int, bool]]:
+    """This rank's packs of an `n`-pack evaluation, as `(index, counted)`: indices rank, rank + N, ...
+
+    The shares are disjoint and cover every pack once. Under FSDP2 the forward is a collective (each
+    layer's parameters are all-gathered), so every rank must run the same number of forwards, ceil(n / N):
+    a rank short of one runs a pack again (its first, or pack 0) with `counted` False, i.e. weight 0.
+    DDP evaluates the unwrapped module (no collective in its forward), so short ranks just stop.
+
+    >>> eval_share(3, Dist(rank=1, world=2, engine="fsdp"))
+    [(1, True), (1, False)]
+    """
+    mine = [(i, True) for i in range(d.rank, n, d.world)]
+    if d.engine == "fsdp" and n:
+        mine += [(mine[0][0] if mine else 0, False)] * (-(-n // d.world) - len(mine))
+    return mine
+
+
+class LossModule(torch.nn.Module):
+    """The unit DDP / FSDP2 wrap: its forward is the micro-batch loss (or the logits for eval).
+
+    `forward_loss` with the fused loss calls the decoder stack and reads `lm_head.weight` itself, bypassing
+    the model's own forward; wrapping this module instead makes every engine see the real computation.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: dict, num_items: int | None = None, fused: bool = False):
+        if num_items is None:  # eval: the logits [1, T, vocab]
+            return self.model(**model_inputs(batch, labels=False)).logits
+        return forward_loss(self.model, batch, num_items, fused)
+
+
+def load_sharded(loaded, engine: torch.nn.Module, d: Dist, device: torch.device) -> list[dict]:
+    """Fill a model built on the meta device (`loaded.reader` set) after `wrap` sharded it: each rank gives its shards
+    storage on `device` and reads (a checkpoint) or draws (a preset) only those. Logs, per rank, the bytes it holds
+    of the model, the largest block it staged on the host, its peak host RSS and peak GPU memory; returns those
+    records in rank order (every rank)."""
+    stats = materialize(loaded, engine, device)
+    rec = {
+        "rank": d.rank,
+        "local_bytes": stats.local_bytes,
+        "model_bytes": stats.model_bytes,
+        "staged_bytes": stats.staged_bytes,
+        "host_peak_bytes": peak_rss_bytes(),
+        "gpu_peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0,
+    }
+    records = gather_objects(rec, d)
+    mib, gib = 2.0**20, 2.0**30
+    for r in records:
+        logger.info(
+            "sharded load: rank %d holds %.1f MiB of the model's %.1f MiB (largest host block %.1f MiB); "
+            "peak host RSS %.2f GiB, peak GPU %.2f GiB",
+            r["rank"],
+            r["local_bytes"] / mib,
+            r["model_bytes"] / mib,
+            r["staged_bytes"] / mib,
+            r["host_peak_bytes"] / gib,
+            r["gpu_peak_bytes"] / gib,
+        )
+    return records
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def whole_model_bytes(model: torch.nn.Module, world: int, bf16: bool = True) -> int:
+    """Bytes per GPU that FSDP2 with the whole model as one unit holds besides activations: the shards of the
+    parameters, their gradients and AdamW's two moments (frozen parameters: the shard alone); the whole model
+    gathered (in bf16 under mixed precision, else in its own dtype); over an optimizer step's window the whole
+    fp32 gradient, and during a backward the gathered-dtype one. Tied parameters count once."""
+    each = [fsdp_param_bytes(p, bf16) for p in model.parameters()]
+    return sum(e[0] for e in each) // world + sum(e[1] + e[2] for e in each)
+
+
+def whole_model_share(model: torch.nn.Module, d: Dist, device: torch.device, bf16: bool) -> float | None:
+    """`whole_model_bytes` over the GPU's memory, the max over ranks (every rank must choose the same units: the
+    tightest GPU decides); None off FSDP2 or off the GPU. A collective under FSDP2 on a GPU."""
+    if d.engine != "fsdp" or device.type != "cuda":
+        return None
+    need = whole_model_bytes(model, d.world, bf16)
+    return all_max(need / torch.cuda.get_device_properties(device).total_memory, d)
+
+
+def wrap(runner: LossModule, d: Dist, device: torch.device, bf16: bool, loaded=None) -> torch.nn.Module:
+    """`runner` as the engine of `d` sees it: itself in one process, DDP- or FSDP2-wrapped otherwise.
+
+    `loaded` (a `models.loading.LoadedModel`) built on the meta device (`loaded.reader` set): filled here, after
+    `fully_shard` under FSDP2 (each rank its own shards, `load_sharded`), whole before DDP or in one process.
+
+    FSDP2 with `d.units == "model"` shards the root alone: parameters, gradients and optimizer state stay
+    sharded between optimizer steps, and the whole model is gathered for the window's micro-batches. That
+    is what the compiled `loop` needs: FSDP2's per-module hooks are `torch._dynamo.disable`d, so a layer
+    sharded on its own would break the one graph of the decoder loop. With layer or group units, each unit
+    prefetches the next one's all-gather explicitly (the previous one's in backward).
+    """
+    pending = loaded is not None and loaded.reader is not None
+    if pending and d.engine != "fsdp":
+        materialize(loaded, loaded.model, device)
+    if not d.enabled:
+        return runner
+    if d.engine == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [device.index] if device.type == "cuda" else None
+        # DDPOptimizer would split a compiled graph at bucket boundaries to overlap all-reduce with backward;
+        # gradients here are synced once per window (no_sync on the others), so keep the loop one graph.
+        torch._dynamo.config.optimize_ddp = False
+        # Every trainable parameter takes part in every step; buffers (rotary tables) are the same on all ranks,
+        # so none is broadcast per forward. (Newer torch renames the flag; the old name keeps torch 2.9-2.11.)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated")
+            return DDP(runner, device_ids=ids, broadcast_buffers=False)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
+    kw = {"mp_policy": mp} if mp is not None else {}
+    layers = decoder_layers(runner.model) if d.units != "model" else []
+    groups = layer_groups(layers, d.units)
+    for group in groups:
+        fully_shard(group[0] if len(group) == 1 else group, **kw)
+    fully_shard(runner, **kw)
+    # Each unit's all-gather is issued when the unit before it (the root for the first) starts its forward, so it
+    # runs while that one computes; in backward the other way round. A group's modules share one FSDP2 state.
+    heads = [group[0] for group in groups]
+    for before, head in zip([runner, *heads], heads):
+        before.set_modules_to_forward_prefetch([head])
+    for head, after in zip(heads, [*heads[1:], runner]):
+        after.set_modules_to_backward_prefetch([head])
+    if not groups:
+        unit = "the whole model as one unit, gathered once and gradients reduce-scattered once per optimizer step"
+    elif len(groups) == len(layers):
+        unit = f"{len(layers)} decoder layers + the rest, gradients reduce-scattered every micro-batch"
+    else:
+        sizes = "/".join(str(len(g)) for g in groups)
+        unit = (
+            f"{len(groups)} groups of decoder layers ({sizes}) + the rest, gradients reduce-scattered every micro-batch"
+        )
+    logger.info("FSDP2: %s, over %d ranks%s", unit, d.world, " (bf16 params, fp32 reduce)" if mp else "")
+    if pending:
+        load_sharded(loaded, runner, d, device)
+    return runner
+
+
+def layer_groups(layers: list, units: str) -> list[list]:
+    """The decoder layers as FSDP2 units: one each for `layer`, K consecutive ones for `group:K` (the last group
+    shorter when K does not divide the layer count), none for `model`.
+
+    >>> layer_groups(list("abcde"), "group:2"), layer_groups(list("ab"), "layer"), layer_groups(list("ab"), "model")
+    ([['a', 'b'], ['c', 'd'], ['e']], [['a'], ['b']], [])
+    """
+    if units == "model":
+        return []
+    size = 1
+    if units != "layer":
+        kind, _, raw = units.partition(":")
+        if kind != "group" or not raw.isdigit() or int(raw) < 1:
+            raise ConfigError(f"FSDP2 units {units!r}: use layer, model or group:K with K a positive number of layers")
+        size = int(raw)
+    return [layers[i : i + size] for i in range(0, len(layers), size)]
+
+
+@contextlib.contextmanager
+def accumulation(engine: torch.nn.Module, d: Dist, last: bool):
+    """Context for one micro-batch's forward + backward: gradients are reduced on the window's last one only,
+    except under FSDP2 per layer.
+
+    - DDP: `no_sync` on the earlier micro-batches.
+    - FSDP2, `model` units: the earlier micro-batches keep the model gathered (no all-gather per micro-batch)
+      and accumulate the unsharded gradient; the last one reduce-scatters it and reshards. The communication
+      is then that of one micro-batch per step. The cost is memory: from the first micro-batch's backward to
+      the last one's, the whole unsharded gradient is kept (fp32 under bf16 mixed precision: 4 bytes per
+      parameter) through the next forwards, where activations peak.
+    - FSDP2, `layer` (or `group:K`) units: every micro-batch reduce-scatters, so no layer's unsharded gradient
+      outlives its backward (the memory `layer` is chosen for).
+
+    An exception inside a window's earlier micro-batch puts FSDP2 back to reducing and resharding, so nothing
+    after it (an eval, a save) runs with the model left gathered.
+    """
+    if d.engine == "ddp" and not last:
+        with engine.no_sync():
+            yield
+        return
+    windowed = d.engine == "fsdp" and d.units == "model"
+    if windowed:
+        _reduce_now(engine, last)
+    try:
+        yield
+    except BaseException:
+        if windowed and not last:
+            _reduce_now(engine, True)
+        raise
+
+
+def _reduce_now(engine, on: bool) -> None:
+    """Whether the whole-model FSDP2 unit's next backward reduce-scatters its gradient and reshards (off: keeps
+    both gathered for the window's next micro-batch)."""
+    engine.set_requires_gradient_sync(on, recurse=False)
+    engine.set_reshard_after_backward(on, recurse=False)
+
+
+def all_sum(values: list[float], d: Dist) -> list[float]:
+    """Sum of `values` over ranks (float64), element-wise; the values themselves in one process."""
+    if not d.enabled:
+        return values
+    return all_sum_(torch.tensor(values, dtype=torch.float64, device=_comm_device()), d).tolist()
+
+
+def all_sum_(t: torch.Tensor, d: Dist) -> torch.Tensor:
+    """`t` (on the training device, which is the collective's: CUDA under nccl, CPU under gloo) summed over
+    ranks in place, without a host wait; `t` itself in one process."""
+    if d.enabled:
+        torch.distributed.all_reduce(t)
+    return t
+
+
+def all_max(value: float, d: Dist) -> float:
+    """The largest `value` over ranks (one all-reduce of a scalar); `value` itself in one process."""
+    if not d.enabled:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=_comm_device())
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _comm_device() -> torch.device:
+    backend = torch.distributed.get_backend()
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
+def total_grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """L2 norm of all gradients, over every rank's shard (FSDP2 gradients are DTensors)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads)
+    full = getattr(norm, "full_tensor", None)
+    return full() if callable(full) else norm
+
+
+def broadcast_object(obj, d: Dist):
+    """Rank 0's `obj` on every rank."""
+    if not d.enabled:
+        return obj
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather_objects(obj, d: Dist) -> list:
+    """Every rank's `obj`, in rank order, on every rank; `[obj]` in one process."""
+    if not d.enabled:
+        return [obj]
+    box = [None] * d.world
+    torch.distributed.all_gather_object(box, obj)
+    return box
+
+
+def barrier(d: Dist) -> None:
+    if d.enabled:
+        torch.distributed.barrier()
+
+
+def main_only(d: Dist, fn):
+    """`fn()` on rank 0; its result, or its exception, on every rank.
+
+    Without this, rank 0 would exit with (say) an output_dir error while the others wait at the next
+    collective; now every rank raises the same error and the run ends with one message.
+    """
+    if not d.enabled:
+        return fn()
+    result, error, sent = None, None, None
+    if d.is_main:
+        try:
+            result = fn()
+        except Exception as e:  # re-raised below, on every rank
+            error = e
+            sent = e if isinstance(e, UserError) else RuntimeError(f"rank 0: {type(e).__name__}: {e}")
+    result, sent = broadcast_object((result, sent), d)
+    if error is not None:
+        raise error
+    if sent is not None:
+        raise sent
+    return result

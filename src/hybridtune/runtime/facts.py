@@ -1,0 +1,84 @@
+"""What the run's choices read and what they are: `Facts` (measured by `choices.measure` before `choices.resolve`),
+`Choice` (a value with its reason) and `Choices` (every choice of a run, logged a line each in `ORDER`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridtune.data.collator import StaticLayout
+from hybridtune.runtime.memory import ActivationShapes, ShardedModel
+
+
+@dataclass(frozen=True)
+class Choice:
+    value: Any
+    reason: str
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the choices depend on, measured by the trainer before it resolves them."""
+
+    device: str  # "cpu" | "cuda"
+    bf16_supported: bool = False  # the GPU computes in bf16
+    engine: str = "none"  # "none" (one process) | "ddp" | "fsdp"
+    world: int = 1
+    n_params: int = 0
+    router_loss: bool = False  # the model's loss adds an MoE router term (`output_router_logits`)
+    fused_loss_blocker: str | None = None  # why the fused loss cannot stand in for the model's, or None
+    # The whole-model FSDP2 unit's estimated bytes per GPU over the smallest GPU's memory (max over ranks); None
+    # where it was not measured (no FSDP2, units not auto, or no GPU).
+    whole_model_share: float | None = None
+    packs: tuple[tuple[int, ...], ...] = ()  # document lengths of every train and eval pack the run collates
+    # The GPU's free bytes once the model is loaded (min over ranks), measured under `gradient_checkpointing: auto`,
+    # under `gradient_checkpointing: true` with `recompute_cores: auto` in one process, and under FSDP2 with
+    # `fsdp_units: auto`.
+    gpu_free_bytes: int | None = None
+    state_bytes: int = 0  # what the run allocates beside the resident model: gradients, AdamW state, DDP's buckets
+    shapes: ActivationShapes | None = None  # the model's widths, for the activation estimate
+    sharded: ShardedModel | None = None  # under FSDP2: the model's bytes per GPU with its layers as units
+
+
+@dataclass(frozen=True)
+class Choices:
+    bf16: Choice
+    threads: Choice  # int, or None to keep torch's default
+    compile: Choice  # "off" | "loop" | "modules"
+    fsdp_units: Choice  # "model" | "layer" | "group:K", or None without FSDP2
+    pack_layout: Choice  # a StaticLayout, or None for the dynamic layout
+    fused_loss: Choice  # bool
+    checkpointing: Choice  # bool (auto: from the memory estimate; off is retried with it on after an OOM)
+    compile_regions: Choice  # bool: compile_loop(regional=...)
+    recompute_cores: Choice = Choice(True, "no checkpointing")  # bool: compile_loop(save_cores=not ...)
+    cuda_graphs: Choice = Choice(False, "cuda_graphs: off")  # bool
+    warnings: tuple[str, ...] = field(default=())
+
+    def lines(self) -> list[str]:
+        """One log line per choice: `name: value (reason)`."""
+        out = []
+        for name in ORDER:
+            c: Choice = getattr(self, name)
+            out.append(f"{name}: {_show(c.value, NONE.get(name, '-'))} ({c.reason})")
+        return out
+
+
+ORDER = (
+    "bf16",
+    "threads",
+    "compile",
+    "compile_regions",
+    "fsdp_units",
+    "pack_layout",
+    "cuda_graphs",
+    "fused_loss",
+    "checkpointing",
+    "recompute_cores",
+)
+NONE = {"threads": "torch's default", "pack_layout": "dynamic"}  # what a None value means, per choice
+
+
+def _show(value, none: str) -> str:
+    if isinstance(value, StaticLayout):
+        return f"static {value.tokens} tokens / {value.docs} documents"
+    return none if value is None else str(value)

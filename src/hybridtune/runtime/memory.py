@@ -1,0 +1,255 @@
+"""How much GPU memory a training step needs, estimated from the model's config before the first step: what
+`gradient_checkpointing: auto` decides on.
+
+The estimate counts what the step adds to what is already resident once the model is loaded: gradients and AdamW
+state (`state_bytes`, measured from the model), the activations the backward keeps (per token and per layer, from
+the config's widths), the transients of one layer's backward, the loss head, and a fixed allowance for workspaces
+and the allocator. Activations are counted as the compiled loop keeps them: the input of every matmul (LoRA's A
+and a full fine-tune's weight gradient both read it), the mixers' internals their backward reads (the GDN conv's
+input and output, q/k/v, the delta rule's within-chunk matrix, the gated norm's inputs; attention's q/k/v, output
+and its gate), and the MLP's gate, up and product. With checkpointing each layer keeps only its input and one
+layer at a time recomputes the rest.
+
+Under FSDP2 with the decoder layers as units (`layer`, `group:K`), what the model itself holds per GPU is counted
+from the model (`ShardedModel`): the rank's shards, the root unit (embeddings, final norm, head) gathered for the
+whole step, and two gathered groups of K layers (the one computing and the one prefetched) plus one group's
+unsharded gradient before its reduce-scatter; `fsdp_group` picks the largest K whose step fits (what
+`fsdp_units: auto` decides on below the whole-model unit).
+
+The figures are an estimate, deliberately on the high side: a run whose estimate does not fit turns checkpointing
+on; the out-of-memory retry of the first step stays as the fallback for a run whose estimate was too low.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridtune.models.anatomy import decoder_layers
+
+# The delta rule's chunk length (FLA's kernels and `data.collator.GDN_CHUNK_SIZE`).
+GDN_CHUNK = 64
+# Workspaces (cuBLAS, FLA's kernels), the fused loss's logits chunk (ops/loss.py: about 1 GiB in fp32) and the
+# allocator's slack: a fixed allowance on top of the per-token bytes.
+FIXED_OVERHEAD = 2**30
+# The share of the GPU's available memory an estimate may fill and still count as fitting.
+FIT_SHARE = 0.9
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class ActivationShapes:
+    """The widths of a decoder stack that decide its activations per token (elements, not bytes)."""
+
+    hidden: int
+    layer_types: tuple[str, ...]  # "linear_attention" (GDN) or an attention kind, per layer
+    mlp: int  # the MLP's width per token: dense intermediate, or an MoE's top-k experts plus its shared expert
+    attn_q: int  # attention heads x head dim
+    attn_kv: int  # key/value heads x head dim
+    attn_heads: int
+    gdn_qk: int  # linear-attention key heads x key dim
+    gdn_v: int  # linear-attention value heads x value dim
+    gdn_heads: int  # linear-attention value heads
+    gdn_state: int  # elements of one chunk's recurrent state: value heads x key dim x value dim
+    vocab: int
+
+    @classmethod
+    def of(cls, config) -> ActivationShapes:
+        """From a transformers text config (Qwen3.5, Qwen3-Next and their MoE forms; an attention-only config
+        has no linear-attention layers)."""
+        g = lambda name, default=0: getattr(config, name, None) or default  # noqa: E731
+        hidden, n = g("hidden_size"), g("num_hidden_layers")
+        heads = g("num_attention_heads", 1)
+        head_dim = g("head_dim", hidden // max(heads, 1))
+        experts = g("num_experts_per_tok")
+        mlp = g("intermediate_size")
+        if experts and g("moe_intermediate_size"):
+            mlp = experts * g("moe_intermediate_size") + g("shared_expert_intermediate_size")
+        kh, vh = g("linear_num_key_heads"), g("linear_num_value_heads")
+        kd, vd = g("linear_key_head_dim"), g("linear_value_head_dim")
+        return cls(
+            hidden=hidden,
+            layer_types=tuple(g("layer_types", ["full_attention"] * n)),
+            mlp=mlp,
+            attn_q=heads * head_dim,
+            attn_kv=g("num_key_value_heads", heads) * head_dim,
+            attn_heads=heads,
+            gdn_qk=kh * kd,
+            gdn_v=vh * vd,
+            gdn_heads=vh,
+            gdn_state=vh * kd * vd,
+            vocab=g("vocab_size"),
+        )
+
+    def layer_elements(self, kind: str) -> int:
+        """Elements per token one layer keeps for its backward without checkpointing (see the module doc)."""
+        common = 4 * self.hidden + 3 * self.mlp  # its input, both norms' outputs, the residual; MLP gate/up/product
+        if kind == "linear_attention":
+            conv = 2 * self.gdn_qk + self.gdn_v
+            # conv input and output, normalised q and k, the within-chunk matrix, output, gate z, gated norm output
+            mixer = 2 * conv + 2 * self.gdn_qk + GDN_CHUNK * self.gdn_heads + 3 * self.gdn_v
+        else:
+            # q with its output gate, k, v; rotated q and k; the attention output and the gated one; fp32 lse
+            mixer = 5 * self.attn_q + 3 * self.attn_kv + 2 * self.attn_heads
+        return common + mixer
+
+    def core_elements(self, kind: str) -> int:
+        """Elements per token a checkpointed layer keeps when its mixer's core is not recomputed
+        (compiler/recompute.py): the delta rule's output, solved WY matrix and fp32 cumulative gate; attention's
+        output and fp32 log-sum-exp (fp32 counted as two 16-bit elements)."""
+        if kind == "linear_attention":
+            return self.gdn_v + GDN_CHUNK * self.gdn_heads + 2 * self.gdn_heads
+        return self.attn_q + 2 * self.attn_heads
+
+    def backward_fp32_elements(self, kind: str) -> int:
+        """fp32 elements per token a linear-attention layer's backward adds: the chunk states and their gradients."""
+        return 2 * self.gdn_state // GDN_CHUNK if kind == "linear_attention" else 0
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes a step adds to what is resident, with and without checkpointing."""
+
+    without: int
+    with_checkpointing: int
+    keeping_cores: int  # with checkpointing whose layers keep their mixers' cores (compiler/recompute.py)
+
+
+def step_bytes(shapes: ActivationShapes, tokens: int, *, bf16: bool, fused_loss: bool, state_bytes: int) -> Estimate:
+    """The estimate for micro-batches of `tokens` tokens (see the module doc); `state_bytes`: gradients and AdamW
+    state the run allocates beside the resident model."""
+    b = 2 if bf16 else 4
+    kinds = shapes.layer_types
+    saved = [shapes.layer_elements(k) * b for k in kinds]
+    # One layer's backward at a time: gradients as large as what it kept, plus the delta rule's fp32 states.
+    transient = max(s + shapes.backward_fp32_elements(k) * 4 for s, k in zip(saved, kinds)) if kinds else 0
+    # The final norm's output and its gradient; without the fused loss, the [tokens, vocab] logits, their fp32
+    # upcast and its gradient.
+    head = 2 * shapes.hidden * 4 + (0 if fused_loss else shapes.vocab * (b + 4 + 4))
+    fixed = state_bytes + FIXED_OVERHEAD
+    without = fixed + tokens * (sum(saved) + transient + head)
+    # Checkpointed: every layer's input, and one layer recomputed (what it keeps, then its backward's transients).
+    ckpt = fixed + tokens * (len(kinds) * shapes.hidden * b + max(saved, default=0) + transient + head)
+    cores = tokens * sum(shapes.core_elements(k) for k in kinds) * b
+    return Estimate(without=without, with_checkpointing=ckpt, keeping_cores=ckpt + cores)
+
+
+@dataclass(frozen=True)
+class Decision:
+    on: bool
+    reason: str
+    warning: str | None = None
+
+
+def decide_checkpointing(est: Estimate, available: int, tokens: int) -> Decision:
+    """On when the step without checkpointing would fill more than FIT_SHARE of `available` (bytes the GPU has
+    for the step: free memory after the model loaded), off otherwise; the reason gives the figures."""
+    room = FIT_SHARE * available
+    figures = (
+        f"{tokens}-token micro-batches need about {est.without / GIB:.1f} GiB without checkpointing, "
+        f"{est.with_checkpointing / GIB:.1f} GiB with it; {available / GIB:.1f} GiB free"
+    )
+    if est.without <= room:
+        return Decision(False, f"auto: off: {figures}")
+    if est.with_checkpointing <= room:
+        return Decision(True, f"auto: on: {figures}")
+    return Decision(
+        True,
+        f"auto: on: {figures}",
+        f"gradient_checkpointing: even with checkpointing the estimate ({est.with_checkpointing / GIB:.1f} GiB) "
+        f"exceeds {FIT_SHARE:.0%} of the {available / GIB:.1f} GiB free; the step may run out of memory (a shorter "
+        "sequence_len, or LoRA, needs less)",
+    )
+
+
+def fsdp_param_bytes(p, bf16: bool) -> tuple[int, int, int]:
+    """One parameter under FSDP2 (mixed precision as in runtime/distributed.py): (its bytes over all shards: the
+    parameter, and for a trainable one its gradient and AdamW's two moments; gathered, in the compute dtype; its
+    unsharded gradient, counted in the compute dtype and as the reduce-scatter's input, fp32 under bf16)."""
+    n, size = p.numel(), p.element_size()
+    compute = 2 if bf16 else size
+    grad = n * (compute + (4 if bf16 else size)) if p.requires_grad else 0
+    return n * size * (4 if p.requires_grad else 1), n * compute, grad
+
+
+@dataclass(frozen=True)
+class ShardedModel:
+    """A model's bytes per GPU under FSDP2 with its decoder layers as units (mixed precision as in
+    runtime/distributed.py: gathered in the compute dtype, gradients reduce-scattered in fp32 under bf16)."""
+
+    shards: int  # the rank's shards: parameters, and for trainable ones their gradients and AdamW's two moments
+    root: int  # the parameters outside the decoder layers, gathered for the whole step, with unsharded gradients
+    layers: tuple[tuple[int, int], ...]  # per decoder layer: its gathered parameters, its unsharded gradient
+    resident: int  # the model's bytes already allocated (none for a model built on the meta device)
+
+    @classmethod
+    def of(cls, model, world: int, bf16: bool) -> ShardedModel:
+        """Counted from `model`'s parameters (tied ones once); a gradient is counted twice, in the compute dtype
+        and as the reduce-scatter's input (fp32 under bf16)."""
+
+        def gathered(params) -> tuple[int, int]:
+            each = [fsdp_param_bytes(p, bf16) for p in params]
+            return sum(e[1] for e in each), sum(e[2] for e in each)
+
+        params = list(model.parameters())
+        layers = [list(layer.parameters()) for layer in decoder_layers(model)]
+        in_layers = {id(p) for ps in layers for p in ps}
+        return cls(
+            shards=sum(fsdp_param_bytes(p, bf16)[0] for p in params) // world,
+            root=sum(gathered([p for p in params if id(p) not in in_layers])),
+            layers=tuple(gathered(ps) for ps in layers),
+            resident=resident_bytes(params),
+        )
+
+    def state_bytes(self, k: int) -> int:
+        """What units of `k` consecutive layers (the last group shorter, as `distributed.layer_groups` splits
+        them) allocate beside the resident model: the shards, the root unit, two of the largest group gathered
+        and its gradient."""
+        groups = [self.layers[i : i + k] for i in range(0, len(self.layers), k)]
+        full = max((sum(f for f, _ in g) for g in groups), default=0)
+        grad = max((sum(g_ for _, g_ in g) for g in groups), default=0)
+        return max(0, self.shards + self.root + 2 * full + grad - self.resident)
+
+
+def resident_bytes(params) -> int:
+    """The bytes of `params` already allocated where the model runs: all of them for a model loaded whole, none for
+    one built on the meta device, whose only parameters with values then (a LoRA adapter, drawn on the host over
+    the meta base) are written anew as shards on the GPU by the fill after `fully_shard`."""
+    params = list(params)
+    if any(p.is_meta for p in params):
+        return 0
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+@dataclass(frozen=True)
+class GroupFit:
+    k: int  # layers per unit: the largest that fits, 1 when none does
+    need: int  # the step's estimated bytes with units of k layers
+    over: int | None = None  # with k == 1: the estimate of 2 layers per unit, which did not fit (None: no 2nd layer)
+
+
+def fsdp_group(
+    sharded: ShardedModel,
+    shapes: ActivationShapes,
+    tokens: int,
+    *,
+    bf16: bool,
+    fused_loss: bool,
+    checkpointing: bool,
+    available: int,
+) -> GroupFit:
+    """The most layers per FSDP2 unit (1 <= K < the layer count) whose step (`step_bytes` with `checkpointing`,
+    at micro-batches of `tokens` tokens, beside `ShardedModel.state_bytes(K)`) fills at most FIT_SHARE of
+    `available`; K is then evened out to the fewest layers that make as few units (32 layers at most 20 per unit:
+    2 units of 16, the same collectives for less memory)."""
+
+    def need(k: int) -> int:
+        est = step_bytes(shapes, tokens, bf16=bf16, fused_loss=fused_loss, state_bytes=sharded.state_bytes(k))
+        return est.with_checkpointing if checkpointing else est.without
+
+    n, room = len(sharded.layers), FIT_SHARE * available
+    most = next((k for k in range(n - 1, 1, -1) if need(k) <= room), None)
+    if most is None:
+        return GroupFit(1, need(1), need(2) if n > 2 else None)
+    even = -(-n // -(-n // most))  # the fewest layers per unit that still make ceil(n / most) units
+    k = even if need(even) <= room else most  # (a window of layers may straddle heavier ones: keep what fitted)
+    return GroupFit(k, need(k))

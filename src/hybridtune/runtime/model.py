@@ -1,0 +1,65 @@
+"""The model of a run: its checkpoint or preset loaded (models/loading.py), the mixers patched, activation
+checkpointing, LoRA, on the device, in the dtypes training holds it in.
+
+A full fine-tune holds fp32 master weights whatever dtype the checkpoint was saved in (bf16 autocast computes;
+parameters, gradients and AdamW moments are fp32). Under LoRA the frozen base is held in bf16 when bf16 computes
+(half the memory, no per-step casts), fp32 otherwise, and peft keeps the adapters in fp32. Parameters outside the
+text model (a vision tower) are frozen and stay as saved.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from hybridtune.config import TrainConfig
+from hybridtune.models.anatomy import unwrap
+from hybridtune.models.loading import LoadedModel, load_model
+from hybridtune.models.patching import patch_model
+from hybridtune.runtime.distributed import ONE, Dist
+from hybridtune.runtime.lora import hold_adapter, lora_from_config
+
+logger = logging.getLogger(__name__)
+
+
+def enable_checkpointing(model) -> None:
+    """Non-reentrant activation checkpointing on every decoder layer (peft-wrapped or not); non-reentrant
+    needs no `enable_input_require_grads` hook for frozen embeddings, and traces under the compiled loop."""
+    unwrap(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def master_dtype(adapter: str, bf16: bool) -> torch.dtype:
+    """The dtype the trained model's text part is held in (see the module doc)."""
+    return torch.bfloat16 if bf16 and adapter == "lora" else torch.float32
+
+
+@dataclass
+class RunModel:
+    loaded: LoadedModel
+    model: torch.nn.Module  # peft-wrapped under LoRA
+    patch_report: object
+
+
+def build_model(cfg: TrainConfig, source, tokenizer, device: torch.device, bf16: bool, dist: Dist = ONE) -> RunModel:
+    """Load, patch the mixers, checkpointing (when set to true), LoRA, on `device`, in training mode.
+
+    Under FSDP2 (`dist`) the model is built on the meta device and stays there: `distributed.wrap` fills each rank's
+    shards after `fully_shard`, so no rank holds the whole model. Under LoRA the adapter alone has values before
+    that: peft draws it on the host as over a plain base (`lora.apply_lora`), and `lora.hold_adapter` keeps it for
+    the fill."""
+    meta = dist.engine == "fsdp"
+    loaded = load_model(source, tokenizer, seed=cfg.seed, dtype=master_dtype(cfg.adapter, bf16), meta=meta)
+    model = loaded.model
+    report = patch_model(model)
+    logger.info("%s", report)
+    if cfg.gradient_checkpointing is True:
+        enable_checkpointing(model)
+    if cfg.adapter == "lora":
+        model = lora_from_config(model, cfg)
+        hold_adapter(loaded)
+    if loaded.reader is None:  # (a checkpoint the meta path cannot name loads whole: models.loading says so)
+        model.to(device)
+    model.train()
+    return RunModel(loaded, model, report)
