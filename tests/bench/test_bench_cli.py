@@ -49,7 +49,7 @@ def test_mode_specs():
     assert parse_mode("ht-loop:cg=on,regions=on").regional and not parse_mode("ht-loop").regional
     with pytest.raises(ConfigError, match="regions= chooses"):
         parse_mode("ht-modules:regions=on")
-    assert parse_mode("ht-loop:cg=on,regions=on,sac=on").save_cores and not parse_mode("ht-loop").save_cores
+    assert parse_mode("ht-loop:cg=on,regions=on,sac=on").keep_cores and not parse_mode("ht-loop").keep_cores
     with pytest.raises(ConfigError, match="sac= chooses"):
         parse_mode("hf-eager:sac=on")
     with pytest.raises(ConfigError, match="Did you mean 'ht-loop'"):

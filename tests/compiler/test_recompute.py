@@ -1,4 +1,4 @@
-"""Checkpoints that keep the mixers' cores (`compile_loop(save_cores=True)`, compiler/recompute.py): the backward's
+"""Checkpoints that keep the mixers' cores (`compile_loop(keep_cores=True)`, compiler/recompute.py): the backward's
 recompute runs no GDN core, the loss and every gradient equal plain checkpointing's, eagerly (the regions' bodies
 outside a compile) and compiled (AOT autograd's backward graph holds no `gdn_chunk` then; plain checkpointing's
 does)."""
@@ -47,7 +47,7 @@ def test_policy_saves_the_cores_and_recomputes_the_rest():
 @pytest.mark.parametrize("lora", [True, False])
 def test_eager_checkpoint_keeps_the_cores(lora):
     """Outside a compile the layers' checkpoints (regions' bodies) run the GDN core once per layer with
-    `save_cores` (twice without: forward and recompute), with the same loss and gradients over fresh layouts."""
+    `keep_cores` (twice without: forward and recompute), with the same loss and gradients over fresh layouts."""
     model = _model("cpu", lora=lora, ckpt=True)
     batches = [_batch(lens, "cpu", 10 + i) for i, lens in enumerate(LAYOUTS[:2])]
     want, plain_calls = [], []
@@ -55,7 +55,7 @@ def test_eager_checkpoint_keeps_the_cores(lora):
         with _CountCores() as c:
             want.append(_step(model, b))
         plain_calls.append(c.calls)
-    regs = regions.install(text_model(model), regional=False, save_cores=True)
+    regs = regions.install(text_model(model), regional=False, keep_cores=True)
     try:
         for b, w in zip(batches, want):
             with _CountCores() as c:
@@ -97,7 +97,7 @@ def _core_nodes(gms) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("regional", [True, False])
 def test_compiled_backward_recomputes_no_core(regional):
-    """Under AOT autograd the backward graph of `save_cores` holds no GDN core (plain checkpointing's holds one per
+    """Under AOT autograd the backward graph of `keep_cores` holds no GDN core (plain checkpointing's holds one per
     recomputed layer body), and the loss and every gradient equal the eager step's over several layouts."""
     from hybridtune.compiler.loop import compile_loop
 
@@ -108,7 +108,7 @@ def test_compiled_backward_recomputes_no_core(regional):
         batches = [_batch(lens, "cpu", 20 + i) for i, lens in enumerate(LAYOUTS[:3])]
         want = [_step(model, b) for b in batches]
         graphs: dict = {}
-        handle = compile_loop(model, backend=_aot_recording(graphs), regional=regional, save_cores=save)
+        handle = compile_loop(model, backend=_aot_recording(graphs), regional=regional, keep_cores=save)
         for b, w in zip(batches, want):
             _close(_step(model, b), w, "cpu")
         handle.undo()
@@ -134,7 +134,7 @@ def test_inductor_loop_keeping_the_cores_equals_eager(regional):
     batches = [_batch(lens, "cuda", 30 + i) for i, lens in enumerate(LAYOUTS)]
     want = [_step(model, b) for b in batches]
     graphs: list = []
-    compile_loop(model, backend=_recording("inductor", graphs, regional=regional), regional=regional, save_cores=True)
+    compile_loop(model, backend=_recording("inductor", graphs, regional=regional), regional=regional, keep_cores=True)
     for b, w in zip(batches, want):
         _close(_step(model, b), w, "cuda")
     assert len(graphs) == 1

@@ -70,7 +70,7 @@ def _grads(model) -> dict:
 # inlined loop (`compile_regions: false`) for one; checkpoints keeping the mixers' cores (`recompute_cores: auto` under
 # checkpointing on a GPU: compiler/recompute.py) for one.
 @pytest.mark.parametrize(
-    "adapter,gc,regional,save_cores",
+    "adapter,gc,regional,keep_cores",
     [
         ("lora", True, True, False),
         ("lora", False, True, False),
@@ -79,7 +79,7 @@ def _grads(model) -> dict:
         pytest.param("lora", True, True, True, id="lora-gc-regional-sac"),
     ],
 )
-def test_cuda_graph_step_equals_eager_over_layouts(adapter, gc, regional, save_cores):
+def test_cuda_graph_step_equals_eager_over_layouts(adapter, gc, regional, keep_cores):
     from torch._dynamo.utils import counters
     from torch._inductor.cudagraph_trees import reset_cudagraph_trees
 
@@ -101,7 +101,7 @@ def test_cuda_graph_step_equals_eager_over_layouts(adapter, gc, regional, save_c
 
     conv = cudagraphs.before_compile(len(keys))
     try:
-        compile_loop(model, mode=cudagraphs.MODE, static_shapes=True, regional=regional, save_cores=save_cores)
+        compile_loop(model, mode=cudagraphs.MODE, static_shapes=True, regional=regional, keep_cores=keep_cores)
         counters.clear()
         for _ in range(3):  # the first call of a size warms up, the second records, the third replays
             for b, (loss_e, grads_e) in zip(batches, eager):

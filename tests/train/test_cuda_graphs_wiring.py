@@ -74,7 +74,7 @@ def test_cuda_graphs_wiring(tmp_path, small_data, monkeypatch, fake_compile, cac
     assert fake_compile[-1]["opts"] == {
         "static_shapes": True,
         "regional": True,
-        "save_cores": False,
+        "keep_cores": False,
     }  # regions auto; no checkpointing on the CPU
     assert fake_compile[-1]["conv"] == "traced"
 
@@ -91,7 +91,7 @@ def test_cuda_graphs_wiring(tmp_path, small_data, monkeypatch, fake_compile, cac
     assert t.cuda_graphs and fake_compile[-1]["opts"] == {
         "static_shapes": True,
         "regional": True,
-        "save_cores": False,
+        "keep_cores": False,
         "mode": "reduce-overhead",
     }
     assert fake_compile[-1]["conv"] == "op" and conv_in_graph() == "traced"  # op while it ran, put back after

@@ -27,7 +27,7 @@ class Mode:
     # the default is "op": its launch cost is gone there (measured faster than "traced": benchmarks/NOTES.md).
     conv: str = "traced"
     regional: bool = False  # the loop compiles each distinct decoder layer once (compiler/regions.py)
-    save_cores: bool = False  # checkpointed layers keep their mixers' cores, not recomputed (compiler/recompute.py)
+    keep_cores: bool = False  # checkpointed layers keep their mixers' cores, not recomputed (compiler/recompute.py)
     options: dict = field(default_factory=dict)
 
     @property
@@ -156,7 +156,7 @@ def parse_mode(spec: str) -> Mode:
     if "sac" in options:
         if mode.compile != "loop":
             raise ConfigError(f"bench mode '{spec}': sac= chooses what the compiled loop (ht-loop) recomputes")
-        changes["save_cores"] = options["sac"] == "on"
+        changes["keep_cores"] = options["sac"] == "on"
     if "cg" in options:
         if mode.compile == "off" and options["cg"] == "on":
             raise ConfigError(f"bench mode '{spec}': cg=on (CUDA graphs) needs a compiled mode")

@@ -148,7 +148,7 @@ def build_model(spec: dict, mode, device: torch.device, result: dict):
     elif mode.compile in ("loop", "modules"):
         opts = {}
         if mode.compile == "loop":
-            opts = {"static_shapes": mode.static, "regional": mode.regional, "save_cores": mode.save_cores}
+            opts = {"static_shapes": mode.static, "regional": mode.regional, "keep_cores": mode.keep_cores}
         compile_model(model, mode.compile, backend=backend, mode=cmode, **opts)
     return cfg, model
 
@@ -331,7 +331,7 @@ def _flops(spec, mode, cfg, batches, timed, result) -> None:
             lora_targets=result.get("lora_modules", spec["lora_targets"]),
             lora_parameters=result.get("lora_parameters", spec.get("lora_parameters", ())),
             gradient_checkpointing=mode.gc,
-            recompute_cores=not mode.save_cores,
+            recompute_cores=not mode.keep_cores,
         )
         for lens in steps
     ]

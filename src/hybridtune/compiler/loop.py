@@ -92,12 +92,12 @@ def class_body_forward(cls: type):
     return fn
 
 
-def _use_non_reentrant_checkpointing(model: torch.nn.Module, save_cores: bool = False) -> int:
+def _use_non_reentrant_checkpointing(model: torch.nn.Module, keep_cores: bool = False) -> int:
     """Re-point every gradient-checkpointing layer at non-reentrant checkpointing (keeping the mixers' cores with
-    `save_cores`: compiler/recompute.py); returns how many."""
+    `keep_cores`: compiler/recompute.py); returns how many."""
     from torch.utils.checkpoint import checkpoint
 
-    wanted = recompute.checkpoint_kwargs(save_cores)
+    wanted = recompute.checkpoint_kwargs(keep_cores)
     n = 0
     for m in model.modules():
         if getattr(m, "gradient_checkpointing", False) and hasattr(m, "_gradient_checkpointing_func"):
@@ -106,7 +106,7 @@ def _use_non_reentrant_checkpointing(model: torch.nn.Module, save_cores: bool = 
                 continue  # a region's: non-reentrant already
             if getattr(func, "func", None) is checkpoint and func.keywords == wanted:
                 continue
-            m._gradient_checkpointing_func = recompute.checkpoint_fn(save_cores)
+            m._gradient_checkpointing_func = recompute.checkpoint_fn(keep_cores)
             n += 1
     if n:
         logger.info("compile strategy 'loop': %d checkpointed layer(s) switched to non-reentrant checkpointing", n)
@@ -190,7 +190,7 @@ def compile_loop(
     patch: bool = True,
     static_shapes: bool = False,
     regional: bool = False,
-    save_cores: bool = False,
+    keep_cores: bool = False,
 ) -> LoopHandle:
     """Compile the decoder loop of `model` (a transformers model, peft-wrapped or not) as one graph.
 
@@ -211,7 +211,7 @@ def compile_loop(
     Either way the layers return their routers' logits when the model asks for them (`output_router_logits`),
     so an MoE model's router loss stays in the one graph.
 
-    `save_cores=True`: under gradient checkpointing each layer keeps its mixer's core outputs (the GDN delta rule's;
+    `keep_cores=True`: under gradient checkpointing each layer keeps its mixer's core outputs (the GDN delta rule's;
     SDPA's attention kernels) from the forward and the backward's recompute skips them (compiler/recompute.py).
     """
     report = None
@@ -228,7 +228,7 @@ def compile_loop(
             logger.info("compile strategy 'loop' with CUDA graphs: FLA's tensor cache switched off")
     # dynamo's "eager" backend compiles nothing a region could reuse, and runs each region eagerly once more on
     # uninitialised inputs to learn its outputs (ops that check their index inputs then fail): no regions there.
-    regs = regions.install(text, regional=regional and backend != "eager", save_cores=save_cores)
+    regs = regions.install(text, regional=regional and backend != "eager", keep_cores=keep_cores)
     regional = regs is not None and regs.regional  # (None: a layer's forward is another wrapper's; inlined then)
     if regional:
         logger.info("%s", region_schema.memoize())  # else AOT re-traces every layer's body (region_schema.py)
@@ -288,7 +288,7 @@ def compile_loop(
         if regs is not None:
             regs.keep_checkpointing()  # (checkpointing switched on since compile_loop installed the regions)
         if text.gradient_checkpointing or any(getattr(m, "gradient_checkpointing", False) for m in text.layers):
-            _use_non_reentrant_checkpointing(text, save_cores)
+            _use_non_reentrant_checkpointing(text, keep_cores)
         if inputs_embeds is None:
             inputs_embeds = text.embed_tokens(input_ids)  # eager: its hooks (requires_grad_) stay out of the graph
         for k in ("output_hidden_states", "output_attentions", "return_dict", "output_router_logits"):

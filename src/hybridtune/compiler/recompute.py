@@ -1,11 +1,11 @@
 """What a checkpointed decoder layer recomputes in the backward: everything (plain non-reentrant checkpointing), or
-everything but its mixer's core (`save_cores`).
+everything but its mixer's core (`keep_cores`).
 
 Under gradient checkpointing each layer's forward runs twice, the second time in the backward to rebuild what the
 backward reads. The projections are GEMMs at the GPU's peak, worth recomputing; the mixers' cores are not: the GDN
 delta rule's chunked forward (`hybridtune::gdn_chunk`: its output, cumulative gate and solved WY matrix) and the
 attention kernel are a few FLOPs per byte of output at a fraction of the peak (FLA's kernels and FlashAttention,
-benchmarks/NOTES.md 47), so with `save_cores` their outputs are kept from the first forward (selective activation
+benchmarks/NOTES.md 47), so with `keep_cores` their outputs are kept from the first forward (selective activation
 checkpointing: `torch.utils.checkpoint.create_selective_checkpoint_contexts`, which AOT autograd's partitioner honours
 under torch.compile as eagerly) and the recompute runs the rest. Its price is those outputs per layer
 (`train.memory.ActivationShapes.core_elements`); the loss and every gradient are the same. What is kept is the ops in
@@ -26,7 +26,7 @@ KEEPS = "_hybridtune_keeps_cores"
 
 @functools.cache
 def core_ops() -> frozenset:
-    """The ops whose outputs `save_cores` keeps: hybridtune's GDN core and every attention kernel SDPA dispatches to
+    """The ops whose outputs `keep_cores` keeps: hybridtune's GDN core and every attention kernel SDPA dispatches to
     (FlashAttention, memory-efficient, cuDNN, the CPU flash form). An attention that runs as a custom op of its own
     (torch's varlen attention, the flash-attn package's) is recomputed."""
     import hybridtune.mixers.gdn.ops  # noqa: F401  (defines torch.ops.hybridtune.gdn_chunk)
@@ -57,15 +57,15 @@ def keep_cores_context():
     return create_selective_checkpoint_contexts(_keep_cores)
 
 
-def checkpoint_kwargs(save_cores: bool) -> dict:
+def checkpoint_kwargs(keep_cores: bool) -> dict:
     """The keyword arguments of a layer's non-reentrant checkpoint."""
-    return {"use_reentrant": False, "context_fn": keep_cores_context} if save_cores else {"use_reentrant": False}
+    return {"use_reentrant": False, "context_fn": keep_cores_context} if keep_cores else {"use_reentrant": False}
 
 
-def checkpoint_fn(save_cores: bool):
+def checkpoint_fn(keep_cores: bool):
     """`torch.utils.checkpoint.checkpoint` with those arguments (a layer's `_gradient_checkpointing_func`)."""
-    fn = functools.partial(checkpoint, **checkpoint_kwargs(save_cores))
-    setattr(fn, KEEPS, save_cores)
+    fn = functools.partial(checkpoint, **checkpoint_kwargs(keep_cores))
+    setattr(fn, KEEPS, keep_cores)
     return fn
 
 

@@ -115,11 +115,11 @@ def _record(router, index, sink, *args, **kwargs):
     return out
 
 
-def _bodies(fn, tree, index, regional: bool, save_cores: bool = False):
+def _bodies(fn, tree, index, regional: bool, keep_cores: bool = False):
     """[forward body, checkpointed body, recording forward body, recording checkpointed body] for layers whose
-    forward is `fn` and whose routers sit at `tree` (the recording ones None without routers); `save_cores`: the
+    forward is `fn` and whose routers sit at `tree` (the recording ones None without routers); `keep_cores`: the
     checkpoints keep the mixers' cores (compiler/recompute.py)."""
-    ckpt = checkpoint_kwargs(save_cores)
+    ckpt = checkpoint_kwargs(keep_cores)
 
     def plain(layer, *args, **kwargs):
         return fn(layer, *args, **kwargs)
@@ -148,7 +148,7 @@ class Regions:
 
     layers: list = field(default_factory=list)  # (layer, previous forward in its __dict__ or None, previous ckpt)
     regional: bool = True
-    save_cores: bool = False  # the checkpoints keep the mixers' cores (compiler/recompute.py)
+    keep_cores: bool = False  # the checkpoints keep the mixers' cores (compiler/recompute.py)
     recordable: bool = False  # every MoE layer's routers can be recorded
     record: bool = False
     sink: list = field(default_factory=list)
@@ -210,29 +210,29 @@ def _install_layer(regions: Regions, layer, bodies) -> None:
         # `forward` above). Eagerly that runs as transformers runs it; compiled, the body runs directly (see
         # `Regions.foreign_hooks`), the layer being ours to name and the keyword arguments the partial's.
         if not torch.compiler.is_compiling():
-            return checkpoint(fn, *args, **checkpoint_kwargs(regions.save_cores))
+            return checkpoint(fn, *args, **checkpoint_kwargs(regions.keep_cores))
         if regions.record and rec_ckpt is not None:
             return emit(rec_ckpt(layer, *args, **fn.keywords))
         return plain_ckpt(layer, *args, **fn.keywords)
 
     checkpointed.__dict__[ATTR] = regions  # tells the loop's checkpointing switch this one is non-reentrant already
-    checkpointed.__dict__[KEEPS] = regions.save_cores
+    checkpointed.__dict__[KEEPS] = regions.keep_cores
     regions.layers.append((layer, layer.__dict__.get("forward"), layer.__dict__.get("_gradient_checkpointing_func")))
     layer.forward = forward
     layer._gradient_checkpointing_func = checkpointed
     regions.funcs.append(checkpointed)
 
 
-def install(text: torch.nn.Module, regional: bool = True, save_cores: bool = False) -> Regions | None:
+def install(text: torch.nn.Module, regional: bool = True, keep_cores: bool = False) -> Regions | None:
     """Give the decoder layers of `text` their bodies (see the module docstring); None where a layer's forward is
     not its own method (another wrapper already replaced it): the loop then traces the layers as they are.
-    `save_cores`: their checkpoints keep the mixers' cores' outputs (compiler/recompute.py)."""
+    `keep_cores`: their checkpoints keep the mixers' cores' outputs (compiler/recompute.py)."""
     spec = router_spec(text)
     layers = list(text.layers)
     fns = [_own_forward(layer) for layer in layers]
     if any(f is None for f in fns):
         return None
-    regions = Regions(regional=regional, save_cores=save_cores, recordable=spec is not None)
+    regions = Regions(regional=regional, keep_cores=keep_cores, recordable=spec is not None)
     made: dict = {}
     for layer, fn in zip(layers, fns):
         tree = _router_tree(layer, spec[0]) if spec else {}
@@ -240,7 +240,7 @@ def install(text: torch.nn.Module, regional: bool = True, save_cores: bool = Fal
             regions.recordable, tree = False, {}
         key = (fn, _freeze(tree))
         if key not in made:
-            made[key] = _bodies(fn, tree, spec[1] if spec else 0, regional, save_cores)
+            made[key] = _bodies(fn, tree, spec[1] if spec else 0, regional, keep_cores)
         _install_layer(regions, layer, made[key])
     return regions
 

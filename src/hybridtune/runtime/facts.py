@@ -50,7 +50,7 @@ class Choices:
     fused_loss: Choice  # bool
     checkpointing: Choice  # bool (auto: from the memory estimate; off is retried with it on after an OOM)
     compile_regions: Choice  # bool: compile_loop(regional=...)
-    recompute_cores: Choice = Choice(True, "no checkpointing")  # bool: compile_loop(save_cores=not ...)
+    recompute_cores: Choice = Choice(True, "no checkpointing")  # bool: compile_loop(keep_cores=not ...)
     cuda_graphs: Choice = Choice(False, "cuda_graphs: off")  # bool
     warnings: tuple[str, ...] = field(default=())
 

@@ -202,7 +202,7 @@ class Trainer:
         if self.strategy == "loop":
             opts["static_shapes"] = self.collate.layout is not None
             opts["regional"] = self.choices.compile_regions.value
-            opts["save_cores"] = not self.choices.recompute_cores.value
+            opts["keep_cores"] = not self.choices.recompute_cores.value
         if self.choices.cuda_graphs.value:
             keys = len(cuda_graph_keys(self.collate.layout, self.facts.packs))
             self.cuda_graphs, self.graph_log = True, cudagraphs.GraphLog(self.device, keys)
