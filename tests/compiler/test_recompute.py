@@ -38,7 +38,10 @@ def test_policy_saves_the_cores_and_recomputes_the_rest():
     assert torch.ops.hybridtune.gdn_chunk.default in ops
     assert torch.ops.aten._scaled_dot_product_flash_attention.default in ops
     # torch's varlen attention (packed CUDA batches) is recomputed until keeping it is checked on a GPU
-    assert torch.ops.torch_attn._varlen_attn.default not in ops
+    # torch registers its varlen attention op only once torch.nn.attention.varlen is imported (a CUDA build
+    # may not have it on the CPU): where it does not exist, it cannot be kept either.
+    varlen = getattr(torch.ops.torch_attn, "_varlen_attn", None)
+    assert varlen is None or varlen.default not in ops
     assert torch.ops.aten.mm.default not in ops
     assert recompute.checkpoint_kwargs(False) == {"use_reentrant": False}
     assert recompute.checkpoint_kwargs(True)["context_fn"] is recompute.keep_cores_context
