@@ -26,7 +26,7 @@ from hybridtune.data.packing import Example
 from hybridtune.models.patching import patch_model
 from hybridtune.models.presets import preset_config
 from hybridtune.runtime.lora import apply_lora
-from hybridtune.runtime.step import forward_loss
+from hybridtune.train.objectives.sft import sft_loss
 
 n_layers, layout = int(sys.argv[1]), sys.argv[2]
 regional = len(sys.argv) > 3 and sys.argv[3] == "regional"
@@ -49,7 +49,7 @@ for i, lens in enumerate(LAYOUTS):
     gen = torch.Generator().manual_seed(i)
     batch = collate([Example(torch.randint(1, 256, (n,), generator=gen).tolist(), [1] * n) for n in lens])
     t = time.perf_counter()
-    loss = forward_loss(model, batch, batch["num_loss_tokens"], fused=True)
+    loss = sft_loss(model, batch, batch["num_loss_tokens"], fused=True)
     loss.backward()
     print(
         f"{layout} layers={n_layers} regional={regional} {backend} step {i} {time.perf_counter() - t:.1f}s loss {loss.item():.5f}",

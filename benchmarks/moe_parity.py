@@ -8,7 +8,7 @@ seed), and computes that loss four ways:
   hf-fp32   plain transformers, fp32 weights, no autocast: the reference
   hf-bf16   plain transformers, bf16 weights + bf16 autocast, as mode hf-eager runs
   ht-bf16   hybridtune's patched model as mode ht-eager builds it (patched GDN ops, grouped experts, fused
-            loss via `forward_loss`; no torch.compile), bf16 weights + bf16 autocast
+            loss via `sft_loss`; no torch.compile), bf16 weights + bf16 autocast
   ht-fp32   the same patched model in fp32: must equal hf-fp32 to ~1e-5 or better
   ht-bf16-static (with --static) ht-bf16 on the static layout of ht-loop (filler documents appended)
   hf-*-packed    (with --hf_packed) hf on the whole pack as hf-eager runs on a GPU: the delta rule per document
@@ -53,7 +53,8 @@ from hybridtune.config_schema import DEFAULT_LORA_TARGETS
 from hybridtune.data import IGNORE_INDEX
 from hybridtune.models.anatomy import decoder_layers, output_head, text_model, unwrap
 from hybridtune.models.presets import preset_config
-from hybridtune.runtime.step import forward_loss, model_inputs, shifted_targets
+from hybridtune.runtime.step import model_inputs, shifted_targets
+from hybridtune.train.objectives.sft import sft_loss
 
 CPU = torch.device("cpu")
 
@@ -175,7 +176,7 @@ def run_variant(name, model, batch, dtype, hf: bool, packed: bool = False) -> di
         if hf:
             loss = hf_loss(model, batch, packed)
         else:
-            loss = forward_loss(model, batch, batch[NUM_LOSS_TOKENS], fused=True)
+            loss = sft_loss(model, batch, batch[NUM_LOSS_TOKENS], fused=True)
     res = rec.result(batch[NUM_TOKENS])
     res.update(name=name, loss=float(loss), seconds=time.perf_counter() - t0)
     print(f"  {name}: loss {res['loss']:.6f} ({res['seconds']:.0f} s)", flush=True)

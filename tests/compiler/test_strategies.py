@@ -164,7 +164,7 @@ def test_peft_wrapped_model():
 @pytest.mark.parametrize("name", ["tiny-qwen3_5", "tiny-qwen3_next"])
 def test_modules_compile_once_per_frame_across_static_layout_batches(name):
     """Under a static pack layout the per-class forwards compile once each: T and the document count are fixed,
-    and `forward_loss` marks the GDN chunk count (which differs from batch to batch) dynamic from the first call.
+    and `sft_loss` marks the GDN chunk count (which differs from batch to batch) dynamic from the first call.
     Losses and gradients equal the uncompiled model's on the same packed, patched batches. (The dynamic layout
     compiles each frame again as T, N and C change: 9 graphs against 4 for tiny-qwen3_5, measured.)"""
     from torch._dynamo.utils import counters
@@ -174,7 +174,7 @@ def test_modules_compile_once_per_frame_across_static_layout_batches(name):
     from hybridtune.data.packing import Example
     from hybridtune.models.loading import load_model
     from hybridtune.models.patching import patch_model
-    from hybridtune.runtime.step import forward_loss
+    from hybridtune.train.objectives.sft import sft_loss
 
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -191,7 +191,7 @@ def test_modules_compile_once_per_frame_across_static_layout_batches(name):
 
     def step(b):
         model.zero_grad(set_to_none=True)
-        loss = forward_loss(model, b, 300, True)
+        loss = sft_loss(model, b, 300, True)
         loss.backward()
         return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 

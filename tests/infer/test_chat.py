@@ -11,8 +11,8 @@ import pytest
 
 from hybridtune import cli
 from hybridtune.infer.chat import chat_loop
-from hybridtune.infer.generate import Sampling, complete, render
 from hybridtune.infer.load import open_model
+from hybridtune.runtime.generation import Sampling, complete, render
 
 SAMPLING = Sampling(max_new_tokens=8, temperature=1.0, seed=5)  # varied replies, the same for the same seed
 

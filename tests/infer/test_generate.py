@@ -14,8 +14,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridtune import cli
 from hybridtune.errors import ModelError
-from hybridtune.infer.generate import Sampling, complete, eos_ids, generate, read_prompts, render
+from hybridtune.infer.generate import read_prompts
 from hybridtune.infer.load import open_model
+from hybridtune.runtime.generation import Sampling, complete, eos_ids, generate, render
 
 FAMILIES = [
     ("tiny-qwen3_5", "full"),

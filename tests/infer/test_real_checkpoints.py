@@ -15,8 +15,8 @@ from infer_runs import PROMPTS, logged_evals, run_config
 from peft import PeftModel
 
 from hybridtune.infer.evaluate import eval_config, run_eval
-from hybridtune.infer.generate import Sampling, complete, render
 from hybridtune.infer.load import open_model
+from hybridtune.runtime.generation import Sampling, complete, render
 from hybridtune.train.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_resume import make_cfg
 
 from hybridtune.batch import NUM_LOSS_TOKENS
 from hybridtune.data.collator import PackedCollator, StaticLayout
@@ -16,6 +15,7 @@ from hybridtune.data.packing import Example
 from hybridtune.models.presets import preset_config
 from hybridtune.runtime import choices, cudagraphs
 from hybridtune.train.trainer import Trainer
+from train_runs import make_cfg
 
 pytestmark = pytest.mark.cuda
 
@@ -57,9 +57,9 @@ def _batches(layout: StaticLayout) -> list[dict]:
 
 
 def _loss(model, batch):
-    from hybridtune.runtime.step import forward_loss
+    from hybridtune.train.objectives.sft import sft_loss
 
-    return forward_loss(model, batch, batch[NUM_LOSS_TOKENS], fused=True)
+    return sft_loss(model, batch, batch[NUM_LOSS_TOKENS], fused=True)
 
 
 def _grads(model) -> dict:

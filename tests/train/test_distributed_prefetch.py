@@ -76,9 +76,9 @@ def test_each_unit_prefetches_the_next_in_forward_and_the_previous_in_backward(o
         assert events.index(("gather", u)) < events.index(("forward", u - 1)), events
 
     loss.backward()
-    from hybridtune.runtime.step import forward_loss
+    from hybridtune.train.objectives.sft import sft_loss
 
-    want = forward_loss(plain, batch, 72, True)
+    want = sft_loss(plain, batch, 72, True)
     want.backward()
     assert loss.item() == pytest.approx(want.item(), rel=1e-6)
     got = {n.removeprefix("model."): p.grad.full_tensor() for n, p in engine.named_parameters()}

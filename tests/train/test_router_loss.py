@@ -17,7 +17,7 @@ def _facts(device: str, model) -> Facts:
 
 
 def _compile(device: str, model, **cfg) -> tuple[str, str]:
-    choice, _ = choose_compile(load_config(None, cfg), _facts(device, model))
+    choice = choose_compile(load_config(None, cfg), _facts(device, model))
     return choice.value, choice.reason
 
 
@@ -54,7 +54,7 @@ def test_router_loss_model_compiled_per_class_keeps_its_router_term(moe):
     from hybridtune.data import PackedCollator
     from hybridtune.data.packing import Example
     from hybridtune.models.patching import patch_model
-    from hybridtune.runtime.step import forward_loss
+    from hybridtune.train.objectives.sft import sft_loss
 
     torch._dynamo.reset()
     moe = moe.float().train()
@@ -63,13 +63,13 @@ def test_router_loss_model_compiled_per_class_keeps_its_router_term(moe):
     batch = PackedCollator()(
         [Example(torch.randint(5, 200, (n,), generator=gen).tolist(), [1] * n) for n in (40, 23, 61)]
     )
-    want = forward_loss(moe, batch, 124, False).detach()
+    want = sft_loss(moe, batch, 124, False).detach()
     moe.config.output_router_logits = False
-    without = forward_loss(moe, batch, 124, False).detach()
+    without = sft_loss(moe, batch, 124, False).detach()
     moe.config.output_router_logits = True
     assert abs(float(without - want)) > 1e-6  # the router term is there to lose
     compile_model(moe, "modules", backend="eager")
-    got = forward_loss(moe, batch, 124, False).detach()
+    got = sft_loss(moe, batch, 124, False).detach()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -98,9 +98,9 @@ def _collated(lens, seed, layout=None):
 
 
 def _loss_and_grads(model, batch, fused):
-    from hybridtune.runtime.step import forward_loss
+    from hybridtune.train.objectives.sft import sft_loss
 
-    loss = forward_loss(model, batch, batch["num_loss_tokens"], fused)
+    loss = sft_loss(model, batch, batch["num_loss_tokens"], fused)
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)

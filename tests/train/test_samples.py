@@ -13,7 +13,8 @@ import torch
 from hybridtune.config import load_config
 from hybridtune.models.anatomy import unwrap
 from hybridtune.models.patching import is_patched
-from hybridtune.train.samples import generate_samples, greedy, sample_prompts
+from hybridtune.runtime.generation import greedy
+from hybridtune.train.samples import generate_samples, sample_prompts
 from hybridtune.train.trainer import Trainer
 
 

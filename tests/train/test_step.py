@@ -7,7 +7,8 @@ import torch
 
 from hybridtune.data import PackedCollator
 from hybridtune.data.packing import Example
-from hybridtune.runtime.step import forward_loss, fused_loss_blocker
+from hybridtune.runtime.step import fused_loss_blocker
+from hybridtune.train.objectives.sft import sft_loss
 
 
 def _batch(vocab, lens, seed):
@@ -41,7 +42,7 @@ def test_fused_equals_plain(preset, lora):
     grads = []
     for fused in (False, True):
         model.zero_grad(set_to_none=True)
-        loss = forward_loss(model, batch, n_items, fused)
+        loss = sft_loss(model, batch, n_items, fused)
         loss.backward()
         grads.append((float(loss), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     (plain, gp), (fused, gf) = grads

@@ -7,7 +7,8 @@ import argparse
 import sys
 from typing import TextIO
 
-from hybridtune.infer.generate import Sampling, add_model_args, complete, open_for_generation, render, sampling_of
+from hybridtune.infer.generate import add_model_args, open_for_generation, sampling_of
+from hybridtune.runtime.generation import Sampling, complete, render
 
 HELP = "commands: /reset (forget the conversation), /exit (or Ctrl-D)"
 

@@ -57,7 +57,8 @@ from hybridtune.errors import ConfigError, UserError
 from hybridtune.models.anatomy import decoder_layers
 from hybridtune.models.loading import materialize
 from hybridtune.runtime.memory import fsdp_param_bytes
-from hybridtune.runtime.step import forward_loss, model_inputs
+from hybridtune.runtime.objective import Objective
+from hybridtune.runtime.step import model_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -214,20 +215,24 @@ def eval_share(n: int, d: Dist) -> list[tuple[int, bool]]:
 
 
 class LossModule(torch.nn.Module):
-    """The unit DDP / FSDP2 wrap: its forward is the micro-batch loss (or the logits for eval).
+    """The unit DDP / FSDP2 wrap: its forward is the objective's micro-batch loss (or the logits for eval).
 
-    `forward_loss` with the fused loss calls the decoder stack and reads `lm_head.weight` itself, bypassing
-    the model's own forward; wrapping this module instead makes every engine see the real computation.
+    An objective may bypass the model's own forward (the fused loss calls the decoder stack and reads
+    `lm_head.weight` itself); wrapping this module instead makes every engine see the real computation.
+    `objective` may be None where the module only carries weights (loading a checkpoint, evaluation).
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, objective: Objective | None = None):
         super().__init__()
         self.model = model
+        self.objective = objective
 
-    def forward(self, batch: dict, num_items: int | None = None, fused: bool = False):
+    def forward(self, batch: dict, num_items: int | None = None):
         if num_items is None:  # eval: the logits [1, T, vocab]
             return self.model(**model_inputs(batch, labels=False)).logits
-        return forward_loss(self.model, batch, num_items, fused)
+        if self.objective is None:
+            raise RuntimeError("LossModule built without an objective was asked for a loss")
+        return self.objective.loss(self.model, batch, num_items)
 
 
 def load_sharded(loaded, engine: torch.nn.Module, d: Dist, device: torch.device) -> list[dict]:

@@ -1,21 +1,9 @@
-"""The loss of one packed micro-batch, shared by the trainer and the benchmark.
+"""The model's side of a packed micro-batch, shared by every objective, the trainer and the benchmark.
 
-Two paths, the same number:
-
-- `fused=False`: `model(**batch, labels=...)`, transformers' own loss over `[T, vocab]` logits.
-- `fused=True`: the decoder stack's hidden states and `lm_head`'s weight go to
-  `hybridtune.ops.loss.linear_cross_entropy`, which works through the tokens in chunks and never keeps
-  the `[T, vocab]` logits (with Qwen3.5's 248k vocabulary they are 2 GiB in bf16 per 4096 tokens, 4 GiB
-  again for their fp32 upcast). Used when the model's head is a plain Linear and the loss is plain
-  next-token cross-entropy (no logit soft-capping); an MoE router loss is added as the model's forward adds it.
-
-An MoE model's router (load-balancing) loss, `coef * load_balancing_loss_func(router_logits, ...)` as its
-forward computes it, counts only the bin's own tokens: a static layout's filler documents (the batch's last
-`T - num_tokens` tokens) are masked out of its statistics (`real_token_mask`). Without filler the unfused path
-is exactly the model's own forward.
-
-Both return the sum of per-token losses over the batch divided by `num_items`, the number of trained
-tokens in the whole accumulation window, so k micro-batches accumulate to one k times as large.
+`model_inputs` (the batch's keyword arguments for the model), `shifted_targets` (next-token labels `[T]` of a
+`[1, T]` row), `real_token_mask` (`[1, T]`: 1 at the bin's own tokens, 0 at a static layout's filler) and
+`fused_loss_blocker` (why the chunked loss cannot stand in for a model's own). The losses are the objectives'
+(`train/objectives/`).
 """
 
 from __future__ import annotations
@@ -24,8 +12,7 @@ import torch
 
 from hybridtune.batch import GDN_CHUNK_INDICES, INPUT_IDS, LABELS, MODEL_KEYS, NUM_TOKENS
 from hybridtune.data import IGNORE_INDEX
-from hybridtune.models.anatomy import output_head, router_loss, router_loss_terms, text_config, text_model, unwrap
-from hybridtune.ops.loss import linear_cross_entropy
+from hybridtune.models.anatomy import output_head, router_loss, router_loss_terms, text_config, unwrap
 
 
 def fused_loss_blocker(model: torch.nn.Module) -> str | None:
@@ -72,31 +59,3 @@ def real_token_mask(batch: dict) -> torch.Tensor | None:
     if n is None or n >= T:
         return None
     return (torch.arange(T, device=ids.device) < n).to(torch.float32)[None]
-
-
-def forward_loss(model: torch.nn.Module, batch: dict, num_items: int, fused: bool) -> torch.Tensor:
-    """Loss of one micro-batch (sum over its trained tokens / `num_items`); see the module docstring."""
-    kwargs = model_inputs(batch)
-    terms = router_loss_terms(model)
-    mask = real_token_mask(batch) if terms is not None else None
-    if not fused and mask is None:
-        return model(**kwargs, num_items_in_batch=max(num_items, 1)).loss  # the model's own, router term included
-    base = unwrap(model)
-    labels = kwargs.pop(LABELS)
-    if fused:
-        extra = {"output_router_logits": True} if terms is not None else {}
-        out = text_model(base)(**kwargs, use_cache=False, **extra)
-        hidden = out.last_hidden_state
-        head = output_head(base)
-        total = linear_cross_entropy(
-            hidden.reshape(-1, hidden.shape[-1]), head.weight, shifted_targets(labels), ignore_index=IGNORE_INDEX
-        )
-        total = total / max(num_items, 1)
-    else:  # the model's logits and cross-entropy; its router term over every token (filler too) is not used
-        out = model(**kwargs)
-        vocab = text_config(base).vocab_size
-        total = base.loss_function(out.logits, labels, vocab, num_items_in_batch=max(num_items, 1))
-    if terms is not None:
-        aux = terms.fn(out.router_logits, terms.num_experts, terms.top_k, mask)
-        total = total + terms.coef * aux.to(total.device)
-    return total

@@ -18,11 +18,11 @@ from __future__ import annotations
 import logging
 
 import torch
-from transformers import GenerationConfig
 
 from hybridtune.config import TrainConfig
 from hybridtune.data.packing import Example
 from hybridtune.runtime import distributed
+from hybridtune.runtime.generation import greedy
 
 logger = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -51,29 +51,6 @@ def sample_prompts(examples: list[Example], n: int) -> list[tuple[list[int], lis
         end = next((i for i in range(first, len(ex)) if not ex.loss_mask[i]), len(ex))
         out.append((ex.input_ids[:first], ex.input_ids[first:end]))
     return out
-
-
-@torch.no_grad()
-def greedy(
-    model: torch.nn.Module,
-    prompt: list[int],
-    max_new_tokens: int,
-    stop: list[int],
-    pad_token_id: int,
-    device: torch.device,
-) -> list[int]:
-    """The tokens greedy decoding adds to `prompt` (transformers `generate`, with the model's cache)."""
-    ids = torch.tensor([prompt], device=device)
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        num_beams=1,
-        eos_token_id=stop,
-        pad_token_id=pad_token_id,
-        use_cache=True,
-    )
-    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
-    return out[0, len(prompt) :].tolist()
 
 
 def generate_samples(

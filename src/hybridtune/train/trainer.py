@@ -60,6 +60,7 @@ from hybridtune.runtime.profiling import ProfileWindow
 from hybridtune.runtime.signals import StopRequest, sigterm_interrupts
 from hybridtune.runtime.stream import BatchStream, to_device
 from hybridtune.train.evaluation import eval_batches, evaluate, report_eval
+from hybridtune.train.objectives import build_objective
 from hybridtune.train.samples import generate_samples
 from hybridtune.train.trackers import open_metrics
 
@@ -186,7 +187,7 @@ class Trainer:
         layout = self.choices.pack_layout.value
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.collate = PackedCollator(layout=layout, pad_token_id=pad) if layout is not None else PackedCollator()
-        self.fused_loss = self.choices.fused_loss.value
+        self.objective = build_objective(self.cfg, self.choices.fused_loss.value)
 
     def _setup_compile(self) -> None:
         """Compile after patching, LoRA and checkpointing are in place (the graph must see all three); CUDA graphs
@@ -215,7 +216,8 @@ class Trainer:
         FSDP2 shards is `choices.fsdp_units`). Eval runs the forward alone: DDP's copy needs no engine; FSDP2's
         shards must gather (all ranks)."""
         d = self.dist
-        self.engine = distributed.wrap(distributed.LossModule(self.model), d, self.device, self.use_bf16, self.loaded)
+        runner = distributed.LossModule(self.model, self.objective)
+        self.engine = distributed.wrap(runner, d, self.device, self.use_bf16, self.loaded)
         self.eval_model = self.engine.module if d.engine == "ddp" else self.engine
         self.eval_model = cudagraphs.StepMarked(self.eval_model) if self.cuda_graphs else self.eval_model
         self.autocast = lambda: torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16)
@@ -301,7 +303,7 @@ class Trainer:
             with distributed.accumulation(self.engine, d, last=i == len(mine) - 1):
                 cudagraphs.step_begin(self.cuda_graphs)
                 with self.autocast():
-                    loss = self.engine(b, n_tokens, self.fused_loss)
+                    loss = self.engine(b, n_tokens)
                 # DDP and FSDP2 average over ranks; times N, that average is the sum the window's loss needs.
                 (loss * d.world if d.enabled else loss).backward()
             losses.append(cudagraphs.kept(loss))  # (a copy: nothing a later replay may overwrite)

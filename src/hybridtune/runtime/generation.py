@@ -1,0 +1,139 @@
+"""Generation on the live weights, below the trainer, so that eval samples, the `generate`/`chat`/`eval` commands and
+an on-policy objective share one path: transformers' own `generate` with the model's recurrent and key/value cache
+(the patched mixers take the upstream forward whenever a cache is given).
+
+`complete` renders nothing: it takes texts, pads them on the left, and returns each row's new token ids `[n]` cut
+after the first end-of-turn id, with its finish reason; `generate` renders prompts first; `greedy` decodes one
+prompt of token ids.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
+
+from hybridtune.errors import ModelError
+
+
+@dataclass
+class Completion:
+    prompt: str
+    completion: str
+    new_tokens: int
+    finish_reason: str  # "stop" (end of turn) or "length" (max_new_tokens)
+
+
+@dataclass
+class Sampling:
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    seed: int | None = None
+
+    def kwargs(self) -> dict:
+        """generate()'s decoding arguments; every one is given, so a model's own sampling defaults (a released
+        checkpoint's generation_config often samples) never turn greedy decoding into sampling."""
+        if self.temperature <= 0:
+            return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+        return {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k or None}
+
+
+def eos_ids(model, tokenizer) -> list[int]:
+    """The ids that end a turn: the generation config's end-of-sequence ids and the tokenizer's."""
+    ids: list[int] = []
+    for value in (getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer.eos_token_id):
+        for i in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(i, int) and i not in ids:
+                ids.append(i)
+    return ids
+
+
+def render(tokenizer, conversation: list[dict] | str, chat: bool) -> str:
+    """The text the model continues: a conversation through the chat template with the assistant's generation
+    prompt, or plain text as it is."""
+    if not chat:
+        return conversation if isinstance(conversation, str) else "\n".join(m["content"] for m in conversation)
+    if isinstance(conversation, str):
+        conversation = [{"role": "user", "content": conversation}]
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelError("the model's tokenizer has no chat template; pass --no_chat_template to give plain text")
+    return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+
+
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.inference_mode()
+def complete(
+    model, tokenizer, texts: list[str], sampling: Sampling, chat: bool = True, batch_size: int = 8, streamer=None
+) -> list[tuple[list[int], str]]:
+    """The new tokens of each rendered text (cut after the first end-of-turn id, which they keep) and its finish
+    reason. `chat`: the texts were rendered by the chat template, which writes its own special tokens."""
+    eos = eos_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"  # the new tokens of every row start at the same column
+    out: list[tuple[list[int], str]] = []
+    if sampling.seed is not None:
+        torch.manual_seed(sampling.seed)
+    try:
+        for start in range(0, len(texts), batch_size):
+            chunk = texts[start : start + batch_size]
+            enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=not chat)
+            enc = {k: v.to(model_device(model)) for k, v in enc.items()}
+            gen = model.generate(
+                **enc,
+                max_new_tokens=sampling.max_new_tokens,
+                eos_token_id=eos or None,
+                pad_token_id=pad,
+                streamer=streamer,
+                **sampling.kwargs(),
+            )
+            for row in gen[:, enc["input_ids"].shape[1] :].tolist():
+                stop = next((i for i, t in enumerate(row) if t in eos), None)
+                out.append((row, "length") if stop is None else (row[: stop + 1], "stop"))
+    finally:
+        tokenizer.padding_side = side
+    return out
+
+
+def generate(
+    model, tokenizer, prompts: list, sampling: Sampling, chat: bool = True, batch_size: int = 8
+) -> list[Completion]:
+    """Completions of `prompts` (each a string, or a conversation: a list of {role, content})."""
+    texts = [render(tokenizer, p, chat) for p in prompts]
+    done = complete(model, tokenizer, texts, sampling, chat, batch_size)
+    return [
+        Completion(
+            p if isinstance(p, str) else json.dumps(p), tokenizer.decode(ids, skip_special_tokens=True), len(ids), why
+        )
+        for p, (ids, why) in zip(prompts, done)
+    ]
+
+
+@torch.no_grad()
+def greedy(
+    model: torch.nn.Module,
+    prompt: list[int],
+    max_new_tokens: int,
+    stop: list[int],
+    pad_token_id: int,
+    device: torch.device,
+) -> list[int]:
+    """The tokens greedy decoding adds to `prompt` (transformers `generate`, with the model's cache)."""
+    ids = torch.tensor([prompt], device=device)
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        eos_token_id=stop,
+        pad_token_id=pad_token_id,
+        use_cache=True,
+    )
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    return out[0, len(prompt) :].tolist()
