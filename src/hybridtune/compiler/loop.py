@@ -1,31 +1,14 @@
 """Compile strategy "loop": the text model's forward (embeddings out, decoder loop, final norm) as one graph.
 
-`compile_loop(model)` finds the text model by structure (the outermost module owning `embed_tokens`
-and a `layers` ModuleList), routes its GDN mixers through hybridtune ops (`patch_model`) and replaces
-its forward, on this instance only, by a wrapper that:
+`compile_loop(model)` finds the text model by structure (the outermost module owning `embed_tokens` and a `layers`
+ModuleList), routes its GDN mixers through hybridtune ops (`patch_model`) and replaces its forward, on this instance
+only, by a wrapper that runs the embedding lookup eagerly, calls the forward written in the class body (behind its
+decorators) through `torch.compile(fullgraph=True)`, marks the pack-layout sizes dynamic (T, documents N, chunks C;
+under a static layout only C), runs every decoder layer through `compiler.regions` (`regional=True`: each distinct
+layer traced once) and puts an MoE model's router logits into the output's `router_logits`. With a cache, requested
+hidden states / attentions, or forward hooks on a decoder layer, it calls the upstream forward instead.
 
-  - runs the embedding lookup eagerly, outside the graph. Hooks on the embedding run there, so
-    `enable_input_require_grads` (peft + gradient checkpointing) keeps working without its
-    `requires_grad_()` graph break;
-  - calls the function written in the class body (behind `capture_outputs`, `merge_with_config_defaults`
-    and the like, whose `warning_once` and output recording break graphs) through
-    `torch.compile(fullgraph=True)`;
-  - marks the pack-layout sizes dynamic (T, number of documents, number of chunks), so a new layout
-    does not recompile (under a static layout only the chunk count), and drops the python-int
-    `max_length_q/k` that nothing compiled here reads (kept when flash-attention is the implementation:
-    it reads them);
-  - runs every decoder layer through `hybridtune.compiler.regions`: with `regional=True` each distinct layer is
-    traced once as a nested compile region and stamped out for the identical layers (by default they are all
-    inlined), and an MoE model's layers return their routers' logits when `output_router_logits` asks for them
-    (its router loss), which the wrapper puts into the output's `router_logits` as transformers' hooks would;
-  - with a cache, or when hidden states / attentions are requested, calls the upstream forward (as it does for
-    router logits of a model whose router class transformers does not name, with a warning, and when a
-    decoder layer carries forward hooks the compiled layers would not run). Once an upstream call has
-    installed transformers' output-capturing hooks on the model, later compiled calls trace them as idle
-    (`_capture_hooks_idle`).
-
-Gradient checkpointing is switched to non-reentrant `torch.utils.checkpoint` (the reentrant form does
-not trace). `handle.undo()` restores the forward.
+Gradient checkpointing is switched to non-reentrant `torch.utils.checkpoint`. `handle.undo()` restores the forward.
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@ everything but its mixer's core (`keep_cores`).
 Under gradient checkpointing each layer's forward runs twice, the second time in the backward to rebuild what the
 backward reads. The projections are GEMMs at the GPU's peak, worth recomputing; the mixers' cores are not: the GDN
 delta rule's chunked forward (`hybridtune::gdn_chunk`: its output, cumulative gate and solved WY matrix) and the
-attention kernel are a few FLOPs per byte of output at a fraction of the peak (FLA's kernels and FlashAttention,
-benchmarks/NOTES.md 47), so with `keep_cores` their outputs are kept from the first forward (selective activation
+attention kernel are a few FLOPs per byte of output at a fraction of the peak (FLA's kernels and FlashAttention),
+so with `keep_cores` their outputs are kept from the first forward (selective activation
 checkpointing: `torch.utils.checkpoint.create_selective_checkpoint_contexts`, which AOT autograd's partitioner honours
 under torch.compile as eagerly) and the recompute runs the rest. Its price is those outputs per layer
-(`train.memory.ActivationShapes.core_elements`); the loss and every gradient are the same. What is kept is the ops in
+(`runtime.memory.ActivationShapes.core_elements`); the loss and every gradient are the same. What is kept is the ops in
 `core_ops()`: the GDN core and SDPA's attention kernels, not torch's varlen attention (a custom op of its own) that
 packed CUDA batches run, which is recomputed until keeping it is checked on a GPU.
 """
@@ -44,7 +44,7 @@ def core_ops() -> frozenset:
     ops.update(getattr(aten, n).default for n in names if hasattr(aten, n))
     # Not kept (yet): torch's varlen attention, what mixers/attention/varlen.py runs on packed CUDA batches. It is a custom
     # op of its own (`torch_attn::_varlen_attn`), opaque to the policy, so its flash kernel is recomputed; keeping
-    # it is one entry here, not yet checked on a GPU (benchmarks/NOTES.md 47).
+    # it is one entry here, not yet checked on a GPU.
     return frozenset(ops)
 
 

@@ -1,18 +1,11 @@
 """Trace each region body once, not once per layer: torch's input-mutation check on `invoke_subgraph`, memoised.
 
-Under autograd every `invoke_subgraph` call (one per decoder layer of the regional loop) first asks
-`InvokeSubgraphHOP.gen_schema` whether the body mutates its inputs (torch/_ops.py, `py_autograd_impl`), and
-`gen_schema` answers by re-tracing the whole body with make_fx (`materialize_as_graph`), uncached, in each of AOT
-autograd's passes (metadata, then the joint graph; torch 2.11's functionalization asks again). So the AOT share of
-the first step grew with depth although dynamo traced each distinct layer once: measured on the CPU
-(`benchmarks/compile_time.py`'s model, 24 layers, aot_eager), AOT's two passes took 43.0 s regional, more than the
-inlined loop's 40.9 s; on the H200 they took 42 s of a 90 s first step (benchmarks/NOTES.md 42, 45).
-
-The schema of one body depends on the body and on its operands' metadata, nothing else; within one compile
-(`TracingContext`) dynamo's identifier names one body. So `memoize()` keeps each schema per compile, keyed by the
-identifier, the kind of subgraph object, grad mode, and every operand's type, shape, stride, dtype, device and
-requires_grad: the check still runs for every distinct body and operand layout, and a body that mutates an input is
-refused as before. Installed by `compiler.loop.compile_loop` for a regional loop, on the torch releases of
+Under autograd every `invoke_subgraph` call (one per decoder layer of the regional loop) asks
+`InvokeSubgraphHOP.gen_schema` whether the body mutates its inputs, and `gen_schema` re-traces the whole body,
+uncached, in each of AOT autograd's passes. `memoize()` keeps each schema per compile (`TracingContext`), keyed by
+dynamo's body identifier, the kind of subgraph object, grad mode, and every operand's type, shape, stride, dtype,
+device and requires_grad: the check still runs once per distinct body and operand layout, and a body that mutates an
+input is refused as before. Installed by `compiler.loop.compile_loop` for a regional loop, on the torch releases of
 TESTED_TORCH; elsewhere, or on a torch without this method, torch's own check runs (the log says which).
 """
 

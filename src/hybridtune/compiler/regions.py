@@ -3,26 +3,15 @@
 `install(text, regional=...)` gives every decoder layer of a text model, on the instance only (`Regions.undo()`
 takes it back):
 
-  - `forward`: the layer's own forward (its class's, behind its decorators) run through a body function. With
-    `regional`, the body is a nested compile region (`torch.compiler.nested_compile_region`): inside
-    `torch.compile` dynamo traces it once per distinct layer (same body, guards passing: the block type, the
-    submodules, the shapes) and stamps the traced region out for every other layer, its parameters lifted as
-    the region's inputs, so tracing and compiling the loop no longer grow with its depth. Eagerly the region is
-    a plain call.
-  - `_gradient_checkpointing_func` (transformers' `GradientCheckpointingLayer` calls it when checkpointing is
-    on): non-reentrant `torch.utils.checkpoint` around the same body, inside a region of its own. The region
-    sits outside the checkpoint: a region inside a checkpoint is traced into each checkpoint's own subgraph,
-    whose size symbols the next checkpoint does not bind, and does not stamp out.
+- `forward`: the layer's own forward (its class's, behind its decorators) run through a body function; with
+  `regional` the body is a nested compile region (`torch.compiler.nested_compile_region`), traced once per distinct
+  layer and stamped out for the others, its parameters lifted as the region's inputs;
+- `_gradient_checkpointing_func`: non-reentrant `torch.utils.checkpoint` around the same body, inside a region of
+  its own (the region sits outside the checkpoint).
 
-Router logits (an MoE model's load-balancing loss). transformers records them with output-capturing hooks that
-read a ContextVar, which dynamo cannot trace, and a value written to the outside from inside a checkpoint or a
-region cannot be traced either: the logits must leave each layer as its body's return value. With `record` on
-(`Regions.record`, set per call by the loop), the body runs the layer's forward with stand-in selves (`_Via`) on
-the path from the layer down to each router (the class transformers names in `_can_record_outputs
-["router_logits"]`); the router's stand-in calls the router and keeps output `index` in a list local to the body,
-and the body returns (hidden states, logits). The layer's `forward` or checkpoint function (outside every
-higher-order op) appends them to `Regions.sink`, which the loop reads after the call (dynamo replays the appends
-after the graph). The modules on the path keep their own forwards, the router its hooks.
+With `Regions.record` on (an MoE model's load-balancing loss), the body runs the layer with stand-in selves (`_Via`)
+on the path down to each router, keeps each router's output `index` (its logits, [T, E]) and returns them beside the
+hidden states; the layer's forward appends them to `Regions.sink`, which the loop reads after the call.
 """
 
 from __future__ import annotations

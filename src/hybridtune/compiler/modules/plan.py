@@ -2,19 +2,14 @@
 
 Decided from the module's structure and identity, never from the model's name:
 
-- routed: its instances were patched by hybridtune (`models/patching.py` keeps the upstream forward
-  under `_hybridtune_original_forward` in the instance; `_hybridtune_routed = True` on an instance is
-  also honoured); the compiler does not touch them.
-- left: no forward of its own, a forward behind a decorator whose method cannot be identified with
-  certainty, a torch.nn built-in, or anything else `source.method_source` refuses. Its
-  transformers forward stays as it is.
-- eager: a top-level model (`PreTrainedModel`: masks, caches and output capture break graphs; its
-  layers are compiled instead), or a forward that calls something `torch.compiler.disable` keeps out
-  of graphs, syncs with the host, loops a run-time number of times, or iterates over its submodules.
-  Its generated forward carries `torch.compiler.disable(recursive=False)`, so a compiled parent
-  steps around it instead of tracing into it.
-- compile: everything else; `fullgraph=True` only when nothing in the forward is in doubt and every
-  child module it calls is a torch.nn built-in or itself planned fullgraph.
+- routed: instances patched by hybridtune (`_hybridtune_original_forward` or `_hybridtune_routed` on the instance);
+- left: no forward of its own, a decorated forward whose method is not certain, a torch.nn built-in, or anything
+  `source.method_source` refuses;
+- eager: a top-level `PreTrainedModel`, or a forward that calls something kept out of graphs, syncs with the host,
+  loops a run-time number of times or iterates over its submodules (generated behind
+  `torch.compiler.disable(recursive=False)`);
+- compile: everything else; `fullgraph=True` only when nothing in the forward is in doubt and every child module it
+  calls is a torch.nn built-in or itself planned fullgraph.
 
 `overrides` (from the run config) map a class name to "compile", "fullgraph", "eager" or "off".
 """

@@ -1,20 +1,12 @@
 """Source-level generation of standalone per-class forwards, from the AST of the modeling file.
 
-For a class `C` the generated module holds
-
-- `C_forward`: the class's own `def forward` (found by `resolve_method`, never the decorator's
-  wrapper), renamed, with its own decorators (they move off the class method and still fire exactly
-  once) and, outermost, the decoration the plan chose (`torch.compile(...)` or
-  `torch.compiler.disable(recursive=False)`);
-- `C_standalone.forward`: the real signature, calling `C_forward`; `strategies.py` binds it to the
-  module instances of one model.
-
-Every global name the code reads is imported from the class's own module, so what runs is exactly
-what the text says, and a name the module does not define is refused at generation time instead of
-failing as a `NameError` in the first training step. The text is compiled in memory under a pseudo
-file name registered in `linecache`, so tracebacks and `inspect.getsource` show generated lines.
-After loading (`loader.py`), each function is checked against the original: same bytecode for the body,
-same decorator wrappers in the same order. Nothing here matches code with regular expressions.
+For a class `C` the generated module holds `C_forward` (the class's own `def forward`, found by `resolve_method`,
+renamed, with its own decorators and, outermost, the plan's decoration: `torch.compile(...)` or
+`torch.compiler.disable(recursive=False)`) and `C_standalone.forward` (the real signature, calling `C_forward`;
+`strategies.py` binds it to the module instances of one model). Every global name the code reads is imported from
+the class's own module; a name the module does not define is refused at generation time. The text is compiled in
+memory under a pseudo file name registered in `linecache`; after loading (`loader.py`) each function is checked
+against the original: same bytecode for the body, same decorator wrappers in the same order.
 """
 
 from __future__ import annotations
