@@ -147,6 +147,7 @@ class TrainConfig:
         "static = every batch filled to one shape with filler documents (fewer recompiles), dynamic = no filler, "
         "auto = static under a compiled run when the filler is cheap and the model has no router loss",
     )
+    objective: Literal["sft"] = _f("sft", "what training minimises: sft = next-token cross-entropy on the trained tokens")
     loss: Literal["auto", "fused", "plain"] = _f(
         "auto",
         "cross-entropy: fused = chunked against lm_head without [tokens, vocab] logits, plain = transformers' own, "

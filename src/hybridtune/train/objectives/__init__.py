@@ -23,7 +23,7 @@ OBJECTIVES: dict[str, Callable[[TrainConfig, bool], Objective]] = {"sft": _sft}
 
 def build_objective(cfg: TrainConfig, fused_loss: bool) -> Objective:
     """The run's objective from `cfg.objective`; `fused_loss` is the resolved `loss` choice."""
-    name = getattr(cfg, "objective", "sft")
+    name = cfg.objective
     if name not in OBJECTIVES:
         raise ConfigError(
             f"objective '{name}' is not one of: {', '.join(OBJECTIVES)}.{did_you_mean(name, OBJECTIVES)}"
