@@ -1,26 +1,16 @@
 """Chat templates: choosing one (`chat_template`), and splitting a rendered conversation into trained and
-untrained text for any template, also one that does not render a conversation prefix-stably.
+untrained text for any template, also one that does not render a conversation prefix-stably (Qwen3.5's).
 
-Qwen3's and Qwen3.5's templates drop the <think> block of every assistant turn before the last user query, so
-the text of a turn depends on what follows it and rendering growing prefixes cannot find the turns. Instead the
-whole conversation is rendered once (F) and each trained message is located in F:
+The whole conversation is rendered once (F) and each trained message is located in F:
 
     <|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n<think>\\nR\\n</think>\\n\\nA<|im_end|>\\n
                                    '------ header -------------''------ trained -------------'
 
-1. content: F is rendered again with the message's content replaced by a sentinel; the common prefix and suffix
-   of the two renderings bound where the content sits in F (after whatever the template did to it).
-2. start: an assistant turn trains from the end of its generation-prompt header, learnt from a probe render
-   (what `add_generation_prompt` appends, e.g. `<|im_start|>assistant\\n<think>\\n`). The nearest occurrence
-   before the content of the longest prefix of that header that ends at a line or special-token boundary is
-   taken: a turn that kept its <think> block trains its reasoning, one whose block was dropped trains from
-   right after `<|im_start|>assistant\\n`. Another trained role (`roles_to_train: [user]`) trains its whole
-   turn from the header's opening special token.
-3. end: through the end-of-turn marker that follows the content (learnt from a probe: what the template writes
-   after an assistant message, e.g. `<|im_end|>`), so tool calls rendered after the content and the stop token
-   are trained; the newline after the marker is not.
-
-Character spans become token masks through the fast tokenizer's offsets (formats._tokenize_spans).
+content: where F rendered again with a sentinel for the message's content differs from F; start: the end of the
+nearest generation-prompt header before it (learnt from a probe render; another trained role trains from its
+header's opening special token); end: through the end-of-turn marker after the content (learnt from a probe), not
+the newline after it. Character spans become token masks through the fast tokenizer's offsets
+(formats._tokenize_spans).
 """
 
 from __future__ import annotations

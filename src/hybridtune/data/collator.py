@@ -1,30 +1,15 @@
-"""`PackedCollator`: turns a bin of packed examples into the batch every layer reads.
+"""`PackedCollator`: turns a bin of packed examples into the batch every layer reads, its layout computed once.
 
-This is the single place that turns document boundaries into metadata. Everything a kernel needs
-about the pack layout is computed here, once per batch, on the host, so nothing inside the compiled
-model calls `nonzero`, `.item()` or `.tolist()`.
-
-Batch keys (transformers' own names where they exist):
-    input_ids      int64 [1, T]
-    labels         int64 [1, T]   -100 at masked tokens and at the first token of every document
-                                  (labels are unshifted, as transformers expects; the loss shifts)
-    position_ids   int64 [1, T]   restart at 0 for every document
-    cu_seq_lens_q  int32 [N + 1]  cumulative document lengths (== cu_seq_lens_k)
-    cu_seq_lens_k  int32 [N + 1]
-    max_length_q   int            longest document (python int, so no device sync)
-    max_length_k   int
-    gdn_chunk_indices int32 [C, 2]  (document, chunk-within-document) for every 64-token chunk,
-                                  the layout chunked linear-attention kernels iterate over
-    num_loss_tokens int           number of label positions that count in the loss
-    num_tokens     int            tokens of the bin's own documents (T without filler)
+    input_ids, labels, position_ids  int64 [1, T]  labels: -100 at masked tokens and every document's first
+                                                   token (unshifted); positions restart at 0 per document
+    cu_seq_lens_q, cu_seq_lens_k     int32 [N + 1] cumulative document lengths (the two are equal)
+    max_length_q, max_length_k       int           longest document (a python int: no device sync)
+    gdn_chunk_indices                int32 [C, 2]  (document, chunk within document) of every 64-token chunk
+    num_loss_tokens, num_tokens      int           label positions in the loss; the bin's tokens (T without filler)
 
 Dynamic layout (the default): T is the sum of the bin's document lengths, no padding. Static layout
-(`PackedCollator(layout=StaticLayout.fit(...))`): every batch has the same T and N, so a compiled
-graph's only symbolic size is the chunk count C, which only the opaque GDN ops read (about half the
-tracing time of the dynamic graph, and fit for CUDA graphs). The bin is followed by filler documents
-(pad tokens, labels -100, positions restarting at 0) whose lengths make the totals come out exactly; fillers are ordinary non-empty documents, so every
-kernel treats them as it treats any document, and nothing before them can see them (they come last,
-and documents never see each other). Zero-length documents never appear in either layout.
+(`PackedCollator(layout=StaticLayout.fit(...))`): every batch has the same T and N, made up by filler documents after
+the bin (pad tokens, labels -100, positions from 0); only C varies. Zero-length documents never appear.
 """
 
 from __future__ import annotations
@@ -52,7 +37,7 @@ from hybridtune.data.packing import Example
 IGNORE_INDEX = -100
 GDN_CHUNK_SIZE = 64
 # The GDN delta-rule kernels' share of a training step's GPU time for the 2B shape at 4096-token packs, from its
-# profile (benchmarks/NOTES.md 16). They work per 64-token chunk, everything else per token, so a filler
+# profile (docs/INTERNALS.md). They work per 64-token chunk, everything else per token, so a filler
 # document's cost is weighted by it (`StaticLayout.filler_cost`).
 GDN_TIME_SHARE = 0.12
 
@@ -80,8 +65,7 @@ class StaticLayout:
 
     The number of 64-token chunks (C, the rows of `gdn_chunk_indices`) is left to each batch: only the
     opaque GDN ops read it, so the compiled loop marks it dynamic at no tracing cost and the filler needs no
-    chunk arithmetic (an earlier version fixed C as well, which cost 64 filler tokens for every chunk of
-    difference between packs; measured in benchmarks/NOTES.md 15)."""
+    chunk arithmetic (fixing C as well cost 64 filler tokens for every chunk of difference between packs)."""
 
     tokens: int
     docs: int

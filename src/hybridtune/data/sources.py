@@ -53,7 +53,7 @@ _ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 @dataclass
 class Segment:
-    """The rows from `start` on come from `label`: at file lines `lines` (JSON files) or as its rows 1, 2, ..."""
+    """The rows from `start` on come from `label`: at file lines `lines` (JSON files) or as its rows numbered from 1"""
 
     start: int
     label: str

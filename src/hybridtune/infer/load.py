@@ -1,21 +1,17 @@
 """Open what training left behind, or any model, for use: one loader for `generate`, `chat`, `eval` and `export`.
 
-What MODEL may name, and how each opens:
+What MODEL may name:
 
 ```
 OUTPUT_DIR                  a run's output directory: its final/ (else its newest checkpoint, said so)
 OUTPUT_DIR/final            the exported full model (transformers) or LoRA adapter (peft)
-OUTPUT_DIR/checkpoint-N     a training checkpoint (torch DCP): the model is rebuilt from the run's recorded config
-                            (checkpoint.json, else the run file) and the checkpoint's weights loaded into it, after
-                            its checksums are verified and with nothing that runs code (run/checkpoint.py)
+OUTPUT_DIR/checkpoint-N     a DCP checkpoint: the model rebuilt from the run's recorded config, its weights verified
 ADAPTER_DIR                 a peft adapter: its base from adapter_config.json, else a `base_model/` inside or beside
 MODEL_DIR, hub id, preset   a base model, as training opens one (models/loading.py)
 ```
 
-The model comes back as stock transformers (and peft) build it, in eval mode: generation runs transformers'
-own `generate` with the model's recurrent cache. `patched=True` routes its GDN mixers through hybridtune's ops
-as training does (patched before the adapter is applied, as the trainer does), which packed evaluation needs:
-documents packed into one row must not see each other.
+The model comes back as stock transformers (and peft) build it, in eval mode. `patched=True` routes its GDN mixers
+through hybridtune's ops before the adapter is applied, as training does (packed evaluation needs it).
 """
 
 from __future__ import annotations

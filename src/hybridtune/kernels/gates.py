@@ -1,20 +1,12 @@
 """Hooks on transformers' kernel availability gates (gate-style releases, 5.13 to 5.15).
 
-In those releases a modeling module decides its fast path once, at import, by calling
-`is_flash_linear_attention_available()` / `is_causal_conv1d_available()` / the mamba gates, each behind an
-`lru_cache`. A kernel installed after that call, or after a cached `False`, is never used. The hooks here wrap
-each gate so that its first call (always at modeling import, before any forward):
-
-1. clears the original gate's `lru_cache` (a stale `False` from an earlier probe does not stick),
-2. asks the original; on `False` calls `on_false(kernel, gate)` (the provisioning policy decides),
-3. if that provisioned something, clears the cache again and asks once more,
-
-and every later call returns the first answer without work. The wrapper replaces the gate on
-`transformers.utils.import_utils` and in every already-imported module that bound it by name
-(`from ...import_utils import is_x` makes a local binding a module-level reassignment would not reach).
-
-A no-op without transformers; disabled by `HYBRIDTUNE_NO_GATE_HOOKS=1`. On 5.16+ the gates still exist but the
-modeling modules no longer call them; there provisioning happens before the import (see provision.py).
+In those releases a modeling module decides its fast path once, at import, through `lru_cache`d gates
+(`is_flash_linear_attention_available()`, `is_causal_conv1d_available()`, the mamba gates). Each hook's first call
+clears the gate's cache, asks the original, on `False` calls `on_false(kernel, gate)` (the provisioning policy) and,
+if that provisioned something, clears the cache and asks once more; every later call returns the first answer. The
+wrapper replaces the gate on `transformers.utils.import_utils` and in every already-imported module that bound it by
+name. A no-op without transformers; disabled by `HYBRIDTUNE_NO_GATE_HOOKS=1`; on 5.16+ provisioning happens before
+the modeling import instead (provision.py).
 """
 
 from __future__ import annotations

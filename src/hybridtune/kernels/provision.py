@@ -2,23 +2,16 @@
 
 Policy (`kernels:` in the run config, overridden by `HYBRIDTUNE_KERNELS`):
 
-- `auto`: install missing kernels that have pinned wheels, in a subprocess (`pip --only-binary=:all:` with
-  torch, triton and transformers held at their installed versions by a constraints file), prove the install
-  by importing it in a child process, and roll back on failure. Offline or refused, print the exact command.
-- `check`: install nothing; report what is missing and what it costs.
+- `auto`: install missing kernels that have pinned wheels (pip in a subprocess, torch, triton and transformers held at
+  their versions by a constraints file, the install proved by an import in a child process, rolled back on failure);
+  offline or refused, print the exact command;
+- `check`: install nothing; report what is missing and what it costs;
 - `off`: no provisioning, no gate hooks, no device self-test.
 
-`require_fast_path: true` (or `HYBRIDTUNE_REQUIRE_FAST_PATH=1`) refuses to train when any mixer would run a
-slow fallback: `provision_kernels` raises `KernelUnavailableError` naming the gap and the command that closes it.
-
-The training CLI calls `provision_kernels(...)` before it imports the modeling module:
-
-    from hybridtune.kernels.provision import provision_kernels
-    report = provision_kernels(cfg.kernels, cfg.require_fast_path, cfg.base_model)  # preset, checkpoint dir or config
-
-It logs its summary (and one warning naming the gaps); `report.to_dict()` is JSON for run records.
-Environment: `HYBRIDTUNE_KERNELS`, `HYBRIDTUNE_REQUIRE_FAST_PATH`, `HYBRIDTUNE_OFFLINE=1` (never run pip),
-`HYBRIDTUNE_WHEELHOUSE=DIR` (install from local wheels only), `HYBRIDTUNE_NO_GATE_HOOKS=1`.
+`provision_kernels(cfg.kernels, cfg.require_fast_path, cfg.base_model)` runs before the modeling import and returns a
+report (`to_dict()`: JSON for run records); with `require_fast_path` (`HYBRIDTUNE_REQUIRE_FAST_PATH=1`) it raises
+`KernelUnavailableError` when a mixer would run a slow fallback. Environment: `HYBRIDTUNE_OFFLINE=1` (never run pip),
+`HYBRIDTUNE_WHEELHOUSE=DIR` (local wheels only), `HYBRIDTUNE_NO_GATE_HOOKS=1`.
 """
 
 from __future__ import annotations

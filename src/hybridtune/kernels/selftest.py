@@ -1,17 +1,12 @@
 """Device self-test: run the selected fast kernels forward and backward against the fp32 reference.
 
-Before the first training step on a GPU, each kernel the run will use is exercised on a small packed input
-with the model's own head layout: hybridtune's custom ops (`hybridtune.mixers.gdn.ops`, FLA underneath) against
-`hybridtune.mixers.gdn.reference` in fp32, over three documents of odd lengths (63, 75, 130 tokens, so chunks
-straddle document boundaries). The error measure is FLA's: relative RMS, ||ref - out|| / ||ref||, for the
-output and every gradient.
-
-FLA 0.6.0 refuses the gated delta rule backward on Hopper with Triton < 3.7.1 (fla #640), a guard wider than
-the miscompile it guards. The trial grants the layout to `hybridtune.mixers.gdn.fla_guard` for its own duration;
-a pass keeps the grant (with its numbers as the source), a failure revokes it and names the fix.
-
-Verdicts are cached per device, capability, torch/triton/FLA/tilelang versions, kernel and head layout in
-`$HYBRIDTUNE_CACHE_DIR` (default `$XDG_CACHE_HOME/hybridtune`, else `~/.cache/hybridtune`).
+Before the first training step on a GPU, each kernel the run will use runs on a small packed input with the model's
+own head layout (three documents, 63, 75 and 130 tokens; q, k [1, T, H, K], v [1, T, HV, V], g [1, T, HV]; the conv
+x [1, T, D]): hybridtune's custom ops (`mixers.gdn.ops`) against `mixers.gdn.reference` in fp32, by FLA's relative
+RMS ||ref - out|| / ||ref|| of the output and every gradient. The trial grants its layout to `mixers.gdn.fla_guard`
+for its duration; a pass keeps the grant, a failure revokes it and names the fix. Verdicts are cached per device,
+capability, torch/triton/FLA/tilelang versions, kernel and head layout in `$HYBRIDTUNE_CACHE_DIR` (default
+`$XDG_CACHE_HOME/hybridtune`, else `~/.cache/hybridtune`).
 
 `python -m hybridtune.kernels.selftest --preset qwen3_5-9b [--layout H,HV,K,V] [--no-cache] [--json FILE]`
 prints the verdict table.

@@ -1,25 +1,14 @@
-"""FLA's Triton autotuning, done once per GPU kind and shipped: the first minute on a fresh machine.
-
-On a machine whose Triton cache is empty every FLA kernel the run uses compiles and benchmarks each of its candidate
-configs before its first call (the self-test's cold start: 32-131 s on an H200, benchmarks/NOTES.md 37 and 40).
-Triton keeps what it chose in its own cache (`cache_results`), so a second run on the same machine is warm; a fresh
-machine, a new container or a wiped cache pays again. This module keeps those choices as data:
+"""FLA's Triton autotuning, done once per GPU kind and shipped as data: no autotuning on a fresh machine.
 
 - `save(path)` (after a run on the GPU: `hybridtune bench --save_kernel_configs FILE`) writes what every FLA
   autotuner of this process chose, per kernel and autotune key, with the device and the FLA / Triton versions;
 - `seed()` (before the self-test, `kernels.provision`) puts the shipped table of this GPU kind
   (`kernels/tuned/<GPU>.json`, package data) into the autotuners, so they pick without benchmarking.
 
-The file is JSON, read as data: an entry is taken only when its config equals one of the kernel's own candidate
-configs (FLA's config space decides what can run; a file can only choose among them), only for the device and the
-versions it was made with, and never over a choice the process already made. A seeded choice also stands over what
-Triton's on-disk autotuning cache holds for that key (a machine's own earlier measurement on the same GPU kind); with
-`FLA_CACHE_MODE` set, FLA's own config files choose and the table is not used. A kernel the table does not cover
-autotunes as before. The self-test then checks the numbers of the kernels so configured (its verdicts are keyed by
-the table's digest). FLA 0.6 has a config-file
-mechanism of its own (`FLA_CACHE_MODE`, `FLA_CONFIG_DIR`), but only for the kernels it decorates with
-`fla_cache_autotune`; some on the GDN path use plain `triton.autotune` (the `solve_tril` merges), which only the
-autotuner's choice table reaches.
+The file is JSON, read as data: an entry is taken only when its config equals one of the kernel's own candidates, for
+the device and versions it was made with, and never over a choice the process already made; it stands over Triton's
+on-disk autotuning cache. With `FLA_CACHE_MODE` set, FLA's own config files choose and the table is not used; a kernel
+the table does not cover autotunes as before. The self-test's verdicts are keyed by the table's digest.
 """
 
 from __future__ import annotations

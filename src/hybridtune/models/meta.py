@@ -1,21 +1,15 @@
-"""A model built on the meta device (no storage), then filled in place: each parameter's local part (its FSDP2 shard,
-or the whole tensor where it is not sharded) read from a checkpoint's safetensors files or drawn by a preset's seeded
-init, so that no process ever holds the whole model.
+"""A model built on the meta device (no storage), then filled in place, so that no process holds the whole model.
 
 - `skeleton`: the model of a config on the meta device (structure, tied weights, no storage, no init run);
   `models.loading` gives it the dtypes and frozen parameters of a plain load.
-- `fill`: once the parameters have storage (`to_empty`, after `fully_shard` or not), each local part written by a
-  `Reader`: `CheckpointReader` reads only the rows this rank holds from disk (`safe_open(...).get_slice`);
-  `PresetReader` replays transformers' own `initialize_weights` block by block with the preset's seed, the same
-  values a plain load of the preset has; `Overlay` adds the parameters made before the fill (a LoRA adapter) to
-  either; then the buffers (rotary tables) are recomputed.
+- `fill`: once the parameters have storage (`to_empty`, after `fully_shard` or not), each parameter's local part (its
+  FSDP2 shard: a contiguous range of dim-0 rows; else the whole tensor) is written by a `Reader`: `CheckpointReader`
+  reads those rows from the safetensors files (`safe_open(...).get_slice`), `PresetReader` replays transformers'
+  `initialize_weights` with the preset's seed, `Overlay` adds parameters made before the fill (a LoRA adapter);
+  then the buffers (rotary tables) are recomputed.
 
-The parts a rank holds are found from the parameters themselves: a DTensor's local shape and global offset
-(`compute_local_shape_and_global_offset`), a plain tensor whole. FSDP2 shards along dim 0, so a rank's part of a
-saved tensor is a contiguous range of its rows. A checkpoint's keys are the model's own names, except the routed
-experts that transformers saves one tensor per expert and holds fused (`experts.gate_up_proj` = gate and up of each
-expert concatenated, `experts.down_proj` = the experts stacked). `models.loading` checks every name and shape
-before a meta build and loads a checkpoint whose files name a parameter neither way whole instead.
+A checkpoint's keys are the model's own names, except the routed experts saved one tensor per expert and held fused:
+`experts.gate_up_proj` [E, 2I, H] (gate and up of each expert concatenated), `experts.down_proj` [E, H, I] (stacked).
 """
 
 from __future__ import annotations

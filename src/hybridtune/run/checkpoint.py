@@ -1,24 +1,18 @@
 """Atomic, verified checkpoints: written to a temporary directory beside the target, fsynced, then renamed.
 
-A checkpoint holds the trainable weights (the LoRA adapter, or the full model) and the optimizer state
-through `torch.distributed.checkpoint` (DCP, in `state/`: one file per rank plus `.metadata`), the
-scheduler state, the data position and the step (`trainer_state.pt`), each rank's RNG state
-(`rng-<rank>.pt`) and `checkpoint.json`. DCP reshards on load, so a checkpoint written by N processes
-(DDP, FSDP2 or one process) resumes in M. A crash, Ctrl-C or a dead rank mid-write leaves the previous
-checkpoint intact: the rename, done by rank 0 after every rank has written, is the commit point.
-
-`checkpoint.json`, written last, lists every other file with its size and sha256; a resume verifies them all
-before reading anything, and loads nothing that could run code (see `integrity`). `resume_from_checkpoint
-latest` falls back to the newest intact checkpoint, saying what it skipped and why (`find_resume`).
-
 ```
 checkpoint-120/
-  state/.metadata  state/__0_0.distcp  state/__1_0.distcp   model + optimizer, sharded as trained
+  state/.metadata  state/__0_0.distcp  state/__1_0.distcp   model + optimizer (DCP), sharded as trained
   trainer_state.pt                                          scheduler, step, data position, world size
   rng-0.pt  rng-1.pt                                        per-rank RNG (dropout)
   .hybridtune                                               marker: a directory hybridtune wrote
   checkpoint.json                                           step, data position, base model, checksums
 ```
+
+DCP reshards on load, so a checkpoint written by N processes resumes in M. The rename, by rank 0 after every rank has
+written, is the commit point. `checkpoint.json`, written last, lists every other file's size and sha256; a resume
+verifies them all before reading and loads nothing that could run code (`integrity`). `resume_from_checkpoint
+latest` falls back to the newest intact checkpoint, saying what it skipped and why (`find_resume`).
 """
 
 from __future__ import annotations

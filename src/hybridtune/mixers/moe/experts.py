@@ -1,31 +1,16 @@
 """Routed MoE experts as grouped GEMMs, and peft's LoRA on them in the same grouped form.
 
-transformers stores the routed experts of Qwen3.5-MoE and Qwen3-Next as two 3-D parameters per layer,
-`gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I], and dispatches their forward through its experts interface
-(`config._experts_implementation`, transformers/integrations/moe.py). `route_experts(model)` registers
-`hybridtune_grouped` there and selects it for every experts module of the model:
+transformers stores each layer's routed experts as `gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I] and runs them
+through its experts interface. `route_experts(model)` registers and selects `hybridtune_grouped` there: the T x top_k
+(token, expert) pairs are sorted by expert, the per-expert offsets come from `searchsorted` (a tensor of E entries),
+each projection is one grouped GEMM over all experts, and the weighted outputs return to their tokens by `index_copy`
+and a sum over top_k; every shape is T x top_k whatever the routing. The GEMM is `F.grouped_mm` in bf16 (CUDA sm80+,
+the CPU); other dtypes or unaligned sizes use transformers' `grouped_mm_fallback` eagerly, `gathered_mm` compiled.
 
-  - the T x top_k (token, expert) pairs are sorted by expert once (`torch.sort`), the per-expert offsets come
-    from `searchsorted` over the sorted ids (a tensor of E entries, never a host value), each projection is one
-    grouped GEMM over all experts, and the weighted outputs go back to their tokens by `index_copy` and a sum
-    over top_k. Every shape is T x top_k whatever the routing, so a compiled graph never recompiles and never
-    breaks as routing changes; no Python loop runs over experts;
-  - the GEMM is `torch.nn.functional.grouped_mm` in bf16 (CUDA sm80+, and the CPU), which inductor lowers to its
-    grouped-GEMM kernel; under autocast the weights and activations are cast to the autocast dtype first, as
-    `F.linear` is (grouped_mm itself ignores autocast). Other dtypes, or sizes not aligned to 16 bytes, use
-    transformers' opaque `transformers::grouped_mm_fallback` op eagerly (one host sync, a loop inside the op),
-    and under torch.compile an exact gather-and-batched-product form (`gathered_mm`): the float32/float64 paths
-    of the CPU tests.
-
-LoRA through peft's `target_parameters` wraps the experts module in `ParamWrapper`s (one per targeted parameter,
-nested). peft's own forward adds the whole [E, out, in] delta to the weight on every call. `route_lora(model)`
-gives each outermost wrapper an instance forward that keeps peft's parameters (`lora_A`: [E*r, in], expert-major
-rows, read as A_e [r, in]; `lora_B`: [out, r*E], rank-major columns, read as B_e [r, out]; scaling s = alpha/r)
-and computes, per expert e and routed row x, `x W_e^T + s (x A_e^T) B_e` as three grouped GEMMs, never forming the
-delta. A saved adapter is peft's, so stock peft loads and merges it. Disabled or merged adapters, several active
-adapters, or a layout other than transformers' default (gate and up concatenated, [E, out, in], no bias) keep
-peft's forward. Inside a compiled graph the operands that are copies (B_e, casts, a rank padded to 8) are pinned
-contiguous (`_Dense`), since inductor may otherwise hand grouped_mm a layout it refuses.
+`route_lora(model)` gives each outermost peft `ParamWrapper` (LoRA through `target_parameters`) a forward computing,
+per expert e and routed row x, `x W_e^T + s (x A_e^T) B_e` as three grouped GEMMs (`lora_A` [E*r, in] read as A_e
+[r, in], `lora_B` [out, r*E] read as B_e [r, out], s = alpha/r), never forming the [E, out, in] delta; the adapter
+saved is peft's own. Other adapter states or layouts keep peft's forward.
 """
 
 from __future__ import annotations
