@@ -1,20 +1,12 @@
 """CUDA graphs in training (`cuda_graphs`, decided in choices.py): the compiled loop under torch.compile's
-"reduce-overhead" mode, which records each compiled graph's kernels once per input size (under a static pack layout:
-once per GDN chunk count) and replays them with one launch.
+"reduce-overhead" mode, recorded once per input size (under a static pack layout: per GDN chunk count), replayed.
 
-What a run under CUDA graphs must do, and where it is done:
-
-- before compiling (`before_compile`): FLA's tensor cache off (it would keep tensors of the graphs' memory pool alive
-  across replays), the GDN conv kept as FLA's op inside the graph (its launch cost is gone under a graph, and it
-  is faster than the traced form there), and inductor's warning limit for graphs recorded per dynamic size raised
-  to the run's bound (`choices.cuda_graph_keys`), which is expected and not a problem;
-- before every forward, training and eval alike (`step_begin`, `StepMarked`): a new step for cudagraph trees, so a
-  replay may reuse the previous step's outputs;
-- outputs read after the next replay are never the pool's own: the loss is computed outside the compiled region
-  and kept as a copy (`kept`); gradients accumulated over several micro-batches go into buffers allocated outside
-  the graphs (`stable_grads`): a gradient the backward's graph handed to `.grad` would be overwritten by the next
-  micro-batch's replay;
-- the number of graphs recorded is logged (`GraphLog`).
+- `before_compile`: FLA's tensor cache off, the GDN conv kept as FLA's op inside the graph, and inductor's warning
+  limit for graphs per dynamic size raised to the run's bound (`choices.cuda_graph_keys`);
+- `step_begin`, `StepMarked`: a new cudagraph-trees step before every forward, training and eval alike;
+- `kept`, `stable_grads`: the loss copied out of the graphs' memory pool, and gradients accumulated over micro-batches
+  in buffers allocated outside the graphs, so the next replay does not overwrite them;
+- `GraphLog`: the number of graphs recorded, logged.
 """
 
 from __future__ import annotations

@@ -1,41 +1,16 @@
 """Multi-process training through PyTorch's own engine: torchrun starts the ranks, DDP or FSDP2 wraps the model.
 
-Nothing here moves tensors between ranks by itself: `torch.distributed` (process group, DDP,
-`fully_shard`, `torch.distributed.checkpoint`) does all of it. This module only decides how to use it:
+`torch.distributed` moves every tensor; this module decides how it is used. One process: no process group, nothing
+wrapped beyond `LossModule`. `distributed: ddp` (LoRA's default): the whole model on every rank, gradients averaged
+once per optimizer step. `distributed: fsdp` (a full fine-tune's default): `fully_shard` on the units `fsdp_units`
+names (`layer`, `group:K` consecutive layers, or `model`: the root alone, which the compiled loop needs), then on the
+root `LossModule`; a model built on the meta device is sharded first and filled after (`load_sharded`). Under bf16 the
+fp32 shards are the master weights, all-gathered as bf16, their gradients reduce-scattered in fp32.
 
-- one process (no torchrun environment): no process group is created and nothing is wrapped beyond
-  `LossModule`, so a single-process run computes what it always did;
-- `distributed: ddp` (the default for LoRA): every rank holds the whole model, gradients are averaged
-  by DDP once per optimizer step (`no_sync` for the earlier micro-batches of the window);
-- `distributed: fsdp` (the default for a full fine-tune): `fully_shard` on the units `fsdp_units` names
-  (`Dist.units`), then on the root (`LossModule`, so the embeddings, final norm and `lm_head` are
-  gathered by the root's hook even where the fused loss reads `lm_head.weight` directly):
-  - `layer`: every decoder layer is a unit, gathered for its forward and backward and its gradients
-    reduce-scattered every micro-batch: the least memory;
-  - `group:K`: K consecutive decoder layers are one unit (`fully_shard` of the list: one all-gather and one
-    reduce-scatter per group), otherwise as `layer`; fewer, larger collectives and FSDP2 hooks (`group:1` is `layer`);
-    layer and group units prefetch: each unit's all-gather is issued as the unit before it starts (see `wrap`);
-  - `model`: the root alone, which the compiled `loop` needs (see `wrap`). The whole model is gathered
-    anyway, so the window's micro-batches keep it gathered and accumulate the whole gradient, and the
-    gradients are reduce-scattered once per optimizer step, like DDP's all-reduce (`accumulation`; the
-    price is the unsharded fp32 gradient kept over the window).
-  A model built on the meta device (`load_model(meta=True)`) is sharded first and filled after (`load_sharded`):
-  each rank reads or draws its own shards only, so no rank holds the whole model, in host or GPU memory.
-
-Mixed precision under FSDP2 when bf16 computes (`MixedPrecisionPolicy(param_dtype=bfloat16,
-reduce_dtype=float32)`): the sharded parameters, which are the optimizer's master weights, stay fp32 (runtime/model.py
-holds a full fine-tune's text model in fp32; a LoRA base is bf16 already); each unit all-gathers them cast to bf16
-for its forward and backward; the gradients, computed in bf16, are reduce-scattered in fp32 and land on the fp32
-shards as fp32 `.grad`; AdamW's moments are fp32. Without bf16 everything is in the parameters' own dtype.
-
-Both engines average gradients over ranks; each rank's loss is multiplied by the world size before
-backward, so the averaged gradient is the gradient of the global loss (sum over all trained tokens of
-the window / their count). With a power-of-two world size the scaling is exact in floating point.
-
-The rank's share of a window: micro-batches `rank, rank + N, rank + 2N, ...` of the
-`gradient_accumulation_steps` micro-batches, so the global batch and the schedule do not depend on N.
-Eval is split the same way, pack by pack (`eval_share`), and its sums are all-reduced; the memory a
-logged step reports is the peak over ranks (`all_max`).
+Each rank's loss is multiplied by the world size, so the averaged gradient is that of the global loss (the sum over
+the window's trained tokens / their count). A rank runs micro-batches `rank, rank + N, ...` of the window and eval
+packs likewise (`eval_share`), so the global batch and the schedule do not depend on N; eval sums are all-reduced,
+and the memory a step logs is the peak over ranks (`all_max`).
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """How much GPU memory a training step needs, estimated from the model's config before the first step: what
-`gradient_checkpointing: auto` decides on.
+`gradient_checkpointing: auto` (and `fsdp_units: auto`) decides on.
 
-The estimate counts what the step adds to what is already resident once the model is loaded: gradients and AdamW
-state (`state_bytes`, measured from the model), the activations the backward keeps (per token and per layer, from
-the config's widths), the transients of one layer's backward, the loss head, and a fixed allowance for workspaces
-and the allocator. Activations are counted as the compiled loop keeps them: the input of every matmul (LoRA's A
-and a full fine-tune's weight gradient both read it), the mixers' internals their backward reads (the GDN conv's
-input and output, q/k/v, the delta rule's within-chunk matrix, the gated norm's inputs; attention's q/k/v, output
-and its gate), and the MLP's gate, up and product. With checkpointing each layer keeps only its input and one
-layer at a time recomputes the rest.
-
-Under FSDP2 with the decoder layers as units (`layer`, `group:K`), what the model itself holds per GPU is counted
-from the model (`ShardedModel`): the rank's shards, the root unit (embeddings, final norm, head) gathered for the
-whole step, and two gathered groups of K layers (the one computing and the one prefetched) plus one group's
-unsharded gradient before its reduce-scatter; `fsdp_group` picks the largest K whose step fits (what
-`fsdp_units: auto` decides on below the whole-model unit).
-
-The figures are an estimate, deliberately on the high side: a run whose estimate does not fit turns checkpointing
-on; the out-of-memory retry of the first step stays as the fallback for a run whose estimate was too low.
+The estimate adds to what the loaded model holds: gradients and AdamW state (`state_bytes`, measured from the model),
+the activations the backward keeps (per token and per layer, from the config's widths, as the compiled loop keeps
+them; with checkpointing each layer's input, one layer recomputed at a time), one layer's backward transients, the
+loss head and a fixed allowance. Under FSDP2 with layer units (`layer`, `group:K`) the model's own share per GPU comes
+from the model (`ShardedModel`); `fsdp_group` picks the largest K whose step fits. The figures err on the high side;
+the first step's out-of-memory retry (oom.py) covers an estimate that was too low.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """Trackers (`report_to`): the records of metrics.jsonl also go to TensorBoard or Weights & Biases, from rank 0.
 
-Each record becomes scalars named `<type>/<key>` (`train/loss`, `train/grad_norm`, `train/lr`,
-`train/tokens_per_s`, `eval/eval_loss`, `eval/exact_match`, ...) at its optimizer step, so a resumed run continues
-the same step axis; an eval's `samples` (eval_samples) become a text table. The `MetricsLog` that writes
-metrics.jsonl hands every record to the tracker and closes it with itself, at the end of a run or on its
-interruption.
+Each record becomes scalars named `<type>/<key>` (`train/loss`, `train/lr`, `eval/eval_loss`, ...) at its optimizer
+step, and an eval's `samples` a text table; the `MetricsLog` that writes metrics.jsonl hands every record over and
+closes the tracker with itself.
 
-- tensorboard: event files in `output_dir/runs/<run_name>/` (`tensorboard --logdir output_dir/runs`). A fresh run
-  replaces the event files an earlier run of the directory left there (as it starts metrics.jsonl empty); a
-  resumed run hides the steps the stopped process logged past its checkpoint (`purge_step`), which it logs again.
-- wandb: a run of the `WANDB_PROJECT` project (default "hybridtune") named `run_name`, its files under
-  `output_dir/runs/`; a resumed run continues the same W&B run (its id is kept in `runs/<run_name>.wandb-id`).
-  `WANDB_MODE=offline` writes locally only (`wandb sync` uploads later).
+- tensorboard: event files in `output_dir/runs/<run_name>/`; a fresh run replaces earlier ones, a resumed run purges
+  the steps logged past its checkpoint (`purge_step`).
+- wandb: a run of the `WANDB_PROJECT` project (default "hybridtune") named `run_name`, files under `output_dir/runs/`;
+  a resumed run continues the same W&B run (its id in `runs/<run_name>.wandb-id`); `WANDB_MODE=offline` stays local.
 
-Both packages are optional (`pip install 'hybridtune[tensorboard]'`, `'hybridtune[wandb]'`): imported here only
-when asked for.
+Both packages are optional (`pip install 'hybridtune[tensorboard]'`, `'hybridtune[wandb]'`), imported when asked for.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """The trainer: wires the run's parts together and runs its steps. Each part lives in its own module:
 
-    choices.py      every `auto` setting resolved once, with its reason (read this for "why did my run ...");
-                    memory.py its memory estimate for checkpointing
-    model.py        the model: loaded, patched, checkpointing, LoRA, in the dtypes it trains in
-    outdir.py       which runs an output directory may hold
-    stream.py       the data order and its saved position
-    step.py         the loss of one micro-batch; cudagraphs.py what it needs under CUDA graphs
-    distributed.py  torchrun: DDP / FSDP2 wrapping, the window split over ranks
-    evaluation.py   held-out loss and exact match
-    checkpoint.py   atomic DCP checkpoints and exact resume
-    export.py       the final model (adapter or full) as safetensors
-    profiling.py    torch.profiler over a few steps
-    oom.py          the first step's out-of-memory retry with checkpointing
+    runtime/  choices.py (every `auto` resolved once, with its reason; memory.py its estimate), model.py, stream.py
+              (data order and position), step.py (one micro-batch's loss; cudagraphs.py), distributed.py (DDP /
+              FSDP2, the window split over ranks), profiling.py, oom.py (the first step's out-of-memory retry)
+    run/      outdir.py (which runs a directory may hold), checkpoint.py (atomic DCP checkpoints, exact resume),
+              export.py (the final model or adapter)
+    train/    evaluation.py (held-out loss and exact match)
 
-The loss of an optimizer step is the mean over every trained token of all its micro-batches (the token count of
-the whole accumulation window is known before the first forward), so accumulation over k micro-batches equals one
-batch k times as large. Under torchrun the same window is split over the ranks: each rank runs its share of the
-micro-batches with the same whole-window token count, the engine sums the gradients, and the loss, the schedule
-and the global batch are those of one process.
+An optimizer step's loss is the mean over every trained token of its micro-batches (the window's token count is known
+before the first forward), so k micro-batches equal one batch k times as large; under torchrun each rank runs its
+share of the window with the same whole-window count.
 """
 
 from __future__ import annotations
