@@ -137,6 +137,24 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     raise bad
 
 
+# Keys renamed since a release: old name -> (new name, how its values map). An old config gets one line saying so.
+RENAMED_KEYS: dict[str, tuple[str, dict]] = {
+    # Inverted polarity: recompute_cores: true (the cores recomputed) is keep_mixer_cores: false.
+    "recompute_cores": ("keep_mixer_cores", {True: False, False: True, "auto": "auto"}),
+}
+
+
+def _renamed_key(key: str, value: Any, where: str) -> ConfigError | None:
+    if key not in RENAMED_KEYS:
+        return None
+    new, values = RENAMED_KEYS[key]
+    inverted = any(k != v for k, v in values.items())
+    how = f" with the polarity inverted ('{key}: true' is '{new}: false')" if inverted else ""
+    same = values.get(value) if isinstance(value, (bool, str)) else None
+    instead = f"; write '{new}: {str(same).lower()}'" if same is not None else ""
+    return ConfigError(f"{where}: config key '{key}' is now '{new}'{how}{instead}")
+
+
 def _unknown_key(key: str, known: list[str], where: str) -> ConfigError:
     near = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
     hint = f"; did you mean '{near[0]}'?" if near else "; run `hybridtune train --help` for the list"
@@ -150,7 +168,7 @@ def _build(cls: type, data: dict, where: str, lines: dict[str, int]) -> Any:
     for key, value in data.items():
         loc = f"{where}:{lines[key]}" if key in lines else where
         if key not in hints:
-            raise _unknown_key(str(key), names, loc)
+            raise _renamed_key(str(key), value, loc) or _unknown_key(str(key), names, loc)
         kwargs[key] = _coerce(value, hints[key], f"{loc}: key '{key}'")
     return cls(**kwargs)
 

@@ -194,10 +194,10 @@ class TrainConfig:
         "compile: loop traces each distinct decoder layer once and reuses it for the identical ones: the same step, "
         "a shorter first one; auto = on for the loop in one process, off under torchrun",
     )
-    recompute_cores: Literal["auto"] | bool = _f(
+    keep_mixer_cores: Literal["auto"] | bool = _f(
         "auto",
-        "under checkpointing, recompute the GDN cores (delta rule) in the backward (true) or keep their outputs "
-        "(false: faster, more memory); auto = keep them when the memory estimate fits",
+        "under checkpointing, keep the GDN cores' (delta rule) outputs in the checkpoints (true: faster, more "
+        "memory) or recompute them in the backward (false); auto = keep them when the memory estimate fits",
     )
     compile_overrides: list[str] = _f(
         [], "per-class plan overrides for compile: modules, as Class=compile|fullgraph|eager|off (see doctor)"

@@ -20,32 +20,31 @@ def _facts(**kw) -> Facts:
 
 def test_auto_is_on_for_the_loop_in_one_process():
     for device in ("cuda", "cpu"):  # facts only: no GPU needed
-        c, warns = choose_compile_regions(load_config(None, {}), _facts(device=device), "loop")
-        assert c.value is True and c.reason.startswith("auto: each distinct decoder layer traced once") and not warns
+        c = choose_compile_regions(load_config(None, {}), _facts(device=device), "loop")
+        assert c.value is True and c.reason.startswith("auto: each distinct decoder layer traced once")
+        assert not c.warnings
 
 
 @pytest.mark.parametrize("engine", ["ddp", "fsdp"])
 def test_auto_is_off_under_torchrun_and_says_why(engine):
-    c, warns = choose_compile_regions(load_config(None, {}), _facts(engine=engine, world=2), "loop")
+    c = choose_compile_regions(load_config(None, {}), _facts(engine=engine, world=2), "loop")
     assert c.value is False and c.reason == f"auto: off under {engine} (2 processes): not yet checked there"
-    on, warns = choose_compile_regions(
-        load_config(None, {"compile_regions": True}), _facts(engine=engine, world=2), "loop"
-    )
+    on = choose_compile_regions(load_config(None, {"compile_regions": True}), _facts(engine=engine, world=2), "loop")
     assert on.value is True and on.reason == "compile_regions: true"  # an explicit true is the user's to take
-    assert warns == [f"compile_regions: true under {engine}: the regional loop is not yet checked there"]
+    assert on.warnings == (f"compile_regions: true under {engine}: the regional loop is not yet checked there",)
 
 
 @pytest.mark.parametrize("strategy", ["off", "modules"])
 def test_without_the_loop_nothing_is_regional(strategy):
-    auto, warns = choose_compile_regions(load_config(None, {}), _facts(), strategy)
-    assert auto.value is False and auto.reason == f"auto: no loop (compile {strategy})" and not warns
-    on, warns = choose_compile_regions(load_config(None, {"compile_regions": True}), _facts(), strategy)
+    auto = choose_compile_regions(load_config(None, {}), _facts(), strategy)
+    assert auto.value is False and auto.reason == f"auto: no loop (compile {strategy})" and not auto.warnings
+    on = choose_compile_regions(load_config(None, {"compile_regions": True}), _facts(), strategy)
     assert on.value is False
-    assert warns == [f"compile_regions: no effect under compile strategy '{strategy}' (regions are the loop's)"]
+    assert on.warnings == (f"compile_regions: no effect under compile strategy '{strategy}' (regions are the loop's)",)
 
 
 def test_false_is_off_and_the_choice_is_logged_in_order():
-    c, _ = choose_compile_regions(load_config(None, {"compile_regions": False}), _facts(), "loop")
+    c = choose_compile_regions(load_config(None, {"compile_regions": False}), _facts(), "loop")
     assert c.value is False and c.reason == "compile_regions: false"
     assert facts.ORDER.index("compile_regions") == facts.ORDER.index("compile") + 1
 

@@ -127,8 +127,8 @@ def test_checkpointing_is_estimated_on_the_least_units(nine_b):
     assert least_units(_cfg(fsdp_units="group:6"), facts, "modules") == 6
     assert least_units(_cfg(fsdp_units="model"), facts, "modules") is None
     assert least_units(cfg, dataclasses.replace(facts, engine="ddp"), "loop") is None
-    off, _ = choose_checkpointing(cfg, facts, None, True, True, units=1)
-    on, _ = choose_checkpointing(cfg, facts, None, True, True)  # the whole-model unit's state
+    off = choose_checkpointing(cfg, facts, None, True, True, units=1)
+    on = choose_checkpointing(cfg, facts, None, True, True)  # the whole-model unit's state
     assert off.value is False and on.value is True
     assert resolve(_cfg(fsdp_units="model", compile="modules"), facts).checkpointing.value is True
     assert resolve(_cfg(fsdp_units="layer"), facts).checkpointing.value is False

@@ -45,27 +45,27 @@ def test_shapes_of_the_2b_config():
     [(4096, False), (65536, True), (131072, True), (262144, True)],
 )
 def test_2b_lora_on_an_h200(tokens, on):
-    choice, warns = _choose(tokens)
+    choice = _choose(tokens)
     assert choice.value is on, choice.reason
     assert choice.reason.startswith(f"auto: {'on' if on else 'off'}: {tokens}-token micro-batches need about ")
     est = step_bytes(SHAPES_2B, tokens, bf16=True, fused_loss=True, state_bytes=LORA_STATE)
     assert f"{est.without / GIB:.1f} GiB without checkpointing" in choice.reason
     assert f"{est.with_checkpointing / GIB:.1f} GiB with it; 135.0 GiB free" in choice.reason
-    assert warns == []  # with checkpointing, even 262k tokens fit
+    assert choice.warnings == ()  # with checkpointing, even 262k tokens fit
     if not on:
         assert "switched on if the first step runs out of GPU memory" in choice.reason
 
 
 def test_the_decision_follows_the_free_memory_and_the_model():
     # 4k tokens of the 2B shape need about 11 GiB without checkpointing: on a GPU with 8 GiB free, on.
-    assert _choose(4096, gpu_free_bytes=8 * GIB)[0].value is True
+    assert _choose(4096, gpu_free_bytes=8 * GIB).value is True
     # A full fine-tune adds fp32 gradients and AdamW moments: 48k tokens fit beside LoRA, not beside those.
-    assert _choose(49152)[0].value is False
-    assert _choose(49152, "full", state_bytes=FULL_STATE)[0].value is True
+    assert _choose(49152).value is False
+    assert _choose(49152, "full", state_bytes=FULL_STATE).value is True
     # 9B at 262k tokens does not fit even with checkpointing: on, and a warning that says so.
     nine = ActivationShapes.of(preset_config("qwen3_5-9b"))
-    choice, warns = _choose(262144, shapes=nine)
-    assert choice.value is True and len(warns) == 1 and "may run out of memory" in warns[0]
+    choice = _choose(262144, shapes=nine)
+    assert choice.value is True and len(choice.warnings) == 1 and "may run out of memory" in choice.warnings[0]
 
 
 def test_estimate_grows_with_tokens_and_checkpointing_saves():
@@ -96,13 +96,13 @@ def test_estimate_is_on_the_high_side_of_the_h200_peaks():
 
 def test_cpu_keeps_the_retry_and_explicit_settings_are_kept():
     cfg = load_config(None, {})
-    off, warns = choose_checkpointing(cfg, Facts(device="cpu"))
-    assert off.value is False and warns == []
+    off = choose_checkpointing(cfg, Facts(device="cpu"))
+    assert off.value is False and off.warnings == ()
     assert off.reason == "auto: off, no GPU memory to plan for; switched on if the first step runs out of GPU memory"
     unknown = _facts(shapes=dataclasses.replace(SHAPES_2B, layer_types=()))
-    assert "layer widths are unknown" in choose_checkpointing(cfg, unknown)[0].reason
+    assert "layer widths are unknown" in choose_checkpointing(cfg, unknown).reason
     for setting in (True, False):
-        c, _ = choose_checkpointing(load_config(None, {"gradient_checkpointing": setting}), _facts())
+        c = choose_checkpointing(load_config(None, {"gradient_checkpointing": setting}), _facts())
         assert c.value is setting and c.reason == f"gradient_checkpointing: {setting}"
 
 
@@ -150,6 +150,6 @@ def test_state_bytes_of_a_meta_built_fsdp_model_counts_the_whole_model():
 
 def test_the_retry_is_not_promised_under_torchrun():
     """runtime/oom.py retries the first step in one process only; under torchrun the choice line must not say so."""
-    c, _ = _choose(4096, engine="ddp", world=2)
+    c = _choose(4096, engine="ddp", world=2)
     assert c.value is False and "switched on if" not in c.reason and "no retry" in c.reason
-    assert "switched on if the first step runs out of GPU memory" in _choose(4096)[0].reason
+    assert "switched on if the first step runs out of GPU memory" in _choose(4096).reason

@@ -640,8 +640,8 @@ def _strategy(model, engine: str, device: str, share: float | None = None, **cfg
 
     c = load_config(None, cfg)
     facts = choices.Facts(device=device, bf16_supported=True, engine=engine, world=2, whole_model_share=share)
-    comp, warns = choices.choose_compile(c, facts)
-    return comp.value, choices.choose_fsdp_units(c, facts, comp.value).value, warns
+    comp = choices.choose_compile(c, facts)
+    return comp.value, choices.choose_fsdp_units(c, facts, comp.value).value, list(comp.warnings)
 
 
 def test_fsdp_units_and_compile_strategy_choose_each_other():

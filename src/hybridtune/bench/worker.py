@@ -331,7 +331,7 @@ def _flops(spec, mode, cfg, batches, timed, result) -> None:
             lora_targets=result.get("lora_modules", spec["lora_targets"]),
             lora_parameters=result.get("lora_parameters", spec.get("lora_parameters", ())),
             gradient_checkpointing=mode.gc,
-            recompute_cores=not mode.keep_cores,
+            keep_mixer_cores=mode.keep_cores,
         )
         for lens in steps
     ]

@@ -45,7 +45,7 @@ Two figures per step:
 * `hardware` (for HFU): `model` plus, under gradient checkpointing (transformers checkpoints each decoder
   layer), one more forward of every decoder layer: +2 per frozen or trained linear/conv parameter per
   token (LoRA adapters in the decoder layers included), plus the attention and GDN core forwards again.
-  The LM head is not recomputed. With `recompute_cores=False` (checkpoints that keep the mixers' cores:
+  The LM head is not recomputed. With `keep_mixer_cores=True` (checkpoints that keep the mixers' cores:
   compiler/recompute.py) the GDN core forwards are not counted again (the packed batches' varlen attention, a
   custom op the policy does not keep, still is).
 
@@ -202,7 +202,7 @@ def step_flops(
     lora_targets: Iterable[str] = (),
     gradient_checkpointing: bool = False,
     lora_parameters: Iterable[str] = (),
-    recompute_cores: bool = True,
+    keep_mixer_cores: bool = False,
 ) -> StepFlops:
     """FLOPs of one optimizer step over the packed documents `doc_lens` (see the module docstring)."""
     if adapter not in ADAPTERS:
@@ -258,7 +258,7 @@ def step_flops(
     if gradient_checkpointing:
         # Kept cores (compiler/recompute.py) are the GDN ones; the packed batches' varlen attention is recomputed.
         recompute = 2.0 * (decoder_params + conv_params + lora_dec) * tokens + attn_fwd
-        if recompute_cores:
+        if not keep_mixer_cores:
             recompute += gdn_fwd
     breakdown["recompute"] = recompute
     model = sum(v for k, v in breakdown.items() if k != "recompute")

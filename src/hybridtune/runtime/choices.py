@@ -3,7 +3,7 @@
 "Why did my run pick modules and a dynamic layout?" is answered here and nowhere else. `measure` reads the
 device, the processes, the model and the data into `Facts`; every other function is pure: it reads the config and
 the facts and returns values with reasons, or raises `ConfigError` for settings that do not go together. The
-trainer calls `measure`, then `resolve`, logs `Choices.lines()` and acts on the values.
+trainer calls `measure`, then `resolve`, logs the choices (`Choices.log`) and acts on the values.
 
 Order of dependence (each choice may read those above it):
 
@@ -17,12 +17,13 @@ Order of dependence (each choice may read those above it):
     checkpointing    <- device, the GPU's free memory, the model's widths, pack_layout, bf16, loss, and under FSDP2
                         the least units the run gets (`least_units`: explicit ones, the whole model under the loop,
                         else one layer each) (runtime/memory.py)
-    recompute_cores  <- checkpointing, compile, processes, and the estimate checkpointing reads (with the cores kept)
+    keep_mixer_cores <- checkpointing, compile, processes, and the estimate checkpointing reads (with the cores kept)
     fsdp_units       <- compile, and under auto below the whole model: the free memory, the widths, pack_layout,
                         bf16, loss and checkpointing (the most layers per unit whose step fits, `memory.fsdp_group`)
 
 Checkpointing comes before the units: it is decided on the least units, so it is on only when even one layer per
-unit would not fit without it, and the units then grow into the memory that choice leaves.
+unit would not fit without it, and the units then grow into the memory that choice leaves. A choice's warnings
+travel in its `Choice` and are said with its line (`Choices.log`).
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ def measure(
     share = distributed.whole_model_share(model, d, device, bf16) if cfg.fsdp_units == "auto" else None
     free = None
     fsdp = d.enabled and d.engine == "fsdp"
-    # (recompute_cores: auto reads it only under checkpointing in one process: `choose_recompute_cores`)
-    cores = cfg.gradient_checkpointing is True and cfg.recompute_cores == "auto" and not d.enabled
+    # (keep_mixer_cores: auto reads it only under checkpointing in one process: `choose_keep_mixer_cores`)
+    cores = cfg.gradient_checkpointing is True and cfg.keep_mixer_cores == "auto" and not d.enabled
     planned = cfg.gradient_checkpointing == "auto" or cores
     if cuda and (planned or (fsdp and cfg.fsdp_units == "auto")):
         # The driver's free memory, and what torch's allocator holds reserved but unused (the self-test's, say).
@@ -163,7 +164,7 @@ def _whole_model_too_big(cfg: TrainConfig, facts: Facts) -> str | None:
     )
 
 
-def choose_compile(cfg: TrainConfig, facts: Facts) -> tuple[Choice, list[str]]:
+def choose_compile(cfg: TrainConfig, facts: Facts) -> Choice:
     """`compile: auto` is the loop on a GPU and off on the CPU. The loop's one graph cannot hold FSDP2's per-layer
     hooks: for those, auto is the per-class `modules`, and an explicit `loop` with them is refused (a whole-model
     unit too big for auto is kept, with a warning). An MoE router loss is recorded inside the loop's graph."""
@@ -182,14 +183,14 @@ def choose_compile(cfg: TrainConfig, facts: Facts) -> tuple[Choice, list[str]]:
             "auto), or fsdp_units: model"
         )
     if cfg.compile != "auto":
-        return Choice(cfg.compile, f"compile: {cfg.compile}"), warns
+        return Choice(cfg.compile, f"compile: {cfg.compile}", tuple(warns))
     if facts.device != "cuda":
-        return Choice("off", "auto: no compile on the CPU"), warns
+        return Choice("off", "auto: no compile on the CPU")
     if per_layer:
         why = why or f"FSDP2 shards per decoder layer or group of layers (fsdp_units: {cfg.fsdp_units})"
     if why:
-        return Choice("modules", f"auto: {why}, which the one-graph loop cannot hold"), warns
-    return Choice("loop", "auto: the whole decoder loop as one graph on the GPU"), warns
+        return Choice("modules", f"auto: {why}, which the one-graph loop cannot hold")
+    return Choice("loop", "auto: the whole decoder loop as one graph on the GPU")
 
 
 def choose_fsdp_units(
@@ -310,7 +311,7 @@ def choose_cuda_graphs(cfg: TrainConfig, facts: Facts, strategy: str, layout: St
     )
 
 
-def choose_compile_regions(cfg: TrainConfig, facts: Facts, strategy: str) -> tuple[Choice, list[str]]:
+def choose_compile_regions(cfg: TrainConfig, facts: Facts, strategy: str) -> Choice:
     """`compile_regions: auto` traces each distinct decoder layer once (compile_loop(regional=True)) when one
     process runs the loop: the same loss and gradients (CPU and CUDA tests, tests/compiler/test_loop_regions.py),
     the same step time and a first step about a third shorter on the H200 (benchmarks/NOTES.md 37). Under torchrun
@@ -319,15 +320,16 @@ def choose_compile_regions(cfg: TrainConfig, facts: Facts, strategy: str) -> tup
         warns = []
         if cfg.compile_regions is True:
             warns.append(f"compile_regions: no effect under compile strategy '{strategy}' (regions are the loop's)")
-        return Choice(False, f"{'auto: ' if cfg.compile_regions == 'auto' else ''}no loop (compile {strategy})"), warns
+        auto = "auto: " if cfg.compile_regions == "auto" else ""
+        return Choice(False, f"{auto}no loop (compile {strategy})", tuple(warns))
     if cfg.compile_regions != "auto":
         warns = []
         if cfg.compile_regions is True and facts.engine != "none":
             warns.append(f"compile_regions: true under {facts.engine}: the regional loop is not yet checked there")
-        return Choice(bool(cfg.compile_regions), f"compile_regions: {str(cfg.compile_regions).lower()}"), warns
+        return Choice(bool(cfg.compile_regions), f"compile_regions: {str(cfg.compile_regions).lower()}", tuple(warns))
     if facts.engine != "none":
-        return Choice(False, f"auto: off under {facts.engine} ({facts.world} processes): not yet checked there"), []
-    return Choice(True, "auto: each distinct decoder layer traced once for the loop in one process"), []
+        return Choice(False, f"auto: off under {facts.engine} ({facts.world} processes): not yet checked there")
+    return Choice(True, "auto: each distinct decoder layer traced once for the loop in one process")
 
 
 def choose_loss(cfg: TrainConfig, facts: Facts) -> Choice:
@@ -355,34 +357,35 @@ def _estimate(cfg: TrainConfig, facts: Facts, layout, bf16: bool, fused: bool, u
     return tokens, step_bytes(facts.shapes, tokens, bf16=bf16, fused_loss=fused, state_bytes=state)
 
 
-def choose_recompute_cores(
+def choose_keep_mixer_cores(
     cfg: TrainConfig, facts: Facts, strategy: str, checkpointing: bool, layout, bf16: bool, fused: bool
 ) -> Choice:
-    """`recompute_cores: auto` under checkpointing: the compiled loop's checkpoints keep the mixers' cores
+    """`keep_mixer_cores: auto` under checkpointing: the compiled loop's checkpoints keep the mixers' cores
     (compiler/recompute.py; the same loss and gradients, the GDN cores' forward not run again) in one
-    process when the memory estimate with them kept fits the free memory; they are recomputed otherwise."""
+    process when the memory estimate with them kept fits the free memory; they are recomputed otherwise.
+    True: kept (`compile_loop(keep_cores=True)`)."""
     if strategy != "loop":
-        return Choice(
-            True, f"{'auto: ' if cfg.recompute_cores == 'auto' else ''}compile {strategy}: only the loop keeps them"
-        )
-    if cfg.recompute_cores != "auto":  # (also for the checkpointing an out-of-memory retry may switch on)
-        unchecked = (
-            f"; not yet checked under {facts.engine}" if facts.engine != "none" and not cfg.recompute_cores else ""
-        )
-        return Choice(bool(cfg.recompute_cores), f"recompute_cores: {str(cfg.recompute_cores).lower()}{unchecked}")
+        auto = "auto: " if cfg.keep_mixer_cores == "auto" else ""
+        warns = []
+        if cfg.keep_mixer_cores is True:
+            warns.append(f"keep_mixer_cores: true has no effect under compile strategy '{strategy}' (the loop's)")
+        return Choice(False, f"{auto}compile {strategy}: only the loop keeps them", tuple(warns))
+    if cfg.keep_mixer_cores != "auto":  # (also for the checkpointing an out-of-memory retry may switch on)
+        unchecked = f"; not yet checked under {facts.engine}" if facts.engine != "none" and cfg.keep_mixer_cores else ""
+        return Choice(bool(cfg.keep_mixer_cores), f"keep_mixer_cores: {str(cfg.keep_mixer_cores).lower()}{unchecked}")
     if not checkpointing:
-        return Choice(True, "no checkpointing: nothing is recomputed")
+        return Choice(False, "no checkpointing: nothing is recomputed")
     if facts.engine != "none":
-        return Choice(True, f"auto: recomputed under {facts.engine}: keeping them is not yet checked there")
+        return Choice(False, f"auto: recomputed under {facts.engine}: keeping them is not yet checked there")
     if facts.device != "cuda" or facts.gpu_free_bytes is None or facts.shapes is None or not facts.shapes.hidden:
-        return Choice(True, "auto: recomputed, no GPU memory to plan for")
+        return Choice(False, "auto: recomputed, no GPU memory to plan for")
     tokens, est = _estimate(cfg, facts, layout, bf16, fused, None)
     need, free = est.keeping_cores / GIB, facts.gpu_free_bytes / GIB
     if est.keeping_cores <= FIT_SHARE * facts.gpu_free_bytes:
         return Choice(
-            False, f"auto: kept: {tokens}-token micro-batches need about {need:.1f} GiB so; {free:.1f} GiB free"
+            True, f"auto: kept: {tokens}-token micro-batches need about {need:.1f} GiB so; {free:.1f} GiB free"
         )
-    return Choice(True, f"auto: recomputed: keeping them would need about {need:.1f} GiB; {free:.1f} GiB free")
+    return Choice(False, f"auto: recomputed: keeping them would need about {need:.1f} GiB; {free:.1f} GiB free")
 
 
 def choose_checkpointing(
@@ -392,45 +395,41 @@ def choose_checkpointing(
     bf16: bool = False,
     fused: bool = True,
     units: int | None = None,
-) -> tuple[Choice, list[str]]:
+) -> Choice:
     """`gradient_checkpointing: auto` on a GPU: on when the memory estimate of a micro-batch without it
     (runtime/memory.py, at the largest pack the run collates) would not fit the free memory, off otherwise; where
     nothing can be estimated (the CPU), off. Off under auto is switched on if the first step runs out of memory.
     `units`: FSDP2's layers per unit (`least_units`), whose state replaces the whole-model unit's (None)."""
     if cfg.gradient_checkpointing != "auto":
-        return Choice(bool(cfg.gradient_checkpointing), f"gradient_checkpointing: {cfg.gradient_checkpointing}"), []
+        return Choice(bool(cfg.gradient_checkpointing), f"gradient_checkpointing: {cfg.gradient_checkpointing}")
     retry = "switched on if the first step runs out of GPU memory"
     if facts.engine != "none":  # runtime/oom.py retries in one process only
         retry = f"a first step out of GPU memory stops with the setting to change ({facts.engine}: no retry)"
     if facts.device != "cuda" or facts.gpu_free_bytes is None or facts.shapes is None:
-        return Choice(False, f"auto: off, no GPU memory to plan for; {retry}"), []
+        return Choice(False, f"auto: off, no GPU memory to plan for; {retry}")
     if not facts.shapes.layer_types or not facts.shapes.hidden:
-        return Choice(False, f"auto: off, the model's layer widths are unknown; {retry}"), []
+        return Choice(False, f"auto: off, the model's layer widths are unknown; {retry}")
     tokens, est = _estimate(cfg, facts, layout, bf16, fused, units)
     d = decide_checkpointing(est, facts.gpu_free_bytes, tokens)
     reason = d.reason if d.on else f"{d.reason}; {retry}"
-    return Choice(d.on, reason), [d.warning] if d.warning else []
+    return Choice(d.on, reason, (d.warning,) if d.warning else ())
 
 
 def resolve(cfg: TrainConfig, facts: Facts) -> Choices:
     """Every choice of the run from the config and the facts (see the module docstring)."""
-    warns = []
-    if cfg.bf16 is True and facts.device == "cpu":
-        warns.append("bf16 on CPU autocasts matmuls only and is slow on most CPUs; fp32 is the CPU default")
-    compile_, more = choose_compile(cfg, facts)
-    warns += more
-    regions, more = choose_compile_regions(cfg, facts, compile_.value)
-    warns += more
+    compile_ = choose_compile(cfg, facts)
     bf16 = choose_bf16(cfg, facts)
+    if cfg.bf16 is True and facts.device == "cpu":
+        cpu = "bf16 on CPU autocasts matmuls only and is slow on most CPUs; fp32 is the CPU default"
+        bf16 = dataclasses.replace(bf16, warnings=(*bf16.warnings, cpu))
     layout = choose_pack_layout(cfg, facts, compile_.value)
     fused = choose_loss(cfg, facts)
     units = least_units(cfg, facts, compile_.value)
-    checkpointing, more = choose_checkpointing(cfg, facts, layout.value, bf16.value, fused.value, units)
-    warns += more
+    checkpointing = choose_checkpointing(cfg, facts, layout.value, bf16.value, fused.value, units)
     fsdp_units = choose_fsdp_units(
         cfg, facts, compile_.value, layout.value, bf16.value, fused.value, checkpointing.value
     )
-    cores = choose_recompute_cores(
+    cores = choose_keep_mixer_cores(
         cfg, facts, compile_.value, checkpointing.value, layout.value, bf16.value, fused.value
     )
     return Choices(
@@ -440,9 +439,8 @@ def resolve(cfg: TrainConfig, facts: Facts) -> Choices:
         fsdp_units=fsdp_units,
         pack_layout=layout,
         cuda_graphs=choose_cuda_graphs(cfg, facts, compile_.value, layout.value),
-        compile_regions=regions,
+        compile_regions=choose_compile_regions(cfg, facts, compile_.value),
         fused_loss=fused,
         checkpointing=checkpointing,
-        recompute_cores=cores,
-        warnings=tuple(warns),
+        keep_mixer_cores=cores,
     )

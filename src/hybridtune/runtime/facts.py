@@ -1,9 +1,11 @@
 """What the run's choices read and what they are: `Facts` (measured by `choices.measure` before `choices.resolve`),
-`Choice` (a value with its reason) and `Choices` (every choice of a run, logged a line each in `ORDER`)."""
+`Choice` (a value with its reason and its warnings) and `Choices` (every choice of a run, logged a line each in
+`ORDER`, each line followed by its choice's warnings)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass
 from typing import Any
 
 from hybridtune.data.collator import StaticLayout
@@ -14,6 +16,7 @@ from hybridtune.runtime.memory import ActivationShapes, ShardedModel
 class Choice:
     value: Any
     reason: str
+    warnings: tuple[str, ...] = ()  # what the user should know about this value, said with its line
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class Facts:
     whole_model_share: float | None = None
     packs: tuple[tuple[int, ...], ...] = ()  # document lengths of every train and eval pack the run collates
     # The GPU's free bytes once the model is loaded (min over ranks), measured under `gradient_checkpointing: auto`,
-    # under `gradient_checkpointing: true` with `recompute_cores: auto` in one process, and under FSDP2 with
+    # under `gradient_checkpointing: true` with `keep_mixer_cores: auto` in one process, and under FSDP2 with
     # `fsdp_units: auto`.
     gpu_free_bytes: int | None = None
     state_bytes: int = 0  # what the run allocates beside the resident model: gradients, AdamW state, DDP's buckets
@@ -50,9 +53,13 @@ class Choices:
     fused_loss: Choice  # bool
     checkpointing: Choice  # bool (auto: from the memory estimate; off is retried with it on after an OOM)
     compile_regions: Choice  # bool: compile_loop(regional=...)
-    recompute_cores: Choice = Choice(True, "no checkpointing")  # bool: compile_loop(keep_cores=not ...)
+    keep_mixer_cores: Choice = Choice(False, "no checkpointing")  # bool: compile_loop(keep_cores=...)
     cuda_graphs: Choice = Choice(False, "cuda_graphs: off")  # bool
-    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Every choice's warnings, in `ORDER`."""
+        return tuple(w for name in ORDER for w in getattr(self, name).warnings)
 
     def lines(self) -> list[str]:
         """One log line per choice: `name: value (reason)`."""
@@ -61,6 +68,13 @@ class Choices:
             c: Choice = getattr(self, name)
             out.append(f"{name}: {_show(c.value, NONE.get(name, '-'))} ({c.reason})")
         return out
+
+    def log(self, log: logging.Logger) -> None:
+        """Each choice's line (info), then its warnings (warning)."""
+        for name, line in zip(ORDER, self.lines()):
+            log.info("choice %s", line)
+            for w in getattr(self, name).warnings:
+                log.warning("%s", w)
 
 
 ORDER = (
@@ -73,7 +87,7 @@ ORDER = (
     "cuda_graphs",
     "fused_loss",
     "checkpointing",
-    "recompute_cores",
+    "keep_mixer_cores",
 )
 NONE = {"threads": "torch's default", "pack_layout": "dynamic"}  # what a None value means, per choice
 

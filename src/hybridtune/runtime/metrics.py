@@ -95,7 +95,7 @@ class StepFlops:
         on = [m for m in self.switches if m.gradient_checkpointing is True]
         keeps = any(recompute.keeps_cores(m) for m in on)  # the compiled loop's checkpoints keep the cores
         f = step_flops(
-            self.config, list(doc_lens), gradient_checkpointing=bool(on), recompute_cores=not keeps, **self.kw
+            self.config, list(doc_lens), gradient_checkpointing=bool(on), keep_mixer_cores=keeps, **self.kw
         )
         return f.model, f.hardware
 

@@ -167,10 +167,7 @@ class Trainer:
     def _setup_choices(self) -> None:
         self.facts = self._facts(self.model)
         self.choices: Choices = resolve(self.cfg, self.facts)
-        for line in self.choices.lines():
-            logger.info("choice %s", line)
-        for w in self.choices.warnings:
-            logger.warning("%s", w)
+        self.choices.log(logger)  # a line per choice, each followed by its warnings
         if self.choices.threads.value is not None:
             torch.set_num_threads(self.choices.threads.value)
         self.strategy = self.choices.compile.value
@@ -195,7 +192,7 @@ class Trainer:
         if self.strategy == "loop":
             opts["static_shapes"] = self.collate.layout is not None
             opts["regional"] = self.choices.compile_regions.value
-            opts["keep_cores"] = not self.choices.recompute_cores.value
+            opts["keep_cores"] = self.choices.keep_mixer_cores.value
         if self.choices.cuda_graphs.value:
             keys = len(cuda_graph_keys(self.collate.layout, self.facts.packs))
             self.cuda_graphs, self.graph_log = True, cudagraphs.GraphLog(self.device, keys)
