@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridtune.kernels.needs import HUB_KERNEL_NAMES, analyze, kernel_spec
-from hybridtune.mixers.gdn import fla_guard
+from hybridtune.mixers import MIXERS, registry
 
 
 @dataclass
@@ -115,41 +115,27 @@ def _hybridtune_owned(module: Any) -> bool:
 
 
 def _hybridtune_plan(module: Any) -> str | None:
-    """What `patch_model` would route this mixer through (its adapters match by structure), if anything."""
+    """What `patch_model` would route this mixer through (a registered family matches it by structure), if anything."""
     try:
-        # why here: patching imports the ops, which register on import; a torch that cannot is reported, not raised
-        from hybridtune.models import patching
+        # why here: a family's routing imports its ops, which register on import; a torch that cannot is reported
+        route = registry.route_for(module)
     except ImportError:
         return None
-    for adapter in patching.ADAPTERS:
-        if adapter.matches(module):
-            unsupported = getattr(patching.qwen3_5, "core_unsupported", lambda m: None)(module)
-            return None if unsupported else adapter.NAME
-    return None
+    if route is None:
+        return None
+    _, family = route
+    return None if family.unsupported(module) else family.name
 
 
 def _op_backend(module: Any) -> tuple[str, bool]:
-    """(description, fast) of hybridtune's op backend for the device the mixer's weights are on."""
+    """(description, fast) of the routed mixer's op backend, from its registry entry."""
+    spec = MIXERS.get(getattr(module, registry.MIXER_ATTR, ""))
+    if spec is None or spec.path is None:
+        return "hybridtune op", True
     try:
-        # why here: importing gdn registers the custom ops; a torch that cannot is reported, not raised
-        from hybridtune.mixers.gdn import ops as gdn
-    except ImportError as e:
+        return spec.path(module)
+    except ImportError as e:  # importing the ops registers them; a torch that cannot is reported, not raised
         return f"hybridtune ops unavailable ({e})", False
-    try:
-        device = next(module.parameters()).device
-    except StopIteration:
-        device = None
-    if device is None or device.type == "meta":
-        import torch
-
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    name, why = gdn.backend(device)
-    if name != "fla":
-        return f"torch reference ({why})", False
-    key = tuple(int(getattr(module, a, 0)) for a in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"))
-    if fla_guard.guard_active() and not fla_guard.is_granted(key):
-        return f"fla forward; backward refused by FLA's Hopper guard until the self-test grants {key}", False
-    return f"fla ({why})", True
 
 
 def report(model: Any) -> PathReport:
@@ -168,11 +154,13 @@ def report(model: Any) -> PathReport:
                 (arch.mixer_classes[b.__name__] for b in type(module).__mro__[1:] if b.__name__ in arch.mixer_classes),
                 None,
             )
-        if kernels is None:
+        kind = module.__dict__.get(registry.MIXER_ATTR)
+        if kernels is None and kind is None:
             continue
-        if owned:
+        if owned or kind is not None:
             backend, fast = _op_backend(module)
-            mixers.append(MixerPath(qual, cls, kernels, f"hybridtune op -> {backend}", fast))
+            note = f"mixer {kind}" if kind else ""
+            mixers.append(MixerPath(qual, cls, kernels or (), f"hybridtune op -> {backend}", fast, note=note))
             continue
         mod_globals = vars(sys.modules.get(type(module).__module__, modeling) or modeling or types.ModuleType("x"))
         symbols: dict[str, str] = {}

@@ -1,19 +1,18 @@
 """`patch_model(model) -> PatchReport`: route every supported mixer of a built transformers model
-through hybridtune ops (GDN; the routed MoE experts as grouped GEMMs, `experts.py`).
+through hybridtune ops (each registered mixer's families, `hybridtune.mixers.MIXERS`; the routed MoE experts as
+grouped GEMMs, `experts.py`).
 
-GatedDeltaNet mixers are found by structure (the adapters' `matches`), never by class or model name.
-Each matched mixer gets an instance-level `forward` that:
+Mixers are found by structure (a family's `matches`), never by class or model name. Each matched module gets an
+instance-level `forward` that:
     - with a cache (`cache_params` given: generation) calls the upstream forward unchanged;
-    - otherwise (training, or evaluation without a cache) runs `qwen3_5.gdn_core` on
-      `torch.ops.hybridtune.*`, reading the collator's packing metadata from the kwargs the decoder
-      layer already forwards (`cu_seq_lens_q`, `gdn_chunk_indices`).
+    - otherwise (training, or evaluation without a cache) runs its family's `forward` on hybridtune ops,
+      reading the collator's packing metadata from the kwargs the decoder layer already forwards.
 Full-attention layers keep their module; an SDPA/eager model's attention implementation becomes
 `hybridtune_varlen` (`attention.py`: varlen kernel for packed CUDA batches, SDPA with a document mask
 otherwise); flash-attention, when chosen, is kept. `config.use_cache` is turned off (the decoder would
 otherwise build a cache on every training forward); `generate()` still asks for one explicitly.
 `unpatch_model` restores everything.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -22,15 +21,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hybridtune.batch import CU_SEQ_LENS_Q, GDN_CHUNK_INDICES
+from hybridtune.mixers import MIXERS, registry
 from hybridtune.mixers.attention import varlen as attention
-from hybridtune.mixers.gdn import ops as gdn_ops
-from hybridtune.mixers.gdn import qwen3_5, qwen3_next
 from hybridtune.mixers.moe import experts
 from hybridtune.models.anatomy import PATCHED_FORWARD_ATTR
 
-ADAPTERS = (qwen3_5, qwen3_next)  # first match wins; each has NAME, matches(module), project(module, h)
 _ORIGINAL = PATCHED_FORWARD_ATTR
+_FORWARD = "_hybridtune_forward"  # the routed family's forward, set on the module
 
 
 @dataclass
@@ -48,7 +45,7 @@ class PatchReport:
         return len(self.routed)
 
     def __str__(self) -> str:
-        lines = [f"hybridtune patch: {self.num_routed} GDN mixer(s) routed; ops backend: {self.backend}"]
+        lines = [f"hybridtune patch: {self.num_routed} mixer(s) routed; ops backend: {self.backend}"]
         lines += [f"  {name}: {path}" for name, path in self.routed.items()]
         lines += [f"  {name}: kept upstream ({why})" for name, why in self.skipped.items()]
         if self.experts:
@@ -62,22 +59,16 @@ def _patched_forward(self, hidden_states, cache_params=None, attention_mask=None
         return getattr(self, _ORIGINAL)(
             hidden_states, cache_params=cache_params, attention_mask=attention_mask, **kwargs
         )
-    return qwen3_5.gdn_core(
-        self,
-        hidden_states,
-        attention_mask,
-        self._hybridtune_project,
-        kwargs.get(CU_SEQ_LENS_Q),
-        kwargs.get(GDN_CHUNK_INDICES),
-    )
+    return getattr(self, _FORWARD)(self, hidden_states, attention_mask, kwargs)
 
 
-def find_gdn_mixers(model: torch.nn.Module):
-    """Yield (name, module, adapter) for every module an adapter recognises."""
+def find_mixers(model: torch.nn.Module):
+    """Yield (name, module, spec, family) for every module a registered mixer's family recognises."""
+    pairs = registry.families()
     for name, module in model.named_modules():
-        for adapter in ADAPTERS:
-            if adapter.matches(module):
-                yield name, module, adapter
+        for spec, family in pairs:
+            if family.matches(module):
+                yield name, module, spec, family
                 break
 
 
@@ -108,25 +99,29 @@ def _route_attention(model: torch.nn.Module) -> str:
 
 
 def patch_model(model: torch.nn.Module) -> PatchReport:
-    """Route the GDN mixers of `model` (any transformers model holding Qwen3.5- or Qwen3-Next-layout
-    GatedDeltaNet modules) through `torch.ops.hybridtune.*`. Idempotent. Returns a `PatchReport`."""
+    """Route the mixers of `model` that a registered mixer's family recognises (the Qwen3.5- and Qwen3-Next-layout
+    GatedDeltaNet modules, among others) through hybridtune ops. Idempotent. Returns a `PatchReport`."""
     report = PatchReport()
-    # The trainer patches before moving the model, so say what each device will run.
-    report.backend = "; ".join(f"{dev}: {gdn_ops.backend(dev)[1]}" for dev in ("cpu", "cuda"))
-    for mod_name, module, adapter in find_gdn_mixers(model):
-        reason = qwen3_5.core_unsupported(module)
+    routed_kinds = set()
+    for mod_name, module, spec, family in find_mixers(model):
+        reason = family.unsupported(module)
         if reason:
             report.skipped[mod_name] = f"{type(module).__name__}: {reason}"
             continue
         if _ORIGINAL not in module.__dict__:
             module.__dict__[_ORIGINAL] = module.forward
-            module._hybridtune_project = adapter.project
+            module.__dict__[_FORWARD] = family.forward
+            module.__dict__[registry.MIXER_ATTR] = spec.kind
             module.forward = types.MethodType(_patched_forward, module)
-        H, HV, K, V = module.num_k_heads, module.num_v_heads, module.head_k_dim, module.head_v_dim
-        report.routed[mod_name] = (
-            f"{adapter.NAME} -> hybridtune::causal_conv1d + hybridtune::gdn_chunk "
-            f"(H={H}, HV={HV}, K={K}, V={V}) without cache; upstream with cache"
-        )
+        report.routed[mod_name] = family.describe(module) or f"{family.name} -> hybridtune ops"
+        routed_kinds.add(spec.kind)
+    # The trainer patches before moving the model, so say what each device will run.
+    backends = [s for s in MIXERS.values() if s.backend is not None and (s.kind in routed_kinds or not routed_kinds)]
+    report.backend = "; ".join(
+        f"{dev}: {s.backend(dev)}" if len(backends) == 1 else f"{s.kind} on {dev}: {s.backend(dev)}"
+        for s in backends
+        for dev in ("cpu", "cuda")
+    )
     report.attention = _route_attention(model)
     report.experts = experts.route_experts(model)
     if report.routed:
@@ -162,7 +157,7 @@ def original_config(model: torch.nn.Module):
 
 
 def is_patched(model: torch.nn.Module) -> bool:
-    return any(_ORIGINAL in m.__dict__ for _, m, _ in find_gdn_mixers(model))
+    return any(_ORIGINAL in m.__dict__ for _, m, _, _ in find_mixers(model))
 
 
 def unpatch_model(model: torch.nn.Module) -> int:
@@ -177,6 +172,7 @@ def unpatch_model(model: torch.nn.Module) -> int:
         if _ORIGINAL in m.__dict__:
             m.__dict__.pop(_ORIGINAL)
             m.__dict__.pop("forward", None)
-            m.__dict__.pop("_hybridtune_project", None)
+            m.__dict__.pop(_FORWARD, None)
+            m.__dict__.pop(registry.MIXER_ATTR, None)
             n += 1
     return n

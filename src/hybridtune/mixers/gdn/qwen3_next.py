@@ -1,11 +1,11 @@
 """Qwen3-Next adapter: its GatedDeltaNet mixer (fused qkvz and ba projections, head-grouped layout)
-on hybridtune ops. Recognised by structure; the core after the projection is shared with Qwen3.5."""
+on hybridtune ops. Recognised by structure; the core after the projection is `core.py`'s."""
 
 from __future__ import annotations
 
 import torch
 
-from hybridtune.mixers.gdn.qwen3_5 import CORE_ATTRS
+from hybridtune.mixers.gdn.core import CORE_ATTRS
 
 PROJ_ATTRS = ("in_proj_qkvz", "in_proj_ba", "fix_query_key_value_ordering")
 NAME = "qwen3_next-gdn"

@@ -1,0 +1,157 @@
+"""The mixer registry: one `MixerSpec` per mixer kind, what the rest of the package iterates instead of naming a
+mixer. A new mixer is a folder `mixers/<kind>/` whose spec is one `register` call (mixers/__init__.py).
+
+A spec says, for its kind: which HF modules it routes and how (`routing`), the `layer_types` entries of a config it
+serves and what they cost (`flops`, `activations`: per token), the per-batch metadata the collator adds for it
+(`metadata`, keyed `batch_keys`; `size` counts a batch's rows of its dim-0-dynamic keys), the ops whose outputs a
+checkpoint may keep (`core_ops`), the kernel packages it needs (`kernels`), its device self-test (`selftest`) and
+the path report of a routed module (`path`). Everything here is torch-free at import: fields that need torch are
+callables the consumers call when they run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# Set on a routed module (patching): the kind of the mixer whose forward it runs.
+MIXER_ATTR = "_hybridtune_mixer"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One HF module layout a mixer routes, recognised by structure (`matches(module)`). Routed, its forward
+    without a cache is `forward(module, hidden [B, T, D], attention_mask, batch_kwargs) -> [B, T, D]`."""
+
+    name: str
+    matches: Callable[[Any], bool]
+    forward: Callable[..., Any]
+    unsupported: Callable[[Any], str | None] = lambda module: None  # why it cannot be routed, or None
+    describe: Callable[[Any], str] = lambda module: ""  # the patch report's line for a routed module
+
+
+@dataclass(frozen=True)
+class LayerFlops:
+    """FLOPs of `layers` layers of one mixer over a packed batch (forward only; the FLOP model multiplies).
+
+    `projections`: (path under the layer, in_features, out_features) of each weight matrix of one layer, charged
+    like every linear weight. `core`: forward FLOPs of the core (recomputed under checkpointing unless kept),
+    `weights`: per-token weight-like parameters outside the projections (a conv), counted like weights."""
+
+    projections: tuple[tuple[str, int, int], ...]
+    core: float = 0.0
+    weights: int = 0
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Elements per token one layer of a mixer keeps: `saved` for its backward without checkpointing, `core` what a
+    checkpoint that keeps the core holds, `backward_fp32` fp32 transients of its backward."""
+
+    saved: int
+    core: int = 0
+    backward_fp32: int = 0
+
+
+@dataclass(frozen=True)
+class KernelPackage:
+    """A fast-kernel package: how to check it, how to get it, and what its absence costs."""
+
+    name: str  # the need's key, also the import name
+    distributions: tuple[str, ...]  # pinned pip requirements; empty when there is no wheel to install
+    check_code: str  # python run in a child process to prove the install imports
+    accelerates: str
+    fallback_cost: str
+    fix: str  # the command (or step) that closes the gap
+    substitute: str | None = None  # a kernel whose own op replaces this one on hybridtune's path
+
+
+@dataclass(frozen=True)
+class MixerSpec:
+    """What the package needs to know about one mixer kind (see the module docstring)."""
+
+    kind: str
+    layer_types: tuple[str, ...] = ()  # config `layer_types` entries whose mixer this is
+    routing: Callable[[], Sequence[Family]] | None = None  # the families, loaded when a model is patched
+    flops: Callable[[Any, int, float, float], LayerFlops] | None = None  # (text config, layers, tokens, sum L^2)
+    core_kept: bool = False  # whether `keep_mixer_cores` keeps its core (else it is recomputed)
+    core_names: tuple[str, str] = ("", "")  # the FLOP breakdown's keys for `core` and `weights`
+    activations: Callable[[Any], Activations] | None = None  # (text config) -> per-token elements
+    batch_keys: tuple[str, ...] = ()  # keys `metadata` adds to a batch; the model's forward receives them
+    dynamic_keys: tuple[str, ...] = ()  # those whose dim 0 varies per batch
+    metadata: Callable[[Sequence[int]], dict] | None = None  # document lengths -> batch entries
+    size: Callable[[Sequence[int]], int] | None = None  # document lengths -> rows of its dynamic keys
+    size_name: str = ""  # what `size` counts, for people ("GDN chunks")
+    time_share: float = 0.0  # the share of a step's time that scales with `size` rather than with tokens
+    core_ops: Callable[[], Iterable[Any]] | None = None  # ops whose outputs a checkpoint may keep
+    kernels: tuple[KernelPackage, ...] = ()
+    selftest: Callable[[], Any] | None = None  # -> a self-test suite (kernels/selftest.py reads it)
+    path: Callable[[Any], tuple[str, bool]] | None = None  # routed module -> (where its work runs, fast)
+    backend: Callable[[str], str] | None = None  # device kind -> the ops backend it runs there, for the report
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+MIXERS: dict[str, MixerSpec] = {}
+
+
+def register(spec: MixerSpec, *, replace: bool = False) -> MixerSpec:
+    """Add `spec` to `MIXERS` (a second kind of the same name needs `replace=True`). Returns it."""
+    if spec.kind in MIXERS and not replace:
+        raise ValueError(f"mixer kind {spec.kind!r} is already registered; pass replace=True or unregister it first")
+    MIXERS[spec.kind] = spec
+    return spec
+
+
+def unregister(kind: str) -> MixerSpec | None:
+    """Remove a registered kind (tests that register their own); returns it, or None when absent."""
+    return MIXERS.pop(kind, None)
+
+
+def for_layer_type(layer_type: str) -> MixerSpec | None:
+    """The mixer serving a config's `layer_types` entry, or None."""
+    return next((s for s in MIXERS.values() if layer_type in s.layer_types), None)
+
+
+def families() -> list[tuple[MixerSpec, Family]]:
+    """Every (spec, family) pair, in registration order: the first family that matches a module routes it."""
+    return [(s, f) for s in MIXERS.values() if s.routing is not None for f in s.routing()]
+
+
+def route_for(module: Any) -> tuple[MixerSpec, Family] | None:
+    """The mixer and family that route `module`, or None."""
+    return next(((s, f) for s, f in families() if f.matches(module)), None)
+
+
+def model_keys(base: Sequence[str] = ()) -> tuple[str, ...]:
+    """`base` (batch.MODEL_KEYS) and every mixer's batch keys, each once: what the model's forward receives."""
+    return tuple(dict.fromkeys([*base, *(k for s in MIXERS.values() for k in s.batch_keys)]))
+
+
+def dynamic_keys(base: Sequence[str] = ()) -> tuple[str, ...]:
+    """`base` and every mixer's dim-0-dynamic batch keys, each once."""
+    return tuple(dict.fromkeys([*base, *(k for s in MIXERS.values() for k in s.dynamic_keys)]))
+
+
+def metadata(doc_lens: Sequence[int]) -> dict:
+    """Every mixer's per-batch metadata for documents of `doc_lens` laid end to end."""
+    out: dict = {}
+    for s in MIXERS.values():
+        if s.metadata is not None:
+            out.update(s.metadata(doc_lens))
+    return out
+
+
+def sizes(doc_lens: Sequence[int]) -> dict[str, int]:
+    """kind -> the rows of its dynamic metadata for these documents (mixers with a `size` only)."""
+    return {s.kind: s.size(doc_lens) for s in MIXERS.values() if s.size is not None}
+
+
+def batch_sizes(batch: dict) -> tuple[int, ...]:
+    """The dim-0 sizes of a collated batch's mixer-dynamic keys: one compiled graph's CUDA-graph key."""
+    return tuple(int(batch[k].shape[0]) for s in MIXERS.values() for k in s.dynamic_keys if k in batch)
+
+
+def kernel_packages() -> dict[str, KernelPackage]:
+    """name -> package, over every registered mixer."""
+    return {k.name: k for s in MIXERS.values() for k in s.kernels}
