@@ -1,56 +1,14 @@
-"""FLOPs per training step of a hybrid GDN / attention model, for MFU and HFU.
+"""FLOPs per training step of a hybrid GDN / attention model, for MFU and HFU (2 FLOPs per multiply-add).
 
-What is counted (T = sum(doc_lens) tokens in the step; every matmul costs 2 FLOPs per multiply-add):
+Per token, over T = sum(doc_lens) tokens: a decoder weight of P parameters (every `nn.Linear`, the MoE router, the
+active experts: top-k routed + shared) costs 2P forward, 6P trained, 4P frozen under LoRA; the LM head likewise, tied
+or not; a LoRA adapter r * (in + out) parameters at 6 each (routed experts' adapters for the top-k experts); the GDN
+causal conv like a weight of K * conv_dim parameters; the GDN core 8 * num_v_heads * dk * dv forward, x3 with the
+backward (both as Megatron-LM counts them). The attention core costs 6 * L^2 * head_dim * num_heads forward + backward
+per document of length L (causal). Norms, rotary, activations, gates, the loss and the optimizer are not counted.
 
-* Linear weights (every `nn.Linear` weight of the decoder layers, plus the MoE router and the routed
-  experts' 3-D weights; only the *active* experts per token: top-k routed + shared expert + shared
-  expert gate + router). A weight of P parameters costs per token:
-  forward 2P; full fine-tune 6P (forward, input gradient, weight gradient);
-  frozen under LoRA 4P (forward, input gradient; no weight gradient).
-  Biases are not counted (Qwen3.5 / Qwen3-Next have none by default).
-* LM head (vocab x hidden): like any linear, 4 under LoRA (frozen) and 6 under full fine-tune, counted
-  even when tied to the embedding. The embedding lookup is not counted (a gather, no matmul).
-* LoRA adapters on the targeted `nn.Linear` modules (peft-style match: module path == target or ends
-  with "." + target): r * (in + out) trained parameters each, 6 FLOPs per parameter per token.
-  The routed experts are 3-D parameters, not `nn.Linear`, so `target_modules` never reaches them; their LoRA
-  (`lora_parameters`, peft's `target_parameters`: `gate_up_proj`, `down_proj`) is r * (in + out) per expert,
-  charged for the top-k experts a token is routed to (x A_e then (x A_e) B_e per routed row, as the grouped
-  form computes it; peft's own forward also forms the whole [E, out, in] delta each step, work not counted).
-  Caveat (peft 0.21): for model_type qwen3_next, peft's v4->v5 MoE shim rewrites the targets gate_proj /
-  up_proj / down_proj into `target_parameters` on the routed experts (rank 2r on the fused gate_up_proj)
-  and drops them from `target_modules`, so the shared expert's MLP gets no adapter. Give the count what peft
-  applied (`train.lora.applied_targets`: modules and parameters), as `hybridtune bench` does, and it matches.
-* Attention core of the full-attention layers, causal, per document of length L (documents packed in a
-  step do not attend to each other): Q K^T and P V each cost 2 * L^2 * head_dim * num_heads FLOPs for the
-  full square, halved for the causal mask, so forward = 2 * L^2 * head_dim * num_heads (the L/2 diagonal
-  term is dropped), backward = 2 x forward, forward + backward = 6 * L^2 * head_dim * num_heads, summed
-  over documents (sum of squared document lengths). GQA does not reduce it: every query head does the
-  work. FlashAttention's recompute of Q K^T inside its backward is not counted, in either figure.
-* GDN core (chunked gated delta rule), per linear-attention layer and token, as Megatron-LM counts it in
-  `gdn_layer_flops` (megatron/training/training.py, nested in `num_floating_point_operations`, NVIDIA/
-  Megatron-LM commit d98e8a64ddf3): forward 2 * 4 * num_v_heads * v_head_dim^2, the four terms being
-  K K^T, V K^T, S (a (I - b K K^T)) and S Q; the whole layer forward is multiplied by 3 for forward +
-  backward. Megatron writes `v_head_dim ** 2`; we write key_head_dim * value_head_dim (the state is
-  dk x dv per value head), which is the same for every Qwen3.5 / Qwen3-Next shape (dk = dv = 128).
-* GDN depthwise causal conv1d (kernel K over 2 * key_dim + value_dim channels), as Megatron counts it too:
-  forward 2 * K * conv_dim per token, and like a weight of K * conv_dim parameters for the backward
-  (4 frozen, 6 full fine-tune).
-* Not counted: RMSNorms, rotary, softmax, activations (SiLU / SwiGLU products), the output gates, the
-  GDN gating (a, b, softplus, exp), the L2 norm of q/k, the loss, the optimizer step. All are O(hidden)
-  per token, under 1 % of the total for the real shapes.
-
-Two figures per step:
-
-* `model` (for MFU): the work the step needs, without recompute.
-* `hardware` (for HFU): `model` plus, under gradient checkpointing (transformers checkpoints each decoder
-  layer), one more forward of every decoder layer: +2 per frozen or trained linear/conv parameter per
-  token (LoRA adapters in the decoder layers included), plus the attention and GDN core forwards again.
-  The LM head is not recomputed. With `keep_mixer_cores=True` (checkpoints that keep the mixers' cores:
-  compiler/recompute.py) the GDN core forwards are not counted again (the packed batches' varlen attention, a
-  custom op the policy does not keep, still is).
-
-Under LoRA every decoder linear is charged the input gradient, even the first layer's (whose input
-needs no gradient when the embedding is frozen); the overcount is one layer's projections.
+Two figures: `model` (for MFU) without recompute; `hardware` (for HFU) adds, under gradient checkpointing, one more
+forward of every decoder layer (without the GDN cores when the checkpoints keep them: compiler/recompute.py).
 """
 
 from __future__ import annotations

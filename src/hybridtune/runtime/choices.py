@@ -1,29 +1,15 @@
 """Every `auto` setting of a run, resolved once: one frozen `Choices` with the reason for each value.
 
-"Why did my run pick modules and a dynamic layout?" is answered here and nowhere else. `measure` reads the
-device, the processes, the model and the data into `Facts`; every other function is pure: it reads the config and
-the facts and returns values with reasons, or raises `ConfigError` for settings that do not go together. The
-trainer calls `measure`, then `resolve`, logs the choices (`Choices.log`) and acts on the values.
+`measure` reads the device, the processes, the model and the data into `Facts`; every other function is pure: config
+and facts in, values with reasons out, or `ConfigError` for settings that do not go together. The trainer calls
+`measure`, then `resolve`, logs the choices (a line each, with its warnings, which travel in its `Choice`) and acts
+on the values. Each choice may read those before it:
 
-Order of dependence (each choice may read those above it):
+    device, bf16 -> threads -> compile -> compile_regions -> pack_layout -> cuda_graphs -> loss -> checkpointing
+    -> keep_mixer_cores -> fsdp_units
 
-    device, bf16 (before the model loads: the frozen base's dtype depends on it)
-    threads          <- device, model size
-    compile          <- device, FSDP2 engine and units, the whole-model unit's size
-    compile_regions  <- compile, processes
-    pack_layout      <- compile, micro_batch_size, every train and eval pack
-    cuda_graphs      <- device, processes, compile, pack_layout (its packs' GDN chunk counts bound the graphs)
-    loss             <- the model's head and loss terms
-    checkpointing    <- device, the GPU's free memory, the model's widths, pack_layout, bf16, loss, and under FSDP2
-                        the least units the run gets (`least_units`: explicit ones, the whole model under the loop,
-                        else one layer each) (runtime/memory.py)
-    keep_mixer_cores <- checkpointing, compile, processes, and the estimate checkpointing reads (with the cores kept)
-    fsdp_units       <- compile, and under auto below the whole model: the free memory, the widths, pack_layout,
-                        bf16, loss and checkpointing (the most layers per unit whose step fits, `memory.fsdp_group`)
-
-Checkpointing comes before the units: it is decided on the least units, so it is on only when even one layer per
-unit would not fit without it, and the units then grow into the memory that choice leaves. A choice's warnings
-travel in its `Choice` and are said with its line (`Choices.log`).
+Checkpointing is decided on the least FSDP2 units the run gets; the units then grow into the memory that choice
+leaves (runtime/memory.py). What each choice reads: docs/INTERNALS.md.
 """
 
 from __future__ import annotations
@@ -314,7 +300,7 @@ def choose_cuda_graphs(cfg: TrainConfig, facts: Facts, strategy: str, layout: St
 def choose_compile_regions(cfg: TrainConfig, facts: Facts, strategy: str) -> Choice:
     """`compile_regions: auto` traces each distinct decoder layer once (compile_loop(regional=True)) when one
     process runs the loop: the same loss and gradients (CPU and CUDA tests, tests/compiler/test_loop_regions.py),
-    the same step time and a first step about a third shorter on the H200 (benchmarks/NOTES.md 37). Under torchrun
+    the same step time and a shorter first step (measured: docs/INTERNALS.md). Under torchrun
     it stays off: the regional loop under DDP or FSDP2 has not been checked on GPUs."""
     if strategy != "loop":
         warns = []
