@@ -1,9 +1,12 @@
-"""hybridtune.bench.results: the append-only results table and the README tables generated from it."""
+"""hybridtune.bench.results (the append-only results table) and benchmarks/tools/render_docs.py (the tables of
+README.md and docs/PERFORMANCE.md rendered from it; not part of the wheel, loaded here by its path)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,16 @@ from hybridtune.errors import ConfigError
 
 ROOT = Path(__file__).parents[2]
 TABLE = ROOT / "benchmarks" / "results.jsonl"
+
+
+def _load_renderer():
+    spec = importlib.util.spec_from_file_location("render_docs", ROOT / "benchmarks" / "tools" / "render_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+render_docs = _load_renderer()
 
 
 def row(**kw) -> dict:
@@ -34,13 +47,30 @@ def row(**kw) -> dict:
     return base | kw
 
 
-def test_readme_tables_are_what_render_makes_of_the_table():
-    """The README's Performance and scaling tables cannot drift from benchmarks/results.jsonl."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert results.update_readme(text, results.read(TABLE)) == text, (
-        "README.md's generated tables differ from benchmarks/results.jsonl: "
-        "run `python -m hybridtune.bench.results render --readme README.md`"
-    )
+def test_doc_tables_are_what_render_makes_of_the_table():
+    """The generated tables of README.md and docs/PERFORMANCE.md cannot drift from benchmarks/results.jsonl."""
+    rows = results.read(TABLE)
+    assert set(render_docs.FILES) == {"README.md", "docs/PERFORMANCE.md"}
+    for rel, names in render_docs.FILES.items():
+        text = (ROOT / rel).read_text(encoding="utf-8")
+        assert render_docs.update(text, rows, names, rel) == text, (
+            f"{rel}'s generated tables differ from benchmarks/results.jsonl: run `python benchmarks/tools/render_docs.py`"
+        )
+    shown = [n for names in render_docs.FILES.values() for n in names]
+    assert sorted(shown) == sorted(render_docs.TABLES)  # every table lives in exactly one file
+
+
+def test_headline_pairs_are_hf_eager_against_hybridtune_in_one_run():
+    """The README's one table compares like with like: each pair is one bench run's hf-eager row and a hybridtune
+    mode of the same run, shape, pack length and adapter."""
+    by_id = {r["id"]: r for r in results.read(TABLE)}
+    for base, ours in render_docs.TABLES["headline-table"]["rows"]:
+        b, r = by_id[base], by_id[ours]
+        assert b["mode"] == "hf-eager" and r["mode"].startswith("ht-"), (base, ours)
+        assert b["run"] == r["run"] and b["shape"] == r["shape"] and b["adapter"] == r["adapter"], (base, ours)
+        assert b["status"] == r["status"] == "ok"
+    text = render_docs.render(list(by_id.values()), "headline-table")
+    assert "| Qwen3.5-2B | 9,291 tok/s | 33,109 tok/s | **3.56x** |" in text
 
 
 def test_every_row_has_its_provenance_and_ids_run_one_to_n():
@@ -50,7 +80,7 @@ def test_every_row_has_its_provenance_and_ids_run_one_to_n():
         assert all(k in r for k in results.REQUIRED), r["id"]
         assert re.fullmatch(r"[0-9a-f]{40}", r["commit"]), r["id"]
         assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", r["date"]), r["id"]
-    cited = {i for spec in results.README_TABLES.values() for i in results._ids(spec)}
+    cited = {i for spec in render_docs.TABLES.values() for i in render_docs.ids(spec)}
     assert cited <= {r["id"] for r in rows}
 
 
@@ -87,21 +117,37 @@ def test_bench_rows_compare_losses_over_the_steps_every_mode_ran():
 
 
 def test_render_command_writes_checks_and_names_missing_markers(tmp_path, capsys):
-    t = tmp_path / "r.jsonl"
-    t.write_text(TABLE.read_text())
-    readme = tmp_path / "README.md"
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    for rel in ("README.md", "docs/PERFORMANCE.md", "benchmarks/results.jsonl"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, tmp_path / rel)
+    perf = tmp_path / "docs" / "PERFORMANCE.md"
+    text = perf.read_text(encoding="utf-8")
     stale = text.replace("| 32,682 |", "| 32,000 |")
     assert stale != text
-    readme.write_text(stale)
-    assert results.main(["--table", str(t), "render", "--readme", str(readme), "--check"]) == 1
-    assert results.main(["--table", str(t), "render", "--readme", str(readme)]) == 0
-    assert readme.read_text() == text
-    readme.write_text("no markers here\n")
+    perf.write_text(stale)
+    root = ["--root", str(tmp_path)]
+    assert render_docs.main([*root, "--check"]) == 1
+    assert "docs/PERFORMANCE.md: generated tables differ" in capsys.readouterr().err
+    assert perf.read_text() == stale  # --check writes nothing
+    assert render_docs.main(root) == 0
+    assert perf.read_text() == text and render_docs.main([*root, "--check"]) == 0
+    (tmp_path / "README.md").write_text("no markers here\n")
     capsys.readouterr()
-    assert results.main(["--table", str(t), "render", "--readme", str(readme)]) == 2
+    assert render_docs.main(root) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "<!-- perf-table" in err and "\n" not in err
+    assert err.startswith("error: README.md: ") and "<!-- headline-table" in err and "\n" not in err
+
+
+def test_render_names_rows_the_table_lacks():
+    with pytest.raises(ConfigError, match=r"table 'perf-table' names rows \[98"):
+        render_docs.render([r for r in results.read(TABLE) if r["id"] != 98], "perf-table")
+
+
+def test_the_wheel_only_appends_rows():
+    """Rendering lives in benchmarks/tools: the package keeps no table of which rows the docs show."""
+    assert not any(hasattr(results, n) for n in ("render", "README_TABLES", "update_readme", "SHAPE_FAMILIES"))
+    with pytest.raises(SystemExit):
+        results.main(["render"])
 
 
 def test_add_bench_appends_a_run(tmp_path):
@@ -149,15 +195,17 @@ def test_train_table_shows_the_status_and_the_windows_of_a_short_run():
                 windows=[[2, 2, 31000.0], [3, 3, 28000.0], [4, 4, 29500.0]])  # fmt: skip
     long = row(id=4, tool="train", mode="train:cold", tokens_per_s=33000.0, peak_gib=14.1, first_step_s=117.0,
                loss_step1=12.8, loss_last=[30, 4.9], windows=[[2, 5, 8000.0], [6, 10, 34000.0], [11, 15, 32000.0]])  # fmt: skip
-    lines = results._train_table({3: short, 4: long}, [3, 4])
+    lines = render_docs._train_table({3: short, 4: long}, [3, 4])
     assert "| no window after step 10 | 28,000-31,000 | 45.10 | 148 s | 12.800 -> 9.700 (step 6) | 3 |" in lines[2]
     assert "| 33,000 | 32,000-34,000 |" in lines[3]  # the window that recorded the CUDA graphs (2-5) left out
 
 
 def test_shape_labels_shorten_the_preset_families():
-    from hybridtune.bench.results import _shape
+    _shape = render_docs._shape
 
     assert _shape({"shape": "qwen3_5-2b"}) == "2B"
     assert _shape({"shape": "qwen3_5-35b-a3b@layers=8"}) == "35B-A3B@layers=8"
     assert _shape({"shape": "qwen3_next-80b-a3b@layers=24"}) == "Next-80B-A3B@layers=24"
     assert _shape({"shape": "tiny-qwen3_next"}) == "tiny-qwen3_next"  # not a family prefix: as it is
+    assert _shape({"shape": "qwen3_next-80b-a3b@layers=24"}, full=True) == "Qwen3-Next-80B-A3B@layers=24"
+    assert _shape({"shape": "qwen3_5-35b-a3b"}, full=True) == "Qwen3.5-35B-A3B"
