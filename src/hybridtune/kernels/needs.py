@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridtune.errors import ModelError
+from hybridtune.models.trust import NO_CODE, refuse_custom_code
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,8 @@ def read_config(path: Path) -> Any:
     except ImportError as e:
         raise ModelError(f"reading '{cfg_file}' needs transformers, which is not importable ({e}).") from e
     try:
-        return AutoConfig.from_pretrained(str(cfg_file.parent), local_files_only=True)
+        refuse_custom_code(cfg_file.parent)
+        return AutoConfig.from_pretrained(str(cfg_file.parent), local_files_only=True, **NO_CODE)
     except (ValueError, KeyError, OSError) as e:
         raise ModelError(f"cannot read '{cfg_file}': {str(e).splitlines()[0]}") from e
 

@@ -25,6 +25,7 @@ from hybridtune.models.meta import CheckpointReader, PresetReader, fill, skeleto
 from hybridtune.models.presets import PRESETS, preset_config
 from hybridtune.models.source import check_weight_files
 from hybridtune.models.tokenizer_files import bundled_tokenizer
+from hybridtune.models.trust import NO_CODE, refuse_custom_code
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +56,9 @@ class LoadedModel:
 def _tokenizer_from(path: str, fix: str):
     from transformers import AutoTokenizer
 
+    refuse_custom_code(path)
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path, **NO_CODE)
     except Exception as e:  # transformers raises OSError/ValueError/KeyError for missing or odd files
         raise ModelError(f"'{path}' holds no loadable tokenizer ({type(e).__name__}); {fix}") from None
 
@@ -201,8 +203,9 @@ def _meta_checkpoint(path: Path, config, cls) -> torch.nn.Module | None:
 
 def _load_checkpoint(source: ModelSource, tok, dtype, meta: bool = False) -> LoadedModel:
     path = source.path
+    refuse_custom_code(path)
     try:
-        config = transformers.AutoConfig.from_pretrained(str(path))
+        config = transformers.AutoConfig.from_pretrained(str(path), **NO_CODE)
         cls = model_class(config)
         model = _meta_checkpoint(path, config, cls) if meta else None
         meta = model is not None
@@ -213,7 +216,7 @@ def _load_checkpoint(source: ModelSource, tok, dtype, meta: bool = False) -> Loa
             # On a forked generator: transformers' init still draws for some loaded modules (Qwen3.5's A_log),
             # which a meta build cannot repeat; the run's RNG (a LoRA adapter's draw next) is then the same either way.
             with torch.random.fork_rng(devices=[]):
-                model = cls.from_pretrained(str(path), config=config, dtype="auto")
+                model = cls.from_pretrained(str(path), config=config, dtype="auto", **NO_CODE)
     except SafetensorError as e:
         raise ModelError(
             f"cannot load checkpoint '{path}': a weight file is damaged or incomplete ({e}); download or copy it again"

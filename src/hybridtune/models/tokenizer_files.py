@@ -13,4 +13,4 @@ def bundled_tokenizer():
     """The bundled byte-level BPE tokenizer with a ChatML chat template (a transformers fast tokenizer)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(BUNDLED_TOKENIZER_DIR))
+    return AutoTokenizer.from_pretrained(str(BUNDLED_TOKENIZER_DIR), trust_remote_code=False)

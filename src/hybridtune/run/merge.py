@@ -21,6 +21,7 @@ from hybridtune.models import source
 from hybridtune.models.anatomy import text_model
 from hybridtune.models.hub import looks_like_hub_id, resolve_source
 from hybridtune.models.loading import model_class
+from hybridtune.models.trust import NO_CODE, refuse_custom_code
 from hybridtune.run.checkpoint import MARKER, atomic_dir, is_ours
 from hybridtune.run.export import BASE_DIR
 
@@ -65,9 +66,10 @@ def merge(adapter_dir: str | Path, out_dir: str | Path, overwrite: bool = False)
         PeftConfig.from_pretrained(str(adapter_dir))
     except (ValueError, TypeError, KeyError) as e:  # an unknown peft_type or field
         raise ModelError(f"{config_file}: not a LoRA adapter config peft can read ({type(e).__name__}: {e})") from None
+    refuse_custom_code(base_path)
     try:
-        cls = model_class(AutoConfig.from_pretrained(str(base_path)))
-        base = cls.from_pretrained(str(base_path), dtype="auto")  # as saved
+        cls = model_class(AutoConfig.from_pretrained(str(base_path), **NO_CODE))
+        base = cls.from_pretrained(str(base_path), dtype="auto", **NO_CODE)  # as saved
     except (OSError, ValueError, KeyError) as e:
         raise ModelError(f"cannot load the adapter's base model '{base_path}': {e}") from None
     dtype = text_model(base).embed_tokens.weight.dtype
@@ -77,11 +79,12 @@ def merge(adapter_dir: str | Path, out_dir: str | Path, overwrite: bool = False)
         raise ModelError(f"cannot load the adapter in '{adapter_dir}' onto '{base_path}': {e}") from None
     merged = model.merge_and_unload()
     tok_dir = adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else base_path
+    refuse_custom_code(tok_dir)
 
     def write(tmp: Path) -> None:
         source.save_like_source(merged, tmp, merged.state_dict(), base_path, dtype)
         if (tok_dir / "tokenizer_config.json").is_file():
-            AutoTokenizer.from_pretrained(str(tok_dir)).save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(str(tok_dir), **NO_CODE).save_pretrained(tmp)
         source.carry_files(tmp, base_path)
         (tmp / "hybridtune.json").write_text(
             json.dumps({"merged_from": str(adapter_dir), "base": str(base_path)}, indent=2)
