@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -290,3 +291,27 @@ def test_no_module_docstring_over_15_lines():
         str(p.relative_to(SRC)): n for p in module_files().values() if (n := module_docstring_lines(p)) > 15
     }
     assert not long, f"module docstrings over 15 lines (reasoning belongs in docs/): {long}"
+
+
+# A benchmark row id ("row 97", "rows 87-88"), a note number ("NOTES 46", "benchmarks/NOTES.md 47"), a session or a
+# date of work ("2026-12-02"). Only .py files are read: kernels/tuned/*.json are data and may carry their dates.
+# Allowed, by the lookbehind: `file:row N`, how a data error locates a row of the user's file (data/sources.py).
+CITATION = re.compile(r"(?<!:)\b[Rr]ows? \d+|\bNOTES?(\.md)? \d+|\bnotes? \d+|\b20\d\d-\d\d\b|\b[Ss]ession \d+")
+
+
+def test_citation_pattern_finds_each_form():
+    cited = ["rows 87-88 hold it", "Row 97", "benchmarks/NOTES.md 47", "NOTES 46", "on 2026-12-02", "session 15"]
+    assert all(CITATION.search(s) for s in cited)
+    assert not any(CITATION.search(s) for s in ["a.csv:row 3: bad", "the row's id", "rows numbered from 1"])
+
+
+def test_no_row_note_or_date_citations_in_src():
+    """Figures keep their sources in docs/ (docs/INTERNALS.md, benchmarks/), never in src/: no benchmark row id,
+    note number, session or date in a module's docstrings, comments, help strings or error messages."""
+    found = [
+        f"{p.relative_to(SRC)}:{i}: {m.group(0)!r}"
+        for p in module_files().values()
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if (m := CITATION.search(line))
+    ]
+    assert not found, "row/note/date citations in src/ (move them, with the figure, to docs/): " + "; ".join(found)

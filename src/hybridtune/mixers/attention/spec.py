@@ -9,7 +9,7 @@ from hybridtune.mixers.registry import Activations, LayerFlops, MixerSpec
 # SDPA's attention kernels (FlashAttention, memory-efficient, cuDNN, the CPU flash form): ops a checkpoint keeps.
 # Not kept (yet): torch's varlen attention, what varlen.py runs on packed CUDA batches. It is a custom op of its own
 # (`torch_attn::_varlen_attn`), opaque to the policy, so its flash kernel is recomputed; keeping it is one entry
-# here, not yet checked on a GPU (benchmarks/NOTES.md 47).
+# here, not yet checked on a GPU.
 SDPA_OPS = (
     "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_efficient_attention",

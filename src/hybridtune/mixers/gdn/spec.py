@@ -17,7 +17,7 @@ CHUNK_INDICES = "gdn_chunk_indices"
 # The delta rule's chunk length (FLA's kernels and the reference's).
 CHUNK_SIZE = 64
 # The delta-rule kernels' share of a training step's GPU time for the 2B shape at 4096-token packs, from its
-# profile (benchmarks/NOTES.md 16). They work per 64-token chunk, everything else per token, so a static layout's
+# profile (docs/INTERNALS.md). They work per 64-token chunk, everything else per token, so a static layout's
 # filler document is weighted by it (`data.collator.StaticLayout.filler_cost`).
 TIME_SHARE = 0.12
 LAYER_TYPE = "linear_attention"
