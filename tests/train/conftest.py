@@ -6,7 +6,7 @@ import random
 import pytest
 
 from hybridtune.compiler import strategies
-from hybridtune.train import trainer as trainer_mod
+from hybridtune.runtime import compose
 
 
 @pytest.fixture(scope="session")
@@ -34,5 +34,5 @@ def aot_eager(monkeypatch):
         handles.append(strategies.compile_model(model, strategy, backend="aot_eager", **opts))
         return handles[-1]
 
-    monkeypatch.setattr(trainer_mod, "compile_model", compile_)
+    monkeypatch.setattr(compose, "compile_model", compile_)
     return handles

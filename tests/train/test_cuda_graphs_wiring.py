@@ -22,7 +22,7 @@ from test_train_regions import run
 
 from hybridtune.mixers.gdn import fla_adapter
 from hybridtune.mixers.gdn.ops import conv_in_graph
-from hybridtune.runtime import choices, oom
+from hybridtune.runtime import choices, compose, oom
 from hybridtune.train import trainer as trainer_mod
 from hybridtune.train.evaluation import eval_batches
 from hybridtune.train.trainer import Trainer
@@ -42,7 +42,7 @@ def fake_compile(monkeypatch):
             {"strategy": strategy, "opts": opts, "conv": conv_in_graph(), "checkpointed": _checkpointed(model)}
         )
 
-    monkeypatch.setattr(trainer_mod, "compile_model", record)
+    monkeypatch.setattr(compose, "compile_model", record)
     return calls
 
 
@@ -179,7 +179,7 @@ def test_a_setup_that_fails_after_prepare_puts_the_conv_form_back(tmp_path, smal
         assert conv_in_graph() == "op"
         raise RuntimeError("compile failed")
 
-    monkeypatch.setattr(trainer_mod, "compile_model", broken)
+    monkeypatch.setattr(compose, "compile_model", broken)
     t = Trainer(make_cfg(tmp_path / "a", small_data, max_steps=1, compile="loop", pack_layout="static"))
     with pytest.raises(RuntimeError, match="compile failed"):
         t.setup()

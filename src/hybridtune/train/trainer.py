@@ -26,8 +26,7 @@ from pathlib import Path
 import torch
 
 from hybridtune.batch import NUM_LOSS_TOKENS, NUM_TOKENS
-from hybridtune.compiler.strategies import compile_model
-from hybridtune.config import TrainConfig, compile_overrides, warmup_warning
+from hybridtune.config import TrainConfig, warmup_warning
 from hybridtune.data import PackedCollator, with_chat_template
 from hybridtune.data.build import PreparedData, prepare
 from hybridtune.data.digests import one_read
@@ -43,10 +42,12 @@ from hybridtune.run import export
 from hybridtune.run.base import base_identity, base_revision
 from hybridtune.run.card import model_card
 from hybridtune.run.outdir import RUN_FILE, OutputLock, claim_output_dir, tidy, write_run_file
+from hybridtune.runtime import compose as compose_step
 from hybridtune.runtime import cudagraphs, distributed, health, oom
-from hybridtune.runtime.choices import Choices, Facts, choose_bf16, cuda_graph_keys, measure, pick_device, resolve
+from hybridtune.runtime.choices import Choices, Facts, choose_bf16, measure, pick_device, resolve
+from hybridtune.runtime.compose import compose
 from hybridtune.runtime.metrics import MetricsLog, StepFlops, StepLog, memory_gib
-from hybridtune.runtime.model import build_model, enable_checkpointing
+from hybridtune.runtime.model import build_model
 from hybridtune.runtime.optim import build_optimizer, build_scheduler
 from hybridtune.runtime.profiling import ProfileWindow
 from hybridtune.runtime.signals import StopRequest, sigterm_interrupts
@@ -105,7 +106,6 @@ class Trainer:
         self._setup_kernels()  # before anything imports the modeling module, where transformers picks its path
         self._setup_model()
         self._setup_choices()
-        self._setup_compile()
         self._setup_engine()
         self._setup_flops()
         self._setup_optimizer()
@@ -162,7 +162,7 @@ class Trainer:
         """Load, patch the mixers, checkpointing, LoRA, on the device; the dtypes are runtime/model.py's."""
         self.use_bf16 = choose_bf16(self.cfg, self._facts()).value
         built = build_model(self.cfg, self.source, self.tokenizer, self.device, self.use_bf16, self.dist)
-        self.loaded, self.model, self.patch_report = built.loaded, built.model, built.patch_report
+        self.built, self.loaded, self.model, self.patch_report = built, built.loaded, built.model, built.patch_report
 
     def _setup_choices(self) -> None:
         self.facts = self._facts(self.model)
@@ -178,38 +178,18 @@ class Trainer:
         self.collate = PackedCollator(layout=layout, pad_token_id=pad) if layout is not None else PackedCollator()
         self.objective = build_objective(self.cfg, self.choices.fused_loss.value)
 
-    def _setup_compile(self) -> None:
-        """Compile after patching, LoRA and checkpointing are in place (the graph must see all three); CUDA graphs
-        as choices.py decided (runtime/cudagraphs.py)."""
-        if self.cfg.gradient_checkpointing == "auto" and self.choices.checkpointing.value:
-            enable_checkpointing(self.model)  # the memory estimate said so (choices.choose_checkpointing)
-        self.compile_handle = None
-        if self.strategy == "off":
-            return
-        opts: dict = {}
-        if self.strategy == "modules" and self.cfg.compile_overrides:
-            opts["overrides"] = compile_overrides(self.cfg)
-        if self.strategy == "loop":
-            opts["static_shapes"] = self.collate.layout is not None
-            opts["regional"] = self.choices.compile_regions.value
-            opts["keep_cores"] = self.choices.keep_mixer_cores.value
-        if self.choices.cuda_graphs.value:
-            keys = len(cuda_graph_keys(self.collate.layout, self.facts.packs))
-            self.cuda_graphs, self.graph_log = True, cudagraphs.GraphLog(self.device, keys)
-            self.conv_before, opts["mode"] = cudagraphs.before_compile(keys), cudagraphs.MODE
-        self.compile_handle = compile_model(self.model, self.strategy, **opts)
-        logger.info("compile: strategy '%s' (the first step includes compilation)", self.strategy)
-
     def _setup_engine(self) -> None:
-        """What steps and saves: the model itself in one process, DDP- or FSDP2-wrapped under torchrun (the unit
-        FSDP2 shards is `choices.fsdp_units`). Eval runs the forward alone: DDP's copy needs no engine; FSDP2's
-        shards must gather (all ranks)."""
-        d = self.dist
-        runner = distributed.LossModule(self.model, self.objective)
-        self.engine = distributed.wrap(runner, d, self.device, self.use_bf16, self.loaded)
-        self.eval_model = self.engine.module if d.engine == "ddp" else self.engine
-        self.eval_model = cudagraphs.StepMarked(self.eval_model) if self.cuda_graphs else self.eval_model
-        self.autocast = lambda: torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16)
+        """After patching, LoRA and checkpointing: CUDA graphs, the compile, the engine (runtime/compose.py, the
+        composition `hybridtune bench` shares): the model itself in one process, DDP- or FSDP2-wrapped under
+        torchrun (FSDP2's unit is `choices.fsdp_units`). Eval runs the forward alone: DDP's copy needs no engine;
+        FSDP2's shards must gather (all ranks)."""
+        c = compose(self.built, self.cfg, self.choices, self.objective, self.device, self.dist, self.facts.packs)
+        self.composed, self.engine, self.eval_model, self.autocast = c, c.engine, c.eval_model, c.autocast
+        self.compile_handle, self.cuda_graphs, self.graph_log, self.conv_before = (
+            c.compile_handle, c.cuda_graphs, c.graph_log, c.conv_before
+        )  # fmt: skip
+        if self.strategy != "off":
+            logger.info("compile: strategy '%s' (the first step includes compilation)", self.strategy)
 
     def _setup_flops(self) -> None:
         """MFU in the step line: the model FLOPs of each step over the measured matmul peak of the run's devices."""
@@ -285,20 +265,8 @@ class Trainer:
         # All of this rank's micro-batches go to the device up front, and the loss is summed there: the step
         # waits for the GPU once (loss and gradient norm together), not after every micro-batch.
         mine = [to_device(b, self.device) for b in distributed.my_share(d, batches)]
-        losses = []
-        if self.cuda_graphs and len(mine) > 1:
-            cudagraphs.stable_grads(self.params)  # accumulated outside the graphs' pool
-        for i, b in enumerate(mine):
-            with distributed.accumulation(self.engine, d, last=i == len(mine) - 1):
-                cudagraphs.step_begin(self.cuda_graphs)
-                with self.autocast():
-                    loss = self.engine(b, n_tokens)
-                # DDP and FSDP2 average over ranks; times N, that average is the sum the window's loss needs.
-                (loss * d.world if d.enabled else loss).backward()
-            losses.append(cudagraphs.kept(loss))  # (a copy: nothing a later replay may overwrite)
-        norm = distributed.total_grad_norm(self.params)
-        if cfg.max_grad_norm > 0:
-            torch.nn.utils.clip_grads_with_norm_(self.params, cfg.max_grad_norm, norm)
+        losses = compose_step.backward(self.composed, mine, n_tokens, self.params, d)
+        norm = compose_step.clip(self.params, cfg.max_grad_norm)
         # A stop request (signals.py) travels with the loss's all-reduce: every rank stops after the same step.
         loss_sum = torch.stack(losses).double().sum()
         summed = distributed.all_sum_(torch.stack([loss_sum, loss_sum.new_tensor(float(bool(self.stop.requested)))]), d)

@@ -1,0 +1,128 @@
+"""The composition root of a training step, shared by `hybridtune train` (train/trainer.py) and `hybridtune bench`'s
+hybridtune modes (bench/worker.py): one place that turns a run's config and resolved choices into the objects that
+train.
+
+`compose`: after the model is built (runtime/model.py) and the choices resolved (runtime/choices.py), the
+checkpointing the memory estimate asked for, CUDA graphs' process settings (runtime/cudagraphs.py), the compile with
+`compile_options`, and the engine (`distributed.LossModule` over the model and the objective, DDP/FSDP2-wrapped
+under torchrun). `backward` runs one optimizer step's micro-batches (each `[1, T]` packed, on the device) forward
+and backward; `clip` clips the gradients to `max_grad_norm` and returns their global norm (a 0-d tensor).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from hybridtune.compiler.strategies import compile_model
+from hybridtune.config import TrainConfig, compile_overrides
+from hybridtune.runtime import cudagraphs, distributed
+from hybridtune.runtime.choices import cuda_graph_keys
+from hybridtune.runtime.facts import Choices
+from hybridtune.runtime.model import RunModel, enable_checkpointing
+from hybridtune.runtime.objective import Objective
+
+
+def compile_options(cfg: TrainConfig, choices: Choices) -> tuple[str, dict]:
+    """(strategy, the keyword arguments `compile_model` gets) for these choices."""
+    strategy, opts = choices.compile.value, {}
+    if strategy == "modules" and cfg.compile_overrides:
+        opts["overrides"] = compile_overrides(cfg)
+    if strategy == "loop":
+        opts["static_shapes"] = choices.pack_layout.value is not None
+        opts["regional"] = choices.compile_regions.value
+        opts["keep_cores"] = choices.keep_mixer_cores.value
+    if choices.cuda_graphs.value:
+        opts["mode"] = cudagraphs.MODE
+    return strategy, opts
+
+
+@dataclass
+class Composed:
+    """What trains: the model (peft-wrapped under LoRA), the engine that computes the objective's loss, how it was
+    compiled, and the CUDA-graph state (`conv_before`: the conv form `cudagraphs.before_compile` replaced)."""
+
+    run: RunModel
+    engine: torch.nn.Module
+    eval_model: object
+    device: torch.device
+    bf16: bool
+    strategy: str = "off"
+    compile_options: dict = field(default_factory=dict)
+    compile_handle: object = None
+    cuda_graphs: bool = False
+    graph_log: cudagraphs.GraphLog | None = None
+    conv_before: str | None = None
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.run.model
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
+    def trainable(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.engine.parameters() if p.requires_grad]
+
+
+def compose(
+    run: RunModel,
+    cfg: TrainConfig,
+    choices: Choices,
+    objective: Objective,
+    device: torch.device,
+    dist: distributed.Dist = distributed.ONE,
+    packs=(),
+    backend: str | None = None,
+) -> Composed:
+    """Checkpointing (under `gradient_checkpointing: auto`, as chosen), CUDA graphs, the compile and the engine, in
+    that order (the graph must see the checkpointing; see the module doc). `packs`: the document lengths of every
+    pack the run collates (the CUDA graphs' bound); `backend`: torch.compile's (None: inductor)."""
+    if cfg.gradient_checkpointing == "auto" and choices.checkpointing.value:
+        enable_checkpointing(run.model)  # the memory estimate said so (choices.choose_checkpointing)
+    strategy, opts = compile_options(cfg, choices)
+    c = Composed(run, None, None, device, choices.bf16.value, strategy, opts)
+    if choices.cuda_graphs.value:
+        keys = len(cuda_graph_keys(choices.pack_layout.value, packs))
+        c.cuda_graphs, c.graph_log = True, cudagraphs.GraphLog(device, keys)
+        c.conv_before = cudagraphs.before_compile(keys)
+    try:
+        if strategy != "off":
+            c.compile_handle = compile_model(run.model, strategy, **opts, **({"backend": backend} if backend else {}))
+        c.engine = distributed.wrap(distributed.LossModule(run.model, objective), dist, device, c.bf16, run.loaded)
+    except BaseException:
+        if c.conv_before is not None:  # a failed setup leaves the process as it found it
+            cudagraphs.restore(c.conv_before)
+        raise
+    eval_model = c.engine.module if dist.engine == "ddp" else c.engine
+    c.eval_model = cudagraphs.StepMarked(eval_model) if c.cuda_graphs else eval_model
+    return c
+
+
+def backward(
+    c: Composed, batches: list[dict], n_tokens: int, params: list, dist: distributed.Dist = distributed.ONE
+) -> list[torch.Tensor]:
+    """Forward and backward of this rank's micro-batches of one optimizer step (on the device); `n_tokens`: the
+    trained tokens of the whole window. Returns each micro-batch's loss, a copy outside any CUDA graph's pool."""
+    losses = []
+    if c.cuda_graphs and len(batches) > 1:
+        cudagraphs.stable_grads(params)  # accumulated outside the graphs' pool
+    for i, b in enumerate(batches):
+        with distributed.accumulation(c.engine, dist, last=i == len(batches) - 1):
+            cudagraphs.step_begin(c.cuda_graphs)
+            with c.autocast():
+                loss = c.engine(b, n_tokens)
+            # DDP and FSDP2 average over ranks; times N, that average is the sum the window's loss needs.
+            (loss * dist.world if dist.enabled else loss).backward()
+        losses.append(cudagraphs.kept(loss))  # (a copy: nothing a later replay may overwrite)
+    return losses
+
+
+def clip(params: list, max_grad_norm: float) -> torch.Tensor:
+    """The gradients' global norm (over ranks), clipped to `max_grad_norm` when it is above 0."""
+    norm = distributed.total_grad_norm(params)
+    if max_grad_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_grad_norm, norm)
+    return norm
