@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hybridtune.data import IGNORE_INDEX, Example, PackedCollator, pack, varlen_metadata
-from hybridtune.data.collator import chunk_indices
 from hybridtune.data.packing import fit_to_length
+from hybridtune.mixers.gdn.core import chunk_indices as _chunk_indices
 
 
 def random_examples(rng: random.Random, n: int, max_len: int) -> list[Example]:
@@ -77,7 +77,7 @@ def test_collator_tokens_labels_positions_metadata(seed):
 
 
 def test_chunk_indices_layout():
-    assert chunk_indices([63, 64, 65, 1]).tolist() == [[0, 0], [1, 0], [2, 0], [2, 1], [3, 0]]
+    assert _chunk_indices([63, 64, 65, 1], 64).tolist() == [[0, 0], [1, 0], [2, 0], [2, 1], [3, 0]]
 
 
 def test_metadata_rejects_empty_documents():

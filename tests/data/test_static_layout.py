@@ -7,8 +7,14 @@ import random
 
 import pytest
 
-from hybridtune.data.collator import GDN_TIME_SHARE, IGNORE_INDEX, PackedCollator, StaticLayout, chunk_indices
+from hybridtune.data.collator import IGNORE_INDEX, PackedCollator, StaticLayout
 from hybridtune.data.packing import Example
+from hybridtune.mixers.gdn.core import chunk_indices as _chunk_indices
+from hybridtune.mixers.gdn.spec import CHUNK_SIZE, TIME_SHARE
+
+
+def chunk_indices(doc_lens):
+    return _chunk_indices(doc_lens, CHUNK_SIZE)
 
 
 def _random_bins(rng: random.Random, seq_len: int, n_bins: int) -> list[list[int]]:
@@ -113,11 +119,12 @@ def test_filler_shares_count_chunks_as_well_as_tokens():
     layout = StaticLayout.fit(bins, max_filler=1.0)
     assert (layout.tokens, layout.docs) == (4116, 21)
     assert layout.filler([4096]) == [1] * 20 and layout.filler([64] * 20) == [2836]
-    tok, chunks = layout.filler_shares(bins)
+    tok, sizes = layout.filler_shares(bins)
+    chunks = sizes["gdn"]
     assert tok == pytest.approx((9 * 20 + 2836) / (10 * 4116))
     assert chunks == pytest.approx((9 * 20 + 45) / (9 * (64 + 20) + 20 + 45))
     assert tok < 0.1 < chunks
     cost = layout.filler_cost(bins)
-    assert cost == pytest.approx((1 - GDN_TIME_SHARE) * tok + GDN_TIME_SHARE * chunks) and tok < cost < chunks
+    assert cost == pytest.approx((1 - TIME_SHARE) * tok + TIME_SHARE * chunks) and tok < cost < chunks
     assert StaticLayout.fit(bins, max_filler=cost) == layout
     assert StaticLayout.fit(bins, max_filler=tok) is None  # the chunks' share of the cost counts

@@ -4,7 +4,7 @@
                                                    token (unshifted); positions restart at 0 per document
     cu_seq_lens_q, cu_seq_lens_k     int32 [N + 1] cumulative document lengths (the two are equal)
     max_length_q, max_length_k       int           longest document (a python int: no device sync)
-    gdn_chunk_indices                int32 [C, 2]  (document, chunk within document) of every 64-token chunk
+    (each registered mixer's)        e.g. int32 [C, 2] chunk indices: `MixerSpec.metadata`, hybridtune.mixers
     num_loss_tokens, num_tokens      int           label positions in the loss; the bin's tokens (T without filler)
 
 Dynamic layout (the default): T is the sum of the bin's document lengths, no padding. Static layout
@@ -23,7 +23,6 @@ import torch
 from hybridtune.batch import (
     CU_SEQ_LENS_K,
     CU_SEQ_LENS_Q,
-    GDN_CHUNK_INDICES,
     INPUT_IDS,
     LABELS,
     MAX_LENGTH_K,
@@ -33,50 +32,42 @@ from hybridtune.batch import (
     POSITION_IDS,
 )
 from hybridtune.data.packing import Example
+from hybridtune.mixers import MIXERS, registry
 
 IGNORE_INDEX = -100
-GDN_CHUNK_SIZE = 64
-# The GDN delta-rule kernels' share of a training step's GPU time for the 2B shape at 4096-token packs, from its
-# profile (docs/INTERNALS.md). They work per 64-token chunk, everything else per token, so a filler
-# document's cost is weighted by it (`StaticLayout.filler_cost`).
-GDN_TIME_SHARE = 0.12
-
-
-def _chunks(n: int, chunk_size: int) -> int:
-    return -(-n // chunk_size)
 
 
 class FillerShares(NamedTuple):
-    """The filler's share of the computed tokens and of the GDN chunks (`StaticLayout.filler_shares`)."""
+    """The filler's share of the computed tokens, and per mixer kind of its metadata rows (`MixerSpec.size`: a
+    chunked mixer's chunks), `StaticLayout.filler_shares`."""
 
     tokens: float
-    chunks: float
+    sizes: dict[str, float]
 
     @property
     def cost(self) -> float:
         """The estimated share of step time: the token share for the per-token work (projections, MLP, attention,
-        loss) and the chunk share for the GDN kernels (GDN_TIME_SHARE of the time)."""
-        return (1 - GDN_TIME_SHARE) * self.tokens + GDN_TIME_SHARE * self.chunks
+        loss) and each mixer's size share for the `time_share` of the step its kernels take."""
+        shares = {k: MIXERS[k].time_share for k in self.sizes if k in MIXERS}
+        return (1 - sum(shares.values())) * self.tokens + sum(w * self.sizes[k] for k, w in shares.items())
 
 
 @dataclass(frozen=True)
 class StaticLayout:
     """The fixed sizes of every batch of a static layout: `tokens` (T) and `docs` (N).
 
-    The number of 64-token chunks (C, the rows of `gdn_chunk_indices`) is left to each batch: only the
-    opaque GDN ops read it, so the compiled loop marks it dynamic at no tracing cost and the filler needs no
-    chunk arithmetic (fixing C as well cost 64 filler tokens for every chunk of difference between packs)."""
+    The rows of the mixers' dynamic metadata (a chunked mixer's chunk count C, `MixerSpec.size`) are left to
+    each batch: only the mixers' opaque ops read them, so the compiled loop marks them dynamic at no tracing cost
+    and the filler needs no chunk arithmetic (fixing C as well cost 64 filler tokens for every chunk of difference
+    between packs)."""
 
     tokens: int
     docs: int
-    chunk_size: int = GDN_CHUNK_SIZE
 
     @classmethod
-    def fit(
-        cls, bins: Iterable[Sequence[int]], chunk_size: int = GDN_CHUNK_SIZE, max_filler: float = 0.5
-    ) -> StaticLayout | None:
+    def fit(cls, bins: Iterable[Sequence[int]], max_filler: float = 0.5) -> StaticLayout | None:
         """The smallest T for which every bin (its document lengths) fills up exactly, or None when the filler
-        would cost more than `max_filler` of the step (`filler_cost`: tokens and GDN chunks, weighted).
+        would cost more than `max_filler` of the step (`filler_cost`: tokens and mixer metadata rows, weighted).
 
         A bin of n documents and t tokens takes k = N - n >= 1 filler documents of at least one token each, so
         T >= t - n + N for every bin: the smallest T is max(t - n) + N with the smallest N, max n + 1.
@@ -86,7 +77,7 @@ class StaticLayout:
             raise ValueError("StaticLayout.fit needs bins of positive document lengths")
         N = max(map(len, bins)) + 1
         T = max(sum(b) - len(b) for b in bins) + N
-        layout = cls(tokens=T, docs=N, chunk_size=chunk_size)
+        layout = cls(tokens=T, docs=N)
         return layout if layout.filler_cost(bins) <= max_filler else None
 
     def filler_cost(self, bins: Iterable[Sequence[int]]) -> float:
@@ -94,17 +85,20 @@ class StaticLayout:
         return self.filler_shares(bins).cost
 
     def filler_shares(self, bins: Iterable[Sequence[int]]) -> FillerShares:
-        """The share of the computed tokens, and of the 64-token GDN chunks, that the filler of these bins takes.
-        The chunk share is the larger one where fillers are many one-token documents (each one a whole chunk of
-        the delta-rule kernels)."""
-        s, real_t, real_c, fill_t, fill_c = self.chunk_size, 0, 0, 0, 0
+        """The share of the computed tokens, and of each mixer's metadata rows (a chunked mixer's chunks), that the
+        filler of these bins takes. A size share is the larger one where fillers are many one-token documents
+        (each one a whole chunk of a chunked kernel)."""
+        real_t, fill_t, real_s, fill_s = 0, 0, {}, {}
         for b in bins:
             real_t += sum(b)
-            real_c += sum(_chunks(n, s) for n in b)
             fill = self.filler(b)
             fill_t += sum(fill)
-            fill_c += sum(_chunks(n, s) for n in fill)
-        return FillerShares(fill_t / (real_t + fill_t), fill_c / (real_c + fill_c))
+            for k, n in registry.sizes(b).items():
+                real_s[k] = real_s.get(k, 0) + n
+            for k, n in registry.sizes(fill).items():
+                fill_s[k] = fill_s.get(k, 0) + n
+        sizes = {k: fill_s[k] / (real_s[k] + fill_s[k]) if real_s[k] + fill_s[k] else 0.0 for k in fill_s}
+        return FillerShares(fill_t / (real_t + fill_t), sizes)
 
     def filler(self, doc_lens: Sequence[int]) -> list[int]:
         """Lengths of the filler documents that bring a bin of `doc_lens` to exactly this layout: one takes
@@ -119,13 +113,7 @@ class StaticLayout:
         return [F - (k - 1)] + [1] * (k - 1)
 
 
-def chunk_indices(doc_lens: Sequence[int], chunk_size: int = GDN_CHUNK_SIZE) -> torch.Tensor:
-    """int32 [C, 2]: for each chunk of each document, (document index, chunk index within it)."""
-    rows = [(d, c) for d, n in enumerate(doc_lens) for c in range(_chunks(n, chunk_size))]
-    return torch.tensor(rows, dtype=torch.int32).reshape(-1, 2)
-
-
-def varlen_metadata(doc_lens: Sequence[int], chunk_size: int = GDN_CHUNK_SIZE) -> dict:
+def varlen_metadata(doc_lens: Sequence[int]) -> dict:
     """Packing metadata for documents of the given lengths laid end to end (see module docstring)."""
     if not doc_lens or any(n <= 0 for n in doc_lens):
         raise ValueError(f"document lengths must be positive and non-empty, got {list(doc_lens)}")
@@ -137,7 +125,7 @@ def varlen_metadata(doc_lens: Sequence[int], chunk_size: int = GDN_CHUNK_SIZE) -
         CU_SEQ_LENS_K: cu.clone(),
         MAX_LENGTH_Q: max_len,
         MAX_LENGTH_K: max_len,
-        GDN_CHUNK_INDICES: chunk_indices(doc_lens, chunk_size),
+        **registry.metadata(doc_lens),
     }
 
 
@@ -148,10 +136,7 @@ class PackedCollator:
     boundaries, so a micro-batch is one bin; more bins per step come from gradient accumulation.
     """
 
-    def __init__(self, chunk_size: int = GDN_CHUNK_SIZE, layout: StaticLayout | None = None, pad_token_id: int = 0):
-        if layout is not None and layout.chunk_size != chunk_size:
-            raise ValueError(f"static layout chunk size {layout.chunk_size} != collator chunk size {chunk_size}")
-        self.chunk_size = chunk_size
+    def __init__(self, layout: StaticLayout | None = None, pad_token_id: int = 0):
         self.layout = layout
         self.pad_token_id = pad_token_id
 
@@ -183,7 +168,7 @@ class PackedCollator:
             LABELS: torch.tensor([labels], dtype=torch.long),
             POSITION_IDS: torch.tensor([pos], dtype=torch.long),
         }
-        batch.update(varlen_metadata(lens, self.chunk_size))
+        batch.update(varlen_metadata(lens))
         if self.layout is not None:
             # A python int that changes per batch would re-specialise a static graph; T bounds every document.
             batch[MAX_LENGTH_Q] = batch[MAX_LENGTH_K] = self.layout.tokens

@@ -82,7 +82,7 @@ class MixerSpec:
     dynamic_keys: tuple[str, ...] = ()  # those whose dim 0 varies per batch
     metadata: Callable[[Sequence[int]], dict] | None = None  # document lengths -> batch entries
     size: Callable[[Sequence[int]], int] | None = None  # document lengths -> rows of its dynamic keys
-    size_name: str = ""  # what `size` counts, for people ("GDN chunks")
+    size_name: str = ""  # one of what `size` counts, for people ("chunk")
     time_share: float = 0.0  # the share of a step's time that scales with `size` rather than with tokens
     core_ops: Callable[[], Iterable[Any]] | None = None  # ops whose outputs a checkpoint may keep
     kernels: tuple[KernelPackage, ...] = ()
@@ -147,9 +147,19 @@ def sizes(doc_lens: Sequence[int]) -> dict[str, int]:
     return {s.kind: s.size(doc_lens) for s in MIXERS.values() if s.size is not None}
 
 
+def size_key(doc_lens: Sequence[int]) -> tuple[int, ...]:
+    """Every sized mixer's rows for these documents, in registration order: the sizes a compiled graph of a static
+    layout varies in (one CUDA graph per distinct key)."""
+    return tuple(s.size(doc_lens) for s in MIXERS.values() if s.size is not None)
+
+
 def batch_sizes(batch: dict) -> tuple[int, ...]:
-    """The dim-0 sizes of a collated batch's mixer-dynamic keys: one compiled graph's CUDA-graph key."""
-    return tuple(int(batch[k].shape[0]) for s in MIXERS.values() for k in s.dynamic_keys if k in batch)
+    """`size_key` read from a collated batch: the dim-0 size of each sized mixer's first dynamic key."""
+    return tuple(
+        int(batch[s.dynamic_keys[0]].shape[0])
+        for s in MIXERS.values()
+        if s.size is not None and s.dynamic_keys and s.dynamic_keys[0] in batch
+    )
 
 
 def kernel_packages() -> dict[str, KernelPackage]:

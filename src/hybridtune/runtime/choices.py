@@ -21,6 +21,7 @@ import torch
 from hybridtune.config import TrainConfig
 from hybridtune.data.collator import StaticLayout
 from hybridtune.errors import ConfigError
+from hybridtune.mixers import MIXERS, registry
 from hybridtune.models.anatomy import param_count, router_loss, text_config
 from hybridtune.runtime import distributed
 from hybridtune.runtime.facts import Choice, Choices, Facts
@@ -36,9 +37,9 @@ from hybridtune.runtime.memory import (
 )
 from hybridtune.runtime.step import fused_loss_blocker
 
-# Estimated share of the step the filler costs (`FillerShares.cost`: tokens, and GDN chunks weighted by their
-# kernels' share) above which `pack_layout: auto` stays dynamic (the static graph's compile-time and CUDA-graph
-# gains are not worth more compute per step), and the cap for an explicit `static`.
+# Estimated share of the step the filler costs (`FillerShares.cost`: tokens, and the mixers' metadata rows
+# weighted by their kernels' share) above which `pack_layout: auto` stays dynamic (the static graph's compile-time
+# and CUDA-graph gains are not worth more compute per step), and the cap for an explicit `static`.
 AUTO_MAX_FILLER = 0.10
 STATIC_MAX_FILLER = 0.50
 # On the CPU, a model below this many parameters has ops too small to split over threads: extra threads only add
@@ -47,7 +48,7 @@ SMALL_MODEL_PARAMS = 50_000_000
 # The share of a GPU's memory the whole-model FSDP2 unit's own bytes (`distributed.whole_model_bytes`) may take;
 # the rest is for activations and the allocator.
 WHOLE_MODEL_SHARE = 0.7
-# The most CUDA graphs `cuda_graphs: auto` lets one compiled graph record: one per distinct GDN chunk count of the
+# The most CUDA graphs `cuda_graphs: auto` lets one compiled graph record: one per distinct mixer size of the
 # static layout's packs, all held in the graphs' memory pool for the run.
 MAX_CUDA_GRAPHS = 64
 
@@ -252,21 +253,30 @@ def choose_pack_layout(cfg: TrainConfig, facts: Facts, strategy: str) -> Choice:
     return Choice(
         layout,
         f"{'auto' if cfg.pack_layout == 'auto' else 'pack_layout: static'}: filler {100 * shares.tokens:.1f}% of "
-        f"the tokens, {100 * shares.chunks:.1f}% of the GDN chunks, about {100 * shares.cost:.1f}% of the step",
+        f"the tokens, {_size_shares(shares.sizes)}about {100 * shares.cost:.1f}% of the step",
     )
 
 
-def cuda_graph_keys(layout: StaticLayout, packs) -> set[int]:
-    """The distinct GDN chunk counts of these packs under `layout`, filler included: the sizes a compiled graph of
-    the static layout records one CUDA graph for (T and N are fixed, only the chunk count varies)."""
-    s = layout.chunk_size
-    return {sum(-(-n // s) for n in (*p, *layout.filler(p))) for p in packs}
+def _size_shares(sizes: dict[str, float]) -> str:
+    return "".join(f"{100 * v:.1f}% of the {MIXERS[k].size_name or k + ' row'}s, " for k, v in sizes.items())
+
+
+def cuda_graph_keys(layout: StaticLayout, packs) -> set[tuple[int, ...]]:
+    """The distinct mixer metadata sizes (`mixers.registry.size_key`: a chunked mixer's chunk count) of these packs
+    under `layout`, filler included: a compiled graph of the static layout records one CUDA graph per key (T and N
+    are fixed, only those sizes vary)."""
+    return {registry.size_key((*p, *layout.filler(p))) for p in packs}
+
+
+def _size_names() -> str:
+    return " x ".join(s.size_name or f"{s.kind} row" for s in MIXERS.values() if s.size is not None) + " counts"
 
 
 def choose_cuda_graphs(cfg: TrainConfig, facts: Facts, strategy: str, layout: StaticLayout | None) -> Choice:
     """`cuda_graphs: auto` records the compiled loop's kernels as CUDA graphs (torch.compile's
     "reduce-overhead") when one process runs the loop on a GPU over a static layout, and the layout's packs need
-    at most MAX_CUDA_GRAPHS graphs (one per distinct GDN chunk count); an explicit `on` elsewhere is refused."""
+    at most MAX_CUDA_GRAPHS graphs (one per distinct mixer size, `cuda_graph_keys`); an explicit `on` elsewhere is
+    refused."""
     why = None
     if facts.device != "cuda":
         why = "CUDA graphs need a GPU"
@@ -280,7 +290,7 @@ def choose_cuda_graphs(cfg: TrainConfig, facts: Facts, strategy: str, layout: St
         keys = cuda_graph_keys(layout, facts.packs)
         if len(keys) > MAX_CUDA_GRAPHS:
             why = (
-                f"the static layout's packs have {len(keys)} distinct GDN chunk counts, each a CUDA graph in the "
+                f"the static layout's packs have {len(keys)} distinct {_size_names()}, each a CUDA graph in the "
                 f"pool: more than {MAX_CUDA_GRAPHS}"
             )
     if cfg.cuda_graphs == "off":
@@ -293,7 +303,7 @@ def choose_cuda_graphs(cfg: TrainConfig, facts: Facts, strategy: str, layout: St
     return Choice(
         True,
         f"{'auto' if cfg.cuda_graphs == 'auto' else 'cuda_graphs: on'}: the compiled loop over the static layout in "
-        f"one process, at most {n} graph{'s' * (n != 1)} per compiled graph (one per distinct GDN chunk count)",
+        f"one process, at most {n} graph{'s' * (n != 1)} per compiled graph (one per distinct {_size_names()})",
     )
 
 
@@ -347,7 +357,7 @@ def choose_keep_mixer_cores(
     cfg: TrainConfig, facts: Facts, strategy: str, checkpointing: bool, layout, bf16: bool, fused: bool
 ) -> Choice:
     """`keep_mixer_cores: auto` under checkpointing: the compiled loop's checkpoints keep the mixers' cores
-    (compiler/recompute.py; the same loss and gradients, the GDN cores' forward not run again) in one
+    (compiler/recompute.py; the same loss and gradients, the kept cores' forward not run again) in one
     process when the memory estimate with them kept fits the free memory; they are recomputed otherwise.
     True: kept (`compile_loop(keep_cores=True)`)."""
     if strategy != "loop":
