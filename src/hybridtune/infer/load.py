@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from hybridtune.config import TrainConfig, load_config
-from hybridtune.data.chat import with_chat_template
+from hybridtune.data.chat import template_names, with_chat_template
 from hybridtune.errors import ConfigError, ModelError
 from hybridtune.models.hub import resolve_source
 from hybridtune.models.loading import LoadedModel, load_model, load_tokenizer, tokenizer_for
@@ -213,6 +213,30 @@ def _open_adapter(path: Path, patched: bool, dtype: torch.dtype | None) -> Opene
 # -- checkpoints ---------------------------------------------------------------------------------------------
 
 
+def checkpoint_tokenizer(path: Path, run: TrainConfig, source):
+    """The tokenizer (and chat template) checkpoint `path` trained with: its own `tokenizer/`, never a file its
+    checkpoint.json names. A checkpoint written before checkpoints held one may use its base's tokenizer and a
+    template named inside it; a recorded tokenizer directory or template file is refused (anyone can edit the
+    record)."""
+    own = ckpt.own_tokenizer(path)
+    if own is not None:
+        return load_tokenizer(str(own), None)
+    if run.tokenizer:
+        _refuse_recorded(path, "tokenizer directory", run.tokenizer)
+    tok = tokenizer_for(source, None)
+    if run.chat_template and run.chat_template not in template_names(tok):
+        _refuse_recorded(path, "chat template file", run.chat_template)
+    return with_chat_template(tok, run.chat_template)
+
+
+def _refuse_recorded(path: Path, what: str, value: str) -> None:
+    raise ModelError(
+        f"checkpoint '{path}' holds no tokenizer of its own (written by an older hybridtune) and its "
+        f"{ckpt.META_FILE} names a {what} ('{str(value)[:200]}'), which hybridtune does not read from a record; "
+        "open the run's final/ instead, or resume the run with this version so that it writes a checkpoint with one"
+    )
+
+
 def _open_checkpoint(path: Path, run: TrainConfig | None, patched: bool, dtype: torch.dtype | None) -> Opened:
     """The model the trainer built for `run` (base, patch, LoRA), with the checkpoint's weights."""
     if run is None:
@@ -224,7 +248,7 @@ def _open_checkpoint(path: Path, run: TrainConfig | None, patched: bool, dtype: 
     # commit the checkpoint trained on; a preset only of the draw it trained on), the run's chat template, fp32
     # weights (a full fine-tune's masters, as the checkpoint holds them; LoRA's base as asked).
     source = resolve_source(run.base_model, base_revision(run, path))
-    tok = with_chat_template(tokenizer_for(source, run.tokenizer), run.chat_template)
+    tok = checkpoint_tokenizer(path, run, source)
     lora = run.adapter == "lora"
     loaded = load_model(source, tok, seed=run.seed, dtype=(dtype or torch.float32) if lora else torch.float32)
     model = loaded.model

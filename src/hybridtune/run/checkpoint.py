@@ -51,6 +51,7 @@ FINAL_META = "hybridtune.json"
 TMP_PREFIX = ".tmp-"  # atomic_dir's directory before its commit
 OLD_PREFIX = ".old-"  # the replaced directory during a commit
 REQUIRED = (f"{STATE_DIR}/.metadata", STATE_FILE)
+TOKENIZER_DIR = "tokenizer"  # the run's tokenizer and chat template: a checkpoint opened elsewhere reads its own
 
 
 def _fsync_tree(path: Path) -> None:
@@ -193,6 +194,7 @@ def save_checkpoint(
     extra: dict | None = None,
     d: Dist = ONE,
     trainable_only: bool = False,
+    tokenizer=None,
 ) -> Path:
     """Write checkpoint `target` (e.g. output_dir/checkpoint-120) atomically; a collective on every rank.
 
@@ -227,6 +229,10 @@ def save_checkpoint(
         state = {"scheduler": scheduler.state_dict(), "step": step, "data_position": data_position, "world": d.world}
         torch.save(state, tmp / STATE_FILE)
         files.update(integrity.hash_files(tmp, [STATE_FILE]))
+        if tokenizer is not None:  # the template trained with travels with the weights (what export writes)
+            tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
+            own = sorted(str(p.relative_to(tmp)) for p in (tmp / TOKENIZER_DIR).rglob("*") if p.is_file())
+            files.update(integrity.hash_files(tmp, own))
         meta = {"format": integrity.FORMAT, "step": step, "data_position": data_position, "world_size": d.world}
         meta.update(extra or {})
         meta["files"] = dict(sorted(files.items()))
@@ -412,3 +418,25 @@ def step_of(path: Path) -> int:
 def load_trainer_state(ckpt: Path) -> dict:
     """The scheduler, step, data position and world size of checkpoint `ckpt` (tensors and plain values only)."""
     return integrity.load_plain(Path(ckpt) / STATE_FILE)
+
+
+def own_tokenizer(path: Path) -> Path | None:
+    """The tokenizer directory checkpoint `path` holds (verified against its checksums), or None for a checkpoint
+    written before checkpoints carried one. Never a path that checkpoint.json names: only its own files."""
+    path = Path(path)
+    files = (meta_of(path) or {}).get("files")
+    own = [rel for rel in files if rel.startswith(TOKENIZER_DIR + "/")] if isinstance(files, dict) else []
+    if not own:
+        return None
+    for rel in own:
+        if ".." in Path(rel).parts:
+            raise CheckpointError(f"checkpoint '{path}' cannot be loaded: {META_FILE} lists '{rel}', outside it")
+        why = integrity.file_problem(path, rel, files[rel])
+        if why:
+            raise CheckpointError(f"checkpoint '{path}' cannot be loaded: {why}")
+    present = {str(p.relative_to(path)) for p in (path / TOKENIZER_DIR).rglob("*") if not p.is_dir()}
+    if present - set(own):
+        extra = sorted(present - set(own))[0]
+        raise CheckpointError(f"checkpoint '{path}' cannot be loaded: {extra} is not listed in {META_FILE}")
+    return path / TOKENIZER_DIR
+

@@ -86,7 +86,8 @@ def manifest(root: Path, exclude: set[str], d: Dist = ONE) -> dict[str, dict]:
     return dict(sorted(out.items()))
 
 
-def _problem(root: Path, rel: str, want: dict) -> str | None:
+def file_problem(root: Path, rel: str, want: dict) -> str | None:
+    """Why file `rel` under `root` is not the one `want` ({bytes, sha256}) describes, or None."""
     p = root / rel
     try:
         st = os.lstat(p)
@@ -138,26 +139,44 @@ def check(path: Path, meta_file: str, required: tuple[str, ...], d: Dist = ONE) 
     if first is not None:
         return first
     names = sorted(files)
-    mine = [(rel, _problem(path, rel, files[rel])) for rel in distributed.my_share(d, names)]
+    mine = [(rel, file_problem(path, rel, files[rel])) for rel in distributed.my_share(d, names)]
     found = [why for part in distributed.gather_objects(mine, d) for _, why in part if why]
     if found:
         return sorted(found)[0]
     # Checksums prove only that the files are the ones checkpoint.json lists, which whoever wrote it chose: DCP's
     # metadata must also be DCP's (every rank reads the same file, so every rank answers the same).
-    return _metadata_problem(path / DCP_METADATA) if DCP_METADATA in files else None
+    listed = set(files)
+    return _metadata_problem(path / DCP_METADATA, listed) if DCP_METADATA in files else None
 
 
 DCP_METADATA = "state/.metadata"
 
 
-def _metadata_problem(p: Path) -> str | None:
+def _metadata_problem(p: Path, listed: set[str]) -> str | None:
     try:
-        read_dcp_metadata(p.read_bytes())
+        confine_storage(read_dcp_metadata(p.read_bytes()), lambda name: f"state/{name}" in listed)
     except CheckpointError as e:
         return str(e)
     except OSError as e:
         return f"{DCP_METADATA} cannot be read: {e}"
     return None
+
+
+def confine_storage(md, allowed: Callable[[str], bool]) -> None:
+    """Refuse DCP metadata that would read a file other than the checkpoint's own: every storage entry's
+    `relative_path` must be a plain file name (no directory part, not absolute) that `allowed` accepts."""
+    for info in getattr(md, "storage_data", {}).values():
+        name = getattr(info, "relative_path", None)
+        if not isinstance(name, str) or not name or name in (".", "..") or Path(name).name != name or "\\" in name:
+            raise CheckpointError(
+                f"{DCP_METADATA} points a read at {str(name)[:200]!r}, which is not a file of the checkpoint's state/; "
+                "refused (a checkpoint reads only its own files)"
+            )
+        if not allowed(name):
+            raise CheckpointError(
+                f"{DCP_METADATA} points a read at '{name}', which checkpoint.json does not list; refused (a checkpoint "
+                "reads only its own files)"
+            )
 
 
 def _read_meta(p: Path, name: str) -> dict:
@@ -248,6 +267,9 @@ def _safe_reader_class():
                 raise CheckpointError("state/ has per-rank metadata, which hybridtune never writes")
             with self.fs.create_stream(self.fs.concat_path(self.path, ".metadata"), "rb") as f:
                 md = read_dcp_metadata(f.read())
+            # Only regular files of this state/ directory (never a FIFO, a link out, or a path elsewhere).
+            root = Path(self.path)
+            confine_storage(md, lambda name: (root / name).is_file() and not (root / name).is_symlink())
             if getattr(md, "storage_meta", None) is None:
                 md.storage_meta = StorageMeta()
             md.storage_meta.load_id = self.load_id

@@ -336,7 +336,7 @@ class Trainer:
             extra = {**base_identity(self.loaded), "run": self.run}
             ckpt.save_checkpoint(
                 path, self.engine, self.optimizer, self.scheduler, self.step, self.done_position, extra, self.dist,
-                trainable_only=self.cfg.adapter == "lora",
+                trainable_only=self.cfg.adapter == "lora", tokenizer=self.tokenizer,
             )  # fmt: skip
             if self.dist.is_main:
                 ckpt.prune_checkpoints(self.out, self.cfg.save_total_limit)
