@@ -42,7 +42,7 @@ MODEL_KEYS = (
 )
 # Python ints (no device sync to read them), and the tensors whose first dimension changes with the pack layout.
 INT_KEYS = (MAX_LENGTH_Q, MAX_LENGTH_K)
-DYNAMIC_DIM0_KEYS = (CU_SEQ_LENS_Q, CU_SEQ_LENS_K, GDN_CHUNK_INDICES)
+DYNAMIC_DIM0_KEYS = (CU_SEQ_LENS_Q, CU_SEQ_LENS_K)  # and each mixer's (`mixers.registry.dynamic_keys`)
 
 
 class Batch(TypedDict):

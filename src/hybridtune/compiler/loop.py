@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 
-from hybridtune.batch import DYNAMIC_DIM0_KEYS, GDN_CHUNK_INDICES, INT_KEYS
+from hybridtune.batch import DYNAMIC_DIM0_KEYS, INT_KEYS
 from hybridtune.compiler import recompute, region_schema, regions
 from hybridtune.compiler.introspect import resolve_method
+from hybridtune.mixers import registry
 from hybridtune.mixers.gdn import fla_adapter
 from hybridtune.models.anatomy import text_model
 from hybridtune.models.patching import is_patched, patch_model
@@ -31,8 +32,6 @@ from hybridtune.models.patching import is_patched, patch_model
 logger = logging.getLogger(__name__)
 HANDLE_ATTR = "_hybridtune_loop"
 _INT_KWARGS = INT_KEYS
-_CHUNKS_KWARG = GDN_CHUNK_INDICES
-_DYNAMIC_DIM0 = DYNAMIC_DIM0_KEYS
 
 
 @dataclass
@@ -108,7 +107,7 @@ def _mark_layout_dynamic(inputs_embeds, position_ids, attention_mask, kwargs) ->
         torch._dynamo.maybe_mark_dynamic(position_ids, position_ids.dim() - 1)
     if attention_mask is not None and isinstance(attention_mask, torch.Tensor):
         torch._dynamo.maybe_mark_dynamic(attention_mask, attention_mask.dim() - 1)
-    for k in _DYNAMIC_DIM0:
+    for k in registry.dynamic_keys(DYNAMIC_DIM0_KEYS):
         if isinstance(kwargs.get(k), torch.Tensor):
             torch._dynamo.maybe_mark_dynamic(kwargs[k], 0)
 
@@ -141,9 +140,11 @@ def _capture_hooks_idle(text):
 
 
 def _mark_chunks_dynamic(kwargs) -> None:
-    """The static layout fixes T and N; the chunk count varies per batch and only the opaque GDN ops read it."""
-    if isinstance(kwargs.get(_CHUNKS_KWARG), torch.Tensor):
-        torch._dynamo.maybe_mark_dynamic(kwargs[_CHUNKS_KWARG], 0)
+    """The static layout fixes T and N; the mixers' metadata rows (`registry.dynamic_keys`: a chunk count) vary per
+    batch and only their opaque ops read them."""
+    for k in registry.dynamic_keys():
+        if isinstance(kwargs.get(k), torch.Tensor):
+            torch._dynamo.maybe_mark_dynamic(kwargs[k], 0)
 
 
 # Inductor settings the regional loop needs: with buffer reuse on, inductor (torch 2.11-2.13) lets a reused region's

@@ -2,14 +2,13 @@
 everything but its mixer's core (`keep_cores`).
 
 Under gradient checkpointing each layer's forward runs twice, the second time in the backward to rebuild what the
-backward reads. The projections are GEMMs at the GPU's peak, worth recomputing; the mixers' cores are not: the GDN
-delta rule's chunked forward (`hybridtune::gdn_chunk`: its output, cumulative gate and solved WY matrix) and the
-attention kernel are a few FLOPs per byte of output at a fraction of the peak (FLA's kernels and FlashAttention),
+backward reads. The projections are GEMMs at the GPU's peak, worth recomputing; the mixers' cores are not: a chunked
+linear-attention forward (its output, cumulative gate and solved WY matrix) and the attention kernel are a few FLOPs per byte of output at a fraction of the peak (FLA's kernels and FlashAttention),
 so with `keep_cores` their outputs are kept from the first forward (selective activation
 checkpointing: `torch.utils.checkpoint.create_selective_checkpoint_contexts`, which AOT autograd's partitioner honours
 under torch.compile as eagerly) and the recompute runs the rest. Its price is those outputs per layer
 (`runtime.memory.ActivationShapes.core_elements`); the loss and every gradient are the same. What is kept is the ops in
-`core_ops()`: the GDN core and SDPA's attention kernels, not torch's varlen attention (a custom op of its own) that
+`core_ops()`: each registered mixer's `core_ops` (mixers/), not torch's varlen attention (a custom op of its own) that
 packed CUDA batches run, which is recomputed until keeping it is checked on a GPU.
 """
 
@@ -20,31 +19,22 @@ import functools
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from hybridtune.mixers import MIXERS
+
 # Set on a layer's checkpoint function (`_gradient_checkpointing_func`) that keeps the cores, for the FLOP count.
 KEEPS = "_hybridtune_keeps_cores"
 
 
 @functools.cache
 def core_ops() -> frozenset:
-    """The ops whose outputs `keep_cores` keeps: hybridtune's GDN core and every attention kernel SDPA dispatches to
-    (FlashAttention, memory-efficient, cuDNN, the CPU flash form). An attention that runs as a custom op of its own
-    (torch's varlen attention, the flash-attn package's) is recomputed."""
-    import hybridtune.mixers.gdn.ops  # noqa: F401  (defines torch.ops.hybridtune.gdn_chunk)
-
-    aten = torch.ops.aten
-    names = [
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_cudnn_attention",
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "_flash_attention_forward",
-        "_efficient_attention_forward",
-    ]
-    ops = {torch.ops.hybridtune.gdn_chunk.default}
-    ops.update(getattr(aten, n).default for n in names if hasattr(aten, n))
-    # Not kept (yet): torch's varlen attention, what mixers/attention/varlen.py runs on packed CUDA batches. It is a custom
-    # op of its own (`torch_attn::_varlen_attn`), opaque to the policy, so its flash kernel is recomputed; keeping
-    # it is one entry here, not yet checked on a GPU.
+    """The ops whose outputs `keep_cores` keeps: those of every registered mixer whose core is kept
+    (`MixerSpec.core_ops`: GDN's chunked delta rule, SDPA's attention kernels). An attention that runs as a custom
+    op of its own (torch's varlen attention, the flash-attn package's) is recomputed. Cached: register a mixer
+    before the first checkpointed step (or call `core_ops.cache_clear()`)."""
+    ops = set()
+    for spec in MIXERS.values():
+        if spec.core_ops is not None:
+            ops.update(spec.core_ops())
     return frozenset(ops)
 
 

@@ -75,7 +75,7 @@ class MixerSpec:
     layer_types: tuple[str, ...] = ()  # config `layer_types` entries whose mixer this is
     routing: Callable[[], Sequence[Family]] | None = None  # the families, loaded when a model is patched
     flops: Callable[[Any, int, float, float], LayerFlops] | None = None  # (text config, layers, tokens, sum L^2)
-    core_kept: bool = False  # whether `keep_mixer_cores` keeps its core (else it is recomputed)
+    core_kept: bool = False  # whether the FLOP count takes its core as kept by `keep_mixer_cores`
     core_names: tuple[str, str] = ("", "")  # the FLOP breakdown's keys for `core` and `weights`
     activations: Callable[[Any], Activations] | None = None  # (text config) -> per-token elements
     batch_keys: tuple[str, ...] = ()  # keys `metadata` adds to a batch; the model's forward receives them
