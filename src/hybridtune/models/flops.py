@@ -1,14 +1,16 @@
-"""FLOPs per training step of a hybrid GDN / attention model, for MFU and HFU (2 FLOPs per multiply-add).
+"""FLOPs per training step of a hybrid model (each registered mixer's layers), for MFU and HFU (2 FLOPs per
+multiply-add).
 
 Per token, over T = sum(doc_lens) tokens: a decoder weight of P parameters (every `nn.Linear`, the MoE router, the
 active experts: top-k routed + shared) costs 2P forward, 6P trained, 4P frozen under LoRA; the LM head likewise, tied
-or not; a LoRA adapter r * (in + out) parameters at 6 each (routed experts' adapters for the top-k experts); the GDN
-causal conv like a weight of K * conv_dim parameters; the GDN core 8 * num_v_heads * dk * dv forward, x3 with the
-backward (both as Megatron-LM counts them). The attention core costs 6 * L^2 * head_dim * num_heads forward + backward
-per document of length L (causal). Norms, rotary, activations, gates, the loss and the optimizer are not counted.
+or not; a LoRA adapter r * (in + out) parameters at 6 each (routed experts' adapters for the top-k experts). Each
+mixer's projections, core and weight-like parameters (a causal conv) come from its `MixerSpec.flops` (mixers/:
+the linear-attention core as Megatron-LM counts it; the attention core 6 * L^2 * head_dim * num_heads forward +
+backward per document of length L, causal). Norms, rotary, activations, gates, the loss and the optimizer are not
+counted.
 
 Two figures: `model` (for MFU) without recompute; `hardware` (for HFU) adds, under gradient checkpointing, one more
-forward of every decoder layer (without the GDN cores when the checkpoints keep them: compiler/recompute.py).
+forward of every decoder layer (without the kept cores when the checkpoints keep them: compiler/recompute.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hybridtune.mixers import MIXERS, registry
 from hybridtune.models.anatomy import text_config
 
 ADAPTERS = ("lora", "full")
@@ -30,7 +33,8 @@ class StepFlops:
     model: float  # model FLOPs per step (for MFU): no recompute
     hardware: float  # hardware FLOPs per step (for HFU): recompute included when gradient checkpointing
     breakdown: dict[str, float] = field(default_factory=dict)
-    # keys: linear_frozen, linear_trained, lm_head, lora, attention, gdn_core, gdn_conv, recompute.
+    # keys: linear_frozen, linear_trained, lm_head, lora, each mixer's `core_names` (attention; a linear-attention
+    # mixer's core and conv), recompute.
     # model = sum of every key but `recompute`; hardware = model + recompute.
 
 
@@ -55,15 +59,6 @@ class LinearTerm:
         return self.in_features * self.out_features * self.active
 
 
-def _head_dim(c) -> int:
-    return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-
-
-def _gdn_dims(c) -> tuple[int, int, int, int]:
-    """(num_k_heads, num_v_heads, key_head_dim, value_head_dim) of the GDN layers."""
-    return c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
-
-
 def _is_moe_layer(c, i: int) -> bool:
     # Qwen3-Next: mlp_only_layers / decoder_sparse_step; Qwen3.5-MoE has neither and every layer is sparse.
     if not getattr(c, "num_experts", 0):
@@ -80,36 +75,14 @@ def linear_terms(config) -> list[LinearTerm]:
     """
     c = text_config(config)
     h = c.hidden_size
-    qwen3_next = c.model_type == "qwen3_next"  # fused in_proj_qkvz / in_proj_ba
     terms: list[LinearTerm] = []
     for i, kind in enumerate(c.layer_types):
         p = f"model.layers.{i}."
-        if kind == "full_attention":
-            d, nq, nkv = _head_dim(c), c.num_attention_heads, c.num_key_value_heads
-            terms += [
-                LinearTerm(p + "self_attn.q_proj", h, nq * d * 2),  # query and its output gate
-                LinearTerm(p + "self_attn.k_proj", h, nkv * d),
-                LinearTerm(p + "self_attn.v_proj", h, nkv * d),
-                LinearTerm(p + "self_attn.o_proj", nq * d, h),
-            ]
-        elif kind == "linear_attention":
-            hk, hv, dk, dv = _gdn_dims(c)
-            key_dim, value_dim = hk * dk, hv * dv
-            if qwen3_next:
-                terms += [
-                    LinearTerm(p + "linear_attn.in_proj_qkvz", h, 2 * key_dim + 2 * value_dim),
-                    LinearTerm(p + "linear_attn.in_proj_ba", h, 2 * hv),
-                ]
-            else:
-                terms += [
-                    LinearTerm(p + "linear_attn.in_proj_qkv", h, 2 * key_dim + value_dim),
-                    LinearTerm(p + "linear_attn.in_proj_z", h, value_dim),
-                    LinearTerm(p + "linear_attn.in_proj_b", h, hv),
-                    LinearTerm(p + "linear_attn.in_proj_a", h, hv),
-                ]
-            terms.append(LinearTerm(p + "linear_attn.out_proj", value_dim, h))
-        else:
-            raise ValueError(f"layer {i}: unknown layer type '{kind}' (expected linear_attention or full_attention)")
+        spec = registry.for_layer_type(kind)
+        if spec is None or spec.flops is None:
+            known = sorted(t for m in MIXERS.values() if m.flops is not None for t in m.layer_types)
+            raise ValueError(f"layer {i}: unknown layer type '{kind}' (expected one of {', '.join(known)})")
+        terms += [LinearTerm(p + path, i_f, o_f) for path, i_f, o_f in spec.flops(c, 1, 0.0, 0.0).projections]
         if _is_moe_layer(c, i):
             e, k, mi, si = (
                 c.num_experts,
@@ -190,34 +163,31 @@ def step_flops(
         lora_dec = sum(lora_r * (t.in_features + t.out_features) * t.active for t in hit if t.in_decoder)
         lora_head = sum(lora_r * (t.in_features + t.out_features) * t.active for t in hit if not t.in_decoder)
 
-    n_attn = sum(1 for k in c.layer_types if k == "full_attention")
-    n_gdn = sum(1 for k in c.layer_types if k == "linear_attention")
-    # Causal attention forward per layer: (Q K^T + P V) = 2 * (2 L^2 d H) / 2 per document.
-    attn_fwd = n_attn * 2.0 * sq * _head_dim(c) * c.num_attention_heads
-    if n_gdn:
-        hk, hv, dk, dv = _gdn_dims(c)
-        # Megatron-LM gdn_layer_flops: 2 * tokens * (num_v_heads * v_head_dim**2 * 4), forward.
-        gdn_fwd = n_gdn * tokens * 2.0 * 4 * hv * dk * dv
-        conv_params = n_gdn * c.linear_conv_kernel_dim * (2 * hk * dk + hv * dv)
-    else:
-        gdn_fwd = 0.0
-        conv_params = 0
-
+    # Each registered mixer's layers (`MixerSpec.flops`): its core's forward and its weight-like parameters.
+    mixers = []
+    for spec in MIXERS.values():
+        if spec.flops is None:
+            continue
+        n = sum(1 for k in c.layer_types if k in spec.layer_types)
+        mixers.append((spec, spec.flops(c, n, tokens, sq) if n else None))
+    weights = sum(f.weights for _, f in mixers if f is not None)
     breakdown = {
         "linear_frozen": 0.0 if full else 4.0 * decoder_params * tokens,
         "linear_trained": 6.0 * decoder_params * tokens if full else 0.0,
         "lm_head": base * head_params * tokens,
         "lora": 6.0 * (lora_dec + lora_head) * tokens,
-        "attention": 3.0 * attn_fwd,
-        "gdn_core": 3.0 * gdn_fwd,
-        "gdn_conv": base * conv_params * tokens,
     }
+    for spec, f in mixers:
+        core_key, weights_key = spec.core_names
+        breakdown[core_key or f"{spec.kind}_core"] = 3.0 * f.core if f else 0.0
+        if weights_key:
+            breakdown[weights_key] = base * f.weights * tokens if f else 0.0
     recompute = 0.0
     if gradient_checkpointing:
-        # Kept cores (compiler/recompute.py) are the GDN ones; the packed batches' varlen attention is recomputed.
-        recompute = 2.0 * (decoder_params + conv_params + lora_dec) * tokens + attn_fwd
-        if not keep_mixer_cores:
-            recompute += gdn_fwd
+        # Kept cores (compiler/recompute.py) are those of the mixers whose `core_kept`; the packed batches' varlen
+        # attention is recomputed.
+        recompute = 2.0 * (decoder_params + weights + lora_dec) * tokens
+        recompute += sum(f.core for spec, f in mixers if f and not (keep_mixer_cores and spec.core_kept))
     breakdown["recompute"] = recompute
     model = sum(v for k, v in breakdown.items() if k != "recompute")
     return StepFlops(model=model, hardware=model + recompute, breakdown=breakdown)
