@@ -434,14 +434,20 @@ class Trainer:
         """The last step's checkpoint first (so nothing after it can lose the run), then the final eval, then the
         export. A stop asked for before the export leaves the checkpoint to finish from: a resume at the last step
         only evaluates and exports."""
+        kept = True
         if self.step > 0:  # (max_steps 0: the starting model is evaluated and exported, without a checkpoint)
-            self.save()
+            try:
+                self.save()
+            except ckpt.DiskFullError as e:  # final/ is smaller than the resume state: never lose what was trained
+                kept = False
+                logger.warning("%s; writing final/ (the trained model) anyway: step %d cannot be resumed from, "
+                               "but nothing trained is lost", str(e).split(";")[0], self.step)  # fmt: skip
         try:
             if not self.stop.requested:
                 self.run_eval(result)
         except KeyboardInterrupt:
             pass  # a second Ctrl-C during the final eval
-        if self.stop.requested:
+        if self.stop.requested and kept:
             result.interrupted, result.signal = True, self.stop.requested
             logger.warning(
                 "stopped (%s) after the last step's checkpoint; --resume_from_checkpoint latest evaluates and exports",
