@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridtune.mixers import MIXERS, registry
+from hybridtune.mixers.registry import Activations
 from hybridtune.models.anatomy import decoder_layers
 
-# The delta rule's chunk length (FLA's kernels and `data.collator.GDN_CHUNK_SIZE`).
-GDN_CHUNK = 64
 # Workspaces (cuBLAS, FLA's kernels), the fused loss's logits chunk (ops/loss.py: about 1 GiB in fp32) and the
 # allocator's slack: a fixed allowance on top of the per-token bytes.
 FIXED_OVERHEAD = 2**30
@@ -27,71 +27,50 @@ GIB = 2**30
 
 @dataclass(frozen=True)
 class ActivationShapes:
-    """The widths of a decoder stack that decide its activations per token (elements, not bytes)."""
+    """The widths of a decoder stack that decide its activations per token (elements, not bytes); each layer type's
+    mixer widths from its registered mixer (`MixerSpec.activations`; a type no mixer serves counts as attention)."""
 
     hidden: int
-    layer_types: tuple[str, ...]  # "linear_attention" (GDN) or an attention kind, per layer
+    layer_types: tuple[str, ...]  # the config's layer type per layer ("linear_attention", "full_attention", ...)
     mlp: int  # the MLP's width per token: dense intermediate, or an MoE's top-k experts plus its shared expert
-    attn_q: int  # attention heads x head dim
-    attn_kv: int  # key/value heads x head dim
-    attn_heads: int
-    gdn_qk: int  # linear-attention key heads x key dim
-    gdn_v: int  # linear-attention value heads x value dim
-    gdn_heads: int  # linear-attention value heads
-    gdn_state: int  # elements of one chunk's recurrent state: value heads x key dim x value dim
     vocab: int
+    mixers: tuple[tuple[str, Activations], ...] = ()  # (layer type, its mixer's per-token elements)
 
     @classmethod
     def of(cls, config) -> ActivationShapes:
-        """From a transformers text config (Qwen3.5, Qwen3-Next and their MoE forms; an attention-only config
-        has no linear-attention layers)."""
+        """From a transformers text config (Qwen3.5, Qwen3-Next and their MoE forms, attention-only configs)."""
         g = lambda name, default=0: getattr(config, name, None) or default  # noqa: E731
         hidden, n = g("hidden_size"), g("num_hidden_layers")
-        heads = g("num_attention_heads", 1)
-        head_dim = g("head_dim", hidden // max(heads, 1))
         experts = g("num_experts_per_tok")
         mlp = g("intermediate_size")
         if experts and g("moe_intermediate_size"):
             mlp = experts * g("moe_intermediate_size") + g("shared_expert_intermediate_size")
-        kh, vh = g("linear_num_key_heads"), g("linear_num_value_heads")
-        kd, vd = g("linear_key_head_dim"), g("linear_value_head_dim")
-        return cls(
-            hidden=hidden,
-            layer_types=tuple(g("layer_types", ["full_attention"] * n)),
-            mlp=mlp,
-            attn_q=heads * head_dim,
-            attn_kv=g("num_key_value_heads", heads) * head_dim,
-            attn_heads=heads,
-            gdn_qk=kh * kd,
-            gdn_v=vh * vd,
-            gdn_heads=vh,
-            gdn_state=vh * kd * vd,
-            vocab=g("vocab_size"),
-        )
+        kinds = tuple(g("layer_types", ["full_attention"] * n))
+        widths = []
+        for kind in dict.fromkeys(kinds):
+            spec = registry.for_layer_type(kind)
+            if spec is None or spec.activations is None:
+                spec = MIXERS["attention"]
+            widths.append((kind, spec.activations(config)))
+        return cls(hidden=hidden, layer_types=kinds, mlp=mlp, vocab=g("vocab_size"), mixers=tuple(widths))
+
+    def widths(self, kind: str) -> Activations:
+        """The per-token elements of a layer of type `kind` (its mixer's)."""
+        return dict(self.mixers).get(kind) or Activations(saved=0)
 
     def layer_elements(self, kind: str) -> int:
         """Elements per token one layer keeps for its backward without checkpointing (see the module doc)."""
         common = 4 * self.hidden + 3 * self.mlp  # its input, both norms' outputs, the residual; MLP gate/up/product
-        if kind == "linear_attention":
-            conv = 2 * self.gdn_qk + self.gdn_v
-            # conv input and output, normalised q and k, the within-chunk matrix, output, gate z, gated norm output
-            mixer = 2 * conv + 2 * self.gdn_qk + GDN_CHUNK * self.gdn_heads + 3 * self.gdn_v
-        else:
-            # q with its output gate, k, v; rotated q and k; the attention output and the gated one; fp32 lse
-            mixer = 5 * self.attn_q + 3 * self.attn_kv + 2 * self.attn_heads
-        return common + mixer
+        return common + self.widths(kind).saved
 
     def core_elements(self, kind: str) -> int:
         """Elements per token a checkpointed layer keeps when its mixer's core is not recomputed
-        (compiler/recompute.py): the delta rule's output, solved WY matrix and fp32 cumulative gate; attention's
-        output and fp32 log-sum-exp (fp32 counted as two 16-bit elements)."""
-        if kind == "linear_attention":
-            return self.gdn_v + GDN_CHUNK * self.gdn_heads + 2 * self.gdn_heads
-        return self.attn_q + 2 * self.attn_heads
+        (compiler/recompute.py; `Activations.core` of its mixer)."""
+        return self.widths(kind).core
 
     def backward_fp32_elements(self, kind: str) -> int:
-        """fp32 elements per token a linear-attention layer's backward adds: the chunk states and their gradients."""
-        return 2 * self.gdn_state // GDN_CHUNK if kind == "linear_attention" else 0
+        """fp32 elements per token a layer's backward adds (a chunked mixer's states and their gradients)."""
+        return self.widths(kind).backward_fp32
 
 
 @dataclass(frozen=True)
