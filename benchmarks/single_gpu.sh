@@ -24,25 +24,26 @@
 # table in $OUT/results.jsonl (take its new rows, or add a bench.json here: python -m hybridtune.bench.results
 # add-bench FILE); SAVE_CACHE=1 also returns the compile caches for the next call's .cache/.
 #
-# The questions asked so far, as lanes:
-#   modes of record, 2B, 4096 tokens:  "bench --modes hf-eager,ht-loop:cg=on --profile"
-#   conv forms (x2):                    "bench --modes ht-loop:cg=on,conv=traced,ht-loop:cg=on,conv=stacked --profile"
-#                                       "bench --modes ht-loop:cg=on,conv=op,hf-eager --profile"
+# The questions asked so far, as lanes (a hybridtune mode's options are `hybridtune train`'s keys; the short
+# spellings of earlier rows, cg=on, regions=on, sac=on, gc=off, layout=, still parse to them):
+#   modes of record, 2B, 4096 tokens:  "bench --modes hf-eager,ht-loop:cuda_graphs=on --profile"
+#   conv forms (x2):                    "bench --modes ht-loop:cuda_graphs=on,conv=traced,ht-loop:cuda_graphs=on,conv=stacked --profile"
+#                                       "bench --modes ht-loop:cuda_graphs=on,conv=op,hf-eager --profile"
 #   no CUDA graphs (train's step):      "bench --modes ht-loop:conv=op,ht-loop,hf-eager"
 #   0.8B / 9B (x2, 4 layouts each seen twice in the warm-up):
-#     "bench --base_model qwen3_5-0.8b --modes ht-loop:cg=on,hf-eager --layouts 4 --warmup 8 --steps 12"
-#     "bench --base_model qwen3_5-9b --modes ht-loop:cg=on,hf-eager --layouts 4 --warmup 8 --steps 12 --startup_timeout 450"
+#     "bench --base_model qwen3_5-0.8b --modes ht-loop:cuda_graphs=on,hf-eager --layouts 4 --warmup 8 --steps 12"
+#     "bench --base_model qwen3_5-9b --modes ht-loop:cuda_graphs=on,hf-eager --layouts 4 --warmup 8 --steps 12 --startup_timeout 450"
 #   16k-token packs:                    "bench --modes hf-eager,ht-loop --sequence_len 16384 --steps 8 --warmup 2"
 #   CUDA tests beside a bench:          "bench ... then tests tests/compiler/test_loop.py -k static"
 #   cold first step, regional vs inlined (LANE_CACHES=1 LANES_ON_ONE_GPU=1, two lanes):
-#     "bench --modes ht-loop:cg=on,regions=on --steps 8" "bench --modes ht-loop:cg=on --steps 8"
+#     "bench --modes ht-loop:cuda_graphs=on,compile_regions=true --steps 8" "bench --modes ht-loop:cuda_graphs=on --steps 8"
 #   MoE, all 40 layers, regional, in a call of its own (STARTUP=500). Rows 77 and 82 came from two calls: hf-eager
 #   first took 232 s (its first step 123 s, FLA's kernels cold) and left the cold compiled mode too little; the
 #   compiled mode first warms FLA's kernels for hf-eager after it:
-#     "bench --base_model qwen3_5-35b-a3b --modes ht-loop:cg=on,regions=on,hf-eager --lora_target_parameters
+#     "bench --base_model qwen3_5-35b-a3b --modes ht-loop:cuda_graphs=on,compile_regions=true,hf-eager --lora_target_parameters
 #      gate_up_proj,down_proj --warmup 3 --steps 10 --profile"
 #   Qwen3-Next-80B-A3B cut to half depth (24 layers, ~80 GB of bf16 weights), the same pair:
-#     "bench --base_model qwen3_next-80b-a3b@layers=24 --modes ht-loop:cg=on,regions=on,hf-eager
+#     "bench --base_model qwen3_next-80b-a3b@layers=24 --modes ht-loop:cuda_graphs=on,compile_regions=true,hf-eager
 #      --lora_target_parameters gate_up_proj,down_proj --warmup 3 --steps 10 --profile"
 #   CUDA regional tests (5 passed, 2026-12-02, the first case 280 s cold; rows 83-86 came from the MoE pairs above):
 #     "tests tests/compiler/test_loop_regions.py -k cuda"
@@ -50,18 +51,18 @@
 #   CUDA-graph step with regions (4 passed; the trainer cases were cut). Next, on a fresh machine (every cache cold
 #   but the shipped table), the region-schema memo's first step (predicted 2B about 60-65 s, NOTES 45), then the 9B,
 #   then the CUDA regional tests under the memo and the trainer cases:
-#     "bench --modes ht-loop:cg=on,regions=on --steps 8 then bench --base_model qwen3_5-9b --modes
-#      ht-loop:cg=on,regions=on --layouts 4 --warmup 8 --steps 12"
+#     "bench --modes ht-loop:cuda_graphs=on,compile_regions=true --steps 8 then bench --base_model qwen3_5-9b --modes
+#      ht-loop:cuda_graphs=on,compile_regions=true --layouts 4 --warmup 8 --steps 12"
 #     "tests tests/compiler/test_loop_regions.py -k cuda then tests tests/train/test_cuda_graphs_gpu.py -k trainer"
 #   (a tests lane's -k takes one word: the lane splits on spaces)
 #   Done 2026-12-02 (session 15, rows 93-98): the memo's cold first step (2B 50.5 s, 9B 70.6 s), the GDN cores kept
-#   (sac=on), the figures of record beside hf-eager. Next: the CUDA-graph step with the cores kept (its first
+#   (keep_mixer_cores=true), the figures of record beside hf-eager. Next: the CUDA-graph step with the cores kept (its first
 #   minutes are the tiny model's cold self-test: give it a call of its own), the trainer cases, and the varlen
 #   attention kept (one entry in compiler/recompute.core_ops, then the bench pair and the CUDA tests again):
 #     "tests tests/train/test_cuda_graphs_gpu.py -k sac then tests tests/train/test_cuda_graphs_gpu.py -k trainer"
-#     "bench --modes ht-loop:cg=on,regions=on,sac=on,hf-eager --profile"
+#     "bench --modes ht-loop:cuda_graphs=on,compile_regions=true,keep_mixer_cores=true,hf-eager --profile"
 #   (the figures of record: one bench run, the compiled mode first, then hf-eager)
-#   HYBRIDTUNE_GIT_COMMIT=<sha> T0=545 bash benchmarks/single_gpu.sh "bench --modes hf-eager,ht-loop:cg=on"
+#   HYBRIDTUNE_GIT_COMMIT=<sha> T0=545 bash benchmarks/single_gpu.sh "bench --modes hf-eager,ht-loop:cuda_graphs=on"
 [ $# -ge 1 ] || { sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 2; }
 source "$(dirname "$0")/env.sh"
 T0=${T0:-560}

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hybridtune.bench.data import make_batches, pack_layouts
-from hybridtune.bench.modes import cudagraph_warmup, parse_mode, split_modes
+from hybridtune.bench.modes import cudagraph_warmup, current_label, parse_mode, split_modes
 from hybridtune.bench.report import markdown
 from hybridtune.cli import main
 from hybridtune.errors import ConfigError
@@ -28,15 +28,22 @@ def test_packs_are_full_and_spread():
     assert 0.6 < b["num_loss_tokens"] / 4096 < 0.8  # prompts (first quarter of each document) untrained
 
 
-def test_mode_specs():
-    m = parse_mode("ht-loop:gc=off")
-    assert m.label == "ht-loop:gc=off" and m.gc is False and m.compile == "loop"
-    assert parse_mode("hf-eager").input_require_grads and not parse_mode("ht-eager").input_require_grads
-    assert parse_mode("ht-loop").static and not parse_mode("ht-loop:layout=dynamic").static
-    assert parse_mode("ht-loop:conv=op,cg=on").conv == "op" and parse_mode("ht-loop").conv == "traced"
-    # Under CUDA graphs the conv is FLA's op unless asked otherwise (the measured faster form there).
-    assert parse_mode("ht-loop:cg=on").conv == "op" and parse_mode("ht-loop:cg=on,conv=traced").conv == "traced"
-    assert parse_mode("hf-compile:cg=on").conv == "traced"  # not patched: hybridtune's conv is not in it
+def test_mode_specs_are_train_keys():
+    """A hybridtune mode's options are `hybridtune train`'s keys and values, checked by train's config."""
+    m = parse_mode("ht-loop:cuda_graphs=true,compile_regions=true,keep_mixer_cores=true,gradient_checkpointing=false")
+    assert m.label == "ht-loop:compile_regions=true,cuda_graphs=on,gradient_checkpointing=false,keep_mixer_cores=true"
+    assert m.train == {
+        "compile": "loop",
+        "pack_layout": "static",
+        "loss": "fused",
+        "cuda_graphs": "on",
+        "compile_regions": True,
+        "keep_mixer_cores": True,
+        "gradient_checkpointing": False,
+    }
+    assert parse_mode("ht-loop").train["keep_mixer_cores"] is False and not parse_mode("ht-loop").cudagraphs
+    assert parse_mode("ht-loop:pack_layout=dynamic").train["pack_layout"] == "dynamic"
+    assert parse_mode("ht-loop:conv=op,cuda_graphs=on").conv == "op" and parse_mode("ht-loop").conv is None
     assert split_modes("ht-loop:cg=on, ht-loop:cg=on,conv=op,hf-eager,") == [
         "ht-loop:cg=on",
         "ht-loop:cg=on,conv=op",
@@ -46,16 +53,35 @@ def test_mode_specs():
         [parse_mode(s) for s in split_modes("gc=off,ht-loop")]
     with pytest.raises(ConfigError, match="conv= chooses"):
         parse_mode("hf-eager:conv=op")
-    assert parse_mode("ht-loop:cg=on,regions=on").regional and not parse_mode("ht-loop").regional
-    with pytest.raises(ConfigError, match="regions= chooses"):
-        parse_mode("ht-modules:regions=on")
-    assert parse_mode("ht-loop:cg=on,regions=on,sac=on").keep_cores and not parse_mode("ht-loop").keep_cores
-    with pytest.raises(ConfigError, match="sac= chooses"):
-        parse_mode("hf-eager:sac=on")
+    with pytest.raises(ConfigError, match="keep_mixer_cores is a hybridtune mode's"):
+        parse_mode("hf-eager:keep_mixer_cores=true")
     with pytest.raises(ConfigError, match="Did you mean 'ht-loop'"):
         parse_mode("ht-lop")
-    with pytest.raises(ConfigError, match=r"gc=on\|off"):
+    with pytest.raises(ConfigError, match="key 'cuda_graphs'"):  # train's own error for the value
+        parse_mode("ht-loop:cuda_graphs=sometimes")
+    with pytest.raises(ConfigError, match="is not one of: cuda_graphs="):
+        parse_mode("ht-loop:compile=off")
+    with pytest.raises(ConfigError, match=r"gc= takes on\|off"):  # an earlier spelling, checked as before
         parse_mode("ht-loop:gc=maybe")
+
+
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        ("ht-loop:gc=off", "ht-loop:gradient_checkpointing=false"),
+        ("ht-loop:cg=on,regions=on,sac=on", "ht-loop:compile_regions=true,cuda_graphs=on,keep_mixer_cores=true"),
+        ("ht-loop:cg=on,conv=op", "ht-loop:conv=op,cuda_graphs=on"),
+        ("hf-compile:cg=on", "hf-compile:cuda_graphs=on"),
+        ("ht-loop:layout=dynamic,loss=plain", "ht-loop:loss=plain,pack_layout=dynamic"),
+        ("train:cold", "train:cold"),  # a row's label that is no mode spec stays as it is
+    ],
+)
+def test_earlier_labels_read_as_train_keys(old, new):
+    """benchmarks/results.jsonl's rows and single_gpu.sh's lanes spell options the earlier way: they still parse,
+    to the same mode, written with train's names."""
+    assert current_label(old) == new
+    if not old.startswith("train"):
+        assert parse_mode(old) == parse_mode(new)
 
 
 def test_one_warmup_for_every_mode_stretched_for_cuda_graphs():

@@ -9,7 +9,6 @@ import pytest
 
 from hybridtune.bench import results, worker
 from hybridtune.bench.command import parse_args
-from hybridtune.bench.modes import parse_mode
 from hybridtune.cli import main
 from hybridtune.models.flops import step_flops
 from hybridtune.models.presets import preset_config
@@ -34,10 +33,9 @@ def test_flops_follow_what_peft_applied():
     cfg = preset_config("tiny-qwen3_next")
     spec = {"warmup": 1, "steps": 2, "adapter": "lora", "lora_r": 4, "lora_targets": ["q_proj", "gate_proj"]}
     batches = [{"doc_lens": [7, 9]}]
-    mode = parse_mode("ht-eager")
     applied = {"lora_modules": ["q_proj"], "lora_parameters": ["gate_up_proj", "down_proj"]}
     result = dict(applied)
-    worker._flops(spec, mode, cfg, batches, [1.0, 1.0], result)
+    worker._flops(spec, False, False, cfg, batches, [1.0, 1.0], result)
     want = step_flops(cfg, [7, 9], lora_r=4, lora_targets=["q_proj"], lora_parameters=["gate_up_proj", "down_proj"])
     assert result["model_flops_per_step"] == want.model
     plain = step_flops(cfg, [7, 9], lora_r=4, lora_targets=["q_proj", "gate_proj"])

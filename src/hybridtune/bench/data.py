@@ -42,11 +42,15 @@ def pack_layouts(seq_len: int, n: int, seed: int = 0) -> list[list[int]]:
     return layouts
 
 
-def make_batches(layouts: list[list[int]], vocab_size: int, seed: int = 0, static: bool = False) -> list[dict]:
+def make_batches(
+    layouts: list[list[int]], vocab_size: int, seed: int = 0, static: bool | StaticLayout | None = False
+) -> list[dict]:
     """Collated packed batches (see `hybridtune.data.collator`) for the given layouts; `static`: all filled to
-    one static layout fitted over them (filler documents, as `hybridtune train` does under a compile)."""
+    a static layout (filler documents, as `hybridtune train` does under a compile): the one given (train's
+    `pack_layout` choice), or with True one fitted over them."""
     gen = torch.Generator().manual_seed(seed)
-    collate = PackedCollator(layout=StaticLayout.fit(layouts, max_filler=1.0) if static else None)
+    layout = StaticLayout.fit(layouts, max_filler=1.0) if static is True else (static or None)
+    collate = PackedCollator(layout=layout)
     batches = []
     for lens in layouts:
         docs = []

@@ -1,34 +1,75 @@
-"""The benchmark's modes: what a user would run instead, and hybridtune's own paths.
+"""The benchmark's modes: what a user would run instead (hf-*), and hybridtune's own step (ht-*).
 
-A mode spec is `NAME` or `NAME:key=value,...` (for example `ht-loop:gc=off`), so one run can hold a
-mode at identical settings beside the same mode at its best settings.
+A mode spec is `NAME` or `NAME:key=value,...`. A hybridtune mode is `hybridtune train`'s config (TrainConfig) with
+the mode's keys over it, built by train's own functions (runtime/compose.py), so its options are train's keys with
+train's values: `ht-loop:cuda_graphs=on,compile_regions=true,keep_mixer_cores=true`. The hf-* modes are plain
+transformers + peft (gradient_checkpointing=, pack_layout=, and cuda_graphs= for hf-compile). `conv=traced|stacked|op`
+(hybridtune's GDN conv form in a compiled ht mode) is the bench's own. The short spellings of earlier runs
+(`cg=on`, `regions=on`, `sac=on`, `gc=off`, `layout=static`, `loss=fused`), in benchmarks/results.jsonl's rows and
+scripts, are read as the train keys they stand for (`current_label`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+import yaml
+
+from hybridtune.config import load_config
 from hybridtune.errors import ConfigError, did_you_mean
+
+# Train keys a mode may set, with the values the help lists (load_config checks them).
+TRAIN_KEYS = {
+    "cuda_graphs": ("auto", "on", "off"),
+    "compile_regions": ("auto", "true", "false"),
+    "keep_mixer_cores": ("auto", "true", "false"),
+    "gradient_checkpointing": ("auto", "true", "false"),
+    "pack_layout": ("auto", "static", "dynamic"),
+    "loss": ("auto", "fused", "plain"),
+}
+CONV = ("traced", "stacked", "op")
+OPTION_KEYS = {**TRAIN_KEYS, "conv": CONV}  # (listed in `hybridtune bench --help`)
+# Earlier spellings: old key -> (train key, {old value: train value}).
+OLD_KEYS = {
+    "cg": ("cuda_graphs", {"on": "on", "off": "off"}),
+    "regions": ("compile_regions", {"on": "true", "off": "false"}),
+    "sac": ("keep_mixer_cores", {"on": "true", "off": "false"}),
+    "gc": ("gradient_checkpointing", {"on": "true", "off": "false"}),
+    "layout": ("pack_layout", {"static": "static", "dynamic": "dynamic"}),
+}
+# What every ht mode sets besides its compile: the step of the rows of record (checkpointing on, no CUDA graphs,
+# every layer inlined, the cores recomputed, the fused loss); a mode's options change these.
+HT_BASE = {
+    "gradient_checkpointing": True,
+    "cuda_graphs": "off",
+    "compile_regions": False,
+    "keep_mixer_cores": False,
+    "loss": "fused",
+}
 
 
 @dataclass(frozen=True)
 class Mode:
     name: str
     what: str
-    patch: bool  # route the GDN mixers through hybridtune's ops (patch_model)
-    compile: str  # "off" | "torch" (plain torch.compile of the model) | "loop" | "modules"
-    loss: str  # "plain" (transformers' loss over [T, vocab] logits) | "fused" (hybridtune.ops.loss)
+    train: dict | None = None  # ht modes: the train keys over TrainConfig's defaults; None: a baseline (hf) mode
+    compile: str = "off"  # hf modes: "off" | "torch" (torch.compile of the model)
     liger: bool = False
-    gc: bool = True  # gradient checkpointing
-    cudagraphs: bool = False  # torch.compile mode "reduce-overhead" (CUDA graphs) for the compiled modes
-    input_require_grads: bool = False  # peft + checkpointing as users run it (`enable_input_require_grads`)
-    static: bool = False  # static pack layout (filler documents: one T and N; see hybridtune.data.collator)
-    # The GDN conv in compiled regions: "traced"/"stacked" (inductor-fused) or "op" (FLA's kernel). Under CUDA graphs
-    # the default is "op": its launch cost is gone there (measured faster than "traced": benchmarks/NOTES.md).
-    conv: str = "traced"
-    regional: bool = False  # the loop compiles each distinct decoder layer once (compiler/regions.py)
-    keep_cores: bool = False  # checkpointed layers keep their mixers' cores, not recomputed (compiler/recompute.py)
+    gc: bool = True  # hf modes: gradient checkpointing
+    cg: bool = False  # hf-compile: torch.compile mode "reduce-overhead" (CUDA graphs)
+    static: bool = False  # hf modes: the static pack layout
+    conv: str | None = None  # ht modes: the GDN conv form in compiled regions (None: what train's step uses)
     options: dict = field(default_factory=dict)
+
+    @property
+    def patch(self) -> bool:
+        """hybridtune's own step (train's model, mixers patched)."""
+        return self.train is not None
+
+    @property
+    def cudagraphs(self) -> bool:
+        """May record CUDA graphs (the warm-up is stretched for them: `cudagraph_warmup`)."""
+        return self.cg if self.train is None else self.train.get("cuda_graphs") != "off"
 
     @property
     def label(self) -> str:
@@ -37,75 +78,41 @@ class Mode:
         return self.name + ":" + ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
 
     def to_dict(self) -> dict:
-        return asdict(self) | {"label": self.label}
+        return asdict(self) | {"label": self.label, "patch": self.patch}
 
 
 MODES: dict[str, Mode] = {
     m.name: m
     for m in [
-        Mode(
-            "hf-eager",
-            "plain transformers + peft, eager, FLA installed",
-            patch=False,
-            compile="off",
-            loss="plain",
-            input_require_grads=True,
-        ),
-        Mode(
-            "hf-compile",
-            "plain transformers + peft under torch.compile(model)",
-            patch=False,
-            compile="torch",
-            loss="plain",
-            input_require_grads=True,
-        ),
+        Mode("hf-eager", "plain transformers + peft, eager, FLA installed"),
+        Mode("hf-compile", "plain transformers + peft under torch.compile(model)", compile="torch"),
         Mode(
             "hf-liger",
             "transformers + peft with liger-kernel's Qwen3.5 patches (fused linear cross-entropy)",
-            patch=False,
-            compile="off",
-            loss="plain",
             liger=True,
-            input_require_grads=True,
         ),
-        Mode("ht-eager", "hybridtune ops + fused loss, eager", patch=True, compile="off", loss="fused"),
+        Mode("ht-eager", "hybridtune train's step, eager", train={**HT_BASE, "compile": "off"}),
         Mode(
             "ht-loop",
-            "hybridtune ops + fused loss, decoder loop as one graph, static pack layout, every layer inlined (`hybridtune "
-            "train`'s defaults in one process on a GPU: ht-loop:cg=on,regions=on)",
-            patch=True,
-            compile="loop",
-            loss="fused",
-            static=True,
+            "hybridtune train's step, decoder loop as one graph, static pack layout, every layer inlined (train's "
+            "defaults in one process on a GPU: ht-loop:cuda_graphs=auto,compile_regions=auto,keep_mixer_cores=auto)",
+            train={**HT_BASE, "compile": "loop", "pack_layout": "static"},
         ),
         Mode(
             "ht-modules",
-            "hybridtune ops + fused loss, generated per-class forwards compiled, static pack layout (as `hybridtune "
-            "train` under compile: modules)",
-            patch=True,
-            compile="modules",
-            loss="fused",
-            static=True,
+            "hybridtune train's step, generated per-class forwards compiled, static pack layout (train under "
+            "compile: modules)",
+            train={**HT_BASE, "compile": "modules", "pack_layout": "static"},
         ),
     ]
-}
-
-OPTION_KEYS = {
-    "gc": ("on", "off"),
-    "loss": ("plain", "fused"),
-    "cg": ("on", "off"),
-    "layout": ("static", "dynamic"),
-    "conv": ("traced", "stacked", "op"),
-    "regions": ("on", "off"),
-    "sac": ("on", "off"),
 }
 
 
 def cudagraph_warmup(warmup: int, layouts: int, modes: list[Mode]) -> int:
     """Warm-up steps for a run: CUDA graphs record once per distinct shape (a static layout's chunk count; at
     most one per pack layout), the first call of a shape runs the graph's warm-up, the second records it, so
-    with any `cg=on` mode the warm-up covers every layout twice. The same for every mode of the run: the
-    modes' losses then cover the same steps (loss parity is compared step for step)."""
+    with any mode that may record them the warm-up covers every layout twice. The same for every mode of the run:
+    the modes' losses then cover the same steps (loss parity is compared step for step)."""
     return max(warmup, 2 * layouts) if any(m.cudagraphs for m in modes) else warmup
 
 
@@ -123,8 +130,43 @@ def split_modes(text: str) -> list[str]:
     return specs
 
 
+def _option(key: str, value: str, spec: str) -> tuple[str, str]:
+    """(train key or `conv`, its value as a label writes it) for one `key=value`; old spellings mapped."""
+    if key in OLD_KEYS:
+        new, values = OLD_KEYS[key]
+        if value not in values:
+            raise ConfigError(f"bench mode option '{key}={value}' in '{spec}': {key}= takes {'|'.join(values)}")
+        return new, values[value]
+    if key not in OPTION_KEYS:
+        allowed = "; ".join(f"{k}={'|'.join(v)}" for k, v in OPTION_KEYS.items())
+        raise ConfigError(f"bench mode option '{key}' in '{spec}' is not one of: {allowed}")
+    return key, value
+
+
+def _canonical(key: str, value, spec: str):
+    """A train key's value as TrainConfig holds it (YAML words as `hybridtune train --key value` reads them)."""
+    try:
+        cfg = load_config(None, {key: yaml.safe_load(value)}, warn=False)
+    except ConfigError as e:
+        raise ConfigError(f"bench mode '{spec}': {e}") from None
+    return getattr(cfg, key)
+
+
+def _word(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def current_label(label: str) -> str:
+    """A mode label as this release writes it (an earlier row's `ht-loop:cg=on,regions=on` ->
+    `ht-loop:compile_regions=true,cuda_graphs=on`); labels that are no mode spec come back as they are."""
+    try:
+        return parse_mode(label).label
+    except ConfigError:
+        return label
+
+
 def parse_mode(spec: str) -> Mode:
-    """`NAME[:key=value,...]` -> Mode; unknown names or keys raise a one-line ConfigError."""
+    """`NAME[:key=value,...]` -> Mode; unknown names, keys or values raise a one-line ConfigError."""
     name, _, opts = spec.strip().partition(":")
     if name not in MODES:
         raise ConfigError(f"unknown bench mode '{name}'.{did_you_mean(name, MODES)} Modes: {', '.join(MODES)}.")
@@ -132,35 +174,36 @@ def parse_mode(spec: str) -> Mode:
     options: dict[str, str] = {}
     for item in filter(None, opts.split(",")):
         key, eq, value = item.partition("=")
-        if key not in OPTION_KEYS or not eq or value not in OPTION_KEYS[key]:
-            allowed = "; ".join(f"{k}={'|'.join(v)}" for k, v in OPTION_KEYS.items())
-            raise ConfigError(f"bench mode option '{item}' in '{spec}' is not one of: {allowed}")
+        if not eq:
+            raise ConfigError(f"bench mode option '{item}' in '{spec}' is not key=value")
+        key, value = _option(key, value, spec)
         options[key] = value
-    changes: dict = {"options": options}
-    if "gc" in options:
-        changes["gc"] = options["gc"] == "on"
-    if "loss" in options:
-        changes["loss"] = options["loss"]
-    if "layout" in options:
-        changes["static"] = options["layout"] == "static"
     if "conv" in options:
-        if not mode.patch or mode.compile == "off":
+        if options["conv"] not in CONV:
+            raise ConfigError(f"bench mode option 'conv={options['conv']}' in '{spec}': conv= takes {'|'.join(CONV)}")
+        if not mode.patch or mode.train["compile"] == "off":
             raise ConfigError(f"bench mode '{spec}': conv= chooses the form of hybridtune's conv in a compiled mode")
-        changes["conv"] = options["conv"]
-    if "regions" in options:
-        if mode.compile != "loop":
-            raise ConfigError(
-                f"bench mode '{spec}': regions= chooses how the compiled loop (ht-loop) traces its layers"
-            )
-        changes["regional"] = options["regions"] == "on"
-    if "sac" in options:
-        if mode.compile != "loop":
-            raise ConfigError(f"bench mode '{spec}': sac= chooses what the compiled loop (ht-loop) recomputes")
-        changes["keep_cores"] = options["sac"] == "on"
-    if "cg" in options:
-        if mode.compile == "off" and options["cg"] == "on":
-            raise ConfigError(f"bench mode '{spec}': cg=on (CUDA graphs) needs a compiled mode")
-        changes["cudagraphs"] = options["cg"] == "on"
-        if changes["cudagraphs"] and mode.patch and "conv" not in options:
-            changes["conv"] = "op"
+    train = {k: _canonical(k, v, spec) for k, v in options.items() if k != "conv"}
+    options = {k: _word(train.get(k, v)) for k, v in options.items()}
+    if mode.patch:
+        return replace(mode, train={**mode.train, **train}, conv=options.get("conv"), options=options)
+    return _baseline(mode, train, options, spec)
+
+
+def _baseline(mode: Mode, train: dict, options: dict, spec: str) -> Mode:
+    """An hf mode with its options: checkpointing, the pack layout, and CUDA graphs for the compiled one."""
+    unknown = sorted(set(train) - {"gradient_checkpointing", "pack_layout", "cuda_graphs"})
+    if unknown:
+        raise ConfigError(f"bench mode '{spec}': {', '.join(unknown)} is a hybridtune mode's (ht-*) key")
+    changes: dict = {"options": options}
+    if train.get("gradient_checkpointing", True) == "auto" or train.get("pack_layout") == "auto":
+        raise ConfigError(f"bench mode '{spec}': an hf mode takes explicit values (no auto)")
+    changes["gc"] = bool(train.get("gradient_checkpointing", True))
+    changes["static"] = train.get("pack_layout") == "static"
+    if "cuda_graphs" in train:
+        if mode.compile == "off" and train["cuda_graphs"] != "off":
+            raise ConfigError(f"bench mode '{spec}': cuda_graphs (CUDA graphs) needs a compiled mode")
+        if train["cuda_graphs"] == "auto":
+            raise ConfigError(f"bench mode '{spec}': an hf mode takes explicit values (no auto)")
+        changes["cg"] = train["cuda_graphs"] == "on"
     return replace(mode, **changes)

@@ -4,9 +4,10 @@
 prints `FIRST_STEP_MARKER` once its first step has finished, so the parent can stop a mode that does
 not start within its time limit, and writes its result (or its error) as JSON.
 
-A step is what the trainer does per optimizer step: forward and loss under bf16 autocast (GPU),
-backward, global-norm clipping at 1.0, AdamW (fused on GPU), zero_grad. It is timed with the device
-synchronised on both sides; the loss is read after the timer stops.
+A step is the trainer's optimizer step of one micro-batch (runtime/compose.py: forward and loss under bf16 autocast
+on a GPU, backward, global-norm clipping at train's max_grad_norm, train's AdamW, zero_grad); a hybridtune mode's
+model, choices and compile are train's own (`build`). It is timed with the device synchronised on both sides; the
+loss is read after the timer stops.
 """
 
 from __future__ import annotations
@@ -25,21 +26,30 @@ from torch._dynamo.utils import compile_times
 from hybridtune.batch import GDN_CHUNK_INDICES, NUM_LOSS_TOKENS, NUM_TOKENS
 from hybridtune.bench.data import make_batches, pack_layouts
 from hybridtune.bench.modes import parse_mode
-from hybridtune.compiler.strategies import compile_model
+from hybridtune.config import TrainConfig, load_config
+from hybridtune.data.collator import StaticLayout
 from hybridtune.files import atomic_write_text
 from hybridtune.kernels import tuned
 from hybridtune.kernels.provision import provision_kernels
 from hybridtune.mixers.gdn import fla_guard
 from hybridtune.mixers.gdn.ops import conv_in_graph
 from hybridtune.mixers.moe import experts
+from hybridtune.models.anatomy import text_config
 from hybridtune.models.flops import linear_terms, measure_peak, step_flops
-from hybridtune.models.patching import patch_model
-from hybridtune.models.presets import preset_config
-from hybridtune.runtime.lora import applied_targets, apply_lora
+from hybridtune.models.hub import resolve_source
+from hybridtune.models.loading import load_model, tokenizer_for
+from hybridtune.runtime import compose as compose_step
+from hybridtune.runtime import cudagraphs, distributed
+from hybridtune.runtime.choices import choose_bf16, measure, resolve
+from hybridtune.runtime.compose import Composed, compose
+from hybridtune.runtime.lora import applied_targets, lora_from_config
 from hybridtune.runtime.metrics import memory_gib
+from hybridtune.runtime.model import RunModel
+from hybridtune.runtime.model import build_model as build_run_model
+from hybridtune.runtime.optim import build_optimizer
 from hybridtune.runtime.profiling import grouped_gemm, profile_run
-from hybridtune.runtime.step import forward_loss
 from hybridtune.runtime.stream import to_device
+from hybridtune.train.objectives import build_objective
 
 FIRST_STEP_MARKER = "HYBRIDTUNE_BENCH_FIRST_STEP"
 HF_GUARD_NOTE = (
@@ -87,6 +97,7 @@ _T0 = time.perf_counter()
 
 
 def _kernels(mode, cfg, device: torch.device, result: dict) -> None:
+    # `cfg`: the model's transformers config
     """hybridtune modes lift FLA's guard through the kernel self-test; plain modes can only bypass it."""
     if device.type != "cuda":
         return
@@ -107,50 +118,102 @@ def _kernels(mode, cfg, device: torch.device, result: dict) -> None:
         result["fla_guard"] = HF_GUARD_NOTE
 
 
-def build_model(spec: dict, mode, device: torch.device, result: dict):
-    from transformers import AutoModelForCausalLM
+def train_config(spec: dict, mode) -> TrainConfig:
+    """`hybridtune train`'s config for this run: the bench's shape, adapter, learning rate and seed, and a hybridtune
+    mode's keys (`mode.train`) over train's defaults; one micro-batch per step, LoRA alpha twice the rank."""
+    keys = {
+        "base_model": spec["preset"],
+        "adapter": spec["adapter"],
+        "lora_r": spec["lora_r"],
+        "lora_alpha": 2 * spec["lora_r"],
+        "lora_dropout": 0.0,
+        "lora_target_modules": list(spec["lora_targets"]),
+        "lora_target_parameters": list(spec.get("lora_parameters", [])),
+        "learning_rate": spec["lr"],
+        "seed": spec["seed"],
+        "sequence_len": spec["seq_len"],
+        "micro_batch_size": 1,
+        "gradient_accumulation_steps": 1,
+        **(mode.train or {}),
+    }
+    return load_config(None, keys, warn=False)
 
-    cfg = preset_config(spec["preset"])
-    _kernels(mode, cfg, device, result)
+
+def _build_baseline(cfg: TrainConfig, mode, source, tokenizer, device: torch.device, backend: str, result: dict):
+    """An hf mode's model: the preset's weights as train loads them (the same values: loss parity), plain
+    transformers (liger's patches where asked), gradient checkpointing as users run it with peft, peft's LoRA,
+    torch.compile(model) for hf-compile."""
     if mode.liger:
-        result["liger"] = _apply_liger(cfg.model_type)
+        result["liger"] = _apply_liger(source.config_ref.model_type)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    torch.manual_seed(spec["seed"])
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    if mode.patch:
-        conv_in_graph(mode.conv)
-
-        result["patch_report"] = str(patch_model(model))
-        routed = experts.route_experts(model)  # idempotent where patch_model routes them itself
-        if routed:
-            result["experts"] = f"{len(routed)} layer(s): {next(iter(routed.values()))}"
-    elif getattr(cfg, "num_experts", 0):
+    torch.manual_seed(cfg.seed)  # (as `hybridtune train` seeds before its model: the same LoRA draws)
+    loaded = load_model(source, tokenizer, seed=cfg.seed, dtype=dtype)
+    model = loaded.model.to(device)
+    if getattr(text_config(model.config), "num_experts", 0):
         result["experts"] = f"transformers' {model.config._experts_implementation!r} experts implementation"
     if mode.gc:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if mode.input_require_grads:
-            model.enable_input_require_grads()
-    if spec["adapter"] == "lora":
-        torch.manual_seed(spec["seed"] + 1)
-        params = spec.get("lora_parameters", [])
-        model = apply_lora(model, spec["lora_r"], 2 * spec["lora_r"], 0.0, spec["lora_targets"], params)
-        # What peft really adapted (for Qwen3-Next it moves MLP names onto the experts): the FLOP count follows it.
-        result["lora_modules"], result["lora_parameters"] = applied_targets(model)
-        if params:
-            grouped = sum(1 for m in model.modules() if experts.ORIGINAL_FORWARD in m.__dict__)
-            result["experts_lora"] = f"grouped in {grouped} layer(s)" if grouped else "peft's ParamWrapper forward"
+        model.enable_input_require_grads()
+    if cfg.adapter == "lora":
+        model = lora_from_config(model, cfg)
+        _lora_result(model, cfg, result)
     model.train()
-    backend = spec.get("compile_backend", "inductor")
-    cmode = "reduce-overhead" if mode.cudagraphs else None
     if mode.compile == "torch":
-        model = torch.compile(model, backend=backend, mode=cmode)
-    elif mode.compile in ("loop", "modules"):
-        opts = {}
-        if mode.compile == "loop":
-            opts = {"static_shapes": mode.static, "regional": mode.regional, "keep_cores": mode.keep_cores}
-        compile_model(model, mode.compile, backend=backend, mode=cmode, **opts)
-    return cfg, model
+        model = torch.compile(model, backend=backend, mode=cudagraphs.MODE if mode.cg else None)
+    objective = build_objective(cfg, fused_loss=False)
+    engine = distributed.LossModule(model, objective)
+    return Composed(RunModel(loaded, model, None), engine, engine, device, device.type == "cuda", cuda_graphs=mode.cg)
+
+
+def _lora_result(model, cfg: TrainConfig, result: dict) -> None:
+    """What peft really adapted (for Qwen3-Next it moves MLP names onto the experts): the FLOP count follows it."""
+    result["lora_modules"], result["lora_parameters"] = applied_targets(model)
+    if cfg.lora_target_parameters:
+        grouped = sum(1 for m in model.modules() if experts.ORIGINAL_FORWARD in m.__dict__)
+        result["experts_lora"] = f"grouped in {grouped} layer(s)" if grouped else "peft's ParamWrapper forward"
+
+
+def build(spec: dict, mode, device: torch.device, result: dict):
+    """(train config, `Composed`, `Choices` or None for an hf mode, the packed batches on the device). A hybridtune
+    mode is built as `hybridtune train` builds its step (runtime/model.py, runtime/choices.py, runtime/compose.py)."""
+    cfg = train_config(spec, mode)
+    result["compile_backend"] = spec.get("compile_backend", "inductor")
+    source = resolve_source(cfg.base_model)
+    tokenizer = tokenizer_for(source)
+    _kernels(mode, source.config_ref, device, result)
+    layouts = pack_layouts(spec["seq_len"], spec["layouts"], spec["seed"])
+    if not mode.patch:
+        c = _build_baseline(cfg, mode, source, tokenizer, device, result["compile_backend"], result)
+        layout = StaticLayout.fit(layouts, max_filler=1.0) if mode.static else None
+        choices = None
+    else:
+        bf16 = choose_bf16(cfg, measure(cfg, device, distributed.ONE)).value
+        torch.manual_seed(cfg.seed)  # (as `hybridtune train` seeds before its model)
+        run = build_run_model(cfg, source, tokenizer, device, bf16)
+        facts = measure(cfg, device, distributed.ONE, run.model, bf16, [tuple(p) for p in layouts])
+        choices = resolve(cfg, facts)
+        objective = build_objective(cfg, choices.fused_loss.value)
+        c = compose(run, cfg, choices, objective, device, distributed.ONE, facts.packs, result["compile_backend"])
+        if mode.conv:  # (after compose: CUDA graphs' settings pick FLA's op; the graph is traced at the first step)
+            conv_in_graph(mode.conv)
+        layout = choices.pack_layout.value
+        result["choices"] = choices.lines()
+        result["compile_options"] = {"strategy": c.strategy, **c.compile_options}
+        result["patch_report"] = str(run.patch_report)
+        if run.patch_report.experts:
+            routed = run.patch_report.experts
+            result["experts"] = f"{len(routed)} layer(s): {next(iter(routed.values()))}"
+        if cfg.adapter == "lora":
+            _lora_result(c.model, cfg, result)
+    vocab = text_config(c.run.loaded.model.config).vocab_size
+    batches = [to_device(b, device) for b in make_batches(layouts, vocab, spec["seed"], layout)]
+    return cfg, c, choices, batches
+
+
+def build_model(spec: dict, mode, device: torch.device, result: dict):
+    """(the transformers config, the model) of a mode, as `build` makes them (benchmarks/moe_parity.py)."""
+    _, c, _, _ = build(spec, mode, device, result)
+    return c.run.loaded.model.config, c.model
 
 
 def run_mode(spec: dict) -> dict:
@@ -162,38 +225,34 @@ def run_mode(spec: dict) -> dict:
         torch.set_num_threads(spec.get("num_threads") or 1)
     result: dict = {"mode": mode.to_dict(), "device": str(device), "triton_cache": triton_cache_state()}
     t0 = time.perf_counter()
-    cfg, model = build_model(spec, mode, device, result)
-    layouts = pack_layouts(spec["seq_len"], spec["layouts"], spec["seed"])
-    batches = [to_device(b, device) for b in make_batches(layouts, cfg.vocab_size, spec["seed"], mode.static)]
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=spec["lr"], fused=device.type == "cuda")
+    cfg, c, choices, batches = build(spec, mode, device, result)
+    checkpointing = choices.checkpointing.value if choices else mode.gc
+    keep = choices.keep_mixer_cores.value if choices else False
+    graphs = c.cuda_graphs
+    result["mode"]["gc"] = checkpointing  # (the report's GC column)
+    params = c.trainable()
+    opt = build_optimizer(params, cfg, device)
     result["setup_s"] = time.perf_counter() - t0
-    phase(
-        f"model built ({result['setup_s']:.1f} s); first step next"
-        + (" (it compiles)" if mode.compile != "off" else "")
-    )
+    compiled = c.strategy != "off" or mode.compile != "off"
+    phase(f"model built ({result['setup_s']:.1f} s); first step next" + (" (it compiles)" if compiled else ""))
     result["trainable_params"] = sum(p.numel() for p in params)
-    result["total_params"] = sum(p.numel() for p in model.parameters())
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    result["total_params"] = sum(p.numel() for p in c.model.parameters())
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     counters.clear()
-    if mode.cudagraphs:
+    if graphs:
         torch._logging.set_logs(cudagraphs=True, perf_hints=True)  # why a graph ran without CUDA graphs
 
     def step(b: dict) -> torch.Tensor:
-        if mode.cudagraphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        with autocast:
-            loss = forward_loss(model, b, b[NUM_LOSS_TOKENS], fused=mode.loss == "fused")
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        """One optimizer step of one micro-batch, as `hybridtune train` runs it (runtime/compose.py)."""
+        (loss,) = compose_step.backward(c, [b], b[NUM_LOSS_TOKENS], params)
+        compose_step.clip(params, cfg.max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return loss
 
     warmup = spec["warmup"]  # the same for every mode (stretched for CUDA graphs by the parent: cudagraph_warmup)
-    if mode.cudagraphs:
+    if graphs:
         result["cudagraph_shapes"] = len({b[GDN_CHUNK_INDICES].shape[0] for b in batches})
     result["warmup_steps"] = warmup
     times, losses, graphs_after_warmup = [], [], 0
@@ -228,7 +287,7 @@ def run_mode(spec: dict) -> dict:
         graphs=counters["stats"]["unique_graphs"],
         recompiles_after_warmup=counters["stats"]["unique_graphs"] - graphs_after_warmup,
     )
-    if mode.cudagraphs:
+    if graphs:
         # Inductor counts each graph it ran without CUDA graphs (the reason is in the mode's log).
         result["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"]
     if device.type == "cuda":
@@ -236,7 +295,8 @@ def run_mode(spec: dict) -> dict:
         result["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
     else:
         result["peak_rss_gib"] = memory_gib(device)
-    _flops(spec, mode, cfg, batches, timed, result)
+    model_config = c.run.loaded.model.config
+    _flops(spec, checkpointing, keep, model_config, batches, timed, result)
     if spec.get("save_kernel_configs") and device.type == "cuda" and mode.patch:
         path = Path(spec["save_kernel_configs"])
         try:  # the timed steps are measured already: a table that cannot be written must not lose them
@@ -247,7 +307,7 @@ def run_mode(spec: dict) -> dict:
             print(f"kernel configs not saved: {e}", flush=True)
     if spec.get("profile") and can_profile(device):
         try:
-            _profile(spec, mode, cfg, batches, step, device, result)
+            _profile(spec, checkpointing, model_config, batches, step, device, result)
         except Exception as e:  # the timed steps are measured already: a failing profile must not lose them
             result["profile_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             print(f"profile failed (the timed steps are kept): {traceback.format_exc()[-3000:]}", flush=True)
@@ -259,16 +319,16 @@ def can_profile(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def _profile(spec: dict, mode, cfg, batches: list[dict], step, device: torch.device, result: dict) -> None:
+def _profile(spec: dict, gc: bool, cfg, batches: list[dict], step, device: torch.device, result: dict) -> None:
     """Three profiled steps (kernel time by group), the expert GEMMs' rate on an MoE shape, and one step's host
     syncs. Its own function so nothing here can rebind what the step closes over (an MoE run once handed
     `clip_grad_norm_` the expert parameters' names this way)."""
     result["profile"] = profile_run(lambda i: step(batches[i % len(batches)]), 3, device)
-    if getattr(cfg, "num_experts", 0):
+    if getattr(text_config(cfg), "num_experts", 0):
         rows = statistics.fmean(batches[i % len(batches)]["input_ids"].numel() for i in range(3))
         names = result.get("lora_parameters", [])
         lora = (spec["lora_r"], names) if spec["adapter"] == "lora" else (0, [])
-        result["expert_gemms"] = expert_gemm_rate(result["profile"], cfg, spec["adapter"], *lora, mode.gc, rows)
+        result["expert_gemms"] = expert_gemm_rate(result["profile"], cfg, spec["adapter"], *lora, gc, rows)
     result["host_syncs"] = find_syncs(lambda: step(batches[0]))
 
 
@@ -318,7 +378,8 @@ def find_syncs(run_step) -> dict:
     return {"count": sum(where.values()), "by_line": dict(sorted(where.items(), key=lambda kv: -kv[1])[:15])}
 
 
-def _flops(spec, mode, cfg, batches, timed, result) -> None:
+def _flops(spec, checkpointing: bool, keep_mixer_cores: bool, cfg, batches, timed, result) -> None:
+    """FLOPs per step (models/flops.py) of the timed steps as this mode ran them; MFU and HFU against the peak."""
     n = len(batches)
     warmup = spec["warmup"]
     steps = [batches[i % n]["doc_lens"] for i in range(warmup, warmup + spec["steps"])]
@@ -330,8 +391,8 @@ def _flops(spec, mode, cfg, batches, timed, result) -> None:
             lora_r=spec["lora_r"],
             lora_targets=result.get("lora_modules", spec["lora_targets"]),
             lora_parameters=result.get("lora_parameters", spec.get("lora_parameters", ())),
-            gradient_checkpointing=mode.gc,
-            keep_mixer_cores=mode.keep_cores,
+            gradient_checkpointing=checkpointing,
+            keep_mixer_cores=keep_mixer_cores,
         )
         for lens in steps
     ]
