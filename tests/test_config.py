@@ -283,3 +283,101 @@ def test_empty_roles_to_train_is_refused(tmp_path):
     assert load_config(p).datasets[0].roles_to_train == []
     p.write_text("train_on_inputs: true\ndatasets:\n  - path: a.jsonl\n    roles_to_train: []\n")
     assert load_config(p).train_on_inputs
+
+
+# --- YAML safety (issue 34): aliases, values as written, environment variables ----------------------------------
+
+
+def _bomb(levels: int) -> str:
+    """`levels` nested lists of 9 aliases each: a few hundred bytes that stand for 9**levels strings."""
+    items = [f"&x{i} [" + ", ".join(['"lol"'] * 9 if i == 0 else [f"*x{i - 1}"] * 9) + "]" for i in range(levels)]
+    return "lora_target_modules: [" + ", ".join(items) + "]\n"
+
+
+def test_alias_bomb_is_refused_in_one_line(tmp_path):
+    p = tmp_path / "bomb.yaml"
+    p.write_text(_bomb(7))  # 9**7 = 4.8 M strings: small enough to fail fast before the bound existed
+    with pytest.raises(ConfigError, match=r"bomb\.yaml:1: the YAML's aliases \(\*name\) expand to more than 100,000"):
+        load_config(p)
+    with pytest.raises(ConfigError, match=r"command line: the YAML's aliases"):
+        parse_overrides(["--lora_target_modules", _bomb(7).split(": ", 1)[1]])
+    # Aliases a config may really use stay fine.
+    p.write_text("lora_target_modules: &t [q_proj, v_proj]\ncompile_overrides: []\n")
+    assert load_config(p).lora_target_modules == ["q_proj", "v_proj"]
+
+
+def test_alias_bomb_of_the_red_team_ends_fast_within_little_memory(tmp_path):
+    import resource
+    import subprocess
+    import sys
+    import time
+
+    p = tmp_path / "bomb.yaml"
+    p.write_text(_bomb(9))
+    assert len(p.read_bytes()) == 499  # the red team's file: 9**9 strings, 3.4 GB and 60 s before the bound
+    code = f"from hybridtune.cli import main; raise SystemExit(main(['train', {str(p)!r}]))"
+
+    def cap():  # 2 GB of address space: the unbounded expansion needs more, and ran out of it with a traceback
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, preexec_fn=cap)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "expand to more than 100,000 values" in err[0], err
+    assert time.monotonic() - t0 < 60
+
+
+def test_self_referencing_alias_and_deep_nesting_are_one_line(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("lora_r: 4\nlora_target_modules: &a [q_proj, *a]\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml:2: a YAML alias \(\*name\) inside the value its anchor marks"):
+        load_config(p)
+    p.write_text("lora_target_modules: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: the YAML is nested too deeply"):
+        load_config(p)
+
+
+def test_error_values_are_shortened():
+    from hybridtune.config import _coerce
+
+    with pytest.raises(ConfigError) as e:
+        _coerce(list(range(100_000)), int, "k")
+    assert len(str(e.value)) < 200 and "got [0, 1, 2, 3, 4, 5, ...]" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        _coerce("x" * 100_000, int, "k")
+    assert len(str(e.value)) < 200
+
+
+def test_string_keys_keep_the_text_as_written(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(
+        "revision: 1.10\nrun_name: 0755\nchat_template: 2024-01-01\n"
+        "datasets:\n  - path: a.jsonl\n    name: 1.20\n    split: 010\n"
+    )
+    cfg = load_config(p)
+    assert (cfg.revision, cfg.run_name, cfg.chat_template) == ("1.10", "0755", "2024-01-01")
+    assert (cfg.datasets[0].name, cfg.datasets[0].split) == ("1.20", "010")
+    p.write_text("revision: ~\nrun_name: null\nlora_r: 010\n")  # null stays null; numbers stay numbers
+    cfg = load_config(p)
+    assert cfg.revision is None and cfg.run_name is None and cfg.lora_r == 8
+    o = parse_overrides(["--run_name", "1.10", "--fsdp_units", "010", "--revision", "null"])
+    assert o == {"run_name": "1.10", "fsdp_units": "010", "revision": None}
+
+
+def test_environment_variables_in_paths_are_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", "/home/someone")
+    p = tmp_path / "c.yaml"
+    p.write_text("lora_r: 4\noutput_dir: ${HOME}/runs/x\n")
+    with pytest.raises(
+        ConfigError,
+        match=r"c\.yaml:2: key 'output_dir' = '\$\{HOME\}/runs/x' holds the environment variable \$\{HOME\}, which "
+        r"hybridtune does not expand; write the path itself \(here: '/home/someone/runs/x'\)",
+    ):
+        load_config(p)
+    assert not (tmp_path / "${HOME}").exists()
+    p.write_text("datasets:\n  - path: $DATA_DIR/chats.jsonl\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml:1: key 'datasets\[0\]\.path' .* \$DATA_DIR, which"):
+        load_config(p)
+    p.write_text("run_name: $5 run\noutput_dir: " + str(tmp_path / "out") + "\n")  # not a path key: as written
+    assert load_config(p).run_name == "$5 run"

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import re
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -22,19 +23,23 @@ from typing import Any, Literal, Union
 import yaml
 
 from hybridtune.config_schema import (  # re-exported: hybridtune.config is where users look for them
+    ALL_LINEAR,
     BUNDLED_DATASET,
     DEFAULT_LORA_TARGETS,
-    MAX_LEARNING_RATE,
-    MAX_SEED,
-    THREADS_PER_CPU,
+    FOREIGN_DATASET_KEYS,
+    FOREIGN_KEYS,
+    FOREIGN_VALUES,
     DatasetConfig,
     TrainConfig,
-    max_num_threads,
+    config_help,
+    range_checks,
+    type_name,
 )
 from hybridtune.errors import ConfigError, did_you_mean
 from hybridtune.textfile import read_utf8
 
 __all__ = [
+    "ALL_LINEAR",
     "BUNDLED_DATASET",
     "DEFAULT_LORA_TARGETS",
     "DatasetConfig",
@@ -53,28 +58,30 @@ logger = logging.getLogger(__name__)
 
 # YAML 1.1 reads these words (unquoted) as booleans; an enum key that has one of them as a value takes it back.
 _YAML_BOOL_WORDS = {True: ("on", "yes", "true"), False: ("off", "no", "false")}
+# A YAML alias (*name) repeats the value its anchor (&name) marks; nested, a few hundred bytes expand to billions of
+# values. A real config holds a few hundred, so one that expands past this many (each alias counted at each use) is
+# refused before its values are built or shown.
+MAX_CONFIG_VALUES = 100_000
+# Values in error messages are shortened: a long list or string is shown by its start.
+_SHOW = reprlib.Repr()
+_SHOW.maxstring, _SHOW.maxother, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxlevel = 80, 80, 6, 6, 3
+# Keys whose value names a file or directory; `$HOME` or `${VAR}` in one from a file is refused (see _env_vars).
+PATH_KEYS = ("base_model", "tokenizer", "chat_template", "dataset", "output_dir", "resume_from_checkpoint")
+_ENV_VAR = re.compile(r"\$(?:\{\w+\}|[A-Za-z_]\w*)")
 
 # ---------------------------------------------------------------------------------------------------
 # parsing and validation
 
 
-def _type_name(tp: Any) -> str:
+def _coerce(value: Any, tp: Any, where: str, node: yaml.Node | None = None, nest: tuple | None = None) -> Any:
+    """Check `value` against the annotation `tp`; convert where it is lossless (int -> float). `node`: the value's
+    YAML node (a str key takes its text as written: `revision: 1.10` is '1.10', never 1.1); `nest`: (file, key
+    path, problems) for a dataclass inside, whose problems are collected there."""
     origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is list:
-        return f"list of {_type_name(typing.get_args(tp)[0])}"
-    if tp is type(None):
-        return "null"
-    return getattr(tp, "__name__", str(tp))
 
+    def bad() -> ConfigError:  # built only on failure, the value shortened
+        return ConfigError(f"{where}: expected {type_name(tp)}, got {_SHOW.repr(value)}")
 
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """Check `value` against the annotation `tp`; convert where it is lossless (int -> float)."""
-    origin = typing.get_origin(tp)
-    bad = ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
         choices = typing.get_args(tp)
         if isinstance(value, bool):
@@ -82,40 +89,47 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             words = [w for w in _YAML_BOOL_WORDS[value] if w in choices]
             if len(words) == 1:
                 return words[0]
-            raise bad
+            raise bad()
         if value in choices:
             return value
-        raise bad
+        raise bad()
     if origin in (Union, types.UnionType):
         for arg in typing.get_args(tp):
             try:
-                return _coerce(value, arg, where)
+                return _coerce(value, arg, where, node, nest)
             except ConfigError:
                 continue
-        raise bad
+        raise bad()
     if tp is type(None):
         if value is None:
             return None
-        raise bad
+        raise bad()
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, str) and item_tp is str:
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list):
-            raise bad
-        return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+            raise bad()
+        items = node.value if isinstance(node, yaml.SequenceNode) else [None] * len(value)
+        nests = [nest and (nest[0], f"{nest[1]}[{i}]", nest[2]) for i in range(len(value))]
+        return [_coerce(v, item_tp, f"{where}[{i}]", n, t) for i, (v, n, t) in enumerate(zip(value, items, nests))]
+    if tp is dict:  # a mapping of names to YAML values (chat_template_kwargs)
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise bad()
+        return dict(value)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise bad
-        return _build(tp, value, where, {})
+            raise bad()
+        file, path, problems = nest or (where, "", None)
+        return _build(tp, value, file, node, problems, f"{path}." if path else "")
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise bad
+        raise bad()
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise bad
+        raise bad()
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             number = float(value)
@@ -124,17 +138,19 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             try:
                 number = float(value)
             except ValueError:
-                raise bad from None
+                raise bad() from None
         else:
-            raise bad
+            raise bad()
         if not math.isfinite(number):
             raise ConfigError(f"{where}: expected a finite float, got {number}; give a number")
         return number
     if tp is str:
+        if isinstance(node, yaml.ScalarNode) and value is not None:
+            return node.value  # as written: `run_name: 0755` is '0755', `name: 1.20` is '1.20'
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-        raise bad
-    raise bad
+        raise bad()
+    raise bad()
 
 
 # Keys renamed since a release: old name -> (new name, how its values map). An old config gets one line saying so.
@@ -155,30 +171,101 @@ def _renamed_key(key: str, value: Any, where: str) -> ConfigError | None:
     return ConfigError(f"{where}: config key '{key}' is now '{new}'{how}{instead}")
 
 
-def _unknown_key(key: str, known: list[str], where: str) -> ConfigError:
+def _unknown_key(key: str, value: Any, cls: type, where: str, node: yaml.Node | None) -> ConfigError:
+    """An unknown key: a renamed one, another tool's (Axolotl, LLaMA-Factory, TRL), or the nearest known key."""
+    known = [f.name for f in dataclasses.fields(cls)]
+    foreign = (FOREIGN_KEYS if cls is TrainConfig else FOREIGN_DATASET_KEYS).get(key)
+    if foreign in known:
+        text = node.value if isinstance(node, yaml.ScalarNode) else None
+        write = f": write '{foreign}: {text}'" if text is not None else ""
+        return ConfigError(f"{where}: unknown config key '{key}'; did you mean '{foreign}'? (the same setting{write})")
+    if foreign:
+        return ConfigError(f"{where}: unknown config key '{key}': {foreign}")
     near = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
     hint = f"; did you mean '{near[0]}'?" if near else "; run `hybridtune train --help` for the list"
     return ConfigError(f"{where}: unknown config key '{key}'{hint}")
 
 
-def _build(cls: type, data: dict, where: str, lines: dict[str, int]) -> Any:
+def _fields(cls: type, data: dict, where: str, node: yaml.Node | None, problems: list, path: str = "") -> dict:
+    """`data`'s keys for `cls`, each checked; `node`: data's YAML mapping (lines, values as written). Every problem
+    is appended to `problems`, so that one run names them all."""
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    keys = node.value if isinstance(node, yaml.MappingNode) else []
+    nodes = {k.value: (k.start_mark.line + 1, v) for k, v in keys if isinstance(k, yaml.ScalarNode)}
     kwargs = {}
     for key, value in data.items():
-        loc = f"{where}:{lines[key]}" if key in lines else where
+        line, child = nodes.get(key, (None, None))
+        loc = f"{where}:{line}" if line else where
         if key not in hints:
-            raise _renamed_key(str(key), value, loc) or _unknown_key(str(key), names, loc)
-        kwargs[key] = _coerce(value, hints[key], f"{loc}: key '{key}'")
-    return cls(**kwargs)
+            at = f"{loc}: {path[:-1]}" if path else loc
+            renamed = _renamed_key(str(key), value, loc) if cls is TrainConfig else None
+            problems.append(renamed or _unknown_key(str(key), value, cls, at, child))
+            continue
+        try:
+            kwargs[key] = _coerce(value, hints[key], f"{loc}: key '{path}{key}'", child, (where, path + key, problems))
+        except ConfigError as e:
+            hint = FOREIGN_VALUES.get(key, {}).get(value) if isinstance(value, str) else None
+            problems.append(ConfigError(f"{e}: {hint}") if hint else e)
+    return kwargs
 
 
-def _key_lines(text: str) -> dict[str, int]:
-    """1-based line numbers of the top-level keys of a YAML mapping."""
-    node = yaml.compose(text)
-    if not isinstance(node, yaml.MappingNode):
-        return {}
-    return {k.value: k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+def _build(cls: type, data: dict, where: str, node=None, problems: list | None = None, path: str = "") -> Any:
+    """`cls(**data)` checked key by key; with `problems` given they are collected there (and None returned)."""
+    own = [] if problems is None else problems
+    before = len(own)
+    kwargs = _fields(cls, data, where, node, own, path)
+    if problems is None and own:
+        raise together(own)
+    return cls(**kwargs) if len(own) == before else None
+
+
+def together(problems: list[ConfigError]) -> ConfigError:
+    """One error for all of `problems`: the error itself when it is one, else one line for each."""
+    if len(problems) == 1:
+        return problems[0]
+    lines = "\n".join(f"  {p}" for p in problems)
+    return ConfigError(f"{len(problems)} problems in the config (each below; fix them all, nothing was run):\n{lines}")
+
+
+def load_yaml(text: str, where: str) -> tuple[Any, yaml.Node | None]:
+    """YAML text as Python values, and its node tree (lines; values as written). Aliases that expand past
+    MAX_CONFIG_VALUES values, or hold themselves, are refused before any value is built; a YAMLError passes."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, None
+        _expanded(node, where, {}, set())
+        return loader.construct_document(node), node
+    except RecursionError:
+        raise ConfigError(f"{where}: the YAML is nested too deeply; write a flat mapping of config keys") from None
+    finally:
+        loader.dispose()
+
+
+def _expanded(node: yaml.Node, where: str, sizes: dict[int, int], open_: set[int]) -> int:
+    """How many values `node` stands for with every alias written out (each shared node counted once, by id)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    line = where if where == "command line" else f"{where}:{node.start_mark.line + 1}"
+    if id(node) in open_:
+        raise ConfigError(f"{line}: a YAML alias (*name) inside the value its anchor marks (a loop); write it out")
+    open_.add(id(node))
+    kids = node.value if isinstance(node, yaml.SequenceNode) else ()
+    if isinstance(node, yaml.MappingNode):
+        kids = [n for pair in node.value for n in pair]
+    sizes[id(node)] = total = 1 + sum(_expanded(k, where, sizes, open_) for k in kids)
+    open_.discard(id(node))
+    if total > MAX_CONFIG_VALUES:
+        raise ConfigError(
+            f"{line}: the YAML's aliases (*name) expand to more than {MAX_CONFIG_VALUES:,} values; a config "
+            "needs far fewer: write the values out"
+        )
+    return total
+
+
+# Keys typed str (or str | None): their values are text, as written.
+_TEXT_KEYS = {k for k, tp in typing.get_type_hints(TrainConfig).items() if str in typing.get_args(tp) or tp is str}
 
 
 def parse_overrides(argv: list[str]) -> dict[str, Any]:
@@ -198,23 +285,11 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
             else:
                 raw = "true"
         try:
-            out[key] = yaml.safe_load(raw) if raw != "" else ""
+            out[key] = load_yaml(raw, "command line")[0] if raw != "" else ""
         except yaml.YAMLError:
             out[key] = raw
-        # Paths and names stay strings even when they look like numbers or dates.
-        if (
-            key
-            in (
-                "base_model",
-                "revision",
-                "tokenizer",
-                "chat_template",
-                "dataset",
-                "output_dir",
-                "resume_from_checkpoint",
-            )
-            and out[key] is not None
-        ):
+        # Paths and names stay strings as typed even when they look like numbers or dates (`--run_name 1.10`).
+        if key in _TEXT_KEYS and out[key] is not None:
             out[key] = str(raw)
         i += 1
     return out
@@ -226,13 +301,13 @@ def load_config(
     """Build a `TrainConfig` from an optional YAML file and overrides (overrides win); `warn`: log the config's
     warnings (a launcher whose rank 0 will say them passes False)."""
     data: dict[str, Any] = {}
-    lines: dict[str, int] = {}
+    node = None
     where = "command line"
     if path is not None:
         p = resolve_config_path(path)
         text = read_config_text(p)
         try:
-            loaded = yaml.safe_load(text)
+            loaded, node = load_yaml(text, str(p))
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             at = f"{p}:{mark.line + 1}: not valid YAML at column {mark.column + 1}" if mark else f"{p}: not valid YAML"
@@ -242,18 +317,49 @@ def load_config(
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: expected a mapping of config keys at the top level")
         data.update(loaded)
-        lines = _key_lines(text)
         where = str(p)
     cli = overrides or {}
-    _build(TrainConfig, data, where, lines)  # errors in the file name the file and line
-    _build(TrainConfig, cli, "command line", {})  # errors in overrides name the command line
-    cfg = _build(TrainConfig, {**data, **cli}, where, lines)
+    problems: list[ConfigError] = []  # every problem of the file and the command line, said at once
+    fields = _fields(TrainConfig, data, where, node, problems)  # a file's name its file and line
+    problems += _env_vars(fields, where, node)
+    fields.update(_fields(TrainConfig, cli, "command line", None, problems))
+    if {"warmup_steps", "warmup_ratio"} <= set(data) | set(cli):
+        problems.append(
+            ConfigError(
+                "config keys 'warmup_steps' and 'warmup_ratio' are exclusive (steps, or a share of the run); give one"
+            )
+        )
+    if problems:
+        raise together(problems)
+    cfg = TrainConfig(**fields)
     validate(cfg)
     check_output_dir(cfg.output_dir)
     if warn and os.environ.get("RANK", "0") == "0":  # under torchrun every rank reads the config: one voice says it
         for warning in config_warnings(cfg, set(data) | set(cli)):
             logger.warning(warning)
     return cfg
+
+
+def _env_vars(fields: dict[str, Any], where: str, node: yaml.Node | None) -> list[ConfigError]:
+    """A path in a file holding `$VAR` or `${VAR}`: hybridtune does not expand environment variables (a config
+    means the same under any environment), and a directory named `${HOME}` is never what was meant."""
+    keys = node.value if isinstance(node, yaml.MappingNode) else []
+    lines = {k.value: k.start_mark.line + 1 for k, _ in keys if isinstance(k, yaml.ScalarNode)}
+    paths = [(k, k, fields[k]) for k in PATH_KEYS if isinstance(fields.get(k), str)]
+    for key in ("datasets", "test_datasets"):
+        paths += [(key, f"{key}[{i}].path", ds.path) for i, ds in enumerate(fields.get(key) or []) if ds]
+    out = []
+    for key, label, value in paths:
+        if found := _ENV_VAR.search(value):
+            expanded = os.path.expandvars(value)
+            eg = f" (here: '{expanded}')" if expanded != value else ""
+            out.append(
+                ConfigError(
+                    f"{where}:{lines.get(key, '?')}: key '{label}' = '{value}' holds the environment variable "
+                    f"{found.group()}, which hybridtune does not expand; write the path itself{eg}"
+                )
+            )
+    return out
 
 
 # Example configs shipped in the wheel, named on the command line as `hybridtune:configs/<name>.yaml`.
@@ -330,7 +436,7 @@ def config_warnings(cfg: TrainConfig, given: set[str]) -> list[str]:
 
 def warmup_warning(cfg: TrainConfig, total_steps: int) -> str | None:
     """A warning when the linear warmup does not end before the run does (the peak learning rate is never reached)."""
-    if cfg.warmup_steps < total_steps:
+    if cfg.warmup_ratio > 0 or cfg.warmup_steps < total_steps:
         return None
     length = f"max_steps = {cfg.max_steps}" if cfg.max_steps > 0 else f"the run has {total_steps} steps"
     return (
@@ -341,69 +447,10 @@ def warmup_warning(cfg: TrainConfig, total_steps: int) -> str | None:
 
 def validate(cfg: TrainConfig) -> None:
     """Range checks that types cannot express."""
-    checks = [
-        (cfg.sequence_len >= 2, "sequence_len", cfg.sequence_len, "must be at least 2"),
-        (cfg.micro_batch_size >= 1, "micro_batch_size", cfg.micro_batch_size, "must be at least 1"),
-        (
-            cfg.gradient_accumulation_steps >= 1,
-            "gradient_accumulation_steps",
-            cfg.gradient_accumulation_steps,
-            "must be at least 1",
-        ),
-        (cfg.lora_r >= 1, "lora_r", cfg.lora_r, "must be at least 1"),
-        (0.0 <= cfg.lora_dropout < 1.0, "lora_dropout", cfg.lora_dropout, "must be in [0, 1)"),
-        (cfg.learning_rate > 0, "learning_rate", cfg.learning_rate, "must be positive"),
-        (
-            cfg.learning_rate <= MAX_LEARNING_RATE,
-            "learning_rate",
-            cfg.learning_rate,
-            f"must be at most {MAX_LEARNING_RATE:g} (fine-tunes use 1e-6 to 1e-2; far larger overflows the "
-            "optimizer); use e.g. 1e-4",
-        ),
-        (cfg.val_set_size >= 0, "val_set_size", cfg.val_set_size, "must be >= 0"),
-        (
-            cfg.max_steps >= -1,
-            "max_steps",
-            cfg.max_steps,
-            "must be -1 (from num_epochs), 0 (only evaluate and export) or more",
-        ),
-        (cfg.num_epochs > 0, "num_epochs", cfg.num_epochs, "must be positive"),
-        (cfg.warmup_steps >= 0, "warmup_steps", cfg.warmup_steps, "must be >= 0"),
-        (cfg.weight_decay >= 0, "weight_decay", cfg.weight_decay, "must be >= 0"),
-        (cfg.max_grad_norm >= 0, "max_grad_norm", cfg.max_grad_norm, "must be >= 0"),
-        (cfg.lora_alpha >= 1, "lora_alpha", cfg.lora_alpha, "must be at least 1 (the LoRA scale is alpha / r)"),
-        (cfg.logging_steps >= 1, "logging_steps", cfg.logging_steps, "must be at least 1"),
-        (
-            bool(re.fullmatch(r"auto|layer|model|group:[1-9][0-9]*", str(cfg.fsdp_units))),
-            "fsdp_units",
-            cfg.fsdp_units,
-            "must be auto, layer, model or group:K (K consecutive decoder layers per unit, K >= 1); e.g. group:4",
-        ),
-        (cfg.eval_steps >= 0, "eval_steps", cfg.eval_steps, "must be 0 (only at the end) or more"),
-        (cfg.save_steps >= 0, "save_steps", cfg.save_steps, "must be 0 (only at the end) or more"),
-        (
-            cfg.eval_max_examples >= 1,
-            "eval_max_examples",
-            cfg.eval_max_examples,
-            "must be at least 1 (to evaluate nothing, set val_set_size: 0)",
-        ),
-        (cfg.num_threads >= 0, "num_threads", cfg.num_threads, "must be 0 (auto) or more"),
-        (
-            cfg.num_threads <= max_num_threads(),
-            "num_threads",
-            cfg.num_threads,
-            f"must be at most {max_num_threads()} ({THREADS_PER_CPU} x the {os.cpu_count() or 1} CPUs of this "
-            "machine; more threads only contend for the same cores); use 0 for auto",
-        ),
-        (0 <= cfg.seed <= MAX_SEED, "seed", cfg.seed, f"must be between 0 and 2**63 - 1 ({MAX_SEED})"),
-        (cfg.save_total_limit >= 1, "save_total_limit", cfg.save_total_limit, "must be at least 1"),
-        (cfg.profile_steps >= 0, "profile_steps", cfg.profile_steps, "must be 0 (off) or more"),
-        (cfg.eval_samples >= 0, "eval_samples", cfg.eval_samples, "must be 0 (off) or more"),
-        (cfg.eval_max_new_tokens >= 1, "eval_max_new_tokens", cfg.eval_max_new_tokens, "must be at least 1"),
-    ]
-    for ok, key, value, what in checks:
-        if not ok:
-            raise ConfigError(f"config key '{key}' = {value!r} {what}")
+    checks = range_checks(cfg)
+    failed = [ConfigError(f"config key '{key}' = {value!r} {what}") for ok, key, value, what in checks if not ok]
+    if failed:
+        raise together(failed)
     for item in cfg.compile_overrides:
         cls, eq, decision = item.partition("=")
         if not eq or not cls or decision not in ("compile", "fullgraph", "eager", "off"):
@@ -434,28 +481,6 @@ def validate(cfg: TrainConfig) -> None:
                 f"config key '{key}[{i}].roles_to_train' is empty, so no token of a chat would be trained on; "
                 "name the roles to train on (e.g. [assistant])"
             )
-
-
-def config_help() -> str:
-    """Every key with its type, default and meaning, for `hybridtune train --help`."""
-    rows = []
-    hints = typing.get_type_hints(TrainConfig)
-    for f in dataclasses.fields(TrainConfig):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        if f.name == "datasets":
-            default = "[bundled arithmetic chats]"
-        rows.append(f"  --{f.name} ({_type_name(hints[f.name])}, default {default!r})\n      {f.metadata['help']}")
-    ds_rows = []
-    ds_hints = typing.get_type_hints(DatasetConfig)
-    for f in dataclasses.fields(DatasetConfig):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        ds_rows.append(f"    {f.name} ({_type_name(ds_hints[f.name])}, default {default!r}): {f.metadata['help']}")
-    return (
-        "config keys (YAML file or --key value):\n"
-        + "\n".join(rows)
-        + "\n\n  each entry of `datasets` and `test_datasets`:\n"
-        + "\n".join(ds_rows)
-    )
 
 
 def compile_overrides(cfg: TrainConfig) -> dict[str, str]:

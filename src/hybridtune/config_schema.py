@@ -1,13 +1,18 @@
 """The run configuration's keys: `TrainConfig` and `DatasetConfig` (dataclasses with defaults and one sentence of
-help per key) and the limits their values are checked against. Loading and checking are `hybridtune.config`'s,
-which re-exports these names."""
+help per key), the limits their values are checked against (`range_checks`), their help (`config_help`), and the
+keys of other fine-tuning tools with what hybridtune takes instead (`FOREIGN_KEYS`). Loading and checking are
+`hybridtune.config`'s, which re-exports these names."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
+import re
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Union
 
 # Default LoRA targets: attention projections, the GDN projections and the MLP (dense and MoE experts'
 # shared MLP). Names that a model lacks are simply not matched; at least one must match.
@@ -23,6 +28,9 @@ DEFAULT_LORA_TARGETS = [
     "up_proj",
     "down_proj",
 ]
+
+# `lora_target_modules: all-linear` (peft's spelling): every Linear of the text model's decoder layers.
+ALL_LINEAR = "all-linear"
 
 BUNDLED_DATASET = "hybridtune:sample/arithmetic.jsonl"
 
@@ -92,6 +100,9 @@ class TrainConfig:
         "chat template for chat data: a .jinja/.txt file, or the name of one of the tokenizer's named templates "
         "(default: the tokenizer's own); saved with the final model",
     )
+    chat_template_kwargs: dict = _f(
+        {}, "variables given to the chat template when it renders the data, e.g. {enable_thinking: false} (Qwen3.5)"
+    )
     # data
     datasets: list[DatasetConfig] = _f([DatasetConfig(path=BUNDLED_DATASET, type="chat")], "list of data sources")
     dataset: str | None = _f(None, "shorthand for a single data file (replaces `datasets`)")
@@ -118,7 +129,10 @@ class TrainConfig:
     lora_r: int = _f(16, "LoRA rank")
     lora_alpha: int = _f(32, "LoRA alpha (scale = alpha / r)")
     lora_dropout: float = _f(0.0, "LoRA dropout")
-    lora_target_modules: list[str] = _f(list(DEFAULT_LORA_TARGETS), "module names that get LoRA")
+    lora_target_modules: list[str] = _f(
+        list(DEFAULT_LORA_TARGETS),
+        "module names that get LoRA, or all-linear (every Linear of the text model's decoder layers, as peft's)",
+    )
     lora_target_parameters: list[str] = _f(
         [],
         "parameters that get LoRA through peft's target_parameters (a parameter name's end): the routed experts' "
@@ -134,6 +148,9 @@ class TrainConfig:
     learning_rate: float = _f(1e-3, "peak learning rate")
     lr_scheduler: Literal["cosine", "linear", "constant"] = _f("cosine", "decay after warmup")
     warmup_steps: int = _f(10, "linear warmup steps")
+    warmup_ratio: float = _f(
+        0.0, "linear warmup as a share of the run's steps, in [0, 1) (0: warmup_steps; the two are exclusive)"
+    )
     weight_decay: float = _f(0.0, "AdamW weight decay")
     max_grad_norm: float = _f(1.0, "gradient clipping (0: off)")
     bf16: Literal["auto"] | bool = _f("auto", "bf16 autocast: auto = on a GPU that supports it, off on CPU")
@@ -147,7 +164,9 @@ class TrainConfig:
         "static = every batch filled to one shape with filler documents (fewer recompiles), dynamic = no filler, "
         "auto = static under a compiled run when the filler is cheap and the model has no router loss",
     )
-    objective: Literal["sft"] = _f("sft", "what training minimises: sft = next-token cross-entropy on the trained tokens")
+    objective: Literal["sft"] = _f(
+        "sft", "what training minimises: sft = next-token cross-entropy on the trained tokens"
+    )
     loss: Literal["auto", "fused", "plain"] = _f(
         "auto",
         "cross-entropy: fused = chunked against lm_head without [tokens, vocab] logits, plain = transformers' own, "
@@ -222,3 +241,185 @@ class TrainConfig:
         if self.dataset:
             return [DatasetConfig(path=self.dataset, type=self.dataset_type)]
         return self.datasets
+
+
+def range_checks(cfg: TrainConfig) -> list[tuple[bool, str, Any, str]]:
+    """(ok, key, value, what it must be) for each bound that a key's type cannot express."""
+    return [
+        (cfg.sequence_len >= 2, "sequence_len", cfg.sequence_len, "must be at least 2"),
+        (cfg.micro_batch_size >= 1, "micro_batch_size", cfg.micro_batch_size, "must be at least 1"),
+        (
+            cfg.gradient_accumulation_steps >= 1,
+            "gradient_accumulation_steps",
+            cfg.gradient_accumulation_steps,
+            "must be at least 1",
+        ),
+        (cfg.lora_r >= 1, "lora_r", cfg.lora_r, "must be at least 1"),
+        (0.0 <= cfg.lora_dropout < 1.0, "lora_dropout", cfg.lora_dropout, "must be in [0, 1)"),
+        (cfg.learning_rate > 0, "learning_rate", cfg.learning_rate, "must be positive"),
+        (
+            cfg.learning_rate <= MAX_LEARNING_RATE,
+            "learning_rate",
+            cfg.learning_rate,
+            f"must be at most {MAX_LEARNING_RATE:g} (fine-tunes use 1e-6 to 1e-2; far larger overflows the "
+            "optimizer); use e.g. 1e-4",
+        ),
+        (cfg.val_set_size >= 0, "val_set_size", cfg.val_set_size, "must be >= 0"),
+        (
+            cfg.max_steps >= -1,
+            "max_steps",
+            cfg.max_steps,
+            "must be -1 (from num_epochs), 0 (only evaluate and export) or more",
+        ),
+        (cfg.num_epochs > 0, "num_epochs", cfg.num_epochs, "must be positive"),
+        (cfg.warmup_steps >= 0, "warmup_steps", cfg.warmup_steps, "must be >= 0"),
+        (0 <= cfg.warmup_ratio < 1, "warmup_ratio", cfg.warmup_ratio, "must be in [0, 1) (a share of the steps)"),
+        (
+            ALL_LINEAR not in cfg.lora_target_modules or cfg.lora_target_modules == [ALL_LINEAR],
+            "lora_target_modules",
+            cfg.lora_target_modules,
+            f"names {ALL_LINEAR} beside other modules; give {ALL_LINEAR} alone or a list of names",
+        ),
+        (cfg.weight_decay >= 0, "weight_decay", cfg.weight_decay, "must be >= 0"),
+        (cfg.max_grad_norm >= 0, "max_grad_norm", cfg.max_grad_norm, "must be >= 0"),
+        (cfg.lora_alpha >= 1, "lora_alpha", cfg.lora_alpha, "must be at least 1 (the LoRA scale is alpha / r)"),
+        (cfg.logging_steps >= 1, "logging_steps", cfg.logging_steps, "must be at least 1"),
+        (
+            bool(re.fullmatch(r"auto|layer|model|group:[1-9][0-9]*", str(cfg.fsdp_units))),
+            "fsdp_units",
+            cfg.fsdp_units,
+            "must be auto, layer, model or group:K (K consecutive decoder layers per unit, K >= 1); e.g. group:4",
+        ),
+        (cfg.eval_steps >= 0, "eval_steps", cfg.eval_steps, "must be 0 (only at the end) or more"),
+        (cfg.save_steps >= 0, "save_steps", cfg.save_steps, "must be 0 (only at the end) or more"),
+        (
+            cfg.eval_max_examples >= 1,
+            "eval_max_examples",
+            cfg.eval_max_examples,
+            "must be at least 1 (to evaluate nothing, set val_set_size: 0)",
+        ),
+        (cfg.num_threads >= 0, "num_threads", cfg.num_threads, "must be 0 (auto) or more"),
+        (
+            cfg.num_threads <= max_num_threads(),
+            "num_threads",
+            cfg.num_threads,
+            f"must be at most {max_num_threads()} ({THREADS_PER_CPU} x the {os.cpu_count() or 1} CPUs of this "
+            "machine; more threads only contend for the same cores); use 0 for auto",
+        ),
+        (0 <= cfg.seed <= MAX_SEED, "seed", cfg.seed, f"must be between 0 and 2**63 - 1 ({MAX_SEED})"),
+        (cfg.save_total_limit >= 1, "save_total_limit", cfg.save_total_limit, "must be at least 1"),
+        (cfg.profile_steps >= 0, "profile_steps", cfg.profile_steps, "must be 0 (off) or more"),
+        (cfg.eval_samples >= 0, "eval_samples", cfg.eval_samples, "must be 0 (off) or more"),
+        (cfg.eval_max_new_tokens >= 1, "eval_max_new_tokens", cfg.eval_max_new_tokens, "must be at least 1"),
+    ]
+
+
+def type_name(tp: Any) -> str:
+    """A key's annotation as people read it: `list of str`, `'lora' | 'full'`, `int | null`."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join(type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {type_name(typing.get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def config_help() -> str:
+    """Every key with its type, default and meaning, for `hybridtune train --help`."""
+    rows = []
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if f.name == "datasets":
+            default = "[bundled arithmetic chats]"
+        rows.append(f"  --{f.name} ({type_name(hints[f.name])}, default {default!r})\n      {f.metadata['help']}")
+    ds_rows = []
+    ds_hints = typing.get_type_hints(DatasetConfig)
+    for f in dataclasses.fields(DatasetConfig):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        ds_rows.append(f"    {f.name} ({type_name(ds_hints[f.name])}, default {default!r}): {f.metadata['help']}")
+    return (
+        "config keys (YAML file or --key value):\n"
+        + "\n".join(rows)
+        + "\n\n  each entry of `datasets` and `test_datasets`:\n"
+        + "\n".join(ds_rows)
+    )
+
+
+# Keys of other fine-tuning tools (Axolotl, LLaMA-Factory, TRL / transformers' TrainingArguments) -> hybridtune's key
+# of the same meaning and values, or what to do instead, in words.
+_QUANTIZED = "quantized base weights (QLoRA, bitsandbytes) are not supported yet; use adapter: lora on the bf16 base"
+_OPTIMIZER = "hybridtune runs AdamW (torch's, fused on a GPU; 8-bit optimizers are planned); remove the key"
+_ENGINE = "hybridtune shards with its own DDP/FSDP2: run with --nproc N and set distributed (ddp | fsdp); remove it"
+_KERNELS = "hybridtune picks its attention and GDN kernels itself (see the kernels key); remove it"
+_STEPS = "hybridtune counts in steps: set eval_steps / save_steps (0: only at the end)"
+FOREIGN_KEYS: dict[str, str] = {
+    "lr": "learning_rate",
+    "num_train_epochs": "num_epochs",
+    "epochs": "num_epochs",
+    "per_device_train_batch_size": "micro_batch_size",
+    "lora_rank": "lora_r",
+    "lora_target": "write lora_target_modules: a list of module names, or all-linear (LLaMA-Factory's all)",
+    "lr_scheduler_type": "lr_scheduler",
+    "model_name_or_path": "base_model",
+    "cutoff_len": "sequence_len",
+    "max_seq_length": "sequence_len",
+    "max_length": "sequence_len",
+    "packing": "sample_packing",
+    "val_size": "val_set_size",
+    "preprocessing_num_workers": "dataset_num_proc",
+    "overwrite_output_dir": "overwrite",
+    "dataset_text_field": "set field_text in the entry of datasets",
+    "finetuning_type": "set adapter: lora or adapter: full",
+    "use_peft": "set adapter: lora",
+    "lora_target_linear": "write lora_target_modules: all-linear",
+    "load_in_4bit": _QUANTIZED,
+    "load_in_8bit": _QUANTIZED,
+    "quantization_bit": _QUANTIZED,
+    "bnb_4bit_quant_type": _QUANTIZED,
+    "bnb_4bit_compute_dtype": _QUANTIZED,
+    "optimizer": _OPTIMIZER,
+    "optim": _OPTIMIZER,
+    "deepspeed": _ENGINE,
+    "fsdp": _ENGINE,
+    "fsdp_config": _ENGINE,
+    "flash_attention": _KERNELS,
+    "sdp_attention": _KERNELS,
+    "flash_attn": _KERNELS,
+    "attn_implementation": _KERNELS,
+    "fp16": "hybridtune trains in bf16 autocast or fp32 (the bf16 key); remove it",
+    "tf32": "hybridtune computes in bf16 autocast or fp32 (the bf16 key); remove it",
+    "torch_compile": "set compile (auto | loop | modules | off)",
+    "evaluation_strategy": _STEPS,
+    "eval_strategy": _STEPS,
+    "save_strategy": _STEPS,
+    "evals_per_epoch": _STEPS,
+    "saves_per_epoch": _STEPS,
+    "wandb_project": "set report_to: wandb and the WANDB_PROJECT environment variable",
+    "trust_remote_code": "hybridtune never runs code from a model directory; remove it",
+    "template": "hybridtune renders chats with the tokenizer's template; set chat_template to change it",
+    "stage": "hybridtune trains objective: sft; remove it",
+    "do_train": "hybridtune train trains; remove it",
+    "dataset_prepared_path": "tokenised data is cached by its content and tokenizer; remove it",
+}
+# Keys of a `datasets` entry in other tools.
+FOREIGN_DATASET_KEYS: dict[str, str] = {
+    "data_files": "path",
+    "ds_type": "hybridtune reads the format from the file's extension; remove it",
+    "message_property_mappings": "set message_field_role and message_field_content",
+    "chat_template": "set chat_template once at the top level",
+    "train_on_eos": "chat turns are trained through their end token; remove it",
+}
+# Values of other tools for hybridtune keys: key -> value -> what to write instead.
+FOREIGN_VALUES: dict[str, dict[str, str]] = {
+    "adapter": {"qlora": _QUANTIZED},
+    "type": {
+        "chat_template": "Axolotl's chat_template is type: chat here (or auto; the tokenizer's template renders it)",
+        "completion": "Axolotl's completion is type: text here",
+    },
+}
+FOREIGN_VALUES["dataset_type"] = FOREIGN_VALUES["type"]
