@@ -95,11 +95,17 @@ class MixerSpec:
 MIXERS: dict[str, MixerSpec] = {}
 
 
-def register(spec: MixerSpec, *, replace: bool = False) -> MixerSpec:
-    """Add `spec` to `MIXERS` (a second kind of the same name needs `replace=True`). Returns it."""
+def register(spec: MixerSpec, *, replace: bool = False, first: bool = False) -> MixerSpec:
+    """Add `spec` to `MIXERS` (a second kind of the same name needs `replace=True`). `first`: ahead of the others,
+    so its families and layer types win over theirs (a mixer that takes over modules another one routes). Returns
+    it."""
     if spec.kind in MIXERS and not replace:
         raise ValueError(f"mixer kind {spec.kind!r} is already registered; pass replace=True or unregister it first")
     MIXERS[spec.kind] = spec
+    if first:
+        rest = {k: v for k, v in MIXERS.items() if k != spec.kind}
+        MIXERS.clear()
+        MIXERS.update({spec.kind: spec, **rest})
     return spec
 
 

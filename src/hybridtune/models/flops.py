@@ -168,7 +168,7 @@ def step_flops(
     for spec in MIXERS.values():
         if spec.flops is None:
             continue
-        n = sum(1 for k in c.layer_types if k in spec.layer_types)
+        n = sum(1 for k in c.layer_types if registry.for_layer_type(k) is spec)  # the first serving mixer's
         mixers.append((spec, spec.flops(c, n, tokens, sq) if n else None))
     weights = sum(f.weights for _, f in mixers if f is not None)
     breakdown = {
