@@ -28,7 +28,7 @@ KEEPS = "_hybridtune_keeps_cores"
 @functools.cache
 def core_ops() -> frozenset:
     """The ops whose outputs `keep_cores` keeps: those of every registered mixer whose core is kept
-    (`MixerSpec.core_ops`: GDN's chunked delta rule, SDPA's attention kernels). An attention that runs as a custom
+    (`MixerSpec.core_ops`: a chunked delta rule's forward, SDPA's attention kernels). An attention that runs as a custom
     op of its own (torch's varlen attention, the flash-attn package's) is recomputed. Cached: register a mixer
     before the first checkpointed step (or call `core_ops.cache_clear()`)."""
     ops = set()
