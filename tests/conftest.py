@@ -11,7 +11,9 @@ interpreter, the bench smoke) are skipped there, saying how to run them; `.ci/ru
 from __future__ import annotations
 
 import atexit
+import json
 import os
+import random
 import shutil
 import tempfile
 
@@ -78,3 +80,36 @@ def _fla_switch_restored():
     adapter = sys.modules.get("hybridtune.mixers.gdn.fla_adapter")
     if adapter is not None:
         adapter.turn_off(None)
+
+
+@pytest.fixture(scope="session")
+def small_data(tmp_path_factory) -> str:
+    """A small chat dataset (arithmetic) so CLI tests run in seconds; tests only read it."""
+    rng = random.Random(0)
+    path = tmp_path_factory.mktemp("data") / "small.jsonl"
+    rows = []
+    for _ in range(120):
+        a, b = rng.randrange(50), rng.randrange(50)
+        rows.append(
+            {"messages": [{"role": "user", "content": f"{a}+{b}="}, {"role": "assistant", "content": str(a + b)}]}
+        )
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return str(path)
+
+
+@pytest.fixture
+def aot_eager(monkeypatch):
+    """The trainer's compile_model, real, under the aot_eager backend (inductor's CPU build would cost minutes);
+    the handles it made."""
+    # Imported here, not at the top: this conftest loads for every test, most of which never build a trainer.
+    from hybridtune.compiler import strategies
+    from hybridtune.runtime import compose
+
+    handles = []
+
+    def compile_(model, strategy, **opts):
+        handles.append(strategies.compile_model(model, strategy, backend="aot_eager", **opts))
+        return handles[-1]
+
+    monkeypatch.setattr(compose, "compile_model", compile_)
+    return handles

@@ -8,10 +8,13 @@ GDN and attention; torch 2.11 traces the first layer once more) whatever the dep
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from test_loop import _batch, _step  # the loop tests' packed batch and training step
 
+from hybridtune.compiler.loop import compile_loop
 from hybridtune.models.presets import preset_config
 
 LAYOUTS = [[10, 30, 35], [64, 11], [5, 5, 5, 5, 90], [33, 1, 19, 60]]
@@ -227,3 +230,15 @@ def test_regional_inductor_buffer_reuse_still_miscompiles(monkeypatch):
 
     with config.patch(force_disable_caches=True):
         _inductor_cpu_regional(monkeypatch, {})
+
+
+def test_loop_log_says_inductor_buffer_reuse_off_only_under_inductor(caplog):
+    """Under aot_eager nothing of inductor runs; the log line must not claim its buffer reuse is off."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(preset_config("tiny-qwen3_5", vocab_size=256))
+    with caplog.at_level(logging.INFO, logger="hybridtune"):
+        compile_loop(model, backend="aot_eager", regional=True)  # torch.compile is lazy: nothing compiles here
+    text = "\n".join(r.getMessage() for r in caplog.records if "compile strategy 'loop'" in r.getMessage())
+    assert "each distinct layer traced once" in text
+    assert "buffer reuse" not in text

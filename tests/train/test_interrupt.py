@@ -10,11 +10,11 @@ import signal
 
 import pytest
 import torch
-from test_resume import make_cfg
 
 from hybridtune.errors import TrainingDiverged
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.train.trainer import Trainer
+from train_runs import make_cfg
 
 
 def _trainer(cfg) -> Trainer:

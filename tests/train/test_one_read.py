@@ -4,16 +4,18 @@ the tokenisation cache key (`Source.fingerprint`) are the same digest, kept whil
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
-from test_resume import make_cfg
 
 from hybridtune.config import DatasetConfig, load_config
 from hybridtune.data import digests, sources
 from hybridtune.run import outdir
 from hybridtune.train.trainer import Trainer
+from train_runs import make_cfg, record_run
 
 
 @pytest.fixture
@@ -93,3 +95,52 @@ def test_trainer_start_up_digests_its_data_once(tmp_path, small_data, digest_rea
             t.close()
         assert digest_reads.get(name) == reads, run
         assert t.run["data"][small_data] == sources.open_source(DatasetConfig(path=small_data)).fingerprint
+
+
+# --- globs whose files are one file under two names (a symlink) ---------------------------------------------------
+
+
+def _plain(files, root) -> str:
+    """What run files record for a glob: sha256 over name-under-root + NUL + content per file."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(os.path.relpath(f, root).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture
+def linked(tmp_path, small_data, monkeypatch):
+    """data/train.jsonl and data/test.jsonl, a symlink to it (evaluating on the training rows, say)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text(open(small_data).read())
+    (tmp_path / "data" / "test.jsonl").symlink_to("train.jsonl")
+    return tmp_path
+
+
+def test_kept_digest_of_a_glob_does_not_depend_on_what_was_hashed_first(linked):
+    """Inside one_read, two globs under one root whose files are one file under two names keep their own digests:
+    the names count in a glob's digest, so the kept digests must not key on the resolved path alone."""
+    a, b = digests.local_files("data/train*.jsonl"), digests.local_files("data/test*.jsonl")
+    alone = digests.data_digest(*b)
+    assert alone == _plain(*b)
+    with digests.one_read():
+        digests.data_digest(*a)
+        assert digests.data_digest(*b) == alone
+
+
+def test_a_run_recorded_outside_one_read_over_symlinked_data_resumes(linked):
+    """A run file with each glob's own digest, resumed as the trainer does (inside one_read): the data is unchanged,
+    so the resume must not call it changed."""
+    out = linked / "run"
+    keys = dict(
+        dataset=None,
+        datasets=[{"path": "data/train*.jsonl"}],
+        test_datasets=[{"path": "data/test*.jsonl"}],
+        val_set_size=0,
+    )
+    cfg = make_cfg(out, None, **keys)
+    old = {p: _plain(*digests.local_files(p)) for p in ("data/train*.jsonl", "data/test*.jsonl")}
+    record_run(out, cfg, old)
+    with digests.one_read():  # as Trainer._setup
+        outdir.check_output_dir(make_cfg(out, None, resume_from_checkpoint="latest", **keys))

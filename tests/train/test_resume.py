@@ -7,39 +7,8 @@ import os
 import pytest
 import torch
 
-from hybridtune.config import load_config
 from hybridtune.run import checkpoint as ckpt
-from hybridtune.train.trainer import Trainer
-
-
-def make_cfg(out, data, **kw):
-    base = dict(
-        dataset=data,
-        sequence_len=64,
-        max_steps=8,
-        eval_steps=0,
-        logging_steps=1,
-        output_dir=str(out),
-        val_set_size=8,
-        warmup_steps=2,
-        gradient_accumulation_steps=2,
-        lora_dropout=0.1,  # dropout makes the RNG state matter for exact resume
-    )
-    base.update(kw)
-    return load_config(None, base)
-
-
-def run(cfg, stop_after: int | None = None):
-    t = Trainer(cfg)
-    t.setup()
-    if stop_after is not None:
-
-        def interrupt(rec):
-            if rec["step"] == stop_after:
-                raise KeyboardInterrupt
-
-        t.on_log = interrupt
-    return t.train()
+from train_runs import make_cfg, run
 
 
 @pytest.mark.parametrize("adapter", ["lora", "full"])

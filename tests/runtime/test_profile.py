@@ -6,8 +6,6 @@ import json
 import logging
 import random
 
-from test_resume import make_cfg, run
-
 from hybridtune.runtime.profiling import (
     PROFILE_FILE,
     exposed_length,
@@ -16,6 +14,7 @@ from hybridtune.runtime.profiling import (
     summarize,
     union_length,
 )
+from train_runs import make_cfg, run
 
 
 def _covered(intervals, length):
@@ -143,3 +142,16 @@ def test_an_eval_inside_the_window_ends_it_early(tmp_path, small_data, caplog):
         run(make_cfg(tmp_path / "e", small_data, max_steps=6, profile_steps=3, eval_steps=5))
     doc = json.loads((tmp_path / "e" / PROFILE_FILE.format(first=4, last=5)).read_text())
     assert doc["steps"] == [4, 5] and doc["ranks"][0]["steps"] == 2  # steps 4-6 asked; the eval after 5 ends it
+
+
+def test_grouped_gemm_counts_gemm_kernels_not_the_pointwise_kernels_fused_around_them():
+    """Inductor names every generated kernel after the aten ops it came from: the layout copy / cast / scale it
+    emits around `aten._grouped_mm` in the experts' backward is `triton_poi_fused__grouped_mm_...` on CUDA
+    (`cpp_fused__grouped_mm_...` on the CPU). Only GEMMs count into grouped_gemm_ms_per_step (expert_gemms'
+    TFLOP/s): among inductor's kernels only its templates (`triton_tem_...grouped_mm...`) are GEMMs."""
+    from hybridtune.runtime.profiling import grouped_gemm
+
+    assert grouped_gemm("triton_tem_fused__grouped_mm_0")  # inductor's grouped-GEMM template: a GEMM
+    assert grouped_gemm("_ZN7cutlass13device_kernelIN2at4cuda6detail...GroupProblemShapeIN4cute5tupleIJiiiEEEE")
+    assert not grouped_gemm("triton_poi_fused__grouped_mm_expand_mul_transpose_0")  # a copy/scale, not a GEMM
+    assert not grouped_gemm("triton_red_fused__grouped_mm_sum_1")

@@ -1,16 +1,20 @@
 """`compile_regions: auto | true | false` (choices.choose_compile_regions): under auto the compiled loop in one
 process traces each distinct decoder layer once; under torchrun (DDP, FSDP2) auto stays off, said in the choice
 line; without the loop nothing is regional, and an explicit true there is a warning, not silence. The value is what
-the trainer hands compile_loop (tests/train/test_cuda_graphs_wiring.py) and a resumed run may switch it
-(tests/train/test_redteam_s11.py)."""
+the trainer hands compile_loop (tests/runtime/test_cuda_graphs_wiring.py) and a resumed run may switch it
+(tests/run/test_outdir.py)."""
 
 from __future__ import annotations
 
-import pytest
+import subprocess
+import sys
 
-from hybridtune.config import load_config
+import pytest
+import torch
+
+from hybridtune.config import load_config, parse_overrides, to_dict
 from hybridtune.errors import ConfigError
-from hybridtune.runtime import facts
+from hybridtune.runtime import choices, distributed, facts
 from hybridtune.runtime.choices import Facts, choose_compile_regions
 
 
@@ -61,3 +65,54 @@ def test_a_wrong_value_is_one_line_naming_the_key(tmp_path):
     f.write_text("compile_regions: sometimes\n")
     with pytest.raises(ConfigError, match="compile_regions"):
         load_config(str(f), {})
+
+
+@pytest.mark.parametrize(
+    "raw,want", [("auto", "auto"), ("true", True), ("yes", True), ("on", True), ("false", False), ("off", False)]
+)
+def test_cli_spellings(raw, want):
+    assert load_config(None, parse_overrides(["--compile_regions", raw])).compile_regions == want
+
+
+def test_bare_flag_is_true():
+    assert load_config(None, parse_overrides(["--compile_regions"])).compile_regions is True
+
+
+@pytest.mark.parametrize("raw", ["1", "sometimes", "AUTO"])
+def test_a_bad_cli_value_is_one_line_naming_the_key(raw):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, parse_overrides(["--compile_regions", raw]))
+    assert "compile_regions" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cli_bad_value_exits_2_without_traceback(tmp_path):
+    p = subprocess.run(
+        [sys.executable, "-m", "hybridtune", "train", "--compile_regions", "sometimes", "--output_dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr and "compile_regions" in p.stderr
+
+
+def test_run_file_records_auto_as_given():
+    assert to_dict(load_config(None, {}))["compile_regions"] == "auto"
+
+
+def test_choice_lines_name_compile_regions_after_compile():
+    c = choices.resolve(load_config(None, {"compile": "loop"}), Facts(device="cpu"))
+    names = [line.split(":")[0] for line in c.lines()]
+    assert names.index("compile_regions") == names.index("compile") + 1
+    assert c.compile_regions.value is True
+    assert c.lines()[names.index("compile_regions")].startswith("compile_regions: True (auto: each distinct")
+
+
+def test_torchrun_with_one_process_counts_as_one_process(monkeypatch):
+    """torchrun --nproc_per_node 1 (WORLD_SIZE=1) is one process: no engine, so regions are on."""
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    cfg = load_config(None, {"compile": "loop"})
+    facts = choices.measure(cfg, torch.device("cpu"), distributed.from_env())
+    assert facts.engine == "none"
+    assert choose_compile_regions(cfg, facts, "loop").value is True

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_resume import make_cfg
 
 from hybridtune.errors import OutputDirError
 from hybridtune.run import outdir
 from hybridtune.train.trainer import Trainer
+from train_runs import make_cfg, record_run
 
 
 def _train(cfg):
@@ -300,3 +300,52 @@ def test_what_an_accepted_change_is_said_once(tmp_path, small_data, finished, ca
     caplog.clear()
     outdir.claim_output_dir(make_cfg(out, small_data, max_steps=3, eval_steps=0, overwrite=True))[1].release()
     assert caplog.text.count("holds another run; --overwrite given") == 1
+
+
+# --- compile_regions and the run file: regions compute what the inlined loop computes -----------------------------
+
+
+@pytest.mark.parametrize("before,after", [(False, True), (True, False)])
+def test_resume_may_switch_compile_regions(tmp_path, small_data, before, after):
+    """compile_regions traces each distinct layer once instead of inlining it: the same model, loss and gradients
+    (as cuda_graphs replays the same kernels), so a resume may switch it, e.g. to get a deep model's first step."""
+    out = tmp_path / "run"
+    record_run(out, make_cfg(out, small_data, compile="loop", compile_regions=before))
+    cfg = make_cfg(out, small_data, compile="loop", compile_regions=after, resume_from_checkpoint="latest")
+    outdir.check_output_dir(cfg)
+
+
+def test_same_command_again_over_a_run_recorded_with_regions_off(tmp_path, small_data):
+    """A run file that recorded `compile_regions: false` (the default before auto) and the same command again under
+    the default auto: not another config (compile_regions and cuda_graphs are outdir.RERUN_FREE_KEYS)."""
+    out = tmp_path / "run"
+    record_run(out, make_cfg(out, small_data, compile="loop", compile_regions=False))
+    cfg = make_cfg(out, small_data, compile="loop")
+    assert outdir.check_output_dir(cfg) is True
+
+
+def test_same_command_again_after_switching_regions_explicitly(tmp_path, small_data):
+    """A finished run with regions on, run again with `--compile_regions false` (to compare the first step, say):
+    nothing it computes changes, so it is the same command, not a refusal asking for --overwrite."""
+    out = tmp_path / "run"
+    record_run(out, make_cfg(out, small_data, compile="loop", compile_regions=True))
+    assert outdir.check_output_dir(make_cfg(out, small_data, compile="loop", compile_regions=False)) is True
+
+
+@pytest.mark.parametrize("before", [False, True])
+def test_resume_of_a_run_recorded_with_explicit_regions(tmp_path, small_data, before):
+    """A resume over a run file with false/true, under the default auto, is accepted."""
+    out = tmp_path / "run"
+    record_run(out, make_cfg(out, small_data, compile="loop", compile_regions=before))
+    outdir.check_output_dir(make_cfg(out, small_data, compile="loop", resume_from_checkpoint="latest"))
+
+
+def test_a_run_file_without_the_key_counts_at_the_default(tmp_path, small_data):
+    """A run file without compile_regions (older than the key) compares at today's default: no change reported."""
+    out = tmp_path / "run"
+    cfg = make_cfg(out, small_data, compile="loop")
+    record_run(out, cfg)
+    record = json.loads((out / outdir.RUN_FILE).read_text())
+    del record["config"]["compile_regions"]
+    (out / outdir.RUN_FILE).write_text(json.dumps(record))
+    assert outdir.check_output_dir(cfg) is True

@@ -2,7 +2,7 @@
 after: every parameter, base and adapter, equals the plain LoRA build's under the same seed, bit for bit, for the
 presets (their seeded draw) and for each checkpoint kind (the frozen vision tower as saved, experts with LoRA on their
 fused weights). The frozen base keeps its dtype (bf16 when bf16 computes), the adapter is fp32, drawn by peft as the
-plain build draws it. The sharded case (FSDP2 over 2 processes) is the slow tier below and tests/train/
+plain build draws it. The sharded case (FSDP2 over 2 processes) is the slow tier below and tests/runtime/
 test_distributed.py's loss curves."""
 
 from __future__ import annotations
@@ -16,8 +16,11 @@ from test_distributed_meta import launch_ranks
 from checkpoints import KINDS, MOE_KINDS, make_checkpoint
 from hybridtune.config import load_config
 from hybridtune.models.loading import materialize, resolve_source, tokenizer_for
+from hybridtune.runtime import distributed
+from hybridtune.runtime.choices import state_bytes
 from hybridtune.runtime.distributed import ONE, Dist
-from hybridtune.runtime.lora import strip_base_layer
+from hybridtune.runtime.lora import AdaptersOnHost, strip_base_layer
+from hybridtune.runtime.memory import ShardedModel
 from hybridtune.runtime.model import build_model
 
 CPU = torch.device("cpu")
@@ -182,3 +185,32 @@ def test_each_rank_holds_part_of_the_base(ranks):
             assert r["local_bytes"] <= 0.6 * r["model_bytes"], (source, r)
             assert 0 < r["staged_bytes"] <= 0.5 * r["model_bytes"], (source, r)
             assert r["host_peak_bytes"] > 0, (source, r)
+
+
+def test_a_meta_built_lora_counts_nothing_resident_on_the_gpu():
+    """Under FSDP2 a LoRA run's base is on the meta device and its adapter, drawn by peft, on the host: the fill
+    after `fully_shard` writes both anew as shards on the GPU, so none of it is already allocated there (the
+    adapter is not to be taken off the estimate of what FSDP2 holds)."""
+    cfg = load_config(None, {"base_model": "tiny-qwen3_5", "adapter": "lora", "lora_r": 4})
+    source = resolve_source(cfg.base_model)
+    fsdp = distributed.Dist(rank=0, world=2, engine="fsdp")
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg, source, tokenizer_for(source), CPU, True, fsdp).model
+    assert any(p.is_meta for p in model.parameters()) and any(not p.is_meta for p in model.parameters())
+    assert ShardedModel.of(model, 2, True).resident == 0
+    assert state_bytes(model, fsdp, True) == distributed.whole_model_bytes(model, 2, True)
+
+
+def test_adapters_on_host_leaves_other_moves_as_to_makes_them():
+    """`lora.AdaptersOnHost` keeps a move onto the meta device on the host (the dtype cast alone); every other
+    `Tensor.to` call, `copy=True` among them, does what it does outside the mode."""
+    t = torch.randn(3)
+    with AdaptersOnHost():
+        to_cpu = t.to("cpu", copy=True)
+        to_meta = t.to("meta", copy=True)
+        cast = t.to(torch.device("meta"), torch.bfloat16, non_blocking=True)
+        kept = t.to("meta")
+    assert to_cpu is not t and torch.equal(to_cpu, t)
+    assert to_meta is not t and to_meta.device.type == "cpu" and torch.equal(to_meta, t)
+    assert cast.device.type == "cpu" and cast.dtype == torch.bfloat16 and torch.equal(cast, t.bfloat16())
+    assert kept.device.type == "cpu" and torch.equal(kept, t)

@@ -3,10 +3,9 @@ the loss), logs the documents' own token counts, and evaluates the same."""
 
 from __future__ import annotations
 
-from test_resume import make_cfg
-
 from hybridtune.config import load_config
 from hybridtune.train.trainer import Trainer
+from train_runs import make_cfg
 
 
 def _run(out, data, layout):

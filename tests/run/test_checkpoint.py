@@ -22,13 +22,13 @@ import stat
 from pathlib import Path
 
 import pytest
-from test_resume import make_cfg, run
 
 from hybridtune import files
 from hybridtune.errors import OutputDirError
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run import outdir
 from hybridtune.run.outdir import claim_output_dir
+from train_runs import make_cfg, run
 
 
 def fake_checkpoint(out: Path, step: int, meta: bool = True) -> Path:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 
 import torch
-from test_resume import make_cfg
 
 from hybridtune.train.trainer import Trainer
+from train_runs import make_cfg
 
 
 def _cfg(out, data, gc):

@@ -17,8 +17,6 @@ import logging
 
 import pytest
 import torch
-from test_resume import make_cfg
-from test_train_regions import run
 
 from hybridtune.mixers.gdn import fla_adapter
 from hybridtune.mixers.gdn.ops import conv_in_graph
@@ -26,6 +24,7 @@ from hybridtune.runtime import choices, compose, oom
 from hybridtune.train import trainer as trainer_mod
 from hybridtune.train.evaluation import eval_batches
 from hybridtune.train.trainer import Trainer
+from train_runs import make_cfg, run_static
 
 
 def _checkpointed(model) -> bool:
@@ -65,7 +64,7 @@ def caches(tmp_path, monkeypatch):
 
 
 def _run(out, data, **kw):
-    return run(out, data, max_steps=4, compile="loop", **kw)
+    return run_static(out, data, max_steps=4, compile="loop", **kw)
 
 
 def test_cuda_graphs_wiring(tmp_path, small_data, monkeypatch, fake_compile, caches, caplog, warn_limit):

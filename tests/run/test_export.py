@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 from safetensors import SafetensorError
-from test_resume import make_cfg
 
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run import integrity
 from hybridtune.train.trainer import Trainer
+from train_runs import make_cfg
 
 ENOSPC = 'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
 
