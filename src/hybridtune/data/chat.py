@@ -96,20 +96,77 @@ def _check_syntax(template: str, origin: str) -> None:
         ) from None
 
 
-def render(tokenizer, messages: list[dict], tools: list | None = None, generation_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
+# apply_chat_template's own arguments: a `chat_template_kwargs` key of these names would replace what hybridtune
+# passes (or be refused by transformers at the first row), so they are refused at once.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
 
 
-def render_conversation(tokenizer, messages: list[dict], tools: list | None = None) -> tuple[list[dict], str]:
+def check_template_kwargs(kwargs: dict | None, where: str = "chat_template_kwargs") -> dict:
+    """`kwargs` as the chat template gets them: a mapping of names to JSON values (`{enable_thinking: false}`),
+    none of apply_chat_template's own arguments. ConfigError in one line otherwise."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+        raise ConfigError(
+            f"{where}: give a mapping of template variable names to values, e.g. {{enable_thinking: false}}"
+        )
+    taken = sorted(RESERVED_TEMPLATE_KWARGS & set(kwargs))
+    if taken:
+        raise ConfigError(
+            f"{where}: {', '.join(taken)} {'is' if len(taken) == 1 else 'are'} set by hybridtune itself; "
+            "give only the template's own variables (e.g. enable_thinking)"
+        )
+    try:
+        json.dumps(kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"{where}: values must be JSON values (text, numbers, booleans, lists, mappings): {e}"
+        ) from None
+    return dict(kwargs)
+
+
+def render(
+    tokenizer,
+    messages: list[dict],
+    tools: list | None = None,
+    generation_prompt: bool = False,
+    template_kwargs: dict | None = None,
+) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt, **(template_kwargs or {})
+    )
+
+
+def render_conversation(
+    tokenizer, messages: list[dict], tools: list | None = None, template_kwargs: dict | None = None
+) -> tuple[list[dict], str]:
     """(messages, F). A template that iterates tool-call arguments as a mapping (Qwen3.5's) cannot render them as
     the JSON strings OpenAI-style data holds; then they are parsed into objects and the rendering retried."""
     try:
-        return messages, render(tokenizer, messages, tools)
+        return messages, render(tokenizer, messages, tools, template_kwargs=template_kwargs)
     except Exception:
         parsed = _parse_string_arguments(messages)
         if parsed is None:
             raise
-        return parsed, render(tokenizer, parsed, tools)
+        return parsed, render(tokenizer, parsed, tools, template_kwargs=template_kwargs)
 
 
 def _parse_string_arguments(messages: list[dict]) -> list[dict] | None:
@@ -153,32 +210,36 @@ class TurnMarks:
 _MARKS: dict[tuple, TurnMarks] = {}
 
 
-def turn_marks(tokenizer, tools: list | None, fallback_context: list[dict] | None = None) -> TurnMarks:
-    """The template's turn marks, from a probe conversation of one user message (cached per template); when the
-    template refuses that probe, from `fallback_context` (the messages before the first trained turn)."""
+def turn_marks(
+    tokenizer, tools: list | None, fallback_context: list[dict] | None = None, template_kwargs: dict | None = None
+) -> TurnMarks:
+    """The template's turn marks, from a probe conversation of one user message (cached per template and keyword
+    arguments: `enable_thinking: false` changes the generation prompt); when the template refuses that probe, from
+    `fallback_context` (the messages before the first trained turn)."""
     template = tokenizer.get_chat_template(None, tools)
-    key = (template, tools is not None, repr(tokenizer.special_tokens_map))
+    kw = template_kwargs or {}
+    key = (template, tools is not None, repr(tokenizer.special_tokens_map), json.dumps(kw, sort_keys=True))
     if key in _MARKS:
         return _MARKS[key]
     try:
-        marks = _probe(tokenizer, tools, [{"role": "user", "content": _PROBE_USER}])
+        marks = _probe(tokenizer, tools, [{"role": "user", "content": _PROBE_USER}], kw)
     except Exception:
         if not fallback_context:
             raise
-        return _probe(tokenizer, tools, fallback_context)
+        return _probe(tokenizer, tools, fallback_context, kw)
     if len(_MARKS) > 64:
         _MARKS.clear()
     _MARKS[key] = marks
     return marks
 
 
-def _probe(tokenizer, tools: list | None, context: list[dict]) -> TurnMarks:
+def _probe(tokenizer, tools: list | None, context: list[dict], kw: dict) -> TurnMarks:
     specials = _special_strings(tokenizer)
-    before = render(tokenizer, context, tools)
-    prompted = render(tokenizer, context, tools, generation_prompt=True)
+    before = render(tokenizer, context, tools, template_kwargs=kw)
+    prompted = render(tokenizer, context, tools, generation_prompt=True, template_kwargs=kw)
     header = prompted[len(before) :] if prompted.startswith(before) else ""
     sentinel = _sentinel(before)
-    closed = render(tokenizer, [*context, {"role": "assistant", "content": sentinel}], tools)
+    closed = render(tokenizer, [*context, {"role": "assistant", "content": sentinel}], tools, template_kwargs=kw)
     footer = closed[closed.rfind(sentinel) + len(sentinel) :] if sentinel in closed else ""
     footer = footer.rstrip()
     first = next((s for s in specials if footer.startswith(s)), None)
@@ -246,9 +307,10 @@ def _common_suffix(a: str, b: str, limit: int) -> int:
     return lo
 
 
-def _content_span(tokenizer, messages: list[dict], j: int, full: str, tools: list | None) -> tuple[int, int]:
+def _content_span(tokenizer, messages: list[dict], j: int, full: str, tools: list | None, kw: dict) -> tuple[int, int]:
     sentinel = _sentinel(full, *(str(m.get("content") or "") for m in messages))
-    other = render(tokenizer, [*messages[:j], {**messages[j], "content": sentinel}, *messages[j + 1 :]], tools)
+    marked = [*messages[:j], {**messages[j], "content": sentinel}, *messages[j + 1 :]]
+    other = render(tokenizer, marked, tools, template_kwargs=kw)
     p = _common_prefix(full, other)
     s = _common_suffix(full, other, min(len(full), len(other)) - p)
     if sentinel not in other[p : len(other) - s]:
@@ -257,20 +319,25 @@ def _content_span(tokenizer, messages: list[dict], j: int, full: str, tools: lis
 
 
 def chat_spans(
-    tokenizer, messages: list[dict], trained: Sequence[bool], tools: list | None = None
+    tokenizer,
+    messages: list[dict],
+    trained: Sequence[bool],
+    tools: list | None = None,
+    template_kwargs: dict | None = None,
 ) -> list[tuple[str, bool]]:
-    """The rendered conversation as (text, trained) spans; `trained[j]` says whether message j is trained.
-    Raises TurnNotFound naming the message that cannot be located."""
-    messages, full = render_conversation(tokenizer, messages, tools)
+    """The rendered conversation as (text, trained) spans; `trained[j]` says whether message j is trained;
+    `template_kwargs` go to every rendering. Raises TurnNotFound naming the message that cannot be located."""
+    kw = template_kwargs or {}
+    messages, full = render_conversation(tokenizer, messages, tools, kw)
     regions: list[tuple[int, int]] = []
     marks = None
     for j, m in enumerate(messages):
         if not trained[j]:
             continue
         if marks is None:
-            marks = turn_marks(tokenizer, tools, messages[:j])
+            marks = turn_marks(tokenizer, tools, messages[:j], kw)
         try:
-            regions.append(_locate(tokenizer, messages, j, full, tools, marks))
+            regions.append(_locate(tokenizer, messages, j, full, tools, marks, kw))
         except TurnNotFound as e:
             raise TurnNotFound(
                 f"cannot locate message {j} (role {m['role']!r}) in the rendered conversation: {e}"
@@ -290,8 +357,8 @@ def chat_spans(
     return spans
 
 
-def _locate(tokenizer, messages: list[dict], j: int, full: str, tools: list | None, marks: TurnMarks):
-    a, b = _content_span(tokenizer, messages, j, full, tools)
+def _locate(tokenizer, messages: list[dict], j: int, full: str, tools: list | None, marks: TurnMarks, kw: dict):
+    a, b = _content_span(tokenizer, messages, j, full, tools, kw)
     if messages[j]["role"] == "assistant":
         best = (-1, 0)
         for cut in marks.header_cuts:  # longest first: at equal positions the longer prefix wins

@@ -24,6 +24,7 @@ from typing import Any
 from hybridtune.config import DatasetConfig
 from hybridtune.data.formats import detect_type, to_example
 from hybridtune.data.packing import Example
+from hybridtune.data.rows import used_fields
 from hybridtune.data.sources import ROW_COLUMN, Source, datasets_cache_dir, open_source, quiet_datasets, where
 from hybridtune.errors import DataError
 
@@ -37,13 +38,45 @@ ROWS_PER_PROC = 2000
 _CODE_DIR = Path(__file__).resolve().parent
 
 
+@dataclasses.dataclass
+class Loaded:
+    """The examples of one data source, one per row in order, and where each row is (`where(i)`: 'file:LINE' or
+    'file:row N'; a cache hit reads a JSON file's lines only when a row is named)."""
+
+    examples: list[Example]
+    source: Source
+    key: str  # the tokenisation cache key
+    fmt: str
+
+    def where(self, i: int) -> str:
+        return self.source.where(i)
+
+
 def load_examples(
-    ds: DatasetConfig, tokenizer, train_on_inputs: bool = False, num_proc: int = 0, cache: bool = True
+    ds: DatasetConfig,
+    tokenizer,
+    train_on_inputs: bool = False,
+    num_proc: int = 0,
+    cache: bool = True,
+    template_kwargs: dict | None = None,
 ) -> list[Example]:
     """All examples of one data source, tokenised with their loss masks (from the cache where it has them)."""
+    return load_source(ds, tokenizer, train_on_inputs, num_proc, cache, template_kwargs).examples
+
+
+def load_source(
+    ds: DatasetConfig,
+    tokenizer,
+    train_on_inputs: bool = False,
+    num_proc: int = 0,
+    cache: bool = True,
+    template_kwargs: dict | None = None,
+) -> Loaded:
+    """`load_examples` with where each example's row is, the cache key and the format. `template_kwargs`: the
+    chat template's keyword arguments (`chat_template_kwargs`), part of the key."""
     progress = sys.stderr.isatty() and os.environ.get("RANK", "0") == "0"
     src = open_source(ds, progress)
-    key = cache_key(src, tokenizer, ds, train_on_inputs)
+    key = cache_key(src, tokenizer, ds, train_on_inputs, template_kwargs)
     path = Path(datasets_cache_dir()) / CACHE_SUBDIR / f"{key}.parquet"
     if cache:
         cached = _read_cache(path, key)
@@ -52,7 +85,7 @@ def load_examples(
             logger.info(
                 "dataset %s: tokenised data from cache %s (%d examples, format '%s')", ds.path, path, len(examples), fmt
             )
-            return examples
+            return Loaded(examples, src, key, fmt)
     if len(src) == 0:
         raise DataError(f"dataset file '{ds.path}' has no rows; give a file with at least one example")
     fmt = ds.type
@@ -61,8 +94,9 @@ def load_examples(
         logger.info("dataset %s: detected format '%s'", ds.path, fmt)
     t0 = time.perf_counter()
     procs = resolve_num_proc(num_proc, len(src))
-    table = _tokenise(src, tokenizer, ds, train_on_inputs, fmt, procs, key, progress)
+    table = _tokenise(src, tokenizer, ds, train_on_inputs, fmt, procs, key, progress, template_kwargs)
     _check(src, table, ds, fmt, train_on_inputs)
+    _warn_unused(table, ds, fmt)
     table = table.select(["input_ids", "loss_mask"])
     examples = _examples(table)
     logger.info(
@@ -75,7 +109,7 @@ def load_examples(
     )
     if cache:
         _write_cache(path, key, table, ds.path, fmt)
-    return examples
+    return Loaded(examples, src, key, fmt)
 
 
 def resolve_num_proc(num_proc: int, rows: int) -> int:
@@ -117,7 +151,9 @@ def _code_fingerprint() -> str:
     return h.hexdigest()
 
 
-def cache_key(src: Source, tokenizer, ds: DatasetConfig, train_on_inputs: bool) -> str:
+def cache_key(
+    src: Source, tokenizer, ds: DatasetConfig, train_on_inputs: bool, template_kwargs: dict | None = None
+) -> str:
     """What the examples of `src` are a function of (its `type: auto` resolves the same way for the same data)."""
     settings = {k: v for k, v in dataclasses.asdict(ds).items() if k != "path"}
     parts = [
@@ -128,6 +164,8 @@ def cache_key(src: Source, tokenizer, ds: DatasetConfig, train_on_inputs: bool) 
         f"train_on_inputs={train_on_inputs}",
         _code_fingerprint(),
     ]
+    if template_kwargs:  # (none: the key an older release wrote for the same data)
+        parts.append(json.dumps(template_kwargs, sort_keys=True))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
@@ -139,26 +177,30 @@ def _features():
             "input_ids": datasets.List(datasets.Value("int32")),
             "loss_mask": datasets.List(datasets.Value("int8")),
             "roles": datasets.List(datasets.Value("string")),
+            "unused": datasets.List(datasets.Value("string")),
             "error": datasets.Value("string"),
         }
     )
 
 
 def _tokenise_batch(
-    batch: dict, indices: list[int], *, tokenizer, ds, train_on_inputs, fmt, segments, json_rows
+    batch: dict, indices: list[int], *, tokenizer, ds, train_on_inputs, fmt, segments, json_rows, template_kwargs
 ) -> dict[str, list]:
-    """Dataset.map's function: a batch of rows -> ids, masks, the chat roles seen, and each row's error (a bad row
-    does not stop the map; the first one by position is raised afterwards, whatever the process order)."""
+    """Dataset.map's function: a batch of rows -> ids, masks, the chat roles seen, the fields the format does not
+    read, and each row's error (a bad row does not stop the map; the first one by position is raised afterwards,
+    whatever the process order)."""
     if json_rows:
         rows = [json.loads(t) for t in batch[ROW_COLUMN]]
     else:
         rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
     starts = [s.start for s in segments]
-    out: dict[str, list] = {"input_ids": [], "loss_mask": [], "roles": [], "error": []}
+    out: dict[str, list] = {"input_ids": [], "loss_mask": [], "roles": [], "unused": [], "error": []}
     for i, row in zip(indices, rows):
         roles: set[str] = set()
+        out["unused"].append(sorted(set(row) - used_fields(fmt, ds, row)))
         try:
-            ex = to_example(row, fmt, tokenizer, ds, train_on_inputs, where(segments, i, starts), roles)
+            at = where(segments, i, starts)
+            ex = to_example(row, fmt, tokenizer, ds, train_on_inputs, at, roles, template_kwargs)
         except DataError as e:
             out["input_ids"].append([])
             out["loss_mask"].append([])
@@ -172,8 +214,10 @@ def _tokenise_batch(
     return out
 
 
-def _tokenise(src: Source, tokenizer, ds, train_on_inputs: bool, fmt: str, procs: int, key: str, progress: bool):
-    """The pyarrow table of input_ids, loss_mask, roles, error: one row per source row, in order."""
+def _tokenise(
+    src: Source, tokenizer, ds, train_on_inputs: bool, fmt: str, procs: int, key: str, progress: bool, template_kwargs
+):
+    """The pyarrow table of input_ids, loss_mask, roles, unused, error: one row per source row, in order."""
     kwargs = {
         "tokenizer": tokenizer,
         "ds": ds,
@@ -181,6 +225,7 @@ def _tokenise(src: Source, tokenizer, ds, train_on_inputs: bool, fmt: str, procs
         "fmt": fmt,
         "segments": src.segments,
         "json_rows": src.json_rows,
+        "template_kwargs": template_kwargs,
     }
     with quiet_datasets(progress):
         mapped = src.dataset.map(
@@ -217,6 +262,24 @@ def _check(src: Source, table, ds: DatasetConfig, fmt: str, train_on_inputs: boo
                 f"messages (roles: {', '.join(sorted(seen))}){mapped}, so nothing would be trained on; set "
                 "roles_to_train to roles of the data (e.g. [assistant])"
             )
+
+
+def _warn_unused(table, ds: DatasetConfig, fmt: str) -> None:
+    """One warning listing the fields of the data that its format does not read (an alpaca `system` column, an
+    `id`): they are not trained on."""
+    import pyarrow.compute as pc
+
+    unused = sorted(pc.unique(pc.list_flatten(table.column("unused"))).to_pylist())
+    if unused:
+        logger.warning(
+            "dataset %s: field%s %s not read by format '%s' (not trained on); map %s with the field_* keys or drop %s",
+            ds.path,
+            "" if len(unused) == 1 else "s",
+            ", ".join(repr(u) for u in unused),
+            fmt,
+            "it" if len(unused) == 1 else "them",
+            "it" if len(unused) == 1 else "them",
+        )
 
 
 def _lists(column) -> list[list[int]]:

@@ -21,6 +21,15 @@ from typing import Any
 from hybridtune.config import DatasetConfig
 from hybridtune.data.chat import TurnNotFound, chat_spans
 from hybridtune.data.packing import Example
+from hybridtune.data.rows import (
+    decode_json_cells,
+    json_fields,
+    message_keys,
+    messages_key,
+    not_json,
+    refuse_media,
+    used_fields,
+)
 from hybridtune.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -95,11 +104,17 @@ def message_content(value: Any, where: str, what: str) -> str:
 
 
 def detect_type(row: dict, ds: DatasetConfig, where: str) -> str:
-    """The format of a row from its fields."""
-    for key in (ds.field_messages, "messages", "conversations"):
+    """The format of a row from its fields (a list of messages may be a cell's JSON text)."""
+    row = decode_json_cells(row, json_fields("auto", ds))
+    for key in message_keys(ds):
         msgs = row.get(key)
         if isinstance(msgs, list) and msgs and isinstance(msgs[0], dict):
             return "sharegpt" if "from" in msgs[0] and "value" in msgs[0] else "chat"
+        if isinstance(msgs, str):
+            raise DataError(
+                f"{where}: field '{key}' must be a list of messages, got a string that is {not_json(msgs)} "
+                f"({_shown(msgs)}); give a list of {{role, content}} objects, or its JSON text in a CSV cell"
+            )
     if ds.field_prompt in row and ds.field_completion in row:
         return "prompt_completion"
     if ds.field_instruction in row and ds.field_output in row:
@@ -148,7 +163,13 @@ def parse_messages(raw: Any, fmt: str, ds: DatasetConfig, where: str, key: str) 
     if fmt == "sharegpt" and role_key == "role":
         role_key, content_key = "from", "value"
     if not isinstance(raw, list) or not raw:
-        raise DataError(f"{where}: field '{key}' must be a non-empty list of messages")
+        got = "an empty list" if isinstance(raw, list) else _json_kind(raw)
+        if isinstance(raw, str):
+            got += f" that is {not_json(raw)} ({_shown(raw)})"
+        raise DataError(
+            f"{where}: field '{key}' must be a non-empty list of messages, got {got}; give a list of messages "
+            "(in a CSV cell: its JSON text)"
+        )
     messages = []
     for j, m in enumerate(raw):
         calls = m.get("tool_calls") if isinstance(m, dict) else None
@@ -200,13 +221,15 @@ def _tools(row: dict, where: str) -> list | None:
     raise DataError(f"{where}: field 'tools' must be a list of tool objects, got {_json_kind(tools)}")
 
 
-def _chat_example(tokenizer, messages, trained, tools, train_on_inputs: bool, where: str, fmt: str) -> Example:
+def _chat_example(
+    tokenizer, messages, trained, tools, train_on_inputs: bool, where: str, fmt: str, template_kwargs: dict | None
+) -> Example:
     if not tokenizer.chat_template:
         raise DataError(
             f"{where}: {fmt} data needs a tokenizer with a chat template; this tokenizer has none (set `chat_template`)"
         )
     try:
-        spans = chat_spans(tokenizer, messages, trained, tools)
+        spans = chat_spans(tokenizer, messages, trained, tools, template_kwargs)
     except TurnNotFound as e:
         raise DataError(
             f"{where}: {e}; check the row, or set `chat_template` to a template that renders every trained turn"
@@ -224,10 +247,14 @@ def to_example(
     train_on_inputs: bool,
     where: str,
     roles_seen: set[str] | None = None,
+    template_kwargs: dict | None = None,
 ) -> Example:
     """One row -> Example. `fmt` is a concrete format (not 'auto'). The chat roles of the row (as mapped) are
-    added to `roles_seen` when it is given."""
+    added to `roles_seen` when it is given; `template_kwargs` go to the chat template (`chat_template_kwargs`)."""
     eos = tokenizer.eos_token or ""
+    pair = (ds.field_prompt, ds.field_completion) if fmt == "prompt_completion" else ()
+    row = decode_json_cells(row, json_fields(fmt, ds), pair)
+    refuse_media(row, used_fields(fmt, ds, row), where)
     if fmt == "text":
         text = _field(row, ds.field_text, where, "text")
         if not isinstance(text, str):
@@ -243,7 +270,7 @@ def to_example(
         if tokenizer.chat_template:
             user = f"{instruction}\n\n{inp}" if inp else instruction
             messages = [{"role": "user", "content": user}, {"role": "assistant", "content": output}]
-            return _chat_example(tokenizer, messages, [False, True], None, train_on_inputs, where, fmt)
+            return _chat_example(tokenizer, messages, [False, True], None, train_on_inputs, where, fmt, template_kwargs)
         prompt = (ALPACA_PROMPT_INPUT if inp else ALPACA_PROMPT).format(instruction=instruction, input=inp)
         return _tokenize_spans(tokenizer, [(prompt, train_on_inputs), (output + eos, True)])
     if fmt == "prompt_completion":
@@ -253,7 +280,8 @@ def to_example(
             p = parse_messages(prompt, "chat", ds, where, ds.field_prompt)
             c = parse_messages(completion, "chat", ds, where, ds.field_completion)
             trained = [False] * len(p) + [True] * len(c)
-            return _chat_example(tokenizer, p + c, trained, _tools(row, where), train_on_inputs, where, fmt)
+            tools = _tools(row, where)
+            return _chat_example(tokenizer, p + c, trained, tools, train_on_inputs, where, fmt, template_kwargs)
         if isinstance(prompt, list) or isinstance(completion, list):
             raise DataError(
                 f"{where}: '{ds.field_prompt}' is {_json_kind(prompt)} and '{ds.field_completion}' is "
@@ -264,12 +292,11 @@ def to_example(
         # As TRL: plain texts are concatenated without a chat template, and the completion ends with EOS.
         return _tokenize_spans(tokenizer, [(prompt, train_on_inputs), (completion + eos, True)])
     if fmt in ("chat", "sharegpt"):
-        key = ds.field_messages
-        if fmt == "sharegpt" and key not in row and "conversations" in row:
-            key = "conversations"
+        key = messages_key(fmt, ds, row)
         messages = parse_messages(_field(row, key, where, fmt), fmt, ds, where, key)
         if roles_seen is not None:
             roles_seen.update(m["role"] for m in messages)
         trained = [m["role"] in ds.roles_to_train for m in messages]
-        return _chat_example(tokenizer, messages, trained, _tools(row, where), train_on_inputs, where, fmt)
+        tools = _tools(row, where)
+        return _chat_example(tokenizer, messages, trained, tools, train_on_inputs, where, fmt, template_kwargs)
     raise DataError(f"{where}: unknown dataset type '{fmt}'; use text, alpaca, chat, sharegpt or prompt_completion")

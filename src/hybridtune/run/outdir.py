@@ -24,6 +24,7 @@ from hybridtune.run.export import BASE_DIR, FINAL_DIR
 logger = logging.getLogger(__name__)
 
 RUN_FILE = "hybridtune_run.json"
+DATA_REPORT = "data_report.jsonl"  # every row the run truncated or dropped (data/report.py's records)
 LOCK_FILE = ".hybridtune.lock"
 TRACKER_DIR = "runs"  # TensorBoard's event files and W&B's offline runs (trackers.py)
 # Keys that may differ between a finished run and the same command run again over it (nothing it computed changes).
@@ -130,7 +131,7 @@ def changes(held: dict, cfg: TrainConfig, free: tuple[str, ...], data: dict[str,
 def _foreign(out: Path) -> list[str]:
     """Entries of `out` that no hybridtune run wrote (a run's own: run file, lock, metrics, checkpoints, profiles,
     final model and base, and the temporary directories of its writes). A link is never a run's own."""
-    own = {RUN_FILE, LOCK_FILE, "metrics.jsonl"}
+    own = {RUN_FILE, LOCK_FILE, "metrics.jsonl", DATA_REPORT}
     return sorted(
         p.name
         for p in out.iterdir()

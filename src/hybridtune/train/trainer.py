@@ -31,7 +31,9 @@ from hybridtune.data import PackedCollator, with_chat_template
 from hybridtune.data.build import PreparedData, prepare
 from hybridtune.data.digests import one_read
 from hybridtune.data.packing import Example
+from hybridtune.data.report import to_jsonl
 from hybridtune.errors import TrainingDiverged
+from hybridtune.files import atomic_write_text
 from hybridtune.kernels.environment import use_compile_caches
 from hybridtune.kernels.provision import provision_kernels
 from hybridtune.models.flops import measure_peak
@@ -41,7 +43,7 @@ from hybridtune.run import checkpoint as ckpt
 from hybridtune.run import export
 from hybridtune.run.base import base_identity, base_revision
 from hybridtune.run.card import model_card
-from hybridtune.run.outdir import RUN_FILE, OutputLock, claim_output_dir, tidy, write_run_file
+from hybridtune.run.outdir import DATA_REPORT, RUN_FILE, OutputLock, claim_output_dir, tidy, write_run_file
 from hybridtune.runtime import compose as compose_step
 from hybridtune.runtime import cudagraphs, distributed, health, oom
 from hybridtune.runtime.choices import Choices, Facts, choose_bf16, measure, pick_device, resolve
@@ -240,6 +242,8 @@ class Trainer:
         if d.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             write_run_file(self.out, self.run)
+            # Every truncated or dropped row, where and why (an empty file: every row trained whole).
+            atomic_write_text(self.out / DATA_REPORT, to_jsonl(self.data.report))
         # A resumed run drops the rows an earlier process logged after its checkpoint: they are logged again.
         self.metrics = open_metrics(cfg, self.out, self.fresh_metrics, self.step) if d.is_main else None
         procs = f" x {d.world} processes ({d.engine})" if d.enabled else ""
