@@ -7,7 +7,7 @@ One bin of three documents (lengths 3, 2, 4), dynamic layout:
     labels        [ -100 a1 a2 | -100 b1 | -100 c1 c2 c3 ]     int64 [1, T] (unshifted; -100 where untrained)
     position_ids  [ 0 1 2 | 0 1 | 0 1 2 3 ]                    int64 [1, T]
     cu_seq_lens_q [ 0 3 5 9 ]                                  int32 [N + 1] (== cu_seq_lens_k)
-    gdn_chunk_indices [[0 0] [1 0] [2 0]]                      int32 [C, 2] (document, chunk) per 64-token chunk
+    + each registered mixer's metadata (mixers.registry.metadata), e.g. a chunked mixer's int32 [C, 2]
 
 Names are transformers' own where they exist (the varlen attention kwargs), so an unpatched layer reads them too.
 """
@@ -25,7 +25,6 @@ CU_SEQ_LENS_Q = "cu_seq_lens_q"
 CU_SEQ_LENS_K = "cu_seq_lens_k"
 MAX_LENGTH_Q = "max_length_q"
 MAX_LENGTH_K = "max_length_k"
-GDN_CHUNK_INDICES = "gdn_chunk_indices"
 NUM_LOSS_TOKENS = "num_loss_tokens"
 NUM_TOKENS = "num_tokens"
 
@@ -38,15 +37,14 @@ MODEL_KEYS = (
     CU_SEQ_LENS_K,
     MAX_LENGTH_Q,
     MAX_LENGTH_K,
-    GDN_CHUNK_INDICES,  # read by patched GDN mixers; transformers' own layers ignore it
-)
+)  # and each registered mixer's batch keys (`mixers.registry.model_keys`)
 # Python ints (no device sync to read them), and the tensors whose first dimension changes with the pack layout.
 INT_KEYS = (MAX_LENGTH_Q, MAX_LENGTH_K)
 DYNAMIC_DIM0_KEYS = (CU_SEQ_LENS_Q, CU_SEQ_LENS_K)  # and each mixer's (`mixers.registry.dynamic_keys`)
 
 
 class Batch(TypedDict):
-    """One packed micro-batch of batch size 1 (T tokens, N documents, C GDN chunks)."""
+    """One packed micro-batch of batch size 1 (T tokens, N documents)."""
 
     input_ids: torch.Tensor  # int64 [1, T]
     labels: torch.Tensor  # int64 [1, T], -100 at masked tokens and the first token of every document
@@ -55,6 +53,6 @@ class Batch(TypedDict):
     cu_seq_lens_k: torch.Tensor  # int32 [N + 1]
     max_length_q: int  # the longest document (the static layout's T)
     max_length_k: int
-    gdn_chunk_indices: torch.Tensor  # int32 [C, 2]
+    # plus each registered mixer's metadata (`mixers.registry.metadata`), e.g. a chunked mixer's int32 [C, 2]
     num_loss_tokens: int  # label positions that count in the loss
     num_tokens: int  # the bin's own documents' tokens (T without a static layout's filler)

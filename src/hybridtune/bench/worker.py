@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch._dynamo.utils import compile_times
 
-from hybridtune.batch import GDN_CHUNK_INDICES, NUM_LOSS_TOKENS, NUM_TOKENS
+from hybridtune.batch import NUM_LOSS_TOKENS, NUM_TOKENS
 from hybridtune.bench.data import make_batches, pack_layouts
 from hybridtune.bench.modes import parse_mode
 from hybridtune.config import TrainConfig, load_config
@@ -31,6 +31,7 @@ from hybridtune.data.collator import StaticLayout
 from hybridtune.files import atomic_write_text
 from hybridtune.kernels import tuned
 from hybridtune.kernels.provision import provision_kernels
+from hybridtune.mixers import registry
 from hybridtune.mixers.gdn import fla_guard
 from hybridtune.mixers.gdn.ops import conv_in_graph
 from hybridtune.mixers.moe import experts
@@ -253,7 +254,7 @@ def run_mode(spec: dict) -> dict:
 
     warmup = spec["warmup"]  # the same for every mode (stretched for CUDA graphs by the parent: cudagraph_warmup)
     if graphs:
-        result["cudagraph_shapes"] = len({b[GDN_CHUNK_INDICES].shape[0] for b in batches})
+        result["cudagraph_shapes"] = len({registry.batch_sizes(b) for b in batches})
     result["warmup_steps"] = warmup
     times, losses, graphs_after_warmup = [], [], 0
     total = warmup + spec["steps"]

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from hybridtune.batch import GDN_CHUNK_INDICES, INPUT_IDS, LABELS, MODEL_KEYS, NUM_TOKENS
+from hybridtune.batch import INPUT_IDS, LABELS, MODEL_KEYS, NUM_TOKENS
 from hybridtune.data import IGNORE_INDEX
+from hybridtune.mixers import registry
 from hybridtune.models.anatomy import output_head, router_loss, router_loss_terms, text_config, unwrap
 
 
@@ -40,14 +41,15 @@ def shifted_targets(labels: torch.Tensor) -> torch.Tensor:
 def model_inputs(batch: dict, labels: bool = True) -> dict:
     """The batch's keyword arguments for the model (with or without `labels`), training and eval alike.
 
-    The GDN chunk count differs from batch to batch in every pack layout: its tensor is marked maybe-dynamic,
-    so a compiled frame that receives it (the per-class forwards of `compile: modules`) takes it as a symbol
+    A mixer's metadata size (a chunk count) differs from batch to batch in every pack layout: its tensors
+    (`registry.dynamic_keys`) are marked maybe-dynamic, so a compiled frame that receives them (the per-class forwards of `compile: modules`) takes it as a symbol
     from the first call instead of compiling again for the second count. (The loop's wrapper marks it itself;
     eager ignores the mark.)
     """
-    kwargs = {k: batch[k] for k in MODEL_KEYS if k in batch and (labels or k != LABELS)}
-    if isinstance(kwargs.get(GDN_CHUNK_INDICES), torch.Tensor):
-        torch._dynamo.maybe_mark_dynamic(kwargs[GDN_CHUNK_INDICES], 0)
+    kwargs = {k: batch[k] for k in registry.model_keys(MODEL_KEYS) if k in batch and (labels or k != LABELS)}
+    for key in registry.dynamic_keys():
+        if isinstance(kwargs.get(key), torch.Tensor):
+            torch._dynamo.maybe_mark_dynamic(kwargs[key], 0)
     return kwargs
 
 
