@@ -113,7 +113,7 @@ def detect_type(row: dict, ds: DatasetConfig, where: str) -> str:
         if isinstance(msgs, str):
             raise DataError(
                 f"{where}: field '{key}' must be a list of messages, got a string that is {not_json(msgs)} "
-                f"({_shown(msgs)}); give a list of {{role, content}} objects, or its JSON text in a CSV cell"
+                f"({_shown(msgs)!r}); give a list of {{role, content}} objects, or its JSON text in a CSV cell"
             )
     if ds.field_prompt in row and ds.field_completion in row:
         return "prompt_completion"
@@ -165,7 +165,7 @@ def parse_messages(raw: Any, fmt: str, ds: DatasetConfig, where: str, key: str) 
     if not isinstance(raw, list) or not raw:
         got = "an empty list" if isinstance(raw, list) else _json_kind(raw)
         if isinstance(raw, str):
-            got += f" that is {not_json(raw)} ({_shown(raw)})"
+            got += f" that is {not_json(raw)} ({_shown(raw)!r})"
         raise DataError(
             f"{where}: field '{key}' must be a non-empty list of messages, got {got}; give a list of messages "
             "(in a CSV cell: its JSON text)"
