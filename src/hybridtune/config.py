@@ -323,12 +323,6 @@ def load_config(
     fields = _fields(TrainConfig, data, where, node, problems)  # a file's name its file and line
     problems += _env_vars(fields, where, node)
     fields.update(_fields(TrainConfig, cli, "command line", None, problems))
-    if {"warmup_steps", "warmup_ratio"} <= set(data) | set(cli):
-        problems.append(
-            ConfigError(
-                "config keys 'warmup_steps' and 'warmup_ratio' are exclusive (steps, or a share of the run); give one"
-            )
-        )
     if problems:
         raise together(problems)
     cfg = TrainConfig(**fields)

@@ -149,7 +149,7 @@ class TrainConfig:
     lr_scheduler: Literal["cosine", "linear", "constant"] = _f("cosine", "decay after warmup")
     warmup_steps: int = _f(10, "linear warmup steps")
     warmup_ratio: float = _f(
-        0.0, "linear warmup as a share of the run's steps, in [0, 1) (0: warmup_steps; the two are exclusive)"
+        0.0, "linear warmup as a share of the run's steps, in [0, 1), instead of warmup_steps (0: warmup_steps)"
     )
     weight_decay: float = _f(0.0, "AdamW weight decay")
     max_grad_norm: float = _f(1.0, "gradient clipping (0: off)")
@@ -274,6 +274,12 @@ def range_checks(cfg: TrainConfig) -> list[tuple[bool, str, Any, str]]:
         (cfg.num_epochs > 0, "num_epochs", cfg.num_epochs, "must be positive"),
         (cfg.warmup_steps >= 0, "warmup_steps", cfg.warmup_steps, "must be >= 0"),
         (0 <= cfg.warmup_ratio < 1, "warmup_ratio", cfg.warmup_ratio, "must be in [0, 1) (a share of the steps)"),
+        (
+            cfg.warmup_ratio == 0 or cfg.warmup_steps == TrainConfig.warmup_steps,
+            "warmup_steps",
+            cfg.warmup_steps,
+            "is set beside warmup_ratio; the two are exclusive (steps, or a share of the run): give one",
+        ),
         (
             ALL_LINEAR not in cfg.lora_target_modules or cfg.lora_target_modules == [ALL_LINEAR],
             "lora_target_modules",

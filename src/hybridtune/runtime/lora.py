@@ -10,6 +10,7 @@ import re
 import torch
 from torch.overrides import TorchFunctionMode
 
+from hybridtune.config import ALL_LINEAR
 from hybridtune.errors import ConfigError
 from hybridtune.mixers.moe import experts
 from hybridtune.models.anatomy import text_model
@@ -26,7 +27,12 @@ def text_prefix(model: torch.nn.Module) -> str:
 
 
 def present_targets(model: torch.nn.Module, wanted: list[str]) -> tuple[list[str], list[str]]:
-    """Split `wanted` module names into those the text model has (as a Linear's last name part) and those it lacks."""
+    """Split `wanted` module names into those the text model has (as a Linear's last name part) and those it lacks.
+    `[all-linear]`: every Linear of the text model's decoder layers, as peft's all-linear (never lm_head, never a
+    vision tower)."""
+    if list(wanted) == [ALL_LINEAR]:
+        layers = text_model(model).layers
+        return sorted({n.rsplit(".", 1)[-1] for n, m in layers.named_modules() if isinstance(m, torch.nn.Linear)}), []
     names = {n.rsplit(".", 1)[-1] for n, m in text_model(model).named_modules() if isinstance(m, torch.nn.Linear)}
     found = [w for w in wanted if w in names]
     missing = [w for w in wanted if w not in names]
@@ -79,7 +85,8 @@ def apply_lora(
     if missing:
         logger.info("LoRA targets not in this model (skipped): %s", ", ".join(missing))
     check_parameters(model, list(target_parameters))
-    check_rank(model, r, found, list(target_parameters))
+    # all-linear takes narrow layers too (a gate of one output): only a rank above the widest one is refused.
+    check_rank(model, r, found, list(target_parameters), widest=list(targets) == [ALL_LINEAR])
     cfg = LoraConfig(
         r=r,
         lora_alpha=alpha,
@@ -138,10 +145,12 @@ def lora_from_config(model: torch.nn.Module, cfg):
     )
 
 
-def check_rank(model: torch.nn.Module, r: int, targets: list[str], parameters: list[str] = ()) -> None:
-    """Refuse a rank above min(in, out) of the smallest targeted Linear (or expert matrix): such a rank adds
-    nothing a full-rank update would not give, and a huge one would try to allocate its A and B matrices before
-    failing."""
+def check_rank(
+    model: torch.nn.Module, r: int, targets: list[str], parameters: list[str] = (), widest: bool = False
+) -> None:
+    """Refuse a rank above min(in, out) of the smallest targeted Linear (or expert matrix; `widest`: of the widest):
+    such a rank adds nothing a full-rank update would not give, and a huge one would try to allocate its A and B
+    matrices before failing."""
     shapes = [
         (n, (m.in_features, m.out_features))
         for n, m in text_model(model).named_modules()
@@ -154,7 +163,7 @@ def check_rank(model: torch.nn.Module, r: int, targets: list[str], parameters: l
     ]
     if not shapes:
         return
-    name, (fan_in, fan_out) = min(shapes, key=lambda s: min(s[1]))
+    name, (fan_in, fan_out) = (max if widest else min)(shapes, key=lambda s: min(s[1]))
     largest = min(fan_in, fan_out)
     if r > largest:
         raise ConfigError(

@@ -1,13 +1,16 @@
-"""The optimizer and the learning-rate schedule of a run."""
+"""The optimizer and the learning-rate schedule of a run (warmup given in steps or as a share of the run)."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 
 import torch
 
 from hybridtune.config import TrainConfig
+
+logger = logging.getLogger(__name__)
 
 
 def lr_lambda(kind: str, warmup: int, total: int) -> Callable[[int], float]:
@@ -38,5 +41,16 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig, device: 
     return torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, fused=fused)
 
 
+def warmup_steps(cfg: TrainConfig, total_steps: int) -> int:
+    """The run's warmup in steps: `warmup_ratio` of `total_steps` rounded up (as transformers rounds it) when set,
+    else `warmup_steps`."""
+    if cfg.warmup_ratio > 0:
+        return math.ceil(cfg.warmup_ratio * total_steps)
+    return cfg.warmup_steps
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int):
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_scheduler, cfg.warmup_steps, total_steps))
+    warmup = warmup_steps(cfg, total_steps)
+    if cfg.warmup_ratio > 0:
+        logger.info("warmup: %d of %d steps (warmup_ratio %g)", warmup, total_steps, cfg.warmup_ratio)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_scheduler, warmup, total_steps))
