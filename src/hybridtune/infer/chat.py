@@ -22,6 +22,7 @@ def chat_loop(
     system: str | None = None,
     stream: bool | None = None,
     chat: bool = True,
+    template_kwargs: dict | None = None,
 ) -> list[dict]:
     """Read user turns from `stdin` until /exit or end of input, answer each on `stdout`; returns the conversation.
 
@@ -47,7 +48,7 @@ def chat_loop(
             print("(conversation reset)", file=stdout, flush=True)
             continue
         messages.append({"role": "user", "content": text})
-        prompt = render(tokenizer, messages, chat)
+        prompt = render(tokenizer, messages, chat, template_kwargs)
         streamer = _Streamer(tokenizer, stdout) if stream else None
         [(ids, _)] = complete(model, tokenizer, [prompt], sampling, chat, 1, streamer=streamer)
         reply = tokenizer.decode(ids, skip_special_tokens=True)
@@ -103,7 +104,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     sampling = sampling_of(args)
     opened = open_for_generation(args)
+    chat, kwargs = not args.no_chat_template, args.chat_template_kwargs
     chat_loop(
-        opened.model, opened.tokenizer, sampling, sys.stdin, sys.stdout, args.system, chat=not args.no_chat_template
+        opened.model, opened.tokenizer, sampling, sys.stdin, sys.stdout, args.system, chat=chat, template_kwargs=kwargs
     )
     return 0

@@ -27,7 +27,7 @@ from hybridtune.data.formats import detect_type
 from hybridtune.data.packing import Example, fit_to_length
 from hybridtune.data.sources import ACCEPTED, open_source
 from hybridtune.errors import ConfigError, DataError
-from hybridtune.infer.generate import MODEL_HELP
+from hybridtune.infer.generate import MODEL_HELP, template_kwargs
 from hybridtune.infer.load import Opened, open_model, recorded_run
 from hybridtune.runtime.choices import choose_bf16, measure, pick_device
 from hybridtune.runtime.distributed import ONE, LossModule
@@ -62,7 +62,8 @@ def eval_examples(cfg: TrainConfig, tokenizer, split: str) -> tuple[list[Example
         return held[: cfg.eval_max_examples], 0
     examples: list[Example] = []
     for ds in cfg.resolved_datasets():
-        examples.extend(load_examples(ds, tokenizer, cfg.train_on_inputs, cfg.dataset_num_proc))
+        kwargs = cfg.chat_template_kwargs
+        examples.extend(load_examples(ds, tokenizer, cfg.train_on_inputs, cfg.dataset_num_proc, template_kwargs=kwargs))
     kept, stats = fit_to_length(examples, cfg.sequence_len, "drop")
     if not kept:
         raise DataError(
@@ -152,6 +153,9 @@ def main(argv: list[str]) -> int:
         "--split", choices=["all", "heldout"], default="all", help="every example (default), or a run's held-out split"
     )
     parser.add_argument("--sequence_len", type=int, help="tokens per packed eval row; longer examples are dropped")
+    parser.add_argument(
+        "--chat_template_kwargs", type=template_kwargs, metavar="JSON", help="the chat template's variables (the run's)"
+    )
     parser.add_argument("--val_set_size", type=float, help="--split heldout: the held-out share or count")
     parser.add_argument("--max_examples", type=int, help="--split heldout: at most this many (eval_max_examples)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run (auto: GPU)")
@@ -163,6 +167,7 @@ def main(argv: list[str]) -> int:
             ("sequence_len", args.sequence_len),
             ("val_set_size", args.val_set_size),
             ("eval_max_examples", args.max_examples),
+            ("chat_template_kwargs", args.chat_template_kwargs),
         )
         if value is not None
     }

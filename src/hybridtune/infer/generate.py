@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from hybridtune.data.chat import check_template_kwargs
 from hybridtune.errors import ConfigError, DataError
 from hybridtune.runtime.generation import Sampling, generate
 from hybridtune.textfile import read_utf8
@@ -60,10 +61,29 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top_k", type=int, default=0, help="sample among the k likeliest tokens (0: off)")
     parser.add_argument("--seed", type=int, default=None, help="random seed of the sampling")
     parser.add_argument("--no_chat_template", action="store_true", help="give the text as it is (a base model)")
+    parser.add_argument(
+        "--chat_template_kwargs",
+        type=template_kwargs,
+        default={},
+        metavar="JSON",
+        help="variables for the chat template, e.g. '{\"enable_thinking\": false}' (as train's key of that name)",
+    )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run (auto: GPU)")
     parser.add_argument(
         "--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="weights' dtype (auto: as saved)"
     )
+
+
+def template_kwargs(text: str) -> dict:
+    """`--chat_template_kwargs` (an argparse type): a JSON object of the template's variables."""
+    try:
+        return check_template_kwargs(json.loads(text), "the object")
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(
+            f"not JSON ({e.msg} at column {e.colno}); give an object, e.g. '{{\"enable_thinking\": false}}'"
+        ) from None
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def sampling_of(args) -> Sampling:
@@ -106,7 +126,8 @@ def main(argv: list[str]) -> int:
         raise ConfigError(f"--batch_size {args.batch_size}: give at least 1")
     sampling = sampling_of(args)
     opened = open_for_generation(args)
-    done = generate(opened.model, opened.tokenizer, prompts, sampling, not args.no_chat_template, args.batch_size)
+    chat, kwargs = not args.no_chat_template, args.chat_template_kwargs
+    done = generate(opened.model, opened.tokenizer, prompts, sampling, chat, args.batch_size, kwargs)
     if args.json:
         print(json.dumps([asdict(c) for c in done], indent=2, ensure_ascii=False))
     elif len(done) == 1:

@@ -52,16 +52,17 @@ def eos_ids(model, tokenizer) -> list[int]:
     return ids
 
 
-def render(tokenizer, conversation: list[dict] | str, chat: bool) -> str:
+def render(tokenizer, conversation: list[dict] | str, chat: bool, template_kwargs: dict | None = None) -> str:
     """The text the model continues: a conversation through the chat template with the assistant's generation
-    prompt, or plain text as it is."""
+    prompt (`template_kwargs`: the template's variables, e.g. enable_thinking), or plain text as it is."""
     if not chat:
         return conversation if isinstance(conversation, str) else "\n".join(m["content"] for m in conversation)
     if isinstance(conversation, str):
         conversation = [{"role": "user", "content": conversation}]
     if not getattr(tokenizer, "chat_template", None):
         raise ModelError("the model's tokenizer has no chat template; pass --no_chat_template to give plain text")
-    return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    kwargs = template_kwargs or {}
+    return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True, **kwargs)
 
 
 def model_device(model) -> torch.device:
@@ -103,10 +104,16 @@ def complete(
 
 
 def generate(
-    model, tokenizer, prompts: list, sampling: Sampling, chat: bool = True, batch_size: int = 8
+    model,
+    tokenizer,
+    prompts: list,
+    sampling: Sampling,
+    chat: bool = True,
+    batch_size: int = 8,
+    template_kwargs: dict | None = None,
 ) -> list[Completion]:
     """Completions of `prompts` (each a string, or a conversation: a list of {role, content})."""
-    texts = [render(tokenizer, p, chat) for p in prompts]
+    texts = [render(tokenizer, p, chat, template_kwargs) for p in prompts]
     done = complete(model, tokenizer, texts, sampling, chat, batch_size)
     return [
         Completion(
