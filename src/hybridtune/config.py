@@ -320,7 +320,7 @@ def load_config(
         where = str(p)
     cli = overrides or {}
     problems: list[ConfigError] = []  # every problem of the file and the command line, said at once
-    fields = _fields(TrainConfig, data, where, node, problems)  # a file's name its file and line
+    fields = _fields(TrainConfig, data, where, node, problems)  # a file's problems name its file and line
     problems += _env_vars(fields, where, node)
     fields.update(_fields(TrainConfig, cli, "command line", None, problems))
     if problems:

@@ -362,6 +362,8 @@ _QUANTIZED = "quantized base weights (QLoRA, bitsandbytes) are not supported yet
 _OPTIMIZER = "hybridtune runs AdamW (torch's, fused on a GPU; 8-bit optimizers are planned); remove the key"
 _ENGINE = "hybridtune shards with its own DDP/FSDP2: run with --nproc N and set distributed (ddp | fsdp); remove it"
 _KERNELS = "hybridtune picks its attention and GDN kernels itself (see the kernels key); remove it"
+_UPLOAD = "hybridtune does not upload: the run's final/ (or an exported checkpoint) is the model to upload; remove it"
+_WANDB = "set report_to: wandb; W&B's own variables (WANDB_PROJECT, WANDB_ENTITY) name the project"
 _STEPS = "hybridtune counts in steps: set eval_steps / save_steps (0: only at the end)"
 FOREIGN_KEYS: dict[str, str] = {
     "lr": "learning_rate",
@@ -405,7 +407,19 @@ FOREIGN_KEYS: dict[str, str] = {
     "save_strategy": _STEPS,
     "evals_per_epoch": _STEPS,
     "saves_per_epoch": _STEPS,
-    "wandb_project": "set report_to: wandb and the WANDB_PROJECT environment variable",
+    "wandb_project": _WANDB,
+    "wandb_entity": _WANDB,
+    "wandb_name": "set run_name (and report_to: wandb)",
+    "wandb_log_model": _WANDB,
+    "xformers_attention": _KERNELS,
+    "model_type": "hybridtune reads the model's class from its config.json; remove it",
+    "tokenizer_type": "hybridtune loads the model's own tokenizer (or the tokenizer key's); remove it",
+    "strict": "remove it",
+    "special_tokens": "hybridtune trains with the tokenizer's own special tokens; remove it",
+    "pad_to_sequence_len": "pack_layout: static fills every batch to one shape; remove it",
+    "eval_sample_packing": "held-out data is packed as the training data is; remove it",
+    "push_to_hub": _UPLOAD,
+    "hub_model_id": _UPLOAD,
     "trust_remote_code": "hybridtune never runs code from a model directory; remove it",
     "template": "hybridtune renders chats with the tokenizer's template; set chat_template to change it",
     "stage": "hybridtune trains objective: sft; remove it",
