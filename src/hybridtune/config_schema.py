@@ -417,7 +417,7 @@ FOREIGN_KEYS: dict[str, str] = {
     "strict": "remove it",
     "special_tokens": "hybridtune trains with the tokenizer's own special tokens; remove it",
     "pad_to_sequence_len": "pack_layout: static fills every batch to one shape; remove it",
-    "eval_sample_packing": "held-out data is packed as the training data is; remove it",
+    "eval_sample_packing": "held-out examples are always evaluated in packs of sequence_len; remove it",
     "push_to_hub": _UPLOAD,
     "hub_model_id": _UPLOAD,
     "trust_remote_code": "hybridtune never runs code from a model directory; remove it",
