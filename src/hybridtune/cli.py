@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("hybridtune.kernels.doctor", "versions, GPU, kernel paths and fixes; the presets and example configs"),
     "compile": ("hybridtune.compiler.modules.command", "generate standalone per-class forwards (--family, --sweep)"),
     "merge": ("hybridtune.run.merge", "merge a LoRA adapter into its base model and save safetensors"),
+    "data": ("hybridtune.infer.data_preview", "the data as training sees it: rows rendered, trained tokens marked"),
     "generate": ("hybridtune.infer.generate", "completions of prompts from a trained model, checkpoint or adapter"),
     "chat": ("hybridtune.infer.chat", "talk to a model interactively (streams on a terminal; /reset, /exit)"),
     "eval": ("hybridtune.infer.evaluate", "loss, perplexity and exact match of a model on a dataset (the trainer's)"),

@@ -108,7 +108,7 @@ def log_records(records: Sequence[dict], named: int = NAMED_IN_LOG) -> None:
     if len(records) > named:
         logger.warning("data: and %d more rows truncated or dropped", len(records) - named)
     if records:
-        logger.info("data: every truncated or dropped row is listed in data_report.jsonl in the output directory")
+        logger.info("data: a training run lists every truncated or dropped row in data_report.jsonl in its output_dir")
 
 
 def to_jsonl(records: Sequence[dict]) -> str:
