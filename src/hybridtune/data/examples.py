@@ -10,7 +10,6 @@ Only data that tokenised without an error is cached, so a bad row is reported on
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -27,6 +26,7 @@ from hybridtune.data.packing import Example
 from hybridtune.data.rows import used_fields
 from hybridtune.data.sources import ROW_COLUMN, Source, datasets_cache_dir, open_source, quiet_datasets, where
 from hybridtune.errors import DataError
+from hybridtune.files import atomic_write, open_regular
 
 logger = logging.getLogger(__name__)
 
@@ -297,13 +297,18 @@ def _examples(table) -> list[Example]:
 
 
 def _read_cache(path: Path, key: str) -> tuple[list[Example], str] | None:
-    """The cached examples and their format, or None (absent, or unreadable: then tokenised again and replaced)."""
+    """The cached examples and their format, or None (absent, unreadable or a link: then tokenised again and
+    replaced). An entry is read only when it is a regular file (never through a link someone planted)."""
     import pyarrow.parquet as pq
 
+    if path.is_symlink():
+        logger.warning("tokenised data cache %s is a symbolic link, not hybridtune's file; tokenising again", path)
+        return None
     if not path.is_file():
         return None
     try:
-        table = pq.read_table(path)
+        with open_regular(path) as f:
+            table = pq.read_table(f)
         meta = table.schema.metadata or {}
         if meta.get(b"hybridtune_key") != key.encode():
             raise ValueError("its key does not match its name")
@@ -314,16 +319,13 @@ def _read_cache(path: Path, key: str) -> tuple[list[Example], str] | None:
 
 
 def _write_cache(path: Path, key: str, table: Any, source: str, fmt: str) -> None:
-    """Write atomically (a reader never sees half a file); a cache that cannot be written is only a warning."""
+    """Write atomically through a new temporary (`files.atomic_write`: O_EXCL | O_NOFOLLOW, a random name, so a
+    link planted in a shared cache is never written through); a cache that cannot be written is only a warning."""
     import pyarrow.parquet as pq
 
     meta = {b"hybridtune_key": key.encode(), b"hybridtune_source": source.encode(), b"hybridtune_format": fmt.encode()}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table.replace_schema_metadata(meta), tmp)
-        os.replace(tmp, path)
+        atomic_write(path, lambda f: pq.write_table(table.replace_schema_metadata(meta), f))
     except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         logger.warning("could not cache the tokenised data in %s (%s); the next run tokenises again", path, e)
