@@ -5,6 +5,9 @@ its weights loaded (`infer.load`), then exported exactly as the run's own final 
 `OUT/final/` holds the full model or the LoRA adapter with the tokenizer (safetensors), `OUT/base_model/` a
 preset's base weights beside an adapter, and `OUT/hybridtune_run.json` the run's record, so that OUT is a finished
 output directory of that run at step N (`hybridtune generate OUT`, `hybridtune eval --model OUT --split heldout`).
+OUT is locked as a training run locks its output directory (a run training there, or another export, refuses it),
+and written through the guarded layer (run/guarded.py): NaN or Inf weights refused before anything is written,
+SIGTERM leaves nothing partial, a killed export's temporaries are removed by the next one.
 """
 
 from __future__ import annotations
@@ -18,25 +21,47 @@ from hybridtune.errors import ModelError, OutputDirError
 from hybridtune.files import atomic_write_text
 from hybridtune.infer.load import open_model
 from hybridtune.run import checkpoint as ckpt
-from hybridtune.run import export
+from hybridtune.run import export, guarded
 from hybridtune.run.card import model_card
-from hybridtune.run.merge import check_out_dir
-from hybridtune.run.outdir import RUN_FILE
+from hybridtune.run.outdir import LOCK_FILE, RUN_FILE, OutputLock
 from hybridtune.runtime import distributed
 
 logger = logging.getLogger(__name__)
 
 
 def export_checkpoint(checkpoint: str | Path, out: str | Path, overwrite: bool = False) -> Path:
-    """Export checkpoint directory `checkpoint` into `out` (see the module docstring); returns `out/final`."""
-    src, out = Path(checkpoint).expanduser(), Path(out).expanduser()
+    """Export checkpoint directory `checkpoint` into `out` (see the module docstring); returns `out/final`. SIGTERM
+    stops it as Ctrl-C does, leaving nothing partial."""
+    with guarded.interruptible():
+        return _export(Path(checkpoint).expanduser(), Path(out).expanduser(), overwrite)
+
+
+def _export(src: Path, out: Path, overwrite: bool) -> Path:
     if not (src / ckpt.META_FILE).is_file():
         what = "a run's final model, already loadable" if (src / export.INFO_FILE).is_file() else "not a checkpoint"
         raise ModelError(
             f"'{src}' is {what}: give a checkpoint directory (OUTPUT_DIR/checkpoint-N, which holds {ckpt.META_FILE})"
         )
-    check_out_dir(out, overwrite)
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(f"'{out}' exists and is not a directory; give a directory for the export")
     _check_targets(src, out)
+    lock = OutputLock(out)  # a run training into OUT (or another export) holds it: refused in one line
+    try:
+        for sub in (export.FINAL_DIR, export.BASE_DIR):
+            guarded.sweep_stale(out, sub)
+        if not overwrite and any(p.name != LOCK_FILE for p in out.iterdir()):
+            raise OutputDirError(
+                f"'{out}' already exists and is not empty; choose another directory or pass --overwrite"
+            )
+        final = _write(src, out)
+    except BaseException:
+        lock.release(discard=True)  # a refused or failed export leaves no lock file nor directory it made
+        raise
+    lock.release()
+    return final
+
+
+def _write(src: Path, out: Path) -> Path:
     opened = open_model(str(src))
     run = opened.run
     meta = json.loads((src / ckpt.META_FILE).read_text(encoding="utf-8"))  # verified by the load above
@@ -45,6 +70,9 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, overwrite: bool =
         if isinstance(meta.get("run"), dict)
         else json.loads((src.parent / RUN_FILE).read_text(encoding="utf-8"))
     )
+    held = _held_record(out)
+    if held is not None and held.get("config") != record.get("config"):
+        logger.warning("'%s' held another run's %s; --overwrite replaces it with this checkpoint's run", out, RUN_FILE)
     step = int(opened.step)
     card = model_card(run, opened.loaded, step, src.parent)
     final = export.save_final(
@@ -54,6 +82,14 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, overwrite: bool =
     atomic_write_text(out / RUN_FILE, json.dumps(record, indent=2))
     logger.info("exported %s (step %d) to %s", src, opened.step, final)
     return final
+
+
+def _held_record(out: Path) -> dict | None:
+    try:
+        held = json.loads((out / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return held if isinstance(held, dict) else None
 
 
 def _check_targets(src: Path, out: Path) -> None:

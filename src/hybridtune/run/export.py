@@ -7,32 +7,29 @@ with its tokenizer and a model card (README.md), written atomically as safetenso
   follow the original tree; `base_model_name_or_path` is the base as the user named it (a hub id, with its
   `revision`, or the checkpoint directory), for a preset the `base_model/` written beside `final/`.
 
-- Modes. Every file and directory exported has the mode a plain open/mkdir gives under the umask (safetensors
-  writes through a 0600 temporary file, which would otherwise leave the weights unreadable to a serving account).
-- Disk space. The export's size (the tensors it writes, plus the tokenizer) is checked against the free space
-  before anything is written, and a write that runs out of space midway is removed; both are one line
-  (`DiskFullError`) naming the last checkpoint, which is intact: a run resumed from it at its last step only
-  evaluates and exports.
+- Guarded (run/guarded.py): modes follow the umask (safetensors writes 0600); NaN or Inf weights are refused and
+  the size (tensors plus tokenizer) checked against the free space before anything is written; a disk that fills
+  midway is one line (`DiskFullError`) naming the last checkpoint, which is intact (a run resumed from it at its
+  last step only evaluates and exports); the partial directory, or one a killed export left, is removed.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from hybridtune.files import honour_umask
+from hybridtune.files import atomic_write_text
 from hybridtune.models import source
 from hybridtune.models.anatomy import unwrap
 from hybridtune.models.loading import LoadedModel
 from hybridtune.models.patching import original_config
 from hybridtune.run import checkpoint as ckpt
-from hybridtune.run import integrity
+from hybridtune.run import guarded, integrity
 from hybridtune.runtime import distributed
 from hybridtune.runtime.lora import strip_base_layer
 
@@ -86,23 +83,7 @@ def adapter_base(loaded: LoadedModel, base_dir: Path | None) -> tuple[str, str |
     return str(Path(loaded.name).expanduser().absolute()), None
 
 
-# -- modes and disk space ---------------------------------------------------------------------------------------
-
-
-def honour_umask_tree(root: Path) -> None:
-    """Give every directory and regular file under `root` (and `root`) the mode the umask gives a plain
-    mkdir/open; links are left alone (chmod would follow them)."""
-    root = Path(root)
-    honour_umask(root, directory=True)
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            if p.is_symlink():
-                continue
-            if p.is_dir():
-                honour_umask(p, directory=True)
-            elif p.is_file():
-                honour_umask(p, directory=False)
+# -- sizes and disk space ---------------------------------------------------------------------------------------
 
 
 def tensor_bytes(state: dict, dtype: torch.dtype | None = None) -> int:
@@ -147,8 +128,8 @@ def disk_full_message(out: Path, what: str, need: int, free: int | None, previou
 
 
 def _write_all(out: Path, parts: list[tuple[Path, int, Callable[[Path], None]]], previous: Path | None) -> None:
-    """Write each `(target, bytes, write)` atomically, after checking that all of them fit; a write that runs out
-    of space becomes DiskFullError, its partial temporary directory removed."""
+    """Write each `(target, bytes, write)` through the guarded layer, after checking that all of them fit; a write
+    that runs out of space becomes DiskFullError, its partial temporary directory removed."""
     need = sum(n for _, n, _ in parts)
     what = " and ".join(f"{t.name}/" for t, _, _ in parts)
     out.mkdir(parents=True, exist_ok=True)
@@ -156,14 +137,9 @@ def _write_all(out: Path, parts: list[tuple[Path, int, Callable[[Path], None]]],
     def message(free: int | None) -> str:
         return disk_full_message(out, what, need, free, previous)
 
-    integrity.check_free_space(out, need, message)
-    for target, _, write in parts:
-
-        def write_with_modes(tmp: Path, write=write) -> None:
-            write(tmp)
-            honour_umask_tree(tmp)
-
-        ckpt.atomic_dir(target, integrity.disk_full_guard(write_with_modes, need, message))
+    guarded.check_space(out, need, message)
+    for target, n, write in parts:  # each checked again for its own size (the one before took its share)
+        guarded.atomic_dir(target, write, n, message)
 
 
 def save_final(
@@ -199,13 +175,17 @@ def save_final(
                     base.save_pretrained(tmp, state_dict=base_state, safe_serialization=True)
                 tokenizer.save_pretrained(tmp)
 
+            guarded.refuse_non_finite(base_state, "the base model", base_dir)
             parts.append((base_dir, tensor_bytes(base_state) + tok, write_base))
         if adapter == "lora":
             from peft import get_peft_model_state_dict
 
-            weights = tensor_bytes(get_peft_model_state_dict(model, state_dict=full))
+            adapter_state = get_peft_model_state_dict(model, state_dict=full)
+            guarded.refuse_non_finite(adapter_state, "the adapter", final)
+            weights = tensor_bytes(adapter_state)
         else:
             state = full if full is not None else unwrap(model).state_dict()
+            guarded.refuse_non_finite(state, "the model", final)
             weights = max(tensor_bytes(state, loaded.source_dtype), source.weight_bytes(loaded.source_dir))
 
         def write(tmp: Path) -> None:
@@ -221,9 +201,9 @@ def save_final(
             tokenizer.save_pretrained(tmp)
             source.carry_files(tmp, loaded.source_dir)
             info = {"base_model": loaded.name, "revision": loaded.revision, "adapter": adapter, "steps": steps}
-            (tmp / INFO_FILE).write_text(json.dumps(info, indent=2))
+            atomic_write_text(tmp / INFO_FILE, json.dumps(info, indent=2))
             if card is not None:
-                (tmp / "README.md").write_text(card, encoding="utf-8")
+                atomic_write_text(tmp / "README.md", card)
 
         parts.append((final, weights + tok, write))
         done = ckpt.list_checkpoints(out)

@@ -6,7 +6,9 @@ architecture and config, in its dtype, with the tensors transformers does not lo
 files carried over; it loads with `from_pretrained(OUT_DIR)` in that class and gives the logits of base + adapter.
 The base is the adapter's `base_model_name_or_path` (a directory, or a hub id at its `revision` from the local hub
 cache); where that is missing, a `base_model/` beside the adapter (what training writes for a preset). The output is
-written atomically; an existing OUT_DIR is refused.
+written through the guarded layer (run/guarded.py): NaN or Inf weights refused and the size checked before anything
+is written, modes per the umask, a damaged base, a shape mismatch or a full disk one line, SIGTERM removes the
+temporary directory (`.tmp-<OUT>-*` beside OUT), and one a killed merge left is removed by the next merge to OUT.
 """
 
 from __future__ import annotations
@@ -16,14 +18,18 @@ import json
 import logging
 from pathlib import Path
 
+from safetensors import SafetensorError
+
 from hybridtune.errors import ModelError, OutputDirError
+from hybridtune.files import atomic_write_text
 from hybridtune.models import source
 from hybridtune.models.anatomy import text_model
 from hybridtune.models.hub import looks_like_hub_id, resolve_source
 from hybridtune.models.loading import model_class
 from hybridtune.models.trust import NO_CODE, refuse_custom_code
-from hybridtune.run.checkpoint import MARKER, atomic_dir, is_ours
-from hybridtune.run.export import BASE_DIR
+from hybridtune.run import guarded, integrity
+from hybridtune.run.checkpoint import MARKER, is_ours
+from hybridtune.run.export import BASE_DIR, tensor_bytes, tokenizer_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +54,16 @@ def resolve_base(adapter_dir: Path, config_file: Path, base_name, revision: str 
 
 
 def merge(adapter_dir: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
-    from peft import PeftConfig, PeftModel
-    from transformers import AutoConfig, AutoTokenizer
+    """Merge the adapter of `adapter_dir` into its base and write the model to `out_dir` (see the module docstring).
+    SIGTERM stops it as Ctrl-C does, leaving nothing behind."""
+    with guarded.interruptible():
+        return _merge(Path(adapter_dir), Path(out_dir), overwrite)
 
-    adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
+
+def _merge(adapter_dir: Path, out_dir: Path, overwrite: bool) -> Path:
+    from peft import PeftConfig, PeftModel
+    from transformers import AutoTokenizer
+
     config_file = adapter_dir / "adapter_config.json"
     if not config_file.is_file():
         raise ModelError(
@@ -67,32 +79,69 @@ def merge(adapter_dir: str | Path, out_dir: str | Path, overwrite: bool = False)
     except (ValueError, TypeError, KeyError) as e:  # an unknown peft_type or field
         raise ModelError(f"{config_file}: not a LoRA adapter config peft can read ({type(e).__name__}: {e})") from None
     refuse_custom_code(base_path)
-    try:
-        cls = model_class(AutoConfig.from_pretrained(str(base_path), **NO_CODE))
-        base = cls.from_pretrained(str(base_path), dtype="auto", **NO_CODE)  # as saved
-    except (OSError, ValueError, KeyError) as e:
-        raise ModelError(f"cannot load the adapter's base model '{base_path}': {e}") from None
+    base = _load_base(base_path)
     dtype = text_model(base).embed_tokens.weight.dtype
     try:
         model = PeftModel.from_pretrained(base, str(adapter_dir))
-    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as e:  # missing, mismatched or garbled fields
-        raise ModelError(f"cannot load the adapter in '{adapter_dir}' onto '{base_path}': {e}") from None
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError, SafetensorError) as e:  # missing, mismatched
+        raise ModelError(f"cannot load the adapter in '{adapter_dir}' onto '{base_path}': {_first(e)}") from None
     merged = model.merge_and_unload()
     tok_dir = adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else base_path
     refuse_custom_code(tok_dir)
+    has_tokenizer = (tok_dir / "tokenizer_config.json").is_file()
+    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), **NO_CODE) if has_tokenizer else None
+    state = merged.state_dict()
+    guarded.refuse_non_finite(state, "the merged model", out_dir)
+    need = max(tensor_bytes(state, dtype), source.weight_bytes(base_path)) + tokenizer_bytes(tokenizer)
 
     def write(tmp: Path) -> None:
-        source.save_like_source(merged, tmp, merged.state_dict(), base_path, dtype)
-        if (tok_dir / "tokenizer_config.json").is_file():
-            AutoTokenizer.from_pretrained(str(tok_dir), **NO_CODE).save_pretrained(tmp)
+        source.save_like_source(merged, tmp, state, base_path, dtype)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
         source.carry_files(tmp, base_path)
-        (tmp / "hybridtune.json").write_text(
-            json.dumps({"merged_from": str(adapter_dir), "base": str(base_path)}, indent=2)
+        atomic_write_text(
+            tmp / "hybridtune.json", json.dumps({"merged_from": str(adapter_dir), "base": str(base_path)}, indent=2)
         )
 
-    atomic_dir(out_dir, write)
+    def message(free: int | None) -> str:
+        has = f"{integrity.gib(free)} free" if free is not None else "no space left"
+        where = guarded.free_space_at(out_dir.parent)
+        return (
+            f"disk full: the merged model needs about {integrity.gib(need)} and '{where}' has {has}; nothing was "
+            "written. Free some space or give an OUT_DIR on a larger disk"
+        )
+
+    guarded.atomic_dir(out_dir, write, need, message)
     logger.info("merged %s into %s -> %s", adapter_dir, base_path, out_dir)
     return out_dir
+
+
+def _first(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _load_base(base_path: Path):
+    """The adapter's base in its original class and saved dtype; a damaged, mismatched or unreadable one is one
+    line (ModelError)."""
+    from transformers import AutoConfig
+
+    try:
+        cls = model_class(AutoConfig.from_pretrained(str(base_path), **NO_CODE))
+        return cls.from_pretrained(str(base_path), dtype="auto", **NO_CODE)  # as saved
+    except SafetensorError as e:
+        raise ModelError(
+            f"cannot load the adapter's base model '{base_path}': a weight file is damaged or incomplete ({e}); "
+            "download or copy it again"
+        ) from None
+    except RuntimeError as e:
+        if "mismatch" not in str(e):
+            raise
+        raise ModelError(
+            f"cannot load the adapter's base model '{base_path}': the shapes of its weights do not match its "
+            "config.json (transformers logged which above); restore its config.json or weights"
+        ) from None
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"cannot load the adapter's base model '{base_path}': {_first(e)}") from None
 
 
 def check_out_dir(out_dir: Path, overwrite: bool) -> None:
