@@ -10,18 +10,25 @@ closes the tracker with itself.
   a resumed run continues the same W&B run (its id in `runs/<run_name>.wandb-id`); `WANDB_MODE=offline` stays local.
 
 Both packages are optional (`pip install 'hybridtune[tensorboard]'`, `'hybridtune[wandb]'`), imported when asked for.
+Nothing is written or removed outside `output_dir/runs/`: `run_name` is a plain name, `runs/` and `runs/<run_name>`
+are never links, and a fresh run removes event files only from a directory hybridtune made (its marker).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from pathlib import Path
 
 from hybridtune.config import TrainConfig, to_dict
-from hybridtune.errors import ConfigError
+from hybridtune.errors import ConfigError, OutputDirError
+from hybridtune.files import atomic_write_text, create_new, open_regular
+from hybridtune.run.checkpoint import MARKER
 from hybridtune.run.outdir import TRACKER_DIR
 from hybridtune.runtime.metrics import MetricsLog
+
+logger = logging.getLogger(__name__)
 
 NOT_SCALARS = ("step", "type", "total_steps")
 
@@ -64,9 +71,9 @@ class TensorBoard:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise _missing("tensorboard") from None
-        if fresh and logdir.is_dir():
-            for old in logdir.glob("events.out.tfevents.*"):
-                old.unlink()
+        if fresh:
+            _remove_own_events(logdir)
+        _own_dir(logdir)
         purge = None if fresh else resumed_step + 1
         self.writer = SummaryWriter(log_dir=str(logdir), purge_step=purge)
 
@@ -90,7 +97,7 @@ class WandB:
             raise _missing("wandb") from None
         self.wandb = wandb
         id_file = root / f"{name}.wandb-id"
-        run_id = id_file.read_text().strip() if not fresh and id_file.is_file() else secrets.token_hex(4)
+        run_id = (_read_id(id_file) if not fresh else None) or secrets.token_hex(4)
         try:
             self.run = wandb.init(
                 project=os.environ.get("WANDB_PROJECT", "hybridtune"),
@@ -106,7 +113,7 @@ class WandB:
                 f"report_to: wandb could not start a run ({first}); run `wandb login`, or set WANDB_MODE=offline "
                 "to log locally"
             ) from None
-        id_file.write_text(run_id + "\n")
+        atomic_write_text(id_file, run_id + "\n")  # replaces a link planted at the name, never writes through it
 
     def log(self, record: dict) -> None:
         data: dict = scalars(record)
@@ -122,19 +129,74 @@ class WandB:
 
 
 def run_name(cfg: TrainConfig) -> str:
-    """`run_name`, or the output directory's name."""
-    return cfg.run_name or Path(cfg.output_dir).resolve().name or "run"
+    """`run_name`, or the output directory's name; a name that is not a plain file name is refused (ConfigError),
+    since the tracker's files would land outside `output_dir/runs/`."""
+    if cfg.run_name is None:
+        return Path(cfg.output_dir).resolve().name or "run"
+    name = str(cfg.run_name)
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise ConfigError(
+            f"config key 'run_name' = {name!r} is not a plain name (it holds a path separator or is '.' or '..'); the "
+            f"tracker writes into output_dir/{TRACKER_DIR}/<run_name>, so give a name such as 'lr-1e-4'"
+        )
+    return name
+
+
+def _no_link(path: Path) -> None:
+    if path.is_symlink():
+        raise OutputDirError(
+            f"'{path}' is a symbolic link; the tracker writes only into a directory of the run's own (a link could "
+            "send its files, and the removal of old ones, elsewhere): remove the link"
+        )
+
+
+def _own_dir(path: Path) -> None:
+    """Create `path` (a directory) with hybridtune's marker, or leave an existing one as it is."""
+    _no_link(path)
+    if not path.exists():
+        path.mkdir()
+        os.close(create_new(path / MARKER))
+
+
+def _remove_own_events(logdir: Path) -> None:
+    """A fresh run's TensorBoard directory starts empty of event files, but only when hybridtune made it: another
+    tool's event files (a directory without the marker) are left, and said so."""
+    if not logdir.is_dir():
+        return
+    events = [p for p in logdir.glob("events.out.tfevents.*") if p.is_file() and not p.is_symlink()]
+    if not (logdir / MARKER).is_file() or (logdir / MARKER).is_symlink():
+        if events:
+            logger.warning(
+                "%s holds %d event file(s) that hybridtune did not write (no %s marker); they are kept", logdir,
+                len(events), MARKER,
+            )  # fmt: skip
+        return
+    for p in events:
+        p.unlink()
+
+
+def _read_id(path: Path) -> str | None:
+    """A W&B run id written by an earlier run (never read through a link), or None."""
+    try:
+        with open_regular(path) as f:
+            text = f.read(200).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if text.isalnum() else None
 
 
 def open_tracker(cfg: TrainConfig, out: Path, fresh: bool, step: int) -> TensorBoard | WandB | None:
     """The tracker `report_to` names (None for `none`); `fresh`: a new run's log, else resumed at `step`."""
     if cfg.report_to == "none":
         return None
+    name = run_name(cfg)
     root = out / TRACKER_DIR
-    root.mkdir(parents=True, exist_ok=True)
+    _own_dir(root)
     if cfg.report_to == "tensorboard":
-        return TensorBoard(root / run_name(cfg), fresh, step)
-    return WandB(root, run_name(cfg), fresh, to_dict(cfg))
+        logdir = root / name
+        _no_link(logdir)
+        return TensorBoard(logdir, fresh, step)
+    return WandB(root, name, fresh, to_dict(cfg))
 
 
 def open_metrics(cfg: TrainConfig, out: Path, fresh: bool, step: int) -> MetricsLog:
