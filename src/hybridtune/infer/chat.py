@@ -7,7 +7,8 @@ import argparse
 import sys
 from typing import TextIO
 
-from hybridtune.infer.generate import add_model_args, open_for_generation, sampling_of
+from hybridtune.errors import DataError
+from hybridtune.infer.generate import add_model_args, open_for_generation, sampling_of, utf8_text
 from hybridtune.runtime.generation import Sampling, complete, render
 
 HELP = "commands: /reset (forget the conversation), /exit (or Ctrl-D)"
@@ -34,11 +35,13 @@ def chat_loop(
     messages = list(start)
     if tty:
         print(HELP, file=stdout)
+    n = 0
     while True:
-        line = _read_turn(stdin, stdout, tty)
+        n += 1
+        line = _read_turn(stdin, stdout, tty, n)
         if line is None:  # Ctrl-D / end of input
             break
-        text = line.rstrip("\r\n")
+        text = utf8_text(line.rstrip("\r\n"), f"stdin line {n}")
         if not text.strip():
             continue
         if text.strip() == "/exit":
@@ -58,18 +61,23 @@ def chat_loop(
     return messages
 
 
-def _read_turn(stdin: TextIO, stdout: TextIO, tty: bool) -> str | None:
-    """The next line the user typed, or None at end of input. On the process's own terminal through `input()`
-    (line editing and history where the readline module exists)."""
-    if tty and stdin is sys.stdin and stdout is sys.stdout:
-        try:
-            return input("> ")
-        except EOFError:
-            print(file=stdout)
-            return None
-    if tty:
-        print("> ", end="", file=stdout, flush=True)
-    line = stdin.readline()
+def _read_turn(stdin: TextIO, stdout: TextIO, tty: bool, n: int) -> str | None:
+    """The next line the user typed (line `n`), or None at end of input. On the process's own terminal through
+    `input()` (line editing and history where the readline module exists). Bytes that are not UTF-8 are one
+    DataError line (main lets them through as lone surrogates, which utf8_text names by line)."""
+    try:
+        if tty and stdin is sys.stdin and stdout is sys.stdout:
+            try:
+                return input("> ")
+            except EOFError:
+                print(file=stdout)
+                return None
+        if tty:
+            print("> ", end="", file=stdout, flush=True)
+        line = stdin.readline()
+    except UnicodeDecodeError as e:  # a stream decoded in chunks: the bad byte is in this line or a later one
+        byte = f" (byte 0x{e.object[e.start]:02x})" if e.start < len(e.object) else ""
+        raise DataError(f"stdin, line {n} or after: not valid UTF-8 text{byte}; give UTF-8 text") from None
     if not line and tty:
         print(file=stdout)
     return line or None
@@ -103,9 +111,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--system", help="a system message that starts the conversation")
     args = parser.parse_args(argv)
     sampling = sampling_of(args)
+    system = utf8_text(args.system, "--system") if args.system else None
+    if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach utf8_text, which says which line
+        sys.stdin.reconfigure(errors="surrogateescape")
     opened = open_for_generation(args)
     chat, kwargs = not args.no_chat_template, args.chat_template_kwargs
     chat_loop(
-        opened.model, opened.tokenizer, sampling, sys.stdin, sys.stdout, args.system, chat=chat, template_kwargs=kwargs
+        opened.model, opened.tokenizer, sampling, sys.stdin, sys.stdout, system, chat=chat, template_kwargs=kwargs
     )
     return 0

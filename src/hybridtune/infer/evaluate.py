@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import math
+import re
 
 import torch
 
@@ -37,6 +38,18 @@ from hybridtune.train.evaluation import evaluate
 logger = logging.getLogger(__name__)
 
 RESPONSE_FORMATS = ("chat", "sharegpt", "alpaca", "prompt_completion")  # formats where exact match means something
+
+# The config key each flag sets: an error about one names the flag the user gave.
+FLAG_KEYS = {
+    "--sequence_len": "sequence_len",
+    "--val_set_size": "val_set_size",
+    "--max_examples": "eval_max_examples",
+    "--chat_template_kwargs": "chat_template_kwargs",
+    "--dataset": "datasets[0].path",
+    "--dataset_type": "datasets[0].type",
+    "--dataset_split": "datasets[0].split",
+    "--dataset_name": "datasets[0].name",
+}
 
 
 def eval_config(run: TrainConfig | None, overrides: dict, data: dict | None = None) -> TrainConfig:
@@ -140,6 +153,27 @@ def format_result(res: dict) -> str:
     return "\n".join(lines)
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """The numeric flags, checked here so that an error names the flag, not the config key it sets."""
+    if args.max_examples is not None and args.max_examples < 1:
+        raise ConfigError(f"--max_examples {args.max_examples}: give at least 1 (it caps --split heldout)")
+    if args.sequence_len is not None and args.sequence_len < 2:
+        raise ConfigError(f"--sequence_len {args.sequence_len}: give at least 2 (tokens per packed eval row)")
+    if args.val_set_size is not None and not (math.isfinite(args.val_set_size) and args.val_set_size >= 0):
+        raise ConfigError(
+            f"--val_set_size {args.val_set_size:g}: give a share of the data below 1 or a count of examples (>= 0)"
+        )
+
+
+def in_flags(message: str) -> str:
+    """A config error about a key a flag set, said with the flag: "config key 'eval_max_examples' = 0 ..." becomes
+    "--max_examples = 0 ..." (keys that no flag sets keep their names)."""
+    message = message.removeprefix("command line: ")
+    for flag, key in FLAG_KEYS.items():
+        message = re.sub(rf"(config )?key '{re.escape(key)}'", flag, message)
+    return message
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="hybridtune eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -180,7 +214,11 @@ def main(argv: list[str]) -> int:
     run = recorded_run(args.model)
     if run is None and data is None:
         raise ConfigError(f"--model {args.model} does not come from a run's output directory: give --dataset")
-    cfg = eval_config(run, overrides, data)  # before the model loads: a bad key answers at once
+    check_flags(args)
+    try:
+        cfg = eval_config(run, overrides, data)  # before the model loads: a bad key answers at once
+    except ConfigError as e:
+        raise ConfigError(in_flags(str(e))) from None
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -31,8 +32,12 @@ MODEL_HELP = (
 
 
 def read_prompts(path: str) -> list:
-    """Prompts from a file: JSONL rows with "prompt" (text) or "messages" (a conversation), else one per line."""
+    """Prompts from a file: JSONL rows with "prompt" (text or a conversation) or "messages" (a conversation),
+    else one per line. Each conversation is checked here, before any model loads: a list of objects with a "role"
+    and a "content" (text, or a list of text parts, joined)."""
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise DataError(f"--prompts '{path}' is a directory; give a file: one prompt per line, or JSONL rows")
     if not p.is_file():
         raise DataError(f"prompts file '{path}' does not exist")
     text = read_utf8(p, "a prompts file", DataError)
@@ -45,11 +50,62 @@ def read_prompts(path: str) -> list:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise DataError(f"{p}:{i}: malformed JSON ({e.msg} at column {e.colno}); fix or remove the line") from None
-        value = row.get("prompt", row.get("messages")) if isinstance(row, dict) else None
+        key = next((k for k in ("prompt", "messages") if isinstance(row, dict) and k in row), None)
+        value = row[key] if key else None
         if not isinstance(value, (str, list)):
             raise DataError(f'{p}:{i}: expected an object with "prompt" (text) or "messages" (a conversation)')
-        prompts.append(value)
+        prompts.append(value if isinstance(value, str) else conversation(value, f"{p}:{i}", key))
     return prompts
+
+
+def _shown(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def conversation(value: list, where: str, key: str) -> list[dict]:
+    """`value` as the chat template takes a conversation: objects with a "role" and text "content" (a list of
+    {"type": "text"} parts joined; null or no content only beside "tool_calls"). DataError (one line) otherwise."""
+    if not value:
+        raise DataError(f'{where}: "{key}" is an empty list; give at least one {{"role": ..., "content": ...}}')
+    if all(isinstance(m, str) for m in value):
+        raise DataError(
+            f'{where}: "{key}" is a list of {len(value)} strings; give one text per row as "prompt", or a '
+            'conversation: a list of {"role": ..., "content": ...}'
+        )
+    messages = []
+    for j, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise DataError(
+                f'{where}: message {j} of "{key}" is {_shown(m)}; give an object with a "role" and a "content"'
+            )
+        content = m.get("content")
+        if isinstance(content, list) and all(
+            isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str) for c in content
+        ):
+            content = "".join(c["text"] for c in content)
+        elif content is None and m.get("tool_calls"):
+            content = ""  # an assistant turn that only calls tools (OpenAI writes null)
+        if not isinstance(content, str):
+            got = 'no "content"' if "content" not in m else f'"content" {_shown(content)}'
+            raise DataError(
+                f'{where}: message {j} of "{key}" (role {m["role"]!r}) has {got}; give its text as "content" '
+                '(a string, or a list of {"type": "text", "text": ...} parts)'
+            )
+        messages.append({**m, "content": content})
+    return messages
+
+
+def utf8_text(text: str, where: str) -> str:
+    """`text` when it is text; one DataError line when it holds bytes that were not UTF-8 (Python passes them on
+    as lone surrogates from argv, and from stdin in the C locale), which the tokenizer refuses with a TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        byte = f" (byte 0x{code - 0xDC00:02x})" if 0xDC80 <= code <= 0xDCFF else ""
+        raise DataError(f"{where}: not valid UTF-8 text at column {e.start + 1}{byte}; give UTF-8 text") from None
+    return text
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -89,8 +145,14 @@ def template_kwargs(text: str) -> dict:
 def sampling_of(args) -> Sampling:
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max_new_tokens {args.max_new_tokens}: give at least 1")
-    if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
-        raise ConfigError("--temperature must be >= 0, --top_p in (0, 1] and --top_k >= 0")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise ConfigError(f"--temperature {args.temperature:g}: give a number >= 0 (0: greedy decoding)")
+    if not 0 < args.top_p <= 1:  # (NaN too)
+        raise ConfigError(f"--top_p {args.top_p:g}: give a share in (0, 1] (1: off)")
+    if args.top_k < 0:
+        raise ConfigError(f"--top_k {args.top_k}: give 0 (off) or more")
+    if args.seed is not None and not 0 <= args.seed < 2**64:  # what torch.manual_seed takes
+        raise ConfigError(f"--seed {args.seed}: give a whole number from 0 to 2**64 - 1")
     return Sampling(args.max_new_tokens, args.temperature, args.top_p, args.top_k, args.seed)
 
 
@@ -119,7 +181,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch_size", type=int, default=8, help="prompts per generate() call (8)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of completions")
     args = parser.parse_args(argv)
-    prompts: list = list(args.prompt) + (read_prompts(args.prompts) if args.prompts else [])
+    given = [utf8_text(text, f"--prompt {i}") for i, text in enumerate(args.prompt, 1)]
+    prompts: list = given + (read_prompts(args.prompts) if args.prompts else [])
     if not prompts:
         raise ConfigError("no prompt: give --prompt TEXT (repeatable) or --prompts FILE")
     if args.batch_size < 1:
