@@ -4,6 +4,7 @@ SIGTERM leaves no temporary directory, and one that a killed process left is rem
 
 from __future__ import annotations
 
+import ast
 import fcntl
 import json
 import os
@@ -13,12 +14,14 @@ import stat
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import safetensors.torch
 import torch
 from safetensors import SafetensorError
 
+import hybridtune
 from hybridtune.cli import main
 from hybridtune.infer import export_command
 from hybridtune.run import checkpoint as ckpt
@@ -224,3 +227,31 @@ def test_a_killed_writes_temporaries_are_removed_next_time_only_ours(run_dir, tm
     left = _temporaries(tmp_path)
     assert stale not in left and theirs.name in left and live.name in left
     assert (theirs / "notes.txt").read_text() == "mine"
+
+
+def test_no_command_writes_a_model_directory_around_the_guarded_layer():
+    """So that a new command cannot forget: only run/guarded.py (and checkpoint.py's own saves) make or commit
+    temporary directories, and only the modules that ask `is_ours` first remove directory trees."""
+    root = Path(hybridtune.__file__).parent
+    allowed = {
+        "atomic_dir": {"run/checkpoint.py", "run/guarded.py"},
+        "shared_atomic_dir": {"run/checkpoint.py"},
+        "make_tmp_dir": {"run/checkpoint.py"},
+        "rmtree": {"run/checkpoint.py", "run/guarded.py", "run/outdir.py"},
+    }
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                if name in allowed and rel not in allowed[name]:
+                    if (
+                        name == "atomic_dir"
+                        and isinstance(func, ast.Attribute)
+                        and getattr(func.value, "id", None) == "guarded"
+                    ):
+                        continue
+                    found.append(f"{rel}:{node.lineno} {name}")
+    assert found == [], "write model directories through run/guarded.py: " + ", ".join(found)
