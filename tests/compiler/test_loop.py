@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from loop_models import packed_batch, train_step
 
-from hybridtune.data.collator import varlen_metadata
 from hybridtune.models.presets import preset_config
 
 LAYOUTS = [[10, 30, 35], [64, 11], [5, 5, 5, 5, 90], [130], [33, 1, 19, 60]]
@@ -40,23 +40,6 @@ def _lora_model(name, device):
     return model.train()
 
 
-def _batch(lens, device, seed):
-    gen = torch.Generator().manual_seed(seed)
-    T = sum(lens)
-    ids = torch.randint(0, 256, (1, T), generator=gen)
-    pos = torch.cat([torch.arange(n) for n in lens])[None]
-    b = {"input_ids": ids, "labels": ids.clone(), "position_ids": pos, **varlen_metadata(lens)}
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
-
-
-def _step(model, batch):
-    out = model(**batch)
-    out.loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return out.loss.detach(), grads
-
-
 @pytest.mark.parametrize(
     "device,backend",
     [
@@ -73,13 +56,13 @@ def test_loop_equals_eager_one_graph_across_layouts(name, device, backend):
 
     torch._dynamo.reset()
     model = _lora_model(name, device)
-    batches = [_batch(lens, device, i) for i, lens in enumerate(LAYOUTS)]
-    eager = [_step(model, b) for b in batches]
+    batches = [packed_batch(lens, device, i) for i, lens in enumerate(LAYOUTS)]
+    eager = [train_step(model, b) for b in batches]
     handle = compile_loop(model, backend=backend)
     counters.clear()
     tol = dict(rtol=1e-5, atol=1e-6) if device == "cpu" else dict(rtol=2e-3, atol=2e-4)
     for b, (loss_e, grads_e) in zip(batches, eager):
-        loss_c, grads_c = _step(model, b)
+        loss_c, grads_c = train_step(model, b)
         torch.testing.assert_close(loss_c, loss_e, **tol)
         assert grads_c.keys() == grads_e.keys() and grads_c
         for n in grads_e:
@@ -120,14 +103,14 @@ def test_loop_traces_capture_hooks_left_by_an_earlier_call():
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(preset_config("tiny-qwen3_5", vocab_size=256)).train()
     patch_model(model)
-    batch = _batch([40, 23, 61], "cpu", seed=torch.randint(0, 10**6, ()).item())
+    batch = packed_batch([40, 23, 61], "cpu", seed=torch.randint(0, 10**6, ()).item())
     hidden = model(**batch, output_hidden_states=True).hidden_states
     assert len(hidden) == model.config.num_hidden_layers + 1
     assert model.model._output_capturing_hooks_installed
-    loss_e, grads_e = _step(model, batch)
+    loss_e, grads_e = train_step(model, batch)
     handle = compile_loop(model, backend="eager")
     for _ in range(2):
-        loss_c, grads_c = _step(model, batch)
+        loss_c, grads_c = train_step(model, batch)
         torch.testing.assert_close(loss_c, loss_e, rtol=1e-6, atol=1e-7)
         for n in grads_e:
             torch.testing.assert_close(grads_c[n], grads_e[n], rtol=1e-6, atol=1e-7, msg=n)
@@ -166,13 +149,13 @@ def test_capture_hooks_without_a_traceable_variable_run_upstream_with_a_warning(
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(preset_config("tiny-qwen3_5", vocab_size=256)).train()
     patch_model(model)
-    batch = _batch([40, 23, 61], "cpu", seed=torch.randint(0, 10**6, ()).item())
+    batch = packed_batch([40, 23, 61], "cpu", seed=torch.randint(0, 10**6, ()).item())
     model(**batch, output_hidden_states=True)  # installs the hooks
-    loss_e, _ = _step(model, batch)
+    loss_e, _ = train_step(model, batch)
     handle = compile_loop(model, backend="eager")
     with caplog.at_level(logging.WARNING, logger="hybridtune.compiler.loop"):
         for _ in range(2):
-            loss_c, _ = _step(model, batch)
+            loss_c, _ = train_step(model, batch)
             torch.testing.assert_close(loss_c, loss_e, rtol=1e-6, atol=1e-7)
     assert handle.calls == 0 and handle.eager_calls == 2
     assert len([r for r in caplog.records if "output-capturing hooks" in r.getMessage()]) == 1
@@ -208,11 +191,11 @@ def test_static_layout_loop_equals_dynamic_eager_one_static_graph(name, device, 
     torch._dynamo.reset()
     model = _lora_model(name, device)
     static = PackedCollator(layout=StaticLayout.fit(LAYOUTS, max_filler=1.0))
-    plain = [_step(model, _collated(lens, i, PackedCollator(), device)) for i, lens in enumerate(LAYOUTS)]
+    plain = [train_step(model, _collated(lens, i, PackedCollator(), device)) for i, lens in enumerate(LAYOUTS)]
     padded = [_collated(lens, i, static, device) for i, lens in enumerate(LAYOUTS)]
     assert len({b["input_ids"].shape for b in padded}) == 1
     assert len({b["gdn_chunk_indices"].shape for b in padded}) > 1  # the chunk count varies: one graph still
-    eager = [_step(model, b) for b in padded]
+    eager = [train_step(model, b) for b in padded]
     tol = dict(rtol=1e-5, atol=1e-6) if device == "cpu" else dict(rtol=2e-3, atol=2e-4)
     for (loss_p, grads_p), (loss_e, grads_e) in zip(plain, eager):
         torch.testing.assert_close(loss_e, loss_p, **tol)
@@ -221,7 +204,7 @@ def test_static_layout_loop_equals_dynamic_eager_one_static_graph(name, device, 
     compile_loop(model, backend=backend, static_shapes=True)
     counters.clear()
     for b, (loss_e, grads_e) in zip(padded, eager):
-        loss_c, grads_c = _step(model, b)
+        loss_c, grads_c = train_step(model, b)
         torch.testing.assert_close(loss_c, loss_e, **tol)
         for n in grads_e:
             torch.testing.assert_close(grads_c[n], grads_e[n], **tol, msg=n)
@@ -258,13 +241,13 @@ def test_conv_in_graph_traced_or_as_the_op(conv, device, backend):
     try:
         conv_in_graph(conv)
         model = _lora_model("tiny-qwen3_5", device)
-        batches = [_batch(lens, device, i) for i, lens in enumerate(LAYOUTS[:3])]
-        eager = [_step(model, b) for b in batches]
+        batches = [packed_batch(lens, device, i) for i, lens in enumerate(LAYOUTS[:3])]
+        eager = [train_step(model, b) for b in batches]
         compile_loop(model, backend=recording, regional=backend != "eager")  # regions need AOT autograd
         counters.clear()
         tol = dict(rtol=1e-5, atol=1e-6) if device == "cpu" else dict(rtol=2e-3, atol=2e-4)
         for b, (loss_e, grads_e) in zip(batches, eager):
-            loss_c, grads_c = _step(model, b)
+            loss_c, grads_c = train_step(model, b)
             torch.testing.assert_close(loss_c, loss_e, **tol)
             for n in grads_e:
                 torch.testing.assert_close(grads_c[n], grads_e[n], **tol, msg=n)

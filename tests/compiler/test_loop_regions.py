@@ -12,13 +12,19 @@ import logging
 
 import pytest
 import torch
-from test_loop import _batch, _step  # the loop tests' packed batch and training step
+from loop_models import (
+    DEPTH,
+    LAYOUTS,
+    assert_close_step,
+    deep_config,
+    deep_model,
+    packed_batch,
+    recording_backend,
+    train_step,
+)
 
 from hybridtune.compiler.loop import compile_loop
 from hybridtune.models.presets import preset_config
-
-LAYOUTS = [[10, 30, 35], [64, 11], [5, 5, 5, 5, 90], [33, 1, 19, 60]]
-DEPTH = 8
 
 BACKENDS = [
     pytest.param("cpu", "aot_eager", marks=pytest.mark.slow),
@@ -26,70 +32,10 @@ BACKENDS = [
 ]
 
 
-def _deep_config(name: str, depth: int = DEPTH):
-    cfg = preset_config(name, vocab_size=256)
-    cfg.num_hidden_layers = depth
-    cfg.layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(depth)]
-    return cfg
-
-
-def _model(device: str, lora: bool, ckpt: bool, name: str = "tiny-qwen3_5", depth: int = DEPTH):
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from hybridtune.models.patching import patch_model
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(_deep_config(name, depth)).to(device)
-    if ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.enable_input_require_grads()
-    if lora:
-        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "in_proj_qkv", "out_proj"]))
-    patch_model(model)
-    if device == "cuda":
-        from hybridtune.kernels.selftest import layouts_from_config, verify
-
-        verdicts = verify(layouts_from_config(model.config))
-        assert verdicts and all(v.passed for v in verdicts), [v.verdict for v in verdicts]
-    return model.train()
-
-
-def _recording(backend, graphs, regional=False):
-    """`backend`, keeping each graph dynamo hands it. Inductor gets the options compile_loop gives a loop of
-    `regional` layers (`inductor_settings`: buffer reuse off), fed to the backward's lazy compile too: a wrapper
-    that called inductor plainly would test a configuration the product never runs."""
-    from torch._dynamo.backends.registry import lookup_backend
-
-    from hybridtune.compiler.loop import inductor_settings
-
-    options = inductor_settings(backend, None, regional).get("options")
-
-    def recording(gm, example_inputs):
-        graphs.append(gm)
-        if backend == "inductor" and options:
-            from torch._inductor.compile_fx import compile_fx
-
-            return compile_fx(gm, example_inputs, config_patches=dict(options))
-        return lookup_backend(backend)(gm, example_inputs)
-
-    return recording
-
-
 def _region_calls(gm) -> tuple[int, set]:
     """(invoke_subgraph calls in the top graph, the distinct subgraph bodies they call)."""
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and "invoke_subgraph" in str(n.target)]
     return len(calls), {n.args[0].target for n in calls}
-
-
-def _close(got, want, device):
-    tol = dict(rtol=1e-5, atol=1e-6) if device == "cpu" else dict(rtol=2e-3, atol=2e-4)
-    loss_c, grads_c = got
-    loss_e, grads_e = want
-    torch.testing.assert_close(loss_c, loss_e, **tol)
-    assert grads_c.keys() == grads_e.keys() and grads_c
-    for n in grads_e:
-        torch.testing.assert_close(grads_c[n], grads_e[n], **tol, msg=n)
 
 
 @pytest.mark.parametrize("device,backend", BACKENDS)
@@ -100,15 +46,15 @@ def test_regional_loop_equals_eager_one_graph_two_bodies(lora, ckpt, device, bac
     from hybridtune.compiler.loop import compile_loop
 
     torch._dynamo.reset()
-    model = _model(device, lora, ckpt)
-    batches = [_batch(lens, device, i) for i, lens in enumerate(LAYOUTS)]
-    eager = [_step(model, b) for b in batches]
+    model = deep_model(device, lora, ckpt)
+    batches = [packed_batch(lens, device, i) for i, lens in enumerate(LAYOUTS)]
+    eager = [train_step(model, b) for b in batches]
     graphs: list = []
-    handle = compile_loop(model, backend=_recording(backend, graphs, regional=True), regional=True)
+    handle = compile_loop(model, backend=recording_backend(backend, graphs, regional=True), regional=True)
     assert handle.regions is not None and handle.regions.regional
     counters.clear()
     for b, want in zip(batches, eager):
-        _close(_step(model, b), want, device)
+        assert_close_step(train_step(model, b), want, device)
     assert dict(counters["graph_break"]) == {}
     assert counters["stats"]["unique_graphs"] == 1 and len(graphs) == 1  # no recompile over 4 layouts
     n_calls, bodies = _region_calls(graphs[0])
@@ -130,7 +76,7 @@ def test_regional_static_layout_one_graph(device, backend):
     from hybridtune.data.packing import Example
 
     torch._dynamo.reset()
-    model = _model(device, lora=True, ckpt=True)
+    model = deep_model(device, lora=True, ckpt=True)
     collate = PackedCollator(layout=StaticLayout.fit(LAYOUTS, max_filler=1.0))
     keys = ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "gdn_chunk_indices")
     batches = []
@@ -140,12 +86,12 @@ def test_regional_static_layout_one_graph(device, backend):
         b = collate(docs)
         batches.append({k: b[k].to(device) for k in keys})
     assert len({b["gdn_chunk_indices"].shape for b in batches}) > 1
-    eager = [_step(model, b) for b in batches]
+    eager = [train_step(model, b) for b in batches]
     graphs: list = []
-    compile_loop(model, backend=_recording(backend, graphs, regional=True), static_shapes=True, regional=True)
+    compile_loop(model, backend=recording_backend(backend, graphs, regional=True), static_shapes=True, regional=True)
     counters.clear()
     for b, want in zip(batches, eager):
-        _close(_step(model, b), want, device)
+        assert_close_step(train_step(model, b), want, device)
     assert dict(counters["graph_break"]) == {} and len(graphs) == 1
     n_calls, bodies = _region_calls(graphs[0])
     assert n_calls == DEPTH and 2 <= len(bodies) <= 3
@@ -157,12 +103,12 @@ def test_regional_off_inlines_every_layer(device, backend):
     from hybridtune.compiler.loop import compile_loop
 
     torch._dynamo.reset()
-    model = _model(device, lora=True, ckpt=True)
-    batch = _batch(LAYOUTS[0], device, 3)
-    want = _step(model, batch)
+    model = deep_model(device, lora=True, ckpt=True)
+    batch = packed_batch(LAYOUTS[0], device, 3)
+    want = train_step(model, batch)
     graphs: list = []
-    handle = compile_loop(model, backend=_recording(backend, graphs))
-    _close(_step(model, batch), want, device)
+    handle = compile_loop(model, backend=recording_backend(backend, graphs))
+    assert_close_step(train_step(model, batch), want, device)
     assert len(graphs) == 1 and _region_calls(graphs[0])[0] == 0
     assert not handle.regions.regional
 
@@ -177,10 +123,10 @@ def test_regions_undo_and_eager_calls():
 
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(_deep_config("tiny-qwen3_5", 4)).train()
+    model = AutoModelForCausalLM.from_config(deep_config("tiny-qwen3_5", 4)).train()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    batch = _batch([7, 20], "cpu", 1)
-    want = _step(model, batch)
+    batch = packed_batch([7, 20], "cpu", 1)
+    want = train_step(model, batch)
     ckpt_before = [layer.__dict__.get("_gradient_checkpointing_func") for layer in decoder_layers(model)]
     handle = compile_loop(model, backend="eager", patch=False, regional=True)
     assert not handle.regions.regional  # the eager backend: bodies without regions
@@ -188,11 +134,11 @@ def test_regions_undo_and_eager_calls():
     with torch.no_grad():  # upstream (hidden states asked for) runs the layers' bodies eagerly
         hidden = model(**batch, output_hidden_states=True).hidden_states
     assert len(hidden) == 5
-    _close(_step(model, batch), want, "cpu")
+    assert_close_step(train_step(model, batch), want, "cpu")
     assert handle.undo()
     assert all("forward" not in layer.__dict__ for layer in decoder_layers(model))
     assert [layer.__dict__.get("_gradient_checkpointing_func") for layer in decoder_layers(model)] == ckpt_before
-    _close(_step(model, batch), want, "cpu")
+    assert_close_step(train_step(model, batch), want, "cpu")
 
 
 def _inductor_cpu_regional(monkeypatch=None, options=None):
@@ -201,11 +147,11 @@ def _inductor_cpu_regional(monkeypatch=None, options=None):
     if monkeypatch is not None:
         monkeypatch.setattr(loop, "REGIONAL_INDUCTOR_OPTIONS", options)
     torch._dynamo.reset()
-    model = _model("cpu", lora=True, ckpt=False, depth=4)  # 3 GDN layers, stamped out from one region
-    batch = _batch(LAYOUTS[0], "cpu", 0)
-    want = _step(model, batch)
+    model = deep_model("cpu", lora=True, ckpt=False, depth=4)  # 3 GDN layers, stamped out from one region
+    batch = packed_batch(LAYOUTS[0], "cpu", 0)
+    want = train_step(model, batch)
     loop.compile_loop(model, regional=True)
-    _close(_step(model, batch), want, "cpu")
+    assert_close_step(train_step(model, batch), want, "cpu")
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import logging
 
 import pytest
 import torch
-from test_loop import _batch  # the loop tests' packed batch
+from loop_models import packed_batch
 
 from hybridtune.models.presets import preset_config
 
@@ -67,7 +67,7 @@ def test_router_loss_in_the_loop_equals_transformers(name, ckpt, lora, device, b
 
     torch._dynamo.reset()
     model = _moe(name, device, ckpt, lora)
-    batches = [_batch(lens, device, int(torch.randint(0, 10**6, ()).item())) for lens in LAYOUTS]
+    batches = [packed_batch(lens, device, int(torch.randint(0, 10**6, ()).item())) for lens in LAYOUTS]
     eager = [_step(model, b) for b in batches]
     n_moe = sum(1 for layer in model.base_model.modules() if type(layer).__name__.endswith("SparseMoeBlock"))
     assert all(len(e[2]) == n_moe > 0 for e in eager)
@@ -99,7 +99,7 @@ def test_router_logits_only_when_asked():
 
     torch._dynamo.reset()
     model = _moe("tiny-qwen3_next", "cpu", ckpt=True)
-    batch = _batch([30, 17], "cpu", 7)
+    batch = packed_batch([30, 17], "cpu", 7)
     with_term = _step(model, batch)
     model.config.output_router_logits = False
     without = model(**batch).loss.detach()
@@ -123,7 +123,7 @@ def test_unrecordable_routers_run_upstream_with_a_warning(monkeypatch, caplog):
     monkeypatch.setattr(regions, "router_spec", lambda text: None)
     torch._dynamo.reset()
     model = _moe("tiny-qwen3_next", "cpu", ckpt=False)
-    batch = _batch([40, 23, 61], "cpu", 3)
+    batch = packed_batch([40, 23, 61], "cpu", 3)
     want = _step(model, batch)
     handle = compile_loop(model, backend="eager")
     with caplog.at_level(logging.WARNING, logger="hybridtune.compiler.loop"):
@@ -151,7 +151,7 @@ def test_checkpointing_switched_on_after_compiling_keeps_the_router_logits():
 
     torch._dynamo.reset()
     model = _moe("tiny-qwen3_5_moe", "cpu", ckpt=False)
-    batch = _batch(LAYOUTS[0], "cpu", 1)
+    batch = packed_batch(LAYOUTS[0], "cpu", 1)
     want = _step(model, batch)
     handle = compile_loop(model, backend="eager")
     enable_checkpointing(model)

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_loop import _batch, _step
-from test_loop_regions import LAYOUTS, _close, _model
+from loop_models import LAYOUTS, assert_close_step, deep_model, packed_batch, train_step
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hybridtune.compiler import recompute, regions
@@ -51,19 +50,19 @@ def test_policy_saves_the_cores_and_recomputes_the_rest():
 def test_eager_checkpoint_keeps_the_cores(lora):
     """Outside a compile the layers' checkpoints (regions' bodies) run the GDN core once per layer with
     `keep_cores` (twice without: forward and recompute), with the same loss and gradients over fresh layouts."""
-    model = _model("cpu", lora=lora, ckpt=True)
-    batches = [_batch(lens, "cpu", 10 + i) for i, lens in enumerate(LAYOUTS[:2])]
+    model = deep_model("cpu", lora=lora, ckpt=True)
+    batches = [packed_batch(lens, "cpu", 10 + i) for i, lens in enumerate(LAYOUTS[:2])]
     want, plain_calls = [], []
     for b in batches:
         with _CountCores() as c:
-            want.append(_step(model, b))
+            want.append(train_step(model, b))
         plain_calls.append(c.calls)
     regs = regions.install(text_model(model), regional=False, keep_cores=True)
     try:
         for b, w in zip(batches, want):
             with _CountCores() as c:
-                got = _step(model, b)
-            _close(got, w, "cpu")
+                got = train_step(model, b)
+            assert_close_step(got, w, "cpu")
             assert c.calls == _gdn_layers(model)
     finally:
         regs.undo()
@@ -107,13 +106,13 @@ def test_compiled_backward_recomputes_no_core(regional):
     counts = {}
     for save in (False, True):
         torch._dynamo.reset()
-        model = _model("cpu", lora=True, ckpt=True)
-        batches = [_batch(lens, "cpu", 20 + i) for i, lens in enumerate(LAYOUTS[:3])]
-        want = [_step(model, b) for b in batches]
+        model = deep_model("cpu", lora=True, ckpt=True)
+        batches = [packed_batch(lens, "cpu", 20 + i) for i, lens in enumerate(LAYOUTS[:3])]
+        want = [train_step(model, b) for b in batches]
         graphs: dict = {}
         handle = compile_loop(model, backend=_aot_recording(graphs), regional=regional, keep_cores=save)
         for b, w in zip(batches, want):
-            _close(_step(model, b), w, "cpu")
+            assert_close_step(train_step(model, b), w, "cpu")
         handle.undo()
         assert len(graphs["forward"]) == 1, len(graphs["forward"])  # one graph over the layouts: no recompile
         counts[save] = (_core_nodes(graphs["forward"]), _core_nodes(graphs["backward"]))
@@ -128,16 +127,18 @@ def test_compiled_backward_recomputes_no_core(regional):
 def test_inductor_loop_keeping_the_cores_equals_eager(regional):
     """On the GPU (FLA's kernels, inductor with the product's settings): the loop whose checkpoints keep the cores
     gives the eager step's loss and every gradient over fresh layouts (rtol 2e-3, atol 2e-4)."""
-    from test_loop_regions import _recording
+    from loop_models import recording_backend
 
     from hybridtune.compiler.loop import compile_loop
 
     torch._dynamo.reset()
-    model = _model("cuda", lora=True, ckpt=True)
-    batches = [_batch(lens, "cuda", 30 + i) for i, lens in enumerate(LAYOUTS)]
-    want = [_step(model, b) for b in batches]
+    model = deep_model("cuda", lora=True, ckpt=True)
+    batches = [packed_batch(lens, "cuda", 30 + i) for i, lens in enumerate(LAYOUTS)]
+    want = [train_step(model, b) for b in batches]
     graphs: list = []
-    compile_loop(model, backend=_recording("inductor", graphs, regional=regional), regional=regional, keep_cores=True)
+    compile_loop(
+        model, backend=recording_backend("inductor", graphs, regional=regional), regional=regional, keep_cores=True
+    )
     for b, w in zip(batches, want):
-        _close(_step(model, b), w, "cuda")
+        assert_close_step(train_step(model, b), w, "cuda")
     assert len(graphs) == 1

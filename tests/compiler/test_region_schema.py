@@ -11,8 +11,7 @@ import importlib
 
 import pytest
 import torch
-from test_loop import _batch, _step
-from test_loop_regions import LAYOUTS, _close, _model
+from loop_models import LAYOUTS, assert_close_step, deep_model, packed_batch, train_step
 
 from hybridtune.compiler import region_schema
 
@@ -101,11 +100,11 @@ def _compile_and_count(monkeypatch, depth: int, memo: bool):
         if not memo:  # compile_loop memoises for a regional loop: here torch's own check runs
             m.setattr(region_schema, "memoize", lambda: "region schemas: off for this test")
         torch._dynamo.reset()
-        model = _model("cpu", lora=True, ckpt=True, depth=depth)
-        batches = [_batch(lens, "cpu", i) for i, lens in enumerate(LAYOUTS[:2])]
-        eager = [_step(model, b) for b in batches]
+        model = deep_model("cpu", lora=True, ckpt=True, depth=depth)
+        batches = [packed_batch(lens, "cpu", i) for i, lens in enumerate(LAYOUTS[:2])]
+        eager = [train_step(model, b) for b in batches]
         compile_loop(model, backend="aot_eager", regional=True)
-        got = [_step(model, b) for b in batches]
+        got = [train_step(model, b) for b in batches]
     region_schema.undo()
     return len(calls), got, eager
 
@@ -121,4 +120,4 @@ def test_region_bodies_are_retraced_per_distinct_body_not_per_layer(monkeypatch)
     assert own_12 > own_8  # torch's own check re-traces a body for every layer it stamps out
     assert memo_12 == memo_8 < own_8, (memo_8, memo_12, own_8, own_12)  # the memo: per distinct body, not per layer
     for got, want in zip(got_8 + got_12, eager_8 + eager_12):
-        _close(got, want, "cpu")
+        assert_close_step(got, want, "cpu")

@@ -28,51 +28,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from torchrun_runs import (
+    ENV,
+    EVAL_RTOL_STEP0,
+    GRAD_NORM_RTOL,
+    LOSS_RTOL,
+    STEPS,
+    args,
+    assert_same_curve,
+    records,
+    settings,
+    train_here,
+)
 
 from hybridtune.config import load_config
 from hybridtune.errors import ConfigError
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.runtime import distributed
-from hybridtune.train.trainer import Trainer
-
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-LOSS_RTOL = 1e-5
-EVAL_RTOL_STEP0 = 1e-9
-GRAD_NORM_RTOL = 1e-4
-STEPS = 4
-
-
-def settings(data: str, adapter: str, **kw) -> dict:
-    s = dict(
-        dataset=data,
-        adapter=adapter,
-        sequence_len=64,
-        max_steps=STEPS,
-        eval_steps=0,
-        logging_steps=1,
-        val_set_size=8,
-        warmup_steps=2,
-        gradient_accumulation_steps=4,
-        save_steps=2,
-    )
-    s.update({k: str(v) if isinstance(v, Path) else v for k, v in kw.items()})
-    return s
-
-
-def args(s: dict) -> list[str]:
-    return [x for k, v in s.items() for x in (f"--{k}", str(v))]
-
-
-def train_here(s: dict) -> list[dict]:
-    """One process, in this one: the train records of metrics.jsonl."""
-    t = Trainer(load_config(None, s))
-    t.setup()
-    t.train()
-    return records(Path(s["output_dir"]))
-
-
-def records(out: Path, kind: str = "train") -> list[dict]:
-    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["type"] == kind]
 
 
 def eval_packs(data: str) -> int:
@@ -108,14 +80,6 @@ def launch():
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-
-
-def assert_same_curve(got: list[dict], want: list[dict]) -> None:
-    assert [r["step"] for r in got] == [r["step"] for r in want]
-    for g, w in zip(got, want):
-        assert g["loss"] == pytest.approx(w["loss"], rel=LOSS_RTOL), (g["step"], got, want)
-        assert g["grad_norm"] == pytest.approx(w["grad_norm"], rel=GRAD_NORM_RTOL), (g["step"], got, want)
-        assert g["tokens"] == w["tokens"] and g["loss_tokens"] == w["loss_tokens"]  # the same global batch
 
 
 @pytest.mark.slow  # torchrun, twice

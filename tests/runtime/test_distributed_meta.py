@@ -10,17 +10,13 @@ One torchrun launch serves every check; each rank writes what it found to rank<k
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from torchrun_runs import launch_ranks
 
 from checkpoints import make_checkpoint
-
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 RANKS = """
 import dataclasses, json, logging, pathlib, sys, torch
@@ -30,7 +26,7 @@ from hybridtune.models.anatomy import decoder_layers
 from hybridtune.models.loading import load_model
 from hybridtune.runtime import distributed
 sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]).parent)]  # this file, tests/checkpoints.py
-from test_distributed_meta import mismatches
+from torchrun_runs import mismatches
 
 OUT, SOURCES = pathlib.Path(sys.argv[1]), sys.argv[3:]
 logging.basicConfig(level=logging.INFO)
@@ -143,28 +139,6 @@ def ranks(tmp_path_factory) -> list[dict]:
     sources += [str(make_checkpoint(out, k, torch.float32)) for k in ("qwen3_5_text", "qwen3_5_vl", "qwen3_next")]
     sources.append(str(make_checkpoint(out, "qwen3_5_moe_vl", torch.bfloat16)))  # bf16 files, fp32 masters
     return launch_ranks(out, RANKS, [str(out), os.path.dirname(os.path.abspath(__file__)), *sources])
-
-
-def mismatches(want: dict, got: dict) -> list[str]:
-    """The parameters of a plain load (`want`) that the sharded one (`got`, DTensors) lacks or holds otherwise:
-    another dtype, another requires_grad, or other values once gathered."""
-    return [
-        n for n in want
-        if n not in got or got[n].dtype != want[n].dtype or got[n].requires_grad != want[n].requires_grad
-        or not torch.equal(got[n].full_tensor(), want[n])
-    ]  # fmt: skip
-
-
-def launch_ranks(out, script_text: str, args: list[str]) -> list[dict]:
-    """Run `script_text` as a 2-process torchrun (gloo) in `out` with `args`; each rank's `out/rank{k}.json`. The
-    meta build must have logged the sharded load (rank 0 logs every rank's figures)."""
-    script = out / "ranks.py"
-    script.write_text(script_text)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
-    r = subprocess.run([*cmd, *args], env=ENV, capture_output=True, text=True, timeout=500)
-    assert r.returncode == 0, r.stderr[-4000:]
-    assert "sharded load: rank 1 holds" in r.stderr, r.stderr[-2000:]
-    return [json.loads((out / f"rank{k}.json").read_text()) for k in (0, 1)]
 
 
 @pytest.mark.slow  # torchrun

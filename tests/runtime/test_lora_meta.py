@@ -11,7 +11,7 @@ import os
 
 import pytest
 import torch
-from test_distributed_meta import launch_ranks
+from torchrun_runs import launch_ranks
 
 from checkpoints import KINDS, MOE_KINDS, make_checkpoint
 from hybridtune.config import load_config
@@ -119,7 +119,7 @@ RANKS = """
 import json, logging, pathlib, sys, torch
 sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]).parent)]  # this file, tests/checkpoints.py
 from test_lora_meta import build, lora_cfg
-from test_distributed_meta import mismatches
+from torchrun_runs import mismatches
 from hybridtune.runtime import distributed
 from hybridtune.runtime.distributed import ONE
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_distributed import ENV, STEPS, args, assert_same_curve, records, settings, train_here
+from torchrun_runs import ENV, STEPS, args, assert_same_curve, records, settings, train_here
 
 from hybridtune.errors import ConfigError
 from hybridtune.train.command import Launch, _take_launch, main

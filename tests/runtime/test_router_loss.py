@@ -10,6 +10,7 @@ import torch
 from hybridtune.config import load_config
 from hybridtune.models.anatomy import router_loss
 from hybridtune.runtime.choices import Facts, choose_compile, choose_pack_layout
+from moe_router import loss_and_grads, packed, router_model
 
 
 def _facts(device: str, model) -> Facts:
@@ -73,40 +74,6 @@ def test_router_loss_model_compiled_per_class_keeps_its_router_term(moe):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-def _moe_model(name: str, coef: float = 0.5):
-    from transformers import AutoModelForCausalLM
-
-    from hybridtune.models.patching import patch_model
-    from hybridtune.models.presets import preset_config
-
-    torch.manual_seed(0)
-    cfg = preset_config(name, vocab_size=256)
-    cfg.output_router_logits = True
-    cfg.router_aux_loss_coef = coef  # large enough that the router term shows
-    model = AutoModelForCausalLM.from_config(cfg, experts_implementation="batched_mm").float().train()
-    patch_model(model)
-    return model
-
-
-def _collated(lens, seed, layout=None):
-    from hybridtune.data import PackedCollator
-    from hybridtune.data.packing import Example
-
-    gen = torch.Generator().manual_seed(seed)
-    docs = [Example(torch.randint(5, 200, (n,), generator=gen).tolist(), [1] * n) for n in lens]
-    return PackedCollator(layout=layout)(docs)
-
-
-def _loss_and_grads(model, batch, fused):
-    from hybridtune.train.objectives.sft import sft_loss
-
-    loss = sft_loss(model, batch, batch["num_loss_tokens"], fused)
-    loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return loss.detach(), grads
-
-
 @pytest.mark.parametrize("name", ["tiny-qwen3_next", "tiny-qwen3_5_moe"])
 @pytest.mark.parametrize("fused", [False, True])
 def test_filler_is_kept_out_of_the_router_loss(name, fused):
@@ -116,19 +83,19 @@ def test_filler_is_kept_out_of_the_router_loss(name, fused):
     from hybridtune.data.collator import StaticLayout
     from hybridtune.runtime.step import real_token_mask
 
-    model = _moe_model(name)
+    model = router_model(name)
     lens, seed = [40, 23, 61], int(torch.randint(0, 10**6, ()).item())
     layout = StaticLayout.fit([lens, [150]], max_filler=1.0)
-    plain, padded = _collated(lens, seed), _collated(lens, seed, layout)
+    plain, padded = packed(lens, seed), packed(lens, seed, layout)
     T = padded["input_ids"].shape[1]
     assert T - padded["num_tokens"] >= 20 and real_token_mask(plain) is None
     mask = real_token_mask(padded)
     assert mask.shape == (1, T) and int(mask.sum()) == sum(lens) and mask[0, : sum(lens)].all()
 
-    want_loss, want_grads = _loss_and_grads(model, plain, False)  # transformers' own forward and loss
+    want_loss, want_grads = loss_and_grads(model, plain, False)  # transformers' own forward and loss
     out = model(**{k: plain[k] for k in ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k")})
     torch.testing.assert_close(want_loss, out.loss.detach(), rtol=0, atol=0)
-    got_loss, got_grads = _loss_and_grads(model, padded, fused)
+    got_loss, got_grads = loss_and_grads(model, padded, fused)
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-6)
     assert got_grads.keys() == want_grads.keys()
     for n in want_grads:
@@ -142,11 +109,11 @@ def test_fused_loss_keeps_the_router_term():
     computes it (loss and every gradient equal to transformers'), so nothing blocks it for such a model."""
     from hybridtune.runtime.step import fused_loss_blocker
 
-    model = _moe_model("tiny-qwen3_next")
+    model = router_model("tiny-qwen3_next")
     assert fused_loss_blocker(model) is None
-    batch = _collated([33, 64, 9], int(torch.randint(0, 10**6, ()).item()))
-    want_loss, want_grads = _loss_and_grads(model, batch, False)
-    got_loss, got_grads = _loss_and_grads(model, batch, True)
+    batch = packed([33, 64, 9], int(torch.randint(0, 10**6, ()).item()))
+    want_loss, want_grads = loss_and_grads(model, batch, False)
+    got_loss, got_grads = loss_and_grads(model, batch, True)
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-6)
     for n in want_grads:
         torch.testing.assert_close(got_grads[n], want_grads[n], rtol=1e-5, atol=1e-6, msg=n)
@@ -162,16 +129,16 @@ def test_router_loss_with_filler_in_the_compiled_loop(fused):
     from hybridtune.data.collator import StaticLayout
 
     torch._dynamo.reset()
-    model = _moe_model("tiny-qwen3_5_moe")
+    model = router_model("tiny-qwen3_5_moe")
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     packs = [[40, 23, 61], [150], [7, 90]]
     layout = StaticLayout.fit(packs, max_filler=1.0)
-    batches = [_collated(lens, i, layout) for i, lens in enumerate(packs)]
-    plain = [_loss_and_grads(model, _collated(lens, i), False) for i, lens in enumerate(packs)]
+    batches = [packed(lens, i, layout) for i, lens in enumerate(packs)]
+    plain = [loss_and_grads(model, packed(lens, i), False) for i, lens in enumerate(packs)]
     handle = compile_loop(model, backend="eager", static_shapes=True)
     counters.clear()
     for b, (want_loss, want_grads) in zip(batches, plain):
-        got_loss, got_grads = _loss_and_grads(model, b, fused)
+        got_loss, got_grads = loss_and_grads(model, b, fused)
         torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-6)
         for n in want_grads:
             torch.testing.assert_close(got_grads[n], want_grads[n], rtol=1e-5, atol=1e-6, msg=n)

@@ -8,34 +8,9 @@ import copy
 
 import pytest
 import torch
-from transformers import Qwen3_5MoeTextConfig, Qwen3NextConfig
-from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeSparseMoeBlock
-from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextSparseMoeBlock
+from expert_models import E, H, K, make_block
 
 from hybridtune.mixers.moe import experts as X
-
-E, K, H, INTER = 6, 3, 16, 8  # every matrix dimension a multiple of 8: bf16 grouped GEMMs take them
-
-
-def make_block(kind: str = "qwen3_5_moe", dtype=torch.float64, seed: int = 0, hidden: int = H, inter: int = INTER):
-    cls, cfg_cls = {
-        "qwen3_5_moe": (Qwen3_5MoeSparseMoeBlock, Qwen3_5MoeTextConfig),
-        "qwen3_next": (Qwen3NextSparseMoeBlock, Qwen3NextConfig),
-    }[kind]
-    cfg = cfg_cls(
-        hidden_size=hidden,
-        num_experts=E,
-        num_experts_per_tok=K,
-        moe_intermediate_size=inter,
-        shared_expert_intermediate_size=inter,
-    )
-    cfg._experts_implementation = "eager"
-    torch.manual_seed(seed)
-    block = cls(cfg).to(dtype)
-    with torch.no_grad():
-        for p in block.parameters():
-            p.normal_(0, 0.4)
-    return block
 
 
 def grads(module: torch.nn.Module, *inputs: torch.Tensor) -> dict[str, torch.Tensor]:

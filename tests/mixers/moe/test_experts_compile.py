@@ -7,8 +7,7 @@ import copy
 
 import pytest
 import torch
-from test_experts import H, make_block
-from test_experts_lora import lora_model
+from expert_models import H, lora_model, make_block
 from torch._dynamo.utils import counters
 
 from hybridtune.mixers.moe import experts as X

@@ -6,64 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from expert_models import VOCAB, E, base_model, lora_model
+from peft import PeftModel
 from peft.tuners.lora.layer import ParamWrapper
-from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
 from hybridtune.mixers.moe import experts as X
-
-VOCAB, E = 64, 6
-
-
-def tiny_config(experts_impl: str = "eager") -> Qwen3_5MoeTextConfig:
-    cfg = Qwen3_5MoeTextConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        num_hidden_layers=2,
-        layer_types=["linear_attention", "full_attention"],
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=8,
-        linear_num_key_heads=2,
-        linear_num_value_heads=2,
-        linear_key_head_dim=8,
-        linear_value_head_dim=8,
-        num_experts=E,
-        num_experts_per_tok=3,
-        moe_intermediate_size=8,
-        shared_expert_intermediate_size=8,
-        attn_implementation="eager",
-    )
-    cfg._experts_implementation = experts_impl
-    return cfg
-
-
-def base_model(dtype=torch.float64, seed: int = 0) -> Qwen3_5MoeForCausalLM:
-    torch.manual_seed(seed)
-    model = Qwen3_5MoeForCausalLM(tiny_config())
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 3:
-                p.normal_(0, 0.3)  # experts are initialised empty by the class
-    return model.to(dtype).eval()  # the same weights in every dtype
-
-
-def lora_model(dtype=torch.float64, r: int = 4, routed: bool = False, seed: int = 0):
-    model = base_model(dtype, seed)
-    if routed:
-        X.route_experts(model)
-    torch.manual_seed(seed + 1)
-    cfg = LoraConfig(
-        r=r,
-        lora_alpha=2 * r,
-        target_modules=["q_proj"],
-        target_parameters=["gate_up_proj", "down_proj"],
-        init_lora_weights=False,  # B random too: the adapter changes the output
-    )
-    peft_model = get_peft_model(model, cfg)
-    if routed:
-        assert len(X.route_lora(peft_model)) == 2  # one outermost wrapper per layer
-    return peft_model
 
 
 def forward_backward(model, ids, up):

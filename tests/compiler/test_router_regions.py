@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_router_loss import _collated, _loss_and_grads, _moe_model
 
 from hybridtune.data.collator import StaticLayout
 from hybridtune.runtime.lora import apply_lora
+from moe_router import loss_and_grads, packed, router_model
 
 PACKS = [[40, 23, 61], [150], [7, 90, 3]]
 
 
 def _adapted(name: str, ckpt: bool):
-    model = _moe_model(name)
+    model = router_model(name)
     if ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
@@ -48,8 +48,8 @@ def test_regional_moe_loop_equals_eager(name, ckpt, backend):
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert any("experts" in n for n in trainable)  # LoRA sits on the routed experts too
     layout = StaticLayout.fit(PACKS, max_filler=1.0)
-    batches = [_collated(lens, 10 + i, layout) for i, lens in enumerate(PACKS)]
-    want = [_loss_and_grads(model, b, True) for b in batches]
+    batches = [packed(lens, 10 + i, layout) for i, lens in enumerate(PACKS)]
+    want = [loss_and_grads(model, b, True) for b in batches]
     graphs: list = []
 
     def recording(gm, example_inputs):
@@ -65,7 +65,7 @@ def test_regional_moe_loop_equals_eager(name, ckpt, backend):
         assert handle.regions is not None and handle.regions.regional and handle.regions.recordable
         counters.clear()
         for b, (want_loss, want_grads) in zip(batches, want):
-            got_loss, got_grads = _loss_and_grads(model, b, True)
+            got_loss, got_grads = loss_and_grads(model, b, True)
             torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-6)
             assert got_grads.keys() == want_grads.keys() and trainable <= got_grads.keys()
             for n in want_grads:

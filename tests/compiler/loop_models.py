@@ -1,0 +1,99 @@
+"""What the compiled-loop tests share (plain builders, called with varying arguments inside parametrized tests and
+inside other helpers, so not fixtures): a packed batch, one training step, the deep tiny model of the regional tests,
+a recording backend and the comparison of two steps.
+
+- `packed_batch(lens, device, seed)`: documents of `lens` tokens packed in one row [1, sum(lens)] with varlen
+  metadata; random ids below 256, labels = ids.
+- `train_step(model, batch)`: (loss, {name: grad}) of one forward and backward; gradients cleared after.
+- `deep_model(device, lora, ckpt, name, depth)`: a `depth`-layer tiny preset (every fourth layer attention, the rest
+  GDN), patched, in train mode; LoRA and checkpointing as asked; on CUDA the FLA layouts self-tested first.
+- `recording_backend(backend, graphs, regional)`: `backend`, appending each graph dynamo hands it to `graphs`.
+- `assert_close_step(got, want, device)`: loss and every gradient equal within the device's tolerance.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridtune.data.collator import varlen_metadata
+from hybridtune.models.presets import preset_config
+
+LAYOUTS = [[10, 30, 35], [64, 11], [5, 5, 5, 5, 90], [33, 1, 19, 60]]
+DEPTH = 8
+
+
+def deep_config(name: str, depth: int = DEPTH):
+    cfg = preset_config(name, vocab_size=256)
+    cfg.num_hidden_layers = depth
+    cfg.layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(depth)]
+    return cfg
+
+
+def deep_model(device: str, lora: bool, ckpt: bool, name: str = "tiny-qwen3_5", depth: int = DEPTH):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from hybridtune.models.patching import patch_model
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(deep_config(name, depth)).to(device)
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    if lora:
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "in_proj_qkv", "out_proj"]))
+    patch_model(model)
+    if device == "cuda":
+        from hybridtune.kernels.selftest import layouts_from_config, verify
+
+        verdicts = verify(layouts_from_config(model.config))
+        assert verdicts and all(v.passed for v in verdicts), [v.verdict for v in verdicts]
+    return model.train()
+
+
+def recording_backend(backend, graphs, regional=False):
+    """`backend`, keeping each graph dynamo hands it. Inductor gets the options compile_loop gives a loop of
+    `regional` layers (`inductor_settings`: buffer reuse off), fed to the backward's lazy compile too: a wrapper
+    that called inductor plainly would test a configuration the product never runs."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    from hybridtune.compiler.loop import inductor_settings
+
+    options = inductor_settings(backend, None, regional).get("options")
+
+    def recording(gm, example_inputs):
+        graphs.append(gm)
+        if backend == "inductor" and options:
+            from torch._inductor.compile_fx import compile_fx
+
+            return compile_fx(gm, example_inputs, config_patches=dict(options))
+        return lookup_backend(backend)(gm, example_inputs)
+
+    return recording
+
+
+def packed_batch(lens, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    T = sum(lens)
+    ids = torch.randint(0, 256, (1, T), generator=gen)
+    pos = torch.cat([torch.arange(n) for n in lens])[None]
+    b = {"input_ids": ids, "labels": ids.clone(), "position_ids": pos, **varlen_metadata(lens)}
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
+
+
+def train_step(model, batch):
+    out = model(**batch)
+    out.loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out.loss.detach(), grads
+
+
+def assert_close_step(got, want, device):
+    tol = dict(rtol=1e-5, atol=1e-6) if device == "cpu" else dict(rtol=2e-3, atol=2e-4)
+    loss_c, grads_c = got
+    loss_e, grads_e = want
+    torch.testing.assert_close(loss_c, loss_e, **tol)
+    assert grads_c.keys() == grads_e.keys() and grads_c
+    for n in grads_e:
+        torch.testing.assert_close(grads_c[n], grads_e[n], **tol, msg=n)
