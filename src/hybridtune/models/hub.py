@@ -120,10 +120,54 @@ def _download_error(repo_id: str, revision: str | None, e: Exception) -> ModelEr
     return ModelError(f"base_model '{repo_id}'{rev} {why}")
 
 
+def check_revision(repo_id: str, revision: str | None) -> None:
+    """A ModelError when `revision` is a path rather than a branch, tag or commit: huggingface_hub joins it onto the
+    cache's refs/ and snapshots/ folders, so `..`, a leading `/` or a backslash would read outside the cache."""
+    if revision is None:
+        return
+    parts = revision.split("/")
+    why = (
+        "'..'" if ".." in parts
+        else "a leading '/'" if revision.startswith("/")
+        else "a backslash" if "\\" in revision
+        else "a control character" if not revision.isprintable()
+        else "an empty or '.' part" if any(p in ("", ".") for p in parts)
+        else None
+    )  # fmt: skip
+    if why is not None:
+        raise ModelError(
+            f"base_model '{repo_id}': revision '{revision}' is not a branch, tag or commit name: it holds {why}, "
+            "which would name a path outside the hub cache; give a branch, tag or commit of the repository"
+        )
+
+
+def check_snapshot(repo_id: str, revision: str | None, snapshot: Path) -> Path:
+    """`snapshot` when it and every file in it lie inside the repository's folder of the hub cache; a ModelError
+    otherwise (a `refs/` file holding `../..`, or a snapshot or file linked elsewhere, planted in the cache). The
+    cache itself may be reached through a symlink: both sides are resolved."""
+    repo = (hub_cache_dir() / ("models--" + repo_id.replace("/", "--"))).resolve()
+    ref = f"refs/{revision or 'main'}"
+    fix = f"the cache was changed by hand: delete {repo} and download the model again"
+    if snapshot.resolve().parent != repo / "snapshots":
+        raise ModelError(
+            f"base_model '{repo_id}': its hub snapshot {snapshot} (from {ref}) lies outside the hub cache's "
+            f"{repo / 'snapshots'}, so it is not read; {fix}"
+        )
+    for path in snapshot.rglob("*"):
+        if not path.resolve().is_relative_to(repo):
+            raise ModelError(
+                f"base_model '{repo_id}': {path.relative_to(snapshot)} in its hub snapshot {snapshot} links to "
+                f"{path.resolve()}, outside the hub cache's {repo}, so it is not read; {fix}"
+            )
+    return snapshot
+
+
 def download(repo_id: str, revision: str | None = None, files: list[str] | None = None) -> Path:
     """The local snapshot of hub model `repo_id` at `revision` (default: main), downloaded into the hub cache when
     missing and the hub can be reached; `files`: the name patterns fetched (default HUB_FILES; ["config.json"] for a
-    look at the architecture alone). One ModelError line when it cannot be had."""
+    look at the architecture alone). One ModelError line when it cannot be had, or when the revision or what the
+    cache holds for it would lead outside the cache."""
+    check_revision(repo_id, revision)
     offline = hub_offline()
     try:
         path = snapshot_download(
@@ -137,7 +181,7 @@ def download(repo_id: str, revision: str | None = None, files: list[str] | None 
     # unreachable and not cached; httpx's errors a proxy that refuses; OSError a cache that cannot be written.
     except (hf.HfHubHTTPError, hf.LocalEntryNotFoundError, httpx.HTTPError, OSError, ValueError) as e:
         raise _download_error(repo_id, revision, e) from None
-    return Path(path)
+    return check_snapshot(repo_id, revision, Path(path))
 
 
 def resolve_source(name: str, revision: str | None = None, files: list[str] | None = None) -> ModelSource:
