@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from hybridtune.kernels.install import PipInstaller
-from hybridtune.kernels.needs import KernelSpec
 from hybridtune.kernels.provision import provision_kernel
+from hybridtune.mixers.registry import KernelPackage
 
 NAME = "hbt_fake_kernel"
 
@@ -68,7 +68,7 @@ def test_install_check_and_roll_back(sandbox):
     assert res.changed == {"hbt-fake-kernel": (None, "1.0")}
     assert sandbox.check_import(f"import {NAME}; assert {NAME}.VERSION == '1.0'")[0]
 
-    spec = KernelSpec(
+    spec = KernelPackage(
         name=NAME,
         distributions=("hbt-fake-kernel==2.0",),
         check_code=f"import {NAME}",

@@ -287,10 +287,10 @@ def test_preset_name_and_checkpoint_dir(env, tmp_path):
 
 def test_another_rank_installed_it_meanwhile(monkeypatch):
     """Ranks of one run all call provision_kernels: under the install lock the second finds the kernel there."""
-    from hybridtune.kernels.needs import KERNELS
+    from hybridtune.kernels.needs import kernels
 
     monkeypatch.setattr(provision, "installed_version", lambda name: "0.6.0")
     inst = FakeInstaller({})
-    state, version, detail = provision.provision_kernel(KERNELS["fla"], "auto", inst)
+    state, version, detail = provision.provision_kernel(kernels()["fla"], "auto", inst)
     assert (state, version) == ("present", "0.6.0") and inst.installs == []
     assert "another process" in detail

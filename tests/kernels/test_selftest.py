@@ -1,5 +1,6 @@
-"""Device self-test: layouts, error measure, cache and guard grants (CPU, with the device faked), and the
-real check on a GPU (`cuda` marker)."""
+"""Device self-test runner: verdicts, cache, guard grants and provisioning (CPU, with the device faked, over the
+registered GatedDeltaNet suite), and the real check on a GPU (`cuda` marker). The suite's own layouts and checks:
+tests/mixers/gdn/test_selftest.py."""
 
 from __future__ import annotations
 
@@ -10,54 +11,11 @@ pytest.importorskip("transformers")
 
 from hybridtune.kernels import selftest  # noqa: E402
 from hybridtune.kernels.environment import environment  # noqa: E402
-from hybridtune.kernels.selftest import Layout, layouts_from_config, verify  # noqa: E402
+from hybridtune.kernels.selftest import layouts_from_config, verify  # noqa: E402
+from hybridtune.mixers.gdn import fla_guard  # noqa: E402
+from hybridtune.mixers.gdn import selftest as gdn_selftest  # noqa: E402
+from hybridtune.mixers.gdn.selftest import Layout  # noqa: E402
 from hybridtune.models.presets import preset_config  # noqa: E402
-
-fla_guard = pytest.importorskip("hybridtune.mixers.gdn.fla_guard")
-
-SHAPES = {
-    "qwen3_5-0.8b": Layout(16, 16, 128, 128),
-    "qwen3_5-2b": Layout(16, 16, 128, 128),
-    "qwen3_5-9b": Layout(16, 32, 128, 128),
-    "tiny-qwen3_5": Layout(2, 4, 32, 32),
-    "tiny-qwen3_next": Layout(2, 4, 32, 32),
-}
-
-
-@pytest.mark.parametrize("name", sorted(SHAPES))
-def test_layouts_of_presets(name, tmp_path):
-    cfg = preset_config(name, vocab_size=256)
-    assert layouts_from_config(cfg) == [SHAPES[name]]
-    cfg.save_pretrained(tmp_path / "renamed")
-    assert layouts_from_config(str(tmp_path / "renamed")) == [SHAPES[name]]
-
-
-def test_no_layout_without_gdn():
-    from transformers import AutoConfig
-
-    assert layouts_from_config(AutoConfig.for_model("llama")) == []
-    assert layouts_from_config("qwen3_5_text") == []  # a bare model_type carries no head dims
-
-
-def test_layout_conv_dim():
-    assert Layout(16, 32, 128, 128).conv_dim == 2 * 16 * 128 + 32 * 128
-
-
-def test_rel_rms():
-    ref = torch.ones(10)
-    assert selftest.rel_rms(ref, ref) == 0.0
-    assert selftest.rel_rms(ref, ref * 1.01) == pytest.approx(0.01, rel=1e-6)
-    assert selftest.rel_rms(ref, torch.full((10,), float("nan"))) == float("inf")
-
-
-def test_checks_run_on_cpu_against_the_reference():
-    """The check code itself, on the CPU where the ops run the reference: errors are bf16 rounding only."""
-    lay = Layout(2, 4, 32, 32)
-    errs = selftest._check_gdn(lay, torch.device("cpu"), lengths=(7, 70))  # short: the CPU runs the reference
-    assert set(errs) == {"o", "dq", "dk", "dv", "dg", "dbeta"}
-    assert max(errs.values()) < selftest.TOLERANCE
-    conv = selftest._check_conv(lay, torch.device("cpu"), lengths=(7, 70))
-    assert set(conv) == {"y", "dx", "dweight"} and max(conv.values()) < selftest.TOLERANCE
 
 
 def test_without_cuda_nothing_runs_or_is_granted():
@@ -78,7 +36,7 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(gdn, "backend", lambda device: ("fla", "flash-linear-attention 0.6.0 (fake)"))
     monkeypatch.setattr(selftest, "fingerprint", lambda kernel, lay, i=0: f"fake|{kernel}|{lay.key}")
-    monkeypatch.setattr(selftest, "_guard_active", lambda: True)
+    monkeypatch.setattr(fla_guard, "guard_active", lambda: True)
     calls = {"gdn": 0, "conv": 0}
     errors = {"gdn": 0.004}
 
@@ -91,8 +49,8 @@ def fake_device(monkeypatch):
         calls["conv"] += 1
         return {"y": 0.003}
 
-    monkeypatch.setattr(selftest, "_check_gdn", gdn_check)
-    monkeypatch.setattr(selftest, "_check_conv", conv_check)
+    monkeypatch.setattr(gdn_selftest, "_check_gdn", gdn_check)
+    monkeypatch.setattr(gdn_selftest, "_check_conv", conv_check)
     yield calls, errors
     for key in list(fla_guard.granted()):
         fla_guard.revoke(key)
@@ -123,7 +81,7 @@ def test_failure_revokes_and_names_the_fix(fake_device):
     gdn_v, conv_v = verify([lay])
     assert gdn_v.passed is False and not fla_guard.is_granted(lay.key)
     assert "dq" in gdn_v.reason and "triton>=3.7.1" in gdn_v.fix and "tilelang" in gdn_v.fix
-    assert gdn_v.to_dict()["verdict"].startswith("FAIL")
+    assert gdn_v.to_dict()["verdict"].startswith("FAIL") and gdn_v.to_dict()["package"] == "fla"
     assert conv_v.passed is True
 
 
@@ -131,7 +89,7 @@ def test_kernel_that_raises_is_a_failed_verdict(fake_device, monkeypatch):
     def boom(lay, device):
         raise RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results (see #640)")
 
-    monkeypatch.setattr(selftest, "_check_gdn", boom)
+    monkeypatch.setattr(gdn_selftest, "_check_gdn", boom)
     v = verify([Layout(4, 4, 64, 64)])[0]
     assert v.passed is False and "#640" in v.reason and not fla_guard.is_granted((4, 4, 64, 64))
 
@@ -153,6 +111,9 @@ def test_a_verdict_is_keyed_by_the_shipped_table_it_ran_under(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
     lay = Layout(16, 16, 128, 128)
     with_table = selftest.fingerprint("gdn_chunk", lay)
+    assert "|triton " in with_table and "|fla " in with_table and "|tilelang " in with_table
+    assert "|gdn_chunk|(16, 16, 128, 128)|bf16|configs " in with_table  # the format of the verdicts cached so far
+    assert "|causal_conv1d|D=6144 W=4|bf16|" in selftest.fingerprint("causal_conv1d", lay)
     assert with_table.endswith(f"|configs {tuned.digest('NVIDIA H200')}") and "configs none" not in with_table
     monkeypatch.setattr(tuned, "digest", lambda device: "none")
     assert selftest.fingerprint("gdn_chunk", lay) != with_table

@@ -6,8 +6,8 @@ are random) and the example configs shipped with hybridtune (`hybridtune train h
 Doctor never installs anything: it runs the provisioning logic under `check` and says what `kernels: auto`
 would do. With `--model` (a preset name or a local checkpoint directory) it parses what the architecture
 asks for, builds the model on the meta device (no memory, no weights) to report each mixer's path, and on a
-GPU runs the kernel self-test for the model's head layout (cached; a pass lifts FLA's Hopper guard for that
-layout in this process only).
+GPU runs the kernel self-test for the model's head layouts (cached; a pass lifts a kernel's guard, FLA's Hopper
+guard, for that layout in this process only).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from hybridtune.kernels.environment import dist_version, environment
 from hybridtune.kernels.needs import kernel_spec, read_config
 from hybridtune.kernels.paths import report
 from hybridtune.kernels.provision import ENV_POLICY, ENV_REQUIRE, provision_kernels
-from hybridtune.kernels.selftest import layouts_from_config
-from hybridtune.mixers.gdn import fla_guard
+from hybridtune.kernels.selftest import suites
+from hybridtune.mixers import MIXERS
 from hybridtune.models.hub import looks_like_hub_id, resolve_source
 from hybridtune.models.presets import PRESETS, preset_config
 
@@ -144,7 +144,8 @@ def _compile_plan(model: Any) -> list[dict[str, Any]] | dict[str, str]:
 def diagnose(model: str | None = None) -> dict[str, Any]:
     """Everything doctor reports, as one JSON-able dict."""
     out: dict[str, Any] = {"environment": environment(), "attention": attention_backend()}
-    out["fla_hopper_guard_active"] = fla_guard.guard_active()
+    for suite in suites():  # e.g. fla_hopper_guard_active
+        out[suite.guard_key] = suite.guard_active()
     out["presets"] = preset_table()
     out["bundled_configs"] = {name: str(path) for name, path in bundled_configs().items()}
     if model is None:
@@ -154,7 +155,9 @@ def diagnose(model: str | None = None) -> dict[str, Any]:
     prov = provision_kernels("check", False, config, env=env, log=False)  # doctor checks; it never installs
     out["model"] = {"spec": model, "source": label, "model_type": getattr(config, "model_type", None)}
     out["provision"] = prov.to_dict()
-    out["model"]["gdn_layouts"] = [str(lay) for lay in layouts_from_config(config)]
+    for spec in MIXERS.values():  # each mixer's layouts, e.g. gdn_layouts
+        if spec.selftest is not None:
+            out["model"][f"{spec.kind}_layouts"] = [str(lay) for lay in spec.selftest().layouts(config)]
     built, err = _build_meta(config)
     if built is None:
         out["mixers"] = {"error": f"could not build the model on the meta device: {err}"}
@@ -191,8 +194,7 @@ def render(d: dict[str, Any]) -> str:
             )
     else:
         lines.append(f"  gpu: none ({gpu['reason']})")
-    if d.get("fla_hopper_guard_active"):
-        lines.append("  FLA Hopper guard: active (GDN backward refused until a layout passes the self-test)")
+    lines += [f"  {s.guard_note}" for s in suites() if d.get(s.guard_key)]
     lines.append(f"packed attention: {d['attention']['packed_path']}")
     if "model" not in d:
         lines.append(
@@ -243,7 +245,8 @@ def render(d: dict[str, Any]) -> str:
         )
     if not prov["selftest"]:
         gpu_ok = env["gpu"]["available"]
-        lines.append("self-test: not run (" + ("no GDN layout or FLA missing" if gpu_ok else "no CUDA device") + ")")
+        why = "no mixer with a self-test, or its kernel package missing" if gpu_ok else "no CUDA device"
+        lines.append(f"self-test: not run ({why})")
     else:
         lines.append("self-test:")
         if prov.get("kernel_configs"):

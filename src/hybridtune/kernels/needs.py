@@ -4,7 +4,7 @@ The signal is the one transformers itself uses to choose a fast path, never the 
 
 - gate-style releases (5.13 to 5.15): module-level `if is_flash_linear_attention_available(): from fla ...`
   blocks, `is_causal_conv1d_available()` / mamba gates, and `lazy_load_kernel("causal-conv1d")` calls;
-- decorator-style releases (5.16+): `@use_kernel_func_from_hub_with_fallback("chunk_gated_delta_rule", "fla")`.
+- decorator-style releases (5.16+): `@use_kernel_func_from_hub_with_fallback("<kernel function>", "fla")`.
 
 The modeling module is parsed (`ast`), not imported: importing it is what locks the choice in, so the answer
 must come before it. Llama, Gemma and dense Qwen call none of these and need nothing. A checkpoint directory
@@ -22,35 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from hybridtune.errors import ModelError
+from hybridtune.mixers import registry
+from hybridtune.mixers.registry import KernelPackage
 from hybridtune.models.trust import NO_CODE, refuse_custom_code
 
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """A fast-kernel package: how to check it, how to get it, and what its absence costs."""
-
-    name: str  # the need's key, also the import name
-    distributions: tuple[str, ...]  # pinned pip requirements; empty when there is no wheel to install
-    check_code: str  # python run in a child process to prove the install imports
-    accelerates: str
-    fallback_cost: str
-    fix: str  # the command (or step) that closes the gap
-    substitute: str | None = None  # a kernel whose own op replaces this one on hybridtune's path
-
-
-KERNELS: dict[str, KernelSpec] = {
-    "fla": KernelSpec(
-        name="fla",
-        distributions=("flash-linear-attention==0.6.0", "fla-core==0.6.0"),
-        check_code="import fla.ops.gated_delta_rule, fla.modules.causal_conv1d",
-        accelerates="GatedDeltaNet chunked delta rule (forward and backward), gated RMSNorm, Triton causal conv",
-        fallback_cost=(
-            "torch reference recurrence: a Python-level loop per chunk instead of fused kernels, far slower "
-            "per GDN layer (transformers warns about it too)"
-        ),
-        fix="pip install --only-binary=:all: flash-linear-attention==0.6.0 fla-core==0.6.0",
-    ),
-    "causal_conv1d": KernelSpec(
+# Packages transformers' modeling code asks for that no registered mixer brings (the mixers' own, FLA among them,
+# come from their specs: `registry.kernel_packages()`).
+OTHER_KERNELS: dict[str, KernelPackage] = {
+    "causal_conv1d": KernelPackage(
         name="causal_conv1d",
         distributions=(),  # source only on the registry (needs nvcc); FLA's Triton conv covers hybridtune's path
         check_code="import causal_conv1d",
@@ -62,7 +41,7 @@ KERNELS: dict[str, KernelSpec] = {
         fix="pip install causal-conv1d --no-build-isolation  (builds from source; or install FLA, whose Triton conv hybridtune uses)",
         substitute="fla",
     ),
-    "mamba_ssm": KernelSpec(
+    "mamba_ssm": KernelPackage(
         name="mamba_ssm",
         distributions=(),  # source only on the registry
         check_code="import mamba_ssm",
@@ -71,6 +50,12 @@ KERNELS: dict[str, KernelSpec] = {
         fix="pip install mamba-ssm --no-build-isolation  (builds from source with nvcc)",
     ),
 }
+
+
+def kernels() -> dict[str, KernelPackage]:
+    """Every known kernel package by name: the others, and the registered mixers' (theirs win)."""
+    return {**OTHER_KERNELS, **registry.kernel_packages()}
+
 
 # transformers' availability gates (gate-style releases) and the kernel each one asks about.
 GATES: dict[str, str] = {
@@ -102,12 +87,13 @@ _FALLBACK_DECORATOR = "use_kernel_func_from_hub_with_fallback"
 _LAZY_LOADER = "lazy_load_kernel"
 
 
-def kernel_spec(name: str) -> KernelSpec:
-    """The spec of kernel `name`; an unknown package (a new architecture's) gets a generic one."""
-    if name in KERNELS:
-        return KERNELS[name]
+def kernel_spec(name: str) -> KernelPackage:
+    """The package of kernel `name`; an unknown one (a new architecture's) gets a generic entry."""
+    known = kernels()
+    if name in known:
+        return known[name]
     dist = name.replace("_", "-")
-    return KernelSpec(
+    return KernelPackage(
         name=name,
         distributions=(),
         check_code=f"import {name}",
@@ -122,7 +108,7 @@ class KernelUse:
     """One place in a modeling module that asks for a kernel."""
 
     kernel: str
-    via: str  # e.g. "is_flash_linear_attention_available()" or "use_kernel_func_from_hub_with_fallback('chunk_gated_delta_rule', 'fla')"
+    via: str  # e.g. "is_flash_linear_attention_available()" or "use_kernel_func_from_hub_with_fallback('<f>', 'fla')"
     line: int
     symbols: tuple[str, ...] = ()  # module-level names bound to the kernel (or its torch fallback)
 
@@ -300,7 +286,7 @@ def _loaded_names(node: ast.AST) -> set[str]:
         if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
             names.add(sub.id)
         elif isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "self":
-            names.add(sub.attr)  # `self.chunk_gated_delta_rule` set from the module-level name
+            names.add(sub.attr)  # `self.<kernel function>` set from the module-level name of the same name
     return names
 
 

@@ -38,8 +38,8 @@ from hybridtune.kernels.environment import (
     installed_version,
 )
 from hybridtune.kernels.install import Installer, InstallResult, PipInstaller
-from hybridtune.kernels.needs import ArchitectureNeeds, KernelSpec, analyze, kernel_spec
-from hybridtune.mixers.gdn import fla_adapter
+from hybridtune.kernels.needs import ArchitectureNeeds, analyze, kernel_spec, kernels
+from hybridtune.mixers.registry import KernelPackage, SelfTestSuite
 from hybridtune.models.presets import PRESETS, preset_config
 
 logger = logging.getLogger(__name__)
@@ -130,8 +130,8 @@ class ProvisionReport:
         for v in self.selftest:
             if v.get("passed") is False:
                 out.append(f"self-test failed for {v.get('kernel')} {v.get('layout')}")
-            elif v.get("passed") is None and v.get("backend") not in (None, "", "fla"):
-                out.append(f"hybridtune's ops cannot use FLA here: {v.get('reason')}")
+            elif _unusable(v):
+                out.append(f"hybridtune's ops cannot use {v['package']} here: {v.get('reason')}")
         return list(dict.fromkeys(out))
 
     @property
@@ -143,8 +143,8 @@ class ProvisionReport:
         for v in self.selftest:
             if v.get("passed") is False and v.get("fix"):
                 out.append(v["fix"])
-            elif v.get("passed") is None and v.get("backend") not in (None, "", "fla"):
-                out.append("make `python -c 'import fla.ops.gated_delta_rule, fla.modules.causal_conv1d'` succeed")
+            elif _unusable(v):
+                out.append(f"make `python -c '{kernel_spec(v['package']).check_code}'` succeed")
         return list(dict.fromkeys(out))
 
     def to_dict(self) -> dict[str, Any]:
@@ -188,7 +188,12 @@ class ProvisionReport:
 # Probing and provisioning
 
 
-def provision_kernel(spec: KernelSpec, policy: str, installer: Installer) -> tuple[str, str | None, str]:
+def _unusable(v: dict[str, Any]) -> bool:
+    """A self-test verdict not run because the ops cannot use its package here (installed, but not importable)."""
+    return v.get("passed") is None and v.get("backend") not in (None, "", v.get("package"))
+
+
+def provision_kernel(spec: KernelPackage, policy: str, installer: Installer) -> tuple[str, str | None, str]:
     """Install one missing kernel under `policy`: (state, version, detail)."""
     cmd = shlex.join(installer.command(list(spec.distributions))) if spec.distributions else spec.fix
     if policy != "auto":
@@ -229,7 +234,7 @@ def _install_lock():
 
 
 def _verify_install(
-    spec: KernelSpec, installer: Installer, result: InstallResult, cmd: str
+    spec: KernelPackage, installer: Installer, result: InstallResult, cmd: str
 ) -> tuple[str, str | None, str]:
     """After pip ran: roll back a failed install, prove a successful one imports in a child process."""
     if not result.ok:
@@ -282,8 +287,11 @@ def provision_kernels(
     `ConfigError` for a bad policy. Everything else (an installer crash, no network) ends up in the report.
     """
     policy, source, require = resolve_policy(policy, require_fast_path, env)
-    # `off`: hybridtune's GDN ops run the torch reference even where FLA is installed (said once, as a slow path).
-    fla_adapter.turn_off("kernels: off (the config asks for no fast kernels)" if policy == "off" else None)
+    # `off`: the mixers' ops run their torch reference even where their package is installed (said once, as a slow
+    # path).
+    for package in kernels().values():
+        if package.turn_off is not None:
+            package.turn_off("kernels: off (the config asks for no fast kernels)" if policy == "off" else None)
     model_type_or_config = _preset_or_self(model_type_or_config)
     arch = analyze(model_type_or_config)
     accel = accelerator() if callable(accelerator) else accelerator
@@ -328,10 +336,10 @@ def provision_kernels(
         hooks = gates_mod.install_gate_hooks(_gate_provisioner(policy, installer, report), env=env)
         report.hooks = hooks.to_dict() if hooks is not None else {"disabled": gates_mod.disabled(env)}
 
-    fla = report.kernels.get("fla")
-    if selftest and policy != "off" and accel is not None and fla is not None and fla.available:
-        report.kernel_configs = _seed_kernel_configs()
-        report.selftest = _run_selftest(model_type_or_config, report)
+    ready = [s for s in selftest_mod.suites() if s.package in report.kernels and report.kernels[s.package].available]
+    if selftest and policy != "off" and accel is not None and ready:
+        report.kernel_configs = _seed_kernel_configs(ready)
+        report.selftest = _run_selftest(model_type_or_config, ready)
 
     if log:
         for line in report.summary().splitlines():
@@ -372,26 +380,27 @@ def _gate_provisioner(policy: str, installer: Installer, report: ProvisionReport
     return on_false
 
 
-def _seed_kernel_configs() -> str:
+def _seed_kernel_configs(ready: list[SelfTestSuite]) -> str:
     """FLA's autotuning choices for this GPU kind from the shipped table (kernels.tuned), before the self-test's
     first kernel call; the line says what was taken. A failure here only leaves FLA to autotune as usual."""
     import torch  # torch-bound; this module stays light for `doctor --help`
 
     try:
-        fla_adapter.load()  # the kernel modules, so that their autotuners exist
+        for suite in ready:
+            suite.prepare()  # the kernel modules, so that their autotuners exist
         return tuned.seed(torch.cuda.get_device_name(torch.cuda.current_device()))
     except Exception as e:
         logger.info("kernel configs not seeded (%s: %s): FLA autotunes its kernels", type(e).__name__, e)
         return f"kernel configs: not seeded ({type(e).__name__}); FLA autotunes its kernels"
 
 
-def _run_selftest(model_type_or_config: Any, report: ProvisionReport) -> list[dict[str, Any]]:
-    layouts = selftest_mod.layouts_from_config(model_type_or_config)
+def _run_selftest(model_type_or_config: Any, ready: list[SelfTestSuite]) -> list[dict[str, Any]]:
+    layouts = selftest_mod.layouts_from_config(model_type_or_config, ready)
     if not layouts:
         return []
     try:
         verdicts = selftest_mod.verify(layouts)
     except Exception as e:  # the self-test must never take training down with it; it refuses instead
         logger.exception("kernel self-test crashed")
-        return [{"kernel": "gdn_chunk", "layout": "all", "passed": False, "verdict": f"crashed: {e}"}]
+        return [{"kernel": s.kernels[0], "layout": "all", "passed": False, "verdict": f"crashed: {e}"} for s in ready]
     return [v.to_dict() for v in verdicts]

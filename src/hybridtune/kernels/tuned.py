@@ -135,7 +135,7 @@ def _read(path: Path) -> dict[str, Any] | None:
 def seed(device: str, path: Path | None = None, tuners: dict[str, Any] | None = None) -> str:
     """Put the table for `device` (default: the shipped one of its kind) into FLA's autotuners; returns the log line.
 
-    Needs FLA's kernel modules imported (`hybridtune.mixers.gdn.fla_adapter.load()`)."""
+    Needs FLA's kernel modules imported (its self-test suite's `prepare()`, kernels/provision.py)."""
     if os.environ.get("FLA_CACHE_MODE", "disabled") != "disabled":
         return (
             f"kernel configs: FLA_CACHE_MODE={os.environ['FLA_CACHE_MODE']} is set: FLA's own config files choose; "

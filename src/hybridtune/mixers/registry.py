@@ -4,16 +4,17 @@ mixer. A new mixer is a folder `mixers/<kind>/` whose spec is one `register` cal
 A spec says, for its kind: which HF modules it routes and how (`routing`), the `layer_types` entries of a config it
 serves and what they cost (`flops`, `activations`: per token), the per-batch metadata the collator adds for it
 (`metadata`, keyed `batch_keys`; `size` counts a batch's rows of its dim-0-dynamic keys), the ops whose outputs a
-checkpoint may keep (`core_ops`), the kernel packages it needs (`kernels`), its device self-test (`selftest`) and
-the path report of a routed module (`path`). Everything here is torch-free at import: fields that need torch are
-callables the consumers call when they run.
+checkpoint may keep (`core_ops`), the kernel packages it needs (`kernels`), its device self-test (`selftest`, a
+`SelfTestSuite`), the process settings its ops need before a graph is compiled (`graph_setup`), the profiler's
+kernel-name patterns (`profile_patterns`) and the path report of a routed module (`path`). Everything here is
+torch-free at import: fields that need torch are callables the consumers call when they run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 # Set on a routed module (patching): the kind of the mixer whose forward it runs.
 MIXER_ATTR = "_hybridtune_mixer"
@@ -65,6 +66,41 @@ class KernelPackage:
     fallback_cost: str
     fix: str  # the command (or step) that closes the gap
     substitute: str | None = None  # a kernel whose own op replaces this one on hybridtune's path
+    # Keep hybridtune's ops off this package in this process (`kernels: off`, the reason), or allow it again (None).
+    turn_off: Callable[[str | None], None] | None = None
+
+
+# What `graph_setup` is asked for: graphs about to be recorded as CUDA graphs (what the ops need to be correct
+# there), and a training step under CUDA graphs (that, and the op forms fastest there).
+CUDA_GRAPHS = "cuda_graphs"
+CUDA_GRAPHS_STEP = "cuda_graphs_step"
+
+
+class SelfTestSuite(Protocol):
+    """A mixer's device self-test (kernels/selftest.py runs it): its fast kernels against its fp32 reference, per
+    layout (hashable, ordered, with a `key` and a `__str__`) of a config."""
+
+    package: str  # the KernelPackage whose kernels it checks: run where that package is available
+    kernels: tuple[str, ...]  # the verdicts' kernel names, in order
+    layout_type: type
+    versions: tuple[tuple[str, str], ...]  # (label, distribution) in a verdict's cache key after torch
+    guard_key: str  # doctor's JSON key for `guard_active()`
+    guard_note: str  # doctor's line while the guard is active
+    guard_fix: str  # the fix when a guarded kernel fails while its guard is active
+    report_key: str  # the bench result's key for `granted()` or `bypass()`
+
+    def layouts(self, config: Any) -> list: ...  # a transformers config -> its layouts (empty: none of this mixer)
+    def parse_layout(self, text: str) -> Any: ...  # ValueError when it is not one
+    def backend(self, device: Any) -> tuple[str, str]: ...  # (backend, why); the checks run when it is `package`
+    def shape(self, kernel: str, layout: Any) -> str: ...  # what of the layout a verdict's cache key holds
+    def check(self, kernel: str, layout: Any, device: Any) -> dict[str, float]: ...  # name -> relative RMS error
+    def guarded(self, kernel: str) -> bool: ...  # whether a guard needs a passing trial before the kernel runs
+    def guard_active(self) -> bool: ...
+    def grant(self, layout: Any, source: str) -> None: ...
+    def revoke(self, layout: Any) -> None: ...
+    def granted(self) -> dict[str, str]: ...  # layout key -> who granted it
+    def bypass(self) -> str | None: ...  # the guard off for the whole process (plain transformers): the note
+    def prepare(self) -> None: ...  # import the kernel modules (before kernels.tuned seeds their autotuners)
 
 
 @dataclass(frozen=True)
@@ -86,7 +122,11 @@ class MixerSpec:
     time_share: float = 0.0  # the share of a step's time that scales with `size` rather than with tokens
     core_ops: Callable[[], Iterable[Any]] | None = None  # ops whose outputs a checkpoint may keep
     kernels: tuple[KernelPackage, ...] = ()
-    selftest: Callable[[], Any] | None = None  # -> a self-test suite (kernels/selftest.py reads it)
+    selftest: Callable[[], SelfTestSuite] | None = None  # loaded when kernels/selftest.py runs it
+    # (CUDA_GRAPHS | CUDA_GRAPHS_STEP | "option=form" of `graph_forms`) -> the undo of what it set, or None
+    graph_setup: Callable[[str], Callable[[], None] | None] | None = None
+    graph_forms: dict[str, tuple[str, ...]] = field(default_factory=dict)  # option -> forms in compiled graphs
+    profile_patterns: tuple[str, tuple[str, ...]] | None = None  # (profile group, kernel-name substrings)
     path: Callable[[Any], tuple[str, bool]] | None = None  # routed module -> (where its work runs, fast)
     backend: Callable[[str], str] | None = None  # device kind -> the ops backend it runs there, for the report
     extra: dict[str, Any] = field(default_factory=dict)
@@ -171,3 +211,33 @@ def batch_sizes(batch: dict) -> tuple[int, ...]:
 def kernel_packages() -> dict[str, KernelPackage]:
     """name -> package, over every registered mixer."""
     return {k.name: k for s in MIXERS.values() for k in s.kernels}
+
+
+def selftests() -> list[SelfTestSuite]:
+    """Every registered mixer's self-test suite, in registration order."""
+    return [s.selftest() for s in MIXERS.values() if s.selftest is not None]
+
+
+def graph_forms() -> dict[str, tuple[str, ...]]:
+    """option -> forms, over every mixer (the bench's `option=form` mode options)."""
+    return {k: v for s in MIXERS.values() for k, v in s.graph_forms.items()}
+
+
+def graph_setup(what: str) -> Callable[[], None]:
+    """Every mixer's process settings for graphs about to be compiled (`what`: CUDA_GRAPHS, CUDA_GRAPHS_STEP or
+    an `option=form` of `graph_forms`); returns one undo of them all."""
+    option, eq, form = what.partition("=")
+    if eq and form not in graph_forms().get(option, ()):
+        raise ValueError(f"graph setting {what!r}: {option} takes {'|'.join(graph_forms().get(option, ())) or '-'}")
+    undos = [u for s in MIXERS.values() if s.graph_setup is not None for u in [s.graph_setup(what)] if u is not None]
+
+    def undo() -> None:
+        for u in reversed(undos):
+            u()
+
+    return undo
+
+
+def profile_groups() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The mixers' (profile group, kernel-name substrings), in registration order."""
+    return tuple(s.profile_patterns for s in MIXERS.values() if s.profile_patterns is not None)

@@ -29,7 +29,7 @@ class FlaSelftest:
         self._verdicts: dict[tuple, dict[str, object]] = {}
 
     def _run(self, key) -> dict[str, object]:
-        from hybridtune.kernels.selftest import Layout
+        from hybridtune.mixers.gdn.selftest import Layout
 
         key = tuple(int(x) for x in key)
         if key not in self._verdicts:

@@ -1,5 +1,6 @@
 """The GatedDeltaNet mixer's registry entry (`SPEC`): its families, cost model, batch metadata, kept core, kernel
-package, self-test and path report. Torch-free at import; what needs torch is imported where it is called.
+package (FLA, the one `kernels.needs` lists), self-test (selftest.py), settings under CUDA graphs, profile patterns
+and path report. Torch-free at import; what needs torch is imported where it is called.
 
 Batch metadata: `gdn_chunk_indices` int32 [C, 2], (document, chunk within document) of every 64-token chunk; C
 varies per batch (dim 0 dynamic) and is the mixer's `size`.
@@ -8,10 +9,21 @@ varies per batch (dim 0 dynamic) and is the mixer's `size`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 
 from hybridtune.batch import CU_SEQ_LENS_Q
-from hybridtune.mixers.registry import Activations, Family, KernelPackage, LayerFlops, MixerSpec
+from hybridtune.mixers.registry import (
+    CUDA_GRAPHS,
+    CUDA_GRAPHS_STEP,
+    Activations,
+    Family,
+    KernelPackage,
+    LayerFlops,
+    MixerSpec,
+)
+
+logger = logging.getLogger(__name__)
 
 CHUNK_INDICES = "gdn_chunk_indices"
 # The delta rule's chunk length (FLA's kernels and the reference's).
@@ -21,6 +33,17 @@ CHUNK_SIZE = 64
 # filler document is weighted by it (`data.collator.StaticLayout.filler_cost`).
 TIME_SHARE = 0.12
 LAYER_TYPE = "linear_attention"
+# The conv's forms inside compiled graphs (ops.CONV_FORMS): the bench's `conv=` option, "op" under CUDA graphs.
+CONV_FORMS = ("traced", "stacked", "op")
+# FLA's kernels in a profile: the delta rule's chunked stages, the conv, the l2norm.
+PROFILE_PATTERNS = ("chunk_", "gated_delta", "causal_conv1d", "l2norm", "recompute_w_u", "solve_tril", "kkt")
+
+
+def _turn_off(reason: str | None) -> None:
+    from hybridtune.mixers.gdn import fla_adapter  # why here: keeps this spec's import to the registry
+
+    fla_adapter.turn_off(reason)
+
 
 FLA = KernelPackage(
     name="fla",
@@ -32,6 +55,7 @@ FLA = KernelPackage(
         "per GDN layer (transformers warns about it too)"
     ),
     fix="pip install --only-binary=:all: flash-linear-attention==0.6.0 fla-core==0.6.0",
+    turn_off=_turn_off,
 )
 
 
@@ -142,6 +166,27 @@ def _backend(device: str) -> str:
     return ops.backend(device)[1]
 
 
+def _selftest():
+    from hybridtune.mixers.gdn.selftest import SUITE  # why here: loaded when the self-test runs
+
+    return SUITE
+
+
+def _graph_setup(what: str) -> Callable[[], None] | None:
+    """Under CUDA graphs FLA's tensor cache is off (it would keep tensors of the graphs' pool alive across replays);
+    a training step under them keeps the conv as the op (its launch cost is gone there); `conv=FORM` sets the form."""
+    from hybridtune.mixers.gdn import fla_adapter, ops  # why here: torch and the ops, loaded before a compile
+
+    if what in (CUDA_GRAPHS, CUDA_GRAPHS_STEP) and fla_adapter.disable_tensor_cache():
+        logger.info("cuda graphs: FLA's tensor cache switched off")
+    form = "op" if what == CUDA_GRAPHS_STEP else what.removeprefix("conv=") if what.startswith("conv=") else None
+    if form is None:
+        return None
+    previous = ops.conv_in_graph()
+    ops.conv_in_graph(form)
+    return lambda: ops.conv_in_graph(previous)
+
+
 SPEC = MixerSpec(
     kind="gdn",
     layer_types=(LAYER_TYPE,),
@@ -158,6 +203,10 @@ SPEC = MixerSpec(
     time_share=TIME_SHARE,
     core_ops=_core_ops,
     kernels=(FLA,),
+    selftest=_selftest,
+    graph_setup=_graph_setup,
+    graph_forms={"conv": CONV_FORMS},
+    profile_patterns=("gdn (fla)", PROFILE_PATTERNS),
     path=_path,
     backend=_backend,
 )
