@@ -101,7 +101,7 @@ class TrainConfig:
         "(default: the tokenizer's own); saved with the final model",
     )
     chat_template_kwargs: dict = _f(
-        {}, "variables given to the chat template when it renders the data, e.g. {enable_thinking: false} (Qwen3.5)"
+        {}, "variables given to the chat template when it renders the data, such as {enable_thinking: false} (Qwen3.5)"
     )
     # data
     datasets: list[DatasetConfig] = _f([DatasetConfig(path=BUNDLED_DATASET, type="chat")], "list of data sources")

@@ -6,7 +6,7 @@ turns; OpenAI-style messages with tool_calls, role "tool", reasoning_content and
 `sharegpt` (conversations of {from, value}, mapped onto chat roles), `prompt_completion` (TRL's:
 prompt and completion as two texts, or as two lists of messages; train on the completion).
 Reading the rows is data/sources.py's (through `datasets`), tokenising them in bulk and caching data/examples.py's; locating
-turns in a rendered chat is data/chat.py's.
+turns in a rendered chat is data/chat.py's; a row's JSON-text cells and media checks data/rows.py's.
 
 Errors name the file, the line (JSONL) or row (Parquet), the field, and what to do.
 """
