@@ -43,7 +43,7 @@ def test_mode_specs_are_train_keys():
     }
     assert parse_mode("ht-loop").train["keep_mixer_cores"] is False and not parse_mode("ht-loop").cudagraphs
     assert parse_mode("ht-loop:pack_layout=dynamic").train["pack_layout"] == "dynamic"
-    assert parse_mode("ht-loop:conv=op,cuda_graphs=on").conv == "op" and parse_mode("ht-loop").conv is None
+    assert parse_mode("ht-loop:conv=op,cuda_graphs=on").forms == {"conv": "op"} and parse_mode("ht-loop").forms == {}
     assert split_modes("ht-loop:cg=on, ht-loop:cg=on,conv=op,hf-eager,") == [
         "ht-loop:cg=on",
         "ht-loop:cg=on,conv=op",

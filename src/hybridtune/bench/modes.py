@@ -3,8 +3,8 @@
 A mode spec is `NAME` or `NAME:key=value,...`. A hybridtune mode is `hybridtune train`'s config (TrainConfig) with
 the mode's keys over it, built by train's own functions (runtime/compose.py), so its options are train's keys with
 train's values: `ht-loop:cuda_graphs=on,compile_regions=true,keep_mixer_cores=true`. The hf-* modes are plain
-transformers + peft (gradient_checkpointing=, pack_layout=, and cuda_graphs= for hf-compile). `conv=traced|stacked|op`
-(hybridtune's GDN conv form in a compiled ht mode) is the bench's own. The short spellings of earlier runs
+transformers + peft (gradient_checkpointing=, pack_layout=, and cuda_graphs= for hf-compile). The mixers' forms in
+compiled graphs (`registry.graph_forms`: `conv=traced|stacked|op`) are options of a compiled ht mode, the bench's own. The short spellings of earlier runs
 (`cg=on`, `regions=on`, `sac=on`, `gc=off`, `layout=static`, `loss=fused`), in benchmarks/results.jsonl's rows and
 scripts, are read as the train keys they stand for (`current_label`).
 """
@@ -17,6 +17,7 @@ import yaml
 
 from hybridtune.config import load_config
 from hybridtune.errors import ConfigError, did_you_mean
+from hybridtune.mixers import registry
 
 # Train keys a mode may set, with the values the help lists (load_config checks them).
 TRAIN_KEYS = {
@@ -27,8 +28,8 @@ TRAIN_KEYS = {
     "pack_layout": ("auto", "static", "dynamic"),
     "loss": ("auto", "fused", "plain"),
 }
-CONV = ("traced", "stacked", "op")
-OPTION_KEYS = {**TRAIN_KEYS, "conv": CONV}  # (listed in `hybridtune bench --help`)
+FORMS = registry.graph_forms()  # a mixer's option -> its forms in compiled graphs
+OPTION_KEYS = {**TRAIN_KEYS, **FORMS}  # (listed in `hybridtune bench --help`)
 # Earlier spellings: old key -> (train key, {old value: train value}).
 OLD_KEYS = {
     "cg": ("cuda_graphs", {"on": "on", "off": "off"}),
@@ -58,7 +59,7 @@ class Mode:
     gc: bool = True  # hf modes: gradient checkpointing
     cg: bool = False  # hf-compile: torch.compile mode "reduce-overhead" (CUDA graphs)
     static: bool = False  # hf modes: the static pack layout
-    conv: str | None = None  # ht modes: the GDN conv form in compiled regions (None: what train's step uses)
+    forms: dict = field(default_factory=dict)  # ht modes: mixers' forms in compiled graphs (else train's step's)
     options: dict = field(default_factory=dict)
 
     @property
@@ -131,7 +132,8 @@ def split_modes(text: str) -> list[str]:
 
 
 def _option(key: str, value: str, spec: str) -> tuple[str, str]:
-    """(train key or `conv`, its value as a label writes it) for one `key=value`; old spellings mapped."""
+    """(train key or a mixer's form option, its value as a label writes it) for one `key=value`; old spellings
+    mapped."""
     if key in OLD_KEYS:
         new, values = OLD_KEYS[key]
         if value not in values:
@@ -178,15 +180,16 @@ def parse_mode(spec: str) -> Mode:
             raise ConfigError(f"bench mode option '{item}' in '{spec}' is not key=value")
         key, value = _option(key, value, spec)
         options[key] = value
-    if "conv" in options:
-        if options["conv"] not in CONV:
-            raise ConfigError(f"bench mode option 'conv={options['conv']}' in '{spec}': conv= takes {'|'.join(CONV)}")
+    forms = {k: v for k, v in options.items() if k in FORMS}
+    for key, value in forms.items():
+        if value not in FORMS[key]:
+            raise ConfigError(f"bench mode option '{key}={value}' in '{spec}': {key}= takes {'|'.join(FORMS[key])}")
         if not mode.patch or mode.train["compile"] == "off":
-            raise ConfigError(f"bench mode '{spec}': conv= chooses the form of hybridtune's conv in a compiled mode")
-    train = {k: _canonical(k, v, spec) for k, v in options.items() if k != "conv"}
+            raise ConfigError(f"bench mode '{spec}': {key}= chooses the form of hybridtune's {key} in a compiled mode")
+    train = {k: _canonical(k, v, spec) for k, v in options.items() if k not in FORMS}
     options = {k: _word(train.get(k, v)) for k, v in options.items()}
     if mode.patch:
-        return replace(mode, train={**mode.train, **train}, conv=options.get("conv"), options=options)
+        return replace(mode, train={**mode.train, **train}, forms=forms, options=options)
     return _baseline(mode, train, options, spec)
 
 

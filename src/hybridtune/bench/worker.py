@@ -32,8 +32,6 @@ from hybridtune.files import atomic_write_text
 from hybridtune.kernels import tuned
 from hybridtune.kernels.provision import provision_kernels
 from hybridtune.mixers import registry
-from hybridtune.mixers.gdn import fla_guard
-from hybridtune.mixers.gdn.ops import conv_in_graph
 from hybridtune.mixers.moe import experts
 from hybridtune.models.anatomy import text_config
 from hybridtune.models.flops import linear_terms, measure_peak, step_flops
@@ -53,10 +51,6 @@ from hybridtune.runtime.stream import to_device
 from hybridtune.train.objectives import build_objective
 
 FIRST_STEP_MARKER = "HYBRIDTUNE_BENCH_FIRST_STEP"
-HF_GUARD_NOTE = (
-    "FLA's Hopper guard (fla #640) bypassed for this whole process (fla.ops.common.chunk_o.IS_NVIDIA_HOPPER = "
-    "False): plain transformers has no per-shape hook, and without the bypass its GDN backward refuses to run"
-)
 
 
 def triton_cache_state() -> str:
@@ -99,7 +93,8 @@ _T0 = time.perf_counter()
 
 def _kernels(mode, cfg, device: torch.device, result: dict) -> None:
     # `cfg`: the model's transformers config
-    """hybridtune modes lift FLA's guard through the kernel self-test; plain modes can only bypass it."""
+    """hybridtune modes lift a kernel's guard (FLA's Hopper guard) through the kernel self-test; plain modes can only
+    bypass it, for the whole process."""
     if device.type != "cuda":
         return
 
@@ -110,13 +105,13 @@ def _kernels(mode, cfg, device: torch.device, result: dict) -> None:
         result["kernel_configs"] = report.kernel_configs
         result["kernel_selftest_s"] = time.perf_counter() - t0
         phase(f"kernel self-test done ({result['kernel_selftest_s']:.1f} s)")
-        result["fla_guard"] = {str(k): v for k, v in fla_guard.granted().items()} or "no grant"
+        for suite in registry.selftests():
+            result[suite.report_key] = suite.granted() or "no grant"
         return
-    if fla_guard.guard_active():
-        import importlib
-
-        setattr(importlib.import_module(fla_guard.GUARD_MODULE), fla_guard.GUARD_FLAG, False)
-        result["fla_guard"] = HF_GUARD_NOTE
+    for suite in registry.selftests():
+        note = suite.bypass()
+        if note is not None:
+            result[suite.report_key] = note
 
 
 def train_config(spec: dict, mode) -> TrainConfig:
@@ -195,8 +190,8 @@ def build(spec: dict, mode, device: torch.device, result: dict):
         choices = resolve(cfg, facts)
         objective = build_objective(cfg, choices.fused_loss.value)
         c = compose(run, cfg, choices, objective, device, distributed.ONE, facts.packs, result["compile_backend"])
-        if mode.conv:  # (after compose: CUDA graphs' settings pick FLA's op; the graph is traced at the first step)
-            conv_in_graph(mode.conv)
+        for key, form in mode.forms.items():  # (after compose, whose CUDA-graph settings pick forms; traced later)
+            registry.graph_setup(f"{key}={form}")
         layout = choices.pack_layout.value
         result["choices"] = choices.lines()
         result["compile_options"] = {"strategy": c.strategy, **c.compile_options}

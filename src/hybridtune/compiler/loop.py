@@ -25,7 +25,6 @@ from hybridtune.batch import DYNAMIC_DIM0_KEYS, INT_KEYS
 from hybridtune.compiler import recompute, region_schema, regions
 from hybridtune.compiler.introspect import resolve_method
 from hybridtune.mixers import registry
-from hybridtune.mixers.gdn import fla_adapter
 from hybridtune.models.anatomy import text_model
 from hybridtune.models.patching import is_patched, patch_model
 
@@ -207,9 +206,9 @@ def compile_loop(
         return existing
     fn = class_body_forward(type(text))
     if mode in ("reduce-overhead", "max-autotune") and torch.cuda.is_available():
-        # CUDA graphs: FLA's identity cache would keep pool tensors alive across replays (see fla_adapter).
-        if fla_adapter.disable_tensor_cache():
-            logger.info("compile strategy 'loop' with CUDA graphs: FLA's tensor cache switched off")
+        # CUDA graphs: what the mixers' ops need there (FLA's identity cache would keep pool tensors alive across
+        # replays); process-wide and kept, as the compiled graphs are.
+        registry.graph_setup(registry.CUDA_GRAPHS)
     # dynamo's "eager" backend compiles nothing a region could reuse, and runs each region eagerly once more on
     # uninitialised inputs to learn its outputs (ops that check their index inputs then fail): no regions there.
     regs = regions.install(text, regional=regional and backend != "eager", keep_cores=keep_cores)

@@ -42,7 +42,7 @@ def compile_options(cfg: TrainConfig, choices: Choices) -> tuple[str, dict]:
 @dataclass
 class Composed:
     """What trains: the model (peft-wrapped under LoRA), the engine that computes the objective's loss, how it was
-    compiled, and the CUDA-graph state (`conv_before`: the conv form `cudagraphs.before_compile` replaced)."""
+    compiled, and the CUDA-graph state (`conv_before`: the undo of `cudagraphs.before_compile`'s settings)."""
 
     run: RunModel
     engine: torch.nn.Module

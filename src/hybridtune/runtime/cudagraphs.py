@@ -1,8 +1,10 @@
 """CUDA graphs in training (`cuda_graphs`, decided in choices.py): the compiled loop under torch.compile's
-"reduce-overhead" mode, recorded once per input size (under a static pack layout: per GDN chunk count), replayed.
+"reduce-overhead" mode, recorded once per input size (under a static pack layout: per distinct count of the mixers'
+metadata rows, `registry.size_key`), replayed.
 
-- `before_compile`: FLA's tensor cache off, the GDN conv kept as FLA's op inside the graph, and inductor's warning
-  limit for graphs per dynamic size raised to the run's bound (`choices.cuda_graph_keys`);
+- `before_compile`: each mixer's settings for a step under CUDA graphs (`registry.graph_setup`, e.g. FLA's tensor
+  cache off), and inductor's warning limit for graphs per dynamic size raised to the run's bound
+  (`choices.cuda_graph_keys`); `restore` undoes the mixers' settings;
 - `step_begin`, `StepMarked`: a new cudagraph-trees step before every forward, training and eval alike;
 - `kept`, `stable_grads`: the loss copied out of the graphs' memory pool, and gradients accumulated over micro-batches
   in buffers allocated outside the graphs, so the next replay does not overwrite them;
@@ -12,35 +14,32 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
-from hybridtune.mixers.gdn import fla_adapter
-from hybridtune.mixers.gdn.ops import conv_in_graph
+from hybridtune.mixers import registry
 
 logger = logging.getLogger(__name__)
 
 MODE = "reduce-overhead"  # torch.compile's mode with CUDA graphs (cudagraph trees)
 
 
-def before_compile(bound: int) -> str:
-    """Process-wide settings for CUDA graphs (see the module doc); returns the conv form it replaced, for
+def before_compile(bound: int) -> Callable[[], None]:
+    """Process-wide settings for CUDA graphs (see the module doc); returns the undo of the mixers' settings, for
     `restore`."""
     import torch._inductor.config as inductor_config  # why here: inductor loads only for a compiled run
 
-    if fla_adapter.disable_tensor_cache():
-        logger.info("cuda graphs: FLA's tensor cache switched off")
+    undo = registry.graph_setup(registry.CUDA_GRAPHS_STEP)
     limit = getattr(inductor_config.triton, "cudagraph_dynamic_shape_warn_limit", None)
     if limit is not None and limit < bound:
         inductor_config.triton.cudagraph_dynamic_shape_warn_limit = bound
-    previous = conv_in_graph()
-    conv_in_graph("op")
-    return previous
+    return undo
 
 
-def restore(conv: str) -> None:
-    """The conv form `before_compile` replaced."""
-    conv_in_graph(conv)
+def restore(undo: Callable[[], None]) -> None:
+    """Put back what `before_compile` set for the mixers (returns None, for the caller's field)."""
+    undo()
 
 
 def step_begin(on: bool) -> None:
@@ -98,8 +97,8 @@ def recorded(device: torch.device) -> int | None:
 
 
 class GraphLog:
-    """The log lines of the CUDA graphs recorded against the run's bound (`keys` distinct chunk counts): at a logged
-    step when the number changed since the last line, and at the end of the run."""
+    """The log lines of the CUDA graphs recorded against the run's bound (`keys` distinct sizes of the mixers'
+    metadata): at a logged step when the number changed since the last line, and at the end of the run."""
 
     def __init__(self, device: torch.device, keys: int):
         self.device, self.keys, self.said = device, keys, -1
@@ -113,8 +112,9 @@ class GraphLog:
 
     def line(self, n: int | None) -> str:
         got = "an unknown number of" if n is None else str(n)
+        sized = " x ".join(s.size_name for s in registry.MIXERS.values() if s.size is not None) or "input size"
         return (
-            f"cuda graphs: {got} recorded (at most {self.keys} per compiled graph, one per distinct GDN chunk count: "
+            f"cuda graphs: {got} recorded (at most {self.keys} per compiled graph, one per distinct {sized} count: "
             "forward, backward and eval each)"
         )
 

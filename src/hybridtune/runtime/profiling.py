@@ -18,18 +18,20 @@ from pathlib import Path
 import torch
 
 from hybridtune.files import atomic_write_text
+from hybridtune.mixers import registry
 from hybridtune.runtime import distributed
 
 logger = logging.getLogger(__name__)
 
 PROFILE_FILE = "profile-{first}-{last}.json"
 
-# First match wins: NCCL's kernels are named for their collective ("ReduceScatter"), so they come first.
+# First match wins: NCCL's kernels are named for their collective ("ReduceScatter"), so they come first; the
+# registered mixers' own kernels (`MixerSpec.profile_patterns`) after attention, before inductor's.
 KERNEL_GROUPS = (
     ("communication", ("nccl",)),
     ("gemm", ("nvjet", "gemm", "cutlass", "xmma", "sm90_", "cublas")),
     ("attention", ("flash", "fmha", "attention", "sdpa")),
-    ("gdn (fla)", ("chunk_", "gated_delta", "causal_conv1d", "l2norm", "recompute_w_u", "solve_tril", "kkt")),
+    *registry.profile_groups(),
     ("inductor fused", ("triton_",)),
     ("optimizer", ("adam", "multi_tensor")),
     ("reduction", ("reduce", "logsumexp", "norm")),

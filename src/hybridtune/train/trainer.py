@@ -86,7 +86,7 @@ class Trainer:
         self.lock: OutputLock | None = None
         self.run: dict | None = None  # rank 0: `outdir.run_record`
         self.saved_step = -1  # the step of this process's newest checkpoint
-        self.cuda_graphs, self.conv_before = False, None  # CUDA graphs on; the conv form they replaced
+        self.cuda_graphs, self.conv_before = False, None  # CUDA graphs on; the undo of the mixers' settings for them
 
     # -- setup: a table of contents ----------------------------------------------------------------
 
@@ -98,7 +98,7 @@ class Trainer:
             if self.lock is not None:  # refused or failed before writing anything: leave no trace
                 self.lock.release(discard=not (self.out / RUN_FILE).exists())
                 self.lock = None
-            self.close()  # (and the conv form CUDA graphs replaced)
+            self.close()  # (and the mixers' settings for CUDA graphs undone)
             raise
 
     def _setup(self) -> None:
@@ -365,7 +365,7 @@ class Trainer:
         finally:
             self.close()
 
-    def close(self) -> None:  # let go of the output directory's lock; the conv form CUDA graphs replaced
+    def close(self) -> None:  # let go of the output directory's lock; the mixers' CUDA-graph settings undone
         self.lock = self.lock.release() if self.lock is not None else None
         if self.conv_before is not None:
             self.conv_before = cudagraphs.restore(self.conv_before)
