@@ -4,11 +4,11 @@
 # transformers 5.14.1 is the last release whose `force_accelerate_hooks` returns a bare closure
 # (no functools.wraps) around the GDN and Mamba mixer forwards: the case the compiler must read
 # through. This script builds (once, then reuses) a separate venv with that release and CPU torch,
-# runs the compiler tests there, any extra test paths given as arguments (the kernel resolver's
-# version-specific tests join this way), and `hybridtune compile --sweep`, which must report zero
-# failures.
+# runs there the tests marked `transformers_compat` (slow ones included: the module compiler, the kernel
+# resolver's gates and paths, the GDN model patch) on two workers, with any extra pytest arguments given
+# (test paths among them), and `hybridtune compile --sweep`, which must report zero failures.
 #
-#   .ci/compat_transformers.sh [EXTRA_TEST_PATH ...]
+#   .ci/compat_transformers.sh [PYTEST_ARG ...]
 #   HYBRIDTUNE_COMPAT_TRANSFORMERS=5.24.0 .ci/compat_transformers.sh    # another release
 #   HYBRIDTUNE_COMPAT_VENV=/path/to/venv                                # where the venv lives
 set -euo pipefail
@@ -27,7 +27,7 @@ if ! have_version; then
   python3 -m venv "$venv"
   # torch==2.13.0 is the local CPU wheel; a bare `torch` would pull a multi-GB CUDA build.
   "$py" -m pip install -q torch==2.13.0 "transformers==$version" "peft>=0.18,<0.22" safetensors tokenizers \
-    pyyaml rich matplotlib pyarrow pytest
+    pyyaml rich matplotlib pyarrow pytest pytest-xdist
   # --no-deps: the project pins the main environment's transformers; this venv keeps $version.
   "$py" -m pip install -q --no-deps -e .
   have_version || { echo "error: $venv does not import transformers $version and hybridtune" >&2; exit 2; }
@@ -43,7 +43,9 @@ fi
   || { echo "error: $venv imports hybridtune from elsewhere than $here" >&2; exit 2; }
 echo "+ hybridtune from $here"
 echo "+ transformers $("$py" -c 'import transformers; print(transformers.__version__)'), torch $("$py" -c 'import torch; print(torch.__version__)')"
-echo "+ pytest tests/compiler $*"
-"$py" -m pytest -q -p no:cacheprovider tests/compiler "$@"
+# A venv made before the tests ran on two workers lacks pytest-xdist.
+"$py" -c "import xdist" 2>/dev/null || "$py" -m pip install -q pytest-xdist
+echo "+ pytest -m transformers_compat -n 2 $*"
+"$py" -m pytest -q -p no:cacheprovider -m transformers_compat -n 2 "$@"
 echo "+ hybridtune compile --sweep"
 "$venv/bin/hybridtune" compile --sweep

@@ -51,6 +51,11 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    # Under pytest-xdist (`-n 2 --dist loadgroup`, as .ci/run runs the slow tier) the torchrun tests share one
+    # worker, so at most one 2-process run holds ports and cores at a time; the rest spread over the workers.
+    for item in items:
+        if "torchrun" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("torchrun"))
     if not (config.getoption("--run-slow") or config.getoption("markexpr")):
         skip_slow = pytest.mark.skip(reason="slow tier: run with `-m slow` or --run-slow (.ci/run does)")
         for item in items:

@@ -6,6 +6,8 @@ import types
 
 import pytest
 
+pytestmark = pytest.mark.transformers_compat  # reads transformers' code: run again under another release (CI)
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 

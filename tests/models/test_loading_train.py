@@ -98,7 +98,8 @@ def test_a_vision_language_checkpoint_trains_in_its_original_class(tmp_path, dat
     assert trained and {p.dtype for p in trained} == {torch.float32}
 
 
-@pytest.mark.slow  # torchrun
+@pytest.mark.slow
+@pytest.mark.torchrun
 def test_fsdp2_trains_the_vision_language_checkpoint_as_one_process_does(tmp_path, data):
     """FSDP2 (2 gloo ranks) over a model whose frozen vision tower is bf16 and whose text model is fp32: the same
     losses as one process (FSDP2 checks the dtypes of trainable parameters only; the all-gather mixes dtypes)."""

@@ -49,7 +49,8 @@ distributed.shutdown(d)
 """
 
 
-@pytest.mark.slow  # torchrun
+@pytest.mark.slow
+@pytest.mark.torchrun
 @pytest.mark.parametrize("engine", ["ddp", "fsdp"])
 def test_checksums_over_two_ranks(tmp_path, engine):
     script = tmp_path / "rank.py"

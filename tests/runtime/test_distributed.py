@@ -82,7 +82,8 @@ def launch():
             proc.communicate()
 
 
-@pytest.mark.slow  # torchrun, twice
+@pytest.mark.slow
+@pytest.mark.torchrun  # twice
 @pytest.mark.parametrize(
     "adapter,engine,units",
     [
@@ -284,7 +285,8 @@ def ranks(tmp_path_factory) -> list[dict]:
     return [json.loads((out / f"rank{k}.json").read_text()) for k in (0, 1)]
 
 
-@pytest.mark.slow  # torchrun
+@pytest.mark.slow
+@pytest.mark.torchrun
 def test_compiled_loop_inside_fsdp2_and_ddp(ranks):
     """The compiled `loop` strategy (one graph, patched GDN ops) runs under FSDP2 and DDP as eager does.
 
@@ -298,7 +300,8 @@ def test_compiled_loop_inside_fsdp2_and_ddp(ranks):
         assert res["graphs"] == 1 and res["compiled_calls"] == 2, (engine, res)  # no break, no recompile
 
 
-@pytest.mark.slow  # torchrun
+@pytest.mark.slow
+@pytest.mark.torchrun
 def test_fsdp2_whole_model_unit_reduces_once_per_window(ranks):
     """FSDP2 with the whole model as one unit (`fsdp_units: model`, what the compiled loop uses): over a window of
     2 micro-batches per rank, one all-gather and one reduce-scatter (not one of each per micro-batch), and the
@@ -332,7 +335,8 @@ def worker_pids(root: int) -> dict[int, int]:
     return found
 
 
-@pytest.mark.slow  # torchrun
+@pytest.mark.slow
+@pytest.mark.torchrun
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the rank processes through Linux /proc")
 def test_dead_rank_ends_the_run_with_one_line(tmp_path, small_data, launch):
     out = tmp_path / "run"
@@ -374,7 +378,8 @@ def _run_until_a_checkpoint(proc, out: Path) -> dict[int, int]:
     return pids
 
 
-@pytest.mark.slow  # torchrun
+@pytest.mark.slow
+@pytest.mark.torchrun
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the rank processes through Linux /proc")
 def test_a_killed_launcher_takes_its_ranks_with_it(tmp_path, small_data, launch):
     """Issue 16 item 4: SIGKILL of the `--nproc` launcher left both ranks running as orphans that kept writing into
@@ -394,7 +399,8 @@ def test_a_killed_launcher_takes_its_ranks_with_it(tmp_path, small_data, launch)
     assert (out / "metrics.jsonl").read_text() == before
 
 
-@pytest.mark.slow  # torchrun, and a collective timeout
+@pytest.mark.slow
+@pytest.mark.torchrun  # and a collective timeout
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the rank processes through Linux /proc")
 def test_a_stalled_rank_is_blamed_not_the_one_that_waited_for_it(tmp_path, small_data):
     """Issue 16 item 17: a stopped rank (SIGSTOP) made the other time out in a collective, and the one line blamed
@@ -428,7 +434,8 @@ def test_a_stalled_rank_is_blamed_not_the_one_that_waited_for_it(tmp_path, small
     assert last.startswith("error: rank 1 ") and "rank 0 then timed out waiting for it" in last, err[-3000:]
 
 
-@pytest.mark.slow  # torchrun
+@pytest.mark.slow
+@pytest.mark.torchrun
 def test_plain_torchrun_says_a_rank_input_error_in_one_line_without_its_traceback(tmp_path):
     """Issue 16 item 17: under plain torchrun a rank's UserError reached torchrun's report as a traceback (the
     rank's error file). Now rank 0 says it in one line; torchrun's own report (its banner) stays torchrun's."""
@@ -446,7 +453,8 @@ def test_plain_torchrun_says_a_rank_input_error_in_one_line_without_its_tracebac
     assert not (tmp_path / "o").exists()  # a refused run leaves nothing
 
 
-@pytest.mark.slow  # torchrun
+@pytest.mark.slow
+@pytest.mark.torchrun
 def test_nproc_says_a_rank_input_error_in_one_line_without_torchruns_lines(tmp_path, launch):
     """Issue 16 item 17: under --nproc, 5-6 torchrun log lines surrounded the one line (and the launcher said the
     config's warnings a second time)."""
@@ -590,7 +598,8 @@ def test_eval_rank_sums_add_up_to_one_process(monkeypatch, engine):
     assert all(0 < s[3] < want[3] for s, _, _ in ranks)  # each rank evaluated a part, not the whole
 
 
-@pytest.mark.slow  # torchrun
+@pytest.mark.slow
+@pytest.mark.torchrun
 def test_all_max_and_all_sum_over_two_processes(ranks):
     """`mem_gib` is logged as the max over ranks: the one all-reduce it takes, over real gloo ranks."""
     got = [r["collectives"] for r in ranks]

@@ -141,7 +141,8 @@ def ranks(tmp_path_factory) -> list[dict]:
     return launch_ranks(out, RANKS, [str(out), os.path.dirname(os.path.abspath(__file__)), *sources])
 
 
-@pytest.mark.slow  # torchrun
+@pytest.mark.slow
+@pytest.mark.torchrun
 def test_meta_init_and_sharded_load_equal_the_plain_load(ranks):
     for rank in ranks:
         assert len(rank["load"]) == 12
@@ -150,7 +151,8 @@ def test_meta_init_and_sharded_load_equal_the_plain_load(ranks):
             assert res["bad"] == [] and res["missing"] == [] and res["buffers"] == [], key
 
 
-@pytest.mark.slow  # torchrun
+@pytest.mark.slow
+@pytest.mark.torchrun
 def test_each_rank_holds_and_stages_less_than_the_whole_model(ranks):
     """The two ranks' parts add up to the model (disjoint shards, nothing held twice); each is about half of it; the
     largest block staged on the host (a slice read, or one block of a preset's init) is far from the whole."""
@@ -165,7 +167,8 @@ def test_each_rank_holds_and_stages_less_than_the_whole_model(ranks):
             assert r["host_peak_bytes"] > 0 and r["gpu_peak_bytes"] == 0, (key, r)
 
 
-@pytest.mark.slow  # torchrun
+@pytest.mark.slow
+@pytest.mark.torchrun
 def test_fsdp2_mixed_precision_is_bf16_compute_fp32_masters_and_reductions(ranks):
     mp = ranks[0]["mp"]
     assert mp["forward"] == ["torch.bfloat16"], mp  # a layer's parameters as its forward sees them: gathered bf16
@@ -175,7 +178,8 @@ def test_fsdp2_mixed_precision_is_bf16_compute_fp32_masters_and_reductions(ranks
     assert "torch.float32" in mp["reduce"] and "torch.bfloat16" not in mp["reduce"], mp  # reductions in fp32
 
 
-@pytest.mark.slow  # torchrun
+@pytest.mark.slow
+@pytest.mark.torchrun
 def test_fsdp2_layer_groups_train_what_ddp_trains_with_one_gather_per_group(ranks):
     """`group:K` units: K consecutive layers gathered and reduced together, and the window's gradient is DDP's, element
     by element (tolerance of test_distributed: only the order of fp32 sums differs). All-gathers per micro-batch, 4

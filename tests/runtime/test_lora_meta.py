@@ -162,7 +162,8 @@ def ranks(tmp_path_factory) -> list[dict]:
     return launch_ranks(out, RANKS, [str(out), here, *sources])
 
 
-@pytest.mark.slow  # torchrun
+@pytest.mark.slow
+@pytest.mark.torchrun
 def test_sharded_meta_lora_equals_the_plain_lora_build(ranks):
     for rank in ranks:
         assert len(rank) == 4
@@ -172,7 +173,8 @@ def test_sharded_meta_lora_equals_the_plain_lora_build(ranks):
             assert res["base_dtypes"] == ["torch.bfloat16"] and res["adapter_dtypes"] == ["torch.float32"], source
 
 
-@pytest.mark.slow  # torchrun
+@pytest.mark.slow
+@pytest.mark.torchrun
 def test_each_rank_holds_part_of_the_base(ranks):
     """Each rank's shards of the frozen base are about half of it and the two add up to it; the largest block
     staged on the host is far from the whole model."""

@@ -88,7 +88,8 @@ def test_the_window_splits_over_every_machines_processes_before_any_launch(tmp_p
         main([*argv, "--gradient_accumulation_steps", "3", "--output_dir", str(tmp_path / "o")])
 
 
-@pytest.mark.slow  # torchrun, twice
+@pytest.mark.slow
+@pytest.mark.torchrun  # twice
 def test_two_nodes_train_what_one_process_trains(tmp_path, small_data):
     port = free_port()
     s = settings(small_data, "full", output_dir=tmp_path / "two")
@@ -141,7 +142,8 @@ distributed.shutdown(d)
 """
 
 
-@pytest.mark.slow  # torchrun
+@pytest.mark.slow
+@pytest.mark.torchrun
 def test_an_output_dir_not_shared_by_every_rank_is_refused_on_every_rank(tmp_path):
     script = tmp_path / "ranks.py"
     script.write_text(RANKS)

@@ -115,6 +115,7 @@ def test_random_sigint_sigterm_sigkill_resume_on_the_uninterrupted_curve(tmp_pat
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (seed, faults)
 
 
+@pytest.mark.torchrun
 def test_ctrl_c_under_nproc_saves_on_every_rank_and_resumes_on_the_curve(tmp_path, small_data):
     """A terminal's Ctrl-C reaches the launcher and both ranks (and torchrun passes it on): the ranks agree on the
     step to stop after, save it together, and the run resumes in two processes on the uninterrupted curve."""

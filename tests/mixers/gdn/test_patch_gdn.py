@@ -10,6 +10,8 @@ from hybridtune.data.collator import varlen_metadata
 from hybridtune.models.patching import find_mixers, patch_model, unpatch_model
 from hybridtune.models.presets import preset_config
 
+pytestmark = pytest.mark.transformers_compat  # reads transformers' code: run again under another release (CI)
+
 FAMILIES = ["tiny-qwen3_5", "tiny-qwen3_next"]
 LENS = [10, 1, 64, 75, 3]  # uneven, a one-token document, a document of exactly one chunk
 
