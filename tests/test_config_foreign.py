@@ -101,7 +101,7 @@ def test_a_key_hybridtune_has_under_another_name(tmp_path, key, value, ours):
         ("optim: paged_adamw_8bit", "hybridtune runs AdamW"),
         ("deepspeed: ds_z3.json", "run with --nproc N and set distributed"),
         ("fsdp: full_shard auto_wrap", "run with --nproc N and set distributed"),
-        ("flash_attention: true", "picks its attention and GDN kernels itself"),
+        ("flash_attention: true", "picks its attention and linear-attention kernels itself"),
         ("lora_target_linear: true", "write lora_target_modules: all-linear"),
         ("lora_target: all", "all-linear (LLaMA-Factory's all)"),
         ("finetuning_type: lora", "set adapter: lora or adapter: full"),

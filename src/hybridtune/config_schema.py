@@ -14,8 +14,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
-# Default LoRA targets: attention projections, the GDN projections and the MLP (dense and MoE experts'
-# shared MLP). Names that a model lacks are simply not matched; at least one must match.
+# Default LoRA targets: attention projections, the linear-attention mixers' projections and the MLP (dense and MoE
+# experts' shared MLP). Names that a model lacks are simply not matched; at least one must match.
 DEFAULT_LORA_TARGETS = [
     "q_proj",
     "k_proj",
@@ -215,8 +215,9 @@ class TrainConfig:
     )
     keep_mixer_cores: Literal["auto"] | bool = _f(
         "auto",
-        "under checkpointing, keep the GDN cores' (delta rule) outputs in the checkpoints (true: faster, more "
-        "memory) or recompute them in the backward (false); auto = keep them when the memory estimate fits",
+        "under checkpointing, keep the mixers' core outputs (the linear-attention delta rule's) in the checkpoints "
+        "(true: faster, more memory) or recompute them in the backward (false); auto = keep them when the memory "
+        "estimate fits",
     )
     compile_overrides: list[str] = _f(
         [], "per-class plan overrides for compile: modules, as Class=compile|fullgraph|eager|off (see doctor)"
@@ -361,7 +362,7 @@ def config_help() -> str:
 _QUANTIZED = "quantized base weights (QLoRA, bitsandbytes) are not supported yet; use adapter: lora on the bf16 base"
 _OPTIMIZER = "hybridtune runs AdamW (torch's, fused on a GPU; 8-bit optimizers are planned); remove the key"
 _ENGINE = "hybridtune shards with its own DDP/FSDP2: run with --nproc N and set distributed (ddp | fsdp); remove it"
-_KERNELS = "hybridtune picks its attention and GDN kernels itself (see the kernels key); remove it"
+_KERNELS = "hybridtune picks its attention and linear-attention kernels itself (see the kernels key); remove it"
 _UPLOAD = "hybridtune does not upload: the run's final/ (or an exported checkpoint) is the model to upload; remove it"
 _WANDB = "set report_to: wandb; W&B's own variables (WANDB_PROJECT, WANDB_ENTITY) name the project"
 _STEPS = "hybridtune counts in steps: set eval_steps / save_steps (0: only at the end)"

@@ -1,7 +1,7 @@
 """Compile strategy "loop": the text model's forward (embeddings out, decoder loop, final norm) as one graph.
 
 `compile_loop(model)` finds the text model by structure (the outermost module owning `embed_tokens` and a `layers`
-ModuleList), routes its GDN mixers through hybridtune ops (`patch_model`) and replaces its forward, on this instance
+ModuleList), routes its mixers through hybridtune ops (`patch_model`) and replaces its forward, on this instance
 only, by a wrapper that runs the embedding lookup eagerly, calls the forward written in the class body (behind its
 decorators) through `torch.compile(fullgraph=True)`, marks the pack-layout sizes dynamic (T, documents N, chunks C;
 under a static layout only C), runs every decoder layer through `compiler.regions` (`regional=True`: each distinct
@@ -147,10 +147,10 @@ def _mark_chunks_dynamic(kwargs) -> None:
 
 
 # Inductor settings the regional loop needs: with buffer reuse on, inductor (torch 2.11-2.13) lets a reused region's
-# backward write into a buffer a later invocation still reads, so every stamped-out GDN layer but the last gets wrong
-# gradients (the loss is right; the first backward call, the last layer, is right). Off, the freed buffers go back
-# to the caching allocator (or the CUDA-graph pool) instead of being overwritten in place: the same memory, a few
-# more allocator calls. tests/compiler/test_loop_regions.py shows both (a strict xfail says when torch fixes it).
+# backward write into a buffer a later invocation still reads, so the stamped-out layers get wrong gradients (where
+# it was measured: docs/INTERNALS.md, compiler/loop.py). Off, the freed buffers go back to the caching allocator (or
+# the CUDA-graph pool) instead of being overwritten in place: the same memory, a few more allocator calls.
+# tests/compiler/test_loop_regions.py shows both (a strict xfail says when torch fixes it).
 REGIONAL_INDUCTOR_OPTIONS = {"allow_buffer_reuse": False}
 
 
@@ -178,24 +178,24 @@ def compile_loop(
     """Compile the decoder loop of `model` (a transformers model, peft-wrapped or not) as one graph.
 
     Returns a `LoopHandle`; calling `model(**batch)` afterwards runs the compiled loop whenever no cache
-    is in use. Batch tensors: input_ids/position_ids [1, T], cu_seq_lens_q/k [N + 1],
-    gdn_chunk_indices [C, 2] (see `hybridtune.data.collator`).
+    is in use. Batch tensors: input_ids/position_ids [1, T], cu_seq_lens_q/k [N + 1] and the mixers' metadata
+    (`registry.model_keys`, e.g. chunk indices [C, 2]; see `hybridtune.data.collator`).
 
     `static_shapes=True` (batches of a static layout, `hybridtune.data.collator.StaticLayout`): only the
-    chunk count is marked dynamic (the GDN ops alone read it), so T and N are traced as constants (less
-    to trace than the dynamic graph, and fit for CUDA graphs, which record once per chunk
-    count); a batch of another T or N would then recompile.
+    mixers' metadata rows (`registry.dynamic_keys`, e.g. a chunk count) are marked dynamic (their opaque ops alone
+    read them), so T and N are traced as constants (less to trace than the dynamic graph, and fit for CUDA graphs,
+    which record once per distinct count); a batch of another T or N would then recompile.
 
     `regional=True` traces and compiles each distinct decoder layer once and stamps it out for the identical
     layers (`hybridtune.compiler.regions`); False (the default) inlines every layer into the one graph. Under
     dynamo's eager and AOT autograd's aot_eager backends both give the eager result; under inductor the
     regional loop compiles with inductor's buffer reuse off (REGIONAL_INDUCTOR_OPTIONS: with it on, torch's
-    inductor gives the stamped-out GDN layers wrong gradients).
+    inductor gives the stamped-out layers wrong gradients).
     Either way the layers return their routers' logits when the model asks for them (`output_router_logits`),
     so an MoE model's router loss stays in the one graph.
 
-    `keep_cores=True`: under gradient checkpointing each layer keeps its mixer's core outputs (the GDN delta rule's;
-    SDPA's attention kernels) from the forward and the backward's recompute skips them (compiler/recompute.py).
+    `keep_cores=True`: under gradient checkpointing each layer keeps its mixer's core outputs (`core_ops`: the
+    linear-attention delta rule's, SDPA's attention kernels) from the forward and the backward's recompute skips them (compiler/recompute.py).
     """
     report = None
     if patch and not is_patched(model):

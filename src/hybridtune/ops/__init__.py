@@ -1,5 +1,5 @@
-"""Custom ops (`torch.ops.hybridtune.*`) and their pure-torch references.
+"""Shared custom ops that belong to no mixer (`loss.py`: the chunked cross-entropy).
 
-`import hybridtune.mixers.gdn.ops` registers `hybridtune::causal_conv1d`, `hybridtune::gdn_chunk` and their
-backward ops. This package imports nothing else of hybridtune.
+A mixer's own custom ops (`torch.ops.hybridtune.*`, with their backward ops and pure-torch references) live in its
+folder, `mixers/<kind>/`, and register when imported. This package imports nothing else of hybridtune.
 """

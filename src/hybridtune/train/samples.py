@@ -7,7 +7,7 @@ prompt and are passed over. The same first N such examples of the held-out set a
 log shows one set of prompts evolving.
 
 Generation is transformers' own `generate` (greedy, the model's recurrent and key/value cache) on the trained model
-itself: the patched GDN mixers take the upstream forward whenever a cache is given (models/patching.py), the
+itself: the patched mixers take the upstream forward whenever a cache is given (models/patching.py), the
 compiled loop calls the upstream forward with a cache (compiler/loop.py), and the attention implementation falls
 back to SDPA without packing metadata. It stops at the reference's last token (the format's end of turn) or the
 tokenizer's end-of-sequence token, and equals stock transformers' greedy decoding of the same weights (tested).
