@@ -10,7 +10,7 @@ ADAPTER_DIR                 a peft adapter: its base from adapter_config.json, e
 MODEL_DIR, hub id, preset   a base model, as training opens one (models/loading.py)
 ```
 
-The model comes back as stock transformers (and peft) build it, in eval mode. `patched=True` routes its GDN mixers
+The model comes back as stock transformers (and peft) build it, in eval mode. `patched=True` routes its mixers
 through hybridtune's ops before the adapter is applied, as training does (packed evaluation needs it).
 """
 
