@@ -155,7 +155,7 @@ def diagnose(model: str | None = None) -> dict[str, Any]:
     prov = provision_kernels("check", False, config, env=env, log=False)  # doctor checks; it never installs
     out["model"] = {"spec": model, "source": label, "model_type": getattr(config, "model_type", None)}
     out["provision"] = prov.to_dict()
-    for spec in MIXERS.values():  # each mixer's layouts, e.g. gdn_layouts
+    for spec in MIXERS.values():  # each mixer's self-test layouts, as `<kind>_layouts`
         if spec.selftest is not None:
             out["model"][f"{spec.kind}_layouts"] = [str(lay) for lay in spec.selftest().layouts(config)]
     built, err = _build_meta(config)

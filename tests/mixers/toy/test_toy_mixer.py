@@ -1,9 +1,11 @@
 """The mixer seam: a toy mixer (conftest.py) registered from the test through `hybridtune.mixers.register` only is
-routed by patch_model, fed its metadata by the collator, trains, compiles with no graph break, is counted by the
-FLOP model and the memory estimate, and shows in the kernel path report (what `doctor` prints)."""
+routed by patch_model, fed its metadata by the collator, trains through the runtime's step (`LossModule` over the
+SFT objective, whose `model_inputs` pass the registry's keys), compiles with no graph break, is counted by the FLOP
+model and the memory estimate, and shows in the kernel path report (what `doctor` prints)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import torch
 
 import hybridtune
 from conftest import DOC_IDS, KIND, toy_recurrence, toy_reference
-from hybridtune.batch import MODEL_KEYS
+from hybridtune.batch import NUM_LOSS_TOKENS
 from hybridtune.data.collator import PackedCollator
 from hybridtune.data.packing import Example
 from hybridtune.kernels.paths import report as path_report
@@ -19,7 +21,10 @@ from hybridtune.mixers import MIXERS, registry
 from hybridtune.models.flops import step_flops
 from hybridtune.models.patching import patch_model
 from hybridtune.models.presets import preset_config
+from hybridtune.runtime.distributed import LossModule
 from hybridtune.runtime.memory import ActivationShapes, step_bytes
+from hybridtune.runtime.step import model_inputs
+from hybridtune.train.objectives.sft import SFT
 
 LENS = [5, 9, 3, 15]
 
@@ -35,10 +40,6 @@ def _batch():
     gen = torch.Generator().manual_seed(0)
     docs = [Example(torch.randint(1, 256, (n,), generator=gen).tolist(), [1] * n) for n in LENS]
     return PackedCollator()(docs)
-
-
-def _inputs(batch):
-    return {k: batch[k] for k in registry.model_keys(MODEL_KEYS) if k in batch}
 
 
 def test_closed_form_is_the_recurrence():
@@ -62,11 +63,12 @@ def test_routed_collated_and_trained(toy_mixer):
     assert rep.num_routed == 3 and all(p == "toy -> pure torch" for p in rep.routed.values()), rep.routed
     batch = _batch()
     assert batch[DOC_IDS].tolist() == [d for d, n in enumerate(LENS) for _ in range(n)]
-    assert DOC_IDS in registry.model_keys(MODEL_KEYS) and DOC_IDS in registry.dynamic_keys()
+    assert DOC_IDS in model_inputs(batch) and DOC_IDS in registry.dynamic_keys()
+    engine = LossModule(model, SFT(fused=True))  # what train's step calls (DDP / FSDP2 wrap this module)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
     for _ in range(6):
-        loss = model(**_inputs(batch)).loss
+        loss = engine(batch, batch[NUM_LOSS_TOKENS])
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -74,7 +76,7 @@ def test_routed_collated_and_trained(toy_mixer):
     assert losses[-1] < losses[0] - 0.5, losses
     # the toy's weights learn: its projections get gradients through the recurrence
     layer = next(m for m in model.modules() if getattr(m, registry.MIXER_ATTR, None) == KIND)
-    model(**_inputs(batch)).loss.backward()
+    engine(batch, batch[NUM_LOSS_TOKENS]).backward()
     assert layer.in_proj_a.weight.grad.abs().sum() > 0 and layer.in_proj_z.weight.grad.abs().sum() > 0
 
 
@@ -86,10 +88,10 @@ def test_compiles_with_no_graph_break(toy_mixer):
     torch._dynamo.reset()
     model = _model().train()
     batch = _batch()
-    eager = model(**_inputs(batch)).loss.detach()  # unpatched: GDN reference; patched below: the toy
+    eager = model(**model_inputs(batch)).loss.detach()  # unpatched: GDN reference; patched below: the toy
     compile_loop(model, backend="aot_eager")
     counters.clear()
-    loss = model(**_inputs(batch)).loss
+    loss = model(**model_inputs(batch)).loss
     loss.backward()
     assert dict(counters["graph_break"]) == {}
     assert torch.isfinite(loss) and not torch.equal(loss.detach(), eager)
@@ -127,3 +129,25 @@ def _registry_restored():
     before = list(MIXERS)
     yield
     assert list(MIXERS) == before  # the toy fixture removes what it registered
+
+
+def test_graph_setup_runs_every_mixers_hook_and_one_undo(toy_mixer):
+    """`registry.graph_setup` (what CUDA graphs, the loop and the bench call) reaches a registered mixer's hook, checks
+    an `option=form` against the mixers' forms, and undoes every mixer's settings in reverse order."""
+    calls = []
+
+    def setup(what):
+        calls.append(what)
+        return lambda: calls.append(f"undo {what}")
+
+    spec = dataclasses.replace(toy_mixer, graph_setup=setup, graph_forms={"toy_form": ("a", "b")})
+    registry.register(spec, replace=True)
+    assert registry.graph_forms()["toy_form"] == ("a", "b") and "conv" in registry.graph_forms()
+    undo = registry.graph_setup(registry.CUDA_GRAPHS)
+    assert calls == [registry.CUDA_GRAPHS]
+    undo()
+    assert calls[-1] == f"undo {registry.CUDA_GRAPHS}"
+    with pytest.raises(ValueError, match=r"toy_form takes a\|b"):
+        registry.graph_setup("toy_form=c")
+    registry.graph_setup("toy_form=b")()
+    assert calls[-2:] == ["toy_form=b", "undo toy_form=b"]
