@@ -276,7 +276,7 @@ class Trainer:
         summed = distributed.all_sum_(torch.stack([loss_sum, loss_sum.new_tensor(float(bool(self.stop.requested)))]), d)
         total, stop, grad_norm = torch.cat([summed, norm.double().to(summed.device).reshape(1)]).tolist()
         try:
-            health.check_step(self.step + 1, total, grad_norm, cfg.learning_rate)
+            health.check_step(self.step + 1, total, grad_norm, cfg.learning_rate, self.model, d)
         except TrainingDiverged:
             self.optimizer.zero_grad(set_to_none=True)  # the update is never applied: the model stays finite
             raise
@@ -326,7 +326,7 @@ class Trainer:
         report_eval(res, self.step, self.metrics)
         if result is not None:
             result.evals.append(res)
-        health.check_eval(self.step, res["eval_loss"], self.cfg.learning_rate)
+        health.check_eval(self.step, res["eval_loss"], self.cfg.learning_rate, self.model, self.dist)
         return res
 
     def save(self) -> Path:
