@@ -19,6 +19,7 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from hybridtune.config import TrainConfig, load_config
 from hybridtune.data.chat import template_names, with_chat_template
 from hybridtune.errors import ConfigError, ModelError
 from hybridtune.models.hub import resolve_source
-from hybridtune.models.loading import LoadedModel, load_model, load_tokenizer, tokenizer_for
+from hybridtune.models.loading import LoadedModel, load_model, load_tokenizer, pickle_refused, tokenizer_for
 from hybridtune.models.patching import patch_model
 from hybridtune.models.presets import PRESETS
 from hybridtune.run import checkpoint as ckpt
@@ -100,17 +101,31 @@ def at_run_cwd(cfg: TrainConfig, cwd) -> TrainConfig:
     return cfg
 
 
+def _step(record: dict, key: str, where: Path) -> int:
+    """`record[key]`, a step number; a ModelError (one line) when a hand edit or damage made it something else."""
+    value = record[key]
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    shown = json.dumps(value)
+    raise ModelError(
+        f"{where}: '{key}' is {shown if len(shown) <= 40 else shown[:37] + '...'}, not a step (a whole number "
+        ">= 0); the file was edited or damaged: open another checkpoint of the run, or copy this one again"
+    )
+
+
 def _run_of(path: Path) -> tuple[TrainConfig | None, int | None]:
     """The run config and step recorded for a final/ or checkpoint-N/ directory, when it is a run's own."""
     meta = _json(path / ckpt.META_FILE)
     if meta is not None and "step" in meta:  # a checkpoint records its run itself
+        step = _step(meta, "step", path / ckpt.META_FILE)
         cfg = run_config(meta.get("run"), path / ckpt.META_FILE)
         if cfg is None:
             cfg = run_config(_json(path.parent / RUN_FILE), path.parent / RUN_FILE)
-        return cfg, int(meta["step"])
+        return cfg, step
     info = _json(path / INFO_FILE)
     if info is not None and "steps" in info:  # a run's final/: the run file beside it
-        return run_config(_json(path.parent / RUN_FILE), path.parent / RUN_FILE), int(info["steps"])
+        step = _step(info, "steps", path / INFO_FILE)
+        return run_config(_json(path.parent / RUN_FILE), path.parent / RUN_FILE), step
     return None, None
 
 
@@ -205,6 +220,9 @@ def _open_adapter(path: Path, patched: bool, dtype: torch.dtype | None) -> Opene
         patch_model(loaded.model)
     try:
         model = PeftModel.from_pretrained(loaded.model, str(path))
+    except pickle.UnpicklingError as e:  # peft's torch.load(weights_only=True) of an adapter_model.bin
+        files = sorted(p.name for p in path.glob("*.bin"))
+        raise pickle_refused(f"cannot load the adapter in '{path}'", files, e) from None
     except (OSError, ValueError, KeyError, RuntimeError, TypeError) as e:  # missing or mismatched adapter weights
         raise ModelError(f"cannot load the adapter in '{path}' onto '{base_name}': {e}") from None
     return Opened(model, tok, "adapter", str(path), path, base=base_name, loaded=loaded)

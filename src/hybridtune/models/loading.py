@@ -10,6 +10,8 @@ tower) is frozen, also in a full fine-tune, and stays in the dtype it was saved 
 from __future__ import annotations
 
 import logging
+import pickle
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,7 @@ from pathlib import Path
 import torch
 import transformers
 from safetensors import SafetensorError
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as CAUSAL_LM
 
 from hybridtune.errors import ModelError
 from hybridtune.models.anatomy import output_head, text_model
@@ -118,12 +121,33 @@ def freeze_non_text(model: torch.nn.Module) -> list[str]:
 
 def model_class(config) -> type:
     """The class a checkpoint was saved from (`architectures[0]`) when transformers has it and it is generative
-    (a causal LM or a vision-language model); else AutoModelForCausalLM (by `model_type`). Never remote code."""
+    (a causal LM or a vision-language model); else AutoModelForCausalLM (by `model_type`). Never remote code.
+    A ModelError when `architectures` names a class of another family than `model_type` (a hand-edited config)."""
     archs = getattr(config, "architectures", None) or []
     cls = getattr(transformers, archs[0], None) if archs else None
     if isinstance(cls, type) and archs[0].endswith(_GENERATIVE):
+        expected = getattr(cls, "config_class", None)
+        if isinstance(expected, type) and not isinstance(config, expected):
+            own = CAUSAL_LM.get(config.model_type)
+            fix = f'set it to ["{own}"] or remove it' if own else "fix it or remove it"
+            raise ModelError(
+                f"config.json's architectures names {archs[0]}, a class for {expected.model_type!r} models, but its "
+                f"model_type is {config.model_type!r}; {fix}"
+            )
         return cls
     return transformers.AutoModelForCausalLM
+
+
+def pickle_refused(where: str, files: list[str], e: Exception) -> ModelError:
+    """The one line for a pickled weight file that torch.load(weights_only=True) refused (it names a Python global
+    beside its tensors: loading it could run code)."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(e))
+    holds = f"{found.group(1)} beside its tensors" if found else "more than tensors"
+    return ModelError(
+        f"{where}: the pickled weight file {', '.join(files) or '(.bin)'} holds {holds}; hybridtune loads only "
+        "safetensors or pickles of plain tensors (torch.load weights_only) and refuses this one; get the weights as "
+        "safetensors from their source"
+    )
 
 
 def _load_preset(name: str, tok, seed: int, dtype, meta: bool = False) -> LoadedModel:
@@ -221,6 +245,10 @@ def _load_checkpoint(source: ModelSource, tok, dtype, meta: bool = False) -> Loa
         raise ModelError(
             f"cannot load checkpoint '{path}': a weight file is damaged or incomplete ({e}); download or copy it again"
         ) from None
+    except pickle.UnpicklingError as e:
+        raise pickle_refused(
+            f"cannot load checkpoint '{path}'", sorted(p.name for p in path.glob("*.bin")), e
+        ) from None
     except RuntimeError as e:
         if "mismatch" not in str(e):
             raise
@@ -287,6 +315,7 @@ __all__ = [
     "check_checkpoint_dir",
     "load_model",
     "materialize",
+    "pickle_refused",
     "resolve_source",
     "tokenizer_for",
 ]
