@@ -1,4 +1,4 @@
-"""Command-line entry point: `hybridtune {train,bench,doctor,compile,merge,generate,chat,eval,export}`.
+"""Command-line entry point: `hybridtune {train,data,bench,doctor,compile,merge,generate,chat,eval,export}`.
 
 Each command lives in the layer it drives and exposes `main(argv) -> int | None`; this module only
 dispatches, sets up logging, and turns `UserError` into one line on stderr with exit code 2.
