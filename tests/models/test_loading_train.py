@@ -85,7 +85,7 @@ def test_a_vision_language_checkpoint_trains_in_its_original_class(tmp_path, dat
     t = _train(tmp_path / "out", data, ckpt, adapter=adapter, loss=loss, eval_steps=3)
     result = t.result
     assert result.steps == 3 and not result.interrupted
-    assert t.choices.compile.value == "off" and t.fused_loss == (loss == "fused")
+    assert t.choices.compile.value == "off" and t.objective.fused == (loss == "fused")
     base = t.model.get_base_model() if adapter == "lora" else t.model
     assert type(base).__name__ == "Qwen3_5ForConditionalGeneration"
     evals = [e["eval_loss"] for e in result.evals]
