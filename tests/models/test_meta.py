@@ -1,7 +1,7 @@
 """A model built on the meta device and filled (`load_model(meta=True)` + `materialize`) equals the plain load, bit for
 bit: every parameter (dtype, requires_grad, tying), every buffer, for each checkpoint kind (fp32 and bf16 files, the
 frozen vision tower as saved, per-expert files fused) and for the presets (their seeded init). The sharded case (FSDP2
-over 2 processes) is tests/train/test_distributed_meta.py."""
+over 2 processes) is tests/runtime/test_distributed_meta.py."""
 
 from __future__ import annotations
 
