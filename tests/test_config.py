@@ -47,7 +47,7 @@ def test_ill_typed_and_out_of_range(tmp_path):
         load_config(None, {"adapter": "qlora"})
     p = tmp_path / "c.yaml"
     p.write_text("micro_batch_size: 1\nsequence_len: many\n")
-    with pytest.raises(ConfigError, match=r"c\.yaml:2: key 'sequence_len': expected int"):
+    with pytest.raises(ConfigError, match=r"c\.yaml:2: key 'sequence_len': expected 'auto' \| int"):
         load_config(p)
     with pytest.raises(ConfigError, match="'sequence_len' = 1 must be at least 2"):
         load_config(None, {"sequence_len": 1})

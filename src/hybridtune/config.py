@@ -97,7 +97,9 @@ def _coerce(value: Any, tp: Any, where: str, node: yaml.Node | None = None, nest
         for arg in typing.get_args(tp):
             try:
                 return _coerce(value, arg, where, node, nest)
-            except ConfigError:
+            except ConfigError as e:
+                if arg is float and "finite" in str(e):  # a number, but not a finite one (`auto | float`): say so
+                    raise
                 continue
         raise bad()
     if tp is type(None):
@@ -433,9 +435,10 @@ def warmup_warning(cfg: TrainConfig, total_steps: int) -> str | None:
     if cfg.warmup_ratio > 0 or cfg.warmup_steps < total_steps:
         return None
     length = f"max_steps = {cfg.max_steps}" if cfg.max_steps > 0 else f"the run has {total_steps} steps"
+    lr = cfg.learning_rate if isinstance(cfg.learning_rate, str) else f"{cfg.learning_rate:g}"  # (auto)
     return (
         f"config key 'warmup_steps = {cfg.warmup_steps}' is not shorter than the run ({length}): the learning "
-        f"rate never reaches learning_rate = {cfg.learning_rate:g}; lower warmup_steps"
+        f"rate never reaches learning_rate = {lr}; lower warmup_steps"
     )
 
 

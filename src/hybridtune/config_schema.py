@@ -33,6 +33,10 @@ DEFAULT_LORA_TARGETS = [
 ALL_LINEAR = "all-linear"
 
 BUNDLED_DATASET = "hybridtune:sample/arithmetic.jsonl"
+# What `sequence_len: auto` and `learning_rate: auto` are for a preset (the demo's values; runtime/defaults.py decides
+# them for a checkpoint), and `sequence_len: auto` where nothing resolves it (data.build.prepare called as a library).
+PRESET_SEQUENCE_LEN = 256
+PRESET_LEARNING_RATE = 1e-3
 
 # torch.manual_seed takes a 64-bit value and the trainer adds the rank to the seed.
 MAX_SEED = 2**63 - 1
@@ -118,7 +122,11 @@ class TrainConfig:
     dataset_num_proc: int = _f(
         0, "processes that tokenise the data (0: auto, one per core for large data); the result is cached"
     )
-    sequence_len: int = _f(256, "tokens per packed bin (and max tokens per example)")
+    sequence_len: Literal["auto"] | int = _f(
+        "auto",
+        "tokens per packed bin (and max tokens per example); auto = 256 for a preset, else the least power of two "
+        "at or above the 99th percentile of the training examples' lengths, within the model's context",
+    )
     sample_packing: bool = _f(True, "pack several examples per bin (off: one example per bin)")
     excess_length_strategy: Literal["truncate", "drop"] = _f("truncate", "examples longer than sequence_len")
     train_on_inputs: bool = _f(False, "also train on prompt/user tokens (default: assistant/response only)")
@@ -145,7 +153,10 @@ class TrainConfig:
     max_steps: int = _f(
         -1, "optimizer steps to run (-1: from num_epochs; 0: only evaluate and export the starting model)"
     )
-    learning_rate: float = _f(1e-3, "peak learning rate")
+    learning_rate: Literal["auto"] | float = _f(
+        "auto",
+        "peak learning rate; auto = 2e-4 for LoRA and 1e-5 for a full fine-tune of a checkpoint, 1e-3 for a preset",
+    )
     lr_scheduler: Literal["cosine", "linear", "constant"] = _f("cosine", "decay after warmup")
     warmup_steps: int = _f(10, "linear warmup steps")
     warmup_ratio: float = _f(
@@ -247,7 +258,7 @@ class TrainConfig:
 def range_checks(cfg: TrainConfig) -> list[tuple[bool, str, Any, str]]:
     """(ok, key, value, what it must be) for each bound that a key's type cannot express."""
     return [
-        (cfg.sequence_len >= 2, "sequence_len", cfg.sequence_len, "must be at least 2"),
+        (cfg.sequence_len == "auto" or cfg.sequence_len >= 2, "sequence_len", cfg.sequence_len, "must be at least 2"),
         (cfg.micro_batch_size >= 1, "micro_batch_size", cfg.micro_batch_size, "must be at least 1"),
         (
             cfg.gradient_accumulation_steps >= 1,
@@ -257,9 +268,9 @@ def range_checks(cfg: TrainConfig) -> list[tuple[bool, str, Any, str]]:
         ),
         (cfg.lora_r >= 1, "lora_r", cfg.lora_r, "must be at least 1"),
         (0.0 <= cfg.lora_dropout < 1.0, "lora_dropout", cfg.lora_dropout, "must be in [0, 1)"),
-        (cfg.learning_rate > 0, "learning_rate", cfg.learning_rate, "must be positive"),
+        (cfg.learning_rate == "auto" or cfg.learning_rate > 0, "learning_rate", cfg.learning_rate, "must be positive"),
         (
-            cfg.learning_rate <= MAX_LEARNING_RATE,
+            cfg.learning_rate == "auto" or cfg.learning_rate <= MAX_LEARNING_RATE,
             "learning_rate",
             cfg.learning_rate,
             f"must be at most {MAX_LEARNING_RATE:g} (fine-tunes use 1e-6 to 1e-2; far larger overflows the "

@@ -1,14 +1,18 @@
 """From config to training bins and held-out examples: load every source (data/sources.py), tokenise it (cached,
-data/examples.py), hold out the eval examples (`test_datasets`, else a `val_set_size` share), fit to sequence_len
-(every truncated or dropped row recorded: data/report.py), pack."""
+data/examples.py), hold out the eval examples (`test_datasets`, else a `val_set_size` share: `load_data`), fit to
+sequence_len (every truncated or dropped row recorded: data/report.py), pack (`prepare`). Between the two, a trainer
+decides `sequence_len: auto` from the training examples' lengths (`covering_length`, runtime/defaults.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import random
 from dataclasses import dataclass, field
 
 from hybridtune.config import TrainConfig
+from hybridtune.config_schema import PRESET_SEQUENCE_LEN
 from hybridtune.data.chat import check_template_kwargs
 from hybridtune.data.examples import Loaded, load_source
 from hybridtune.data.packing import Example, PackStats, pack
@@ -25,6 +29,7 @@ class PreparedData:
     stats: PackStats
     report: list[dict] = field(default_factory=list)  # every truncated or dropped row (data/report.py's records)
     sources: list[Loaded] = field(default_factory=list)  # each data source's examples, rows, cache key and format
+    sequence_len: int = 0  # the bins' size (a `sequence_len: auto` as decided)
 
 
 def split_heldout(examples: list, val_set_size: float, seed: int) -> tuple[list, list]:
@@ -40,7 +45,29 @@ def split_heldout(examples: list, val_set_size: float, seed: int) -> tuple[list,
     return [e for i, e in enumerate(examples) if i not in val], [examples[i] for i in sorted(val)]
 
 
-def prepare(cfg: TrainConfig, tokenizer) -> PreparedData:
+def covering_length(lengths: list[int], share: float, cap: int | None = None) -> int:
+    """The smallest power of two (at least 2) that holds a `share` of `lengths` whole (their nearest-rank quantile),
+    at most `cap` (a model's context); `cap` (or 2) for no lengths."""
+    if not lengths:
+        return cap or 2
+    quantile = sorted(lengths)[max(0, math.ceil(share * len(lengths)) - 1)]
+    n = 1 << max(1, math.ceil(math.log2(max(quantile, 2))))
+    return min(n, cap) if cap else n
+
+
+@dataclass
+class LoadedData:
+    """Every source tokenised and split, before sequence_len: (source, row) of each training and held-out example."""
+
+    sources: list[Loaded]
+    train: list[tuple[Loaded, int]]
+    heldout: list[tuple[Loaded, int]]
+
+    def train_lengths(self) -> list[int]:
+        return [len(src.examples[i]) for src, i in self.train]
+
+
+def load_data(cfg: TrainConfig, tokenizer) -> LoadedData:
     kwargs = check_template_kwargs(cfg.chat_template_kwargs)
 
     def load(sources) -> list[Loaded]:
@@ -52,10 +79,6 @@ def prepare(cfg: TrainConfig, tokenizer) -> PreparedData:
     def rows(loaded: list[Loaded]) -> list[tuple[Loaded, int]]:  # (source, row) of every example, in order
         return [(src, i) for src in loaded for i in range(len(src.examples))]
 
-    def fit_rows(picked: list[tuple[Loaded, int]], strategy: str, split: str):
-        examples = [src.examples[i] for src, i in picked]
-        return fit(examples, lambda k: picked[k][0].where(picked[k][1]), cfg.sequence_len, strategy, split)
-
     sources = load(cfg.resolved_datasets())
     if cfg.test_datasets:
         test = load(cfg.test_datasets)
@@ -63,6 +86,21 @@ def prepare(cfg: TrainConfig, tokenizer) -> PreparedData:
         sources += test
     else:
         train, heldout = split_heldout(rows(sources), cfg.val_set_size, cfg.seed)
+    return LoadedData(sources, train, heldout)
+
+
+def prepare(cfg: TrainConfig, tokenizer, loaded: LoadedData | None = None) -> PreparedData:
+    """The run's bins and held-out examples (`loaded`: `load_data`'s, when the caller has it). A `sequence_len: auto`
+    that the caller has not decided (runtime/defaults.py) is the preset's PRESET_SEQUENCE_LEN."""
+    loaded = loaded or load_data(cfg, tokenizer)
+    if cfg.sequence_len == "auto":
+        cfg = dataclasses.replace(cfg, sequence_len=PRESET_SEQUENCE_LEN)
+    sources, train, heldout = loaded.sources, loaded.train, loaded.heldout
+
+    def fit_rows(picked: list[tuple[Loaded, int]], strategy: str, split: str):
+        examples = [src.examples[i] for src, i in picked]
+        return fit(examples, lambda k: picked[k][0].where(picked[k][1]), cfg.sequence_len, strategy, split)
+
     fitted, stats, report = fit_rows(train, cfg.excess_length_strategy, "train")
     held, _, held_report = fit_rows(heldout, "drop", "heldout")
     report += held_report
@@ -90,4 +128,4 @@ def prepare(cfg: TrainConfig, tokenizer) -> PreparedData:
         msg += f"; {len(held_report)} held-out dropped"
     logger.info(msg)
     log_records(report)
-    return PreparedData(bins, held, stats, report, sources)
+    return PreparedData(bins, held, stats, report, sources, cfg.sequence_len)

@@ -9,17 +9,21 @@ source's tokenisation cache key.
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import TextIO
 
 from hybridtune.config import TrainConfig, config_help, load_config, parse_overrides
-from hybridtune.data.build import PreparedData, prepare
+from hybridtune.data.build import PreparedData, load_data, prepare
 from hybridtune.data.chat import with_chat_template
 from hybridtune.data.examples import Loaded
 from hybridtune.data.report import WHY, counts
 from hybridtune.errors import ConfigError
 from hybridtune.models.hub import resolve_source
 from hybridtune.models.loading import tokenizer_for
+from hybridtune.runtime.defaults import resolve_defaults
+
+logger = logging.getLogger(__name__)
 
 USAGE = """usage: hybridtune data [CONFIG.yaml] [--key value ...] [--rows N]
 
@@ -79,7 +83,11 @@ def preview(cfg: TrainConfig, rows: int, out: TextIO, color: bool = False) -> Pr
     """Print the preview of `cfg`'s data to `out`; returns the prepared data."""
     source = resolve_source(cfg.base_model, cfg.revision, files=TOKENIZER_FILES)
     tokenizer = with_chat_template(tokenizer_for(source, cfg.tokenizer), cfg.chat_template)
-    data = prepare(cfg, tokenizer)
+    loaded = load_data(cfg, tokenizer)
+    defaults = resolve_defaults(cfg, source, loaded.train_lengths())  # sequence_len: auto, as training decides it
+    defaults.log(logger)
+    cfg = defaults.apply(cfg)
+    data = prepare(cfg, tokenizer, loaded)
     notes = {r["where"]: r for r in data.report}
     mark = "green" if color else f"between {OPEN} and {CLOSE}"
     print(f"data for {cfg.base_model}'s tokenizer, sequence_len {cfg.sequence_len}; trained text {mark}", file=out)

@@ -22,7 +22,7 @@ import torch
 
 from hybridtune.config import TrainConfig, load_config, to_dict
 from hybridtune.data import PackedCollator
-from hybridtune.data.build import prepare
+from hybridtune.data.build import covering_length, prepare
 from hybridtune.data.examples import load_examples
 from hybridtune.data.formats import detect_type
 from hybridtune.data.packing import Example, fit_to_length
@@ -64,12 +64,14 @@ def eval_config(run: TrainConfig | None, overrides: dict, data: dict | None = No
 
 
 def eval_examples(cfg: TrainConfig, tokenizer, split: str) -> tuple[list[Example], int]:
-    """The examples evaluated, and how many were dropped as longer than sequence_len (or without a scored token).
+    """The examples evaluated, and how many were dropped as longer than sequence_len (or without a scored token);
+    a `sequence_len: auto` is decided in `cfg` (`all`: the smallest power of two holding every example).
 
     `heldout`: the trainer's own held-out examples (`data.build.prepare`, capped at eval_max_examples). `all`:
     every example of the data, prepared as the held-out ones are (overlong ones dropped, not truncated)."""
     if split == "heldout":
-        held = prepare(cfg, tokenizer).eval_examples
+        data = prepare(cfg, tokenizer)
+        held, cfg.sequence_len = data.eval_examples, data.sequence_len  # (a run's own, or auto's 256)
         if not held:
             raise DataError(f"val_set_size={cfg.val_set_size} holds out no example of this data; use --split all")
         return held[: cfg.eval_max_examples], 0
@@ -77,6 +79,8 @@ def eval_examples(cfg: TrainConfig, tokenizer, split: str) -> tuple[list[Example
     for ds in cfg.resolved_datasets():
         kwargs = cfg.chat_template_kwargs
         examples.extend(load_examples(ds, tokenizer, cfg.train_on_inputs, cfg.dataset_num_proc, template_kwargs=kwargs))
+    if cfg.sequence_len == "auto":  # a model outside a run: every example whole
+        cfg.sequence_len = covering_length([len(e) for e in examples], 1.0)
     kept, stats = fit_to_length(examples, cfg.sequence_len, "drop")
     if not kept:
         raise DataError(

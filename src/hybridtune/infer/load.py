@@ -37,6 +37,7 @@ from hybridtune.run.base import base_revision
 from hybridtune.run.export import BASE_DIR, FINAL_DIR, INFO_FILE
 from hybridtune.run.merge import read_adapter_config
 from hybridtune.run.outdir import RUN_FILE
+from hybridtune.runtime.defaults import recorded_values
 from hybridtune.runtime.lora import lora_from_config
 
 logger = logging.getLogger(__name__)
@@ -66,11 +67,14 @@ def _json(path: Path) -> dict | None:
 
 
 def run_config(record: dict | None, where: Path) -> TrainConfig | None:
-    """A run's config from its record ({"config": ...}, as the run file and checkpoint.json hold it)."""
+    """A run's config from its record ({"config": ...}, as the run file and checkpoint.json hold it), its `auto`
+    learning_rate and sequence_len as the run decided them (runtime/defaults.py)."""
     if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
         return None
+    config = dict(record["config"])
+    config.update({k: v for k, v in recorded_values(record).items() if config.get(k, "auto") == "auto"})
     try:
-        return at_run_cwd(load_config(None, dict(record["config"]), warn=False), record.get("cwd"))
+        return at_run_cwd(load_config(None, config, warn=False), record.get("cwd"))
     except ConfigError as e:
         raise ModelError(
             f"{where}: the run's recorded config does not load under this hybridtune version ({e}); "

@@ -28,7 +28,7 @@ import torch
 from hybridtune.batch import NUM_LOSS_TOKENS, NUM_TOKENS
 from hybridtune.config import TrainConfig, warmup_warning
 from hybridtune.data import PackedCollator, with_chat_template
-from hybridtune.data.build import PreparedData, prepare
+from hybridtune.data.build import PreparedData, load_data, prepare
 from hybridtune.data.digests import one_read
 from hybridtune.data.packing import Example
 from hybridtune.data.report import to_jsonl
@@ -48,6 +48,7 @@ from hybridtune.runtime import compose as compose_step
 from hybridtune.runtime import cudagraphs, distributed, health, oom
 from hybridtune.runtime.choices import Choices, Facts, choose_bf16, measure, pick_device, resolve
 from hybridtune.runtime.compose import compose
+from hybridtune.runtime.defaults import RESOLVED, recorded_values, resolve_defaults
 from hybridtune.runtime.metrics import MetricsLog, StepFlops, StepLog, memory_gib
 from hybridtune.runtime.model import build_model
 from hybridtune.runtime.optim import build_optimizer, build_scheduler
@@ -137,7 +138,15 @@ class Trainer:
         )  # a hub id: its local snapshot
         tokenizer = tokenizer_for(self.source, self.cfg.tokenizer)
         self.tokenizer = with_chat_template(tokenizer, self.cfg.chat_template)
-        self.data: PreparedData = prepare(self.cfg, self.tokenizer)
+        loaded = load_data(self.cfg, self.tokenizer)
+        # learning_rate and sequence_len `auto` by what the model is, before packing; a resume keeps its run's.
+        recorded = recorded_values(ckpt.meta_of(self.resume_at).get("run")) if self.resume_at else {}
+        defaults = resolve_defaults(self.cfg, self.source, loaded.train_lengths(), recorded)
+        defaults.log(logger)
+        self.cfg = defaults.apply(self.cfg)  # numbers from here on; the run record keeps the `auto`s and these
+        if self.run is not None:
+            self.run[RESOLVED] = defaults.resolved()
+        self.data: PreparedData = prepare(self.cfg, self.tokenizer, loaded)
 
     def _find_resume(self) -> Path | None:
         if not self.cfg.resume_from_checkpoint:

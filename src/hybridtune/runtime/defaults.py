@@ -1,0 +1,124 @@
+"""The `auto` defaults that follow from what the model is, decided once before the data is packed, each a `Choice`
+with its reason (logged `choice learning_rate: ...`, as runtime/choices.py's are):
+
+    learning_rate  a preset: the demo's 1e-3; a checkpoint: 2e-4 under LoRA, 1e-5 for a full fine-tune
+    sequence_len   a preset: 256; a checkpoint: the smallest power of two holding COVER of the training examples
+                   whole (data.build.covering_length), at most the model's context (max_position_embeddings)
+
+A given value is kept. A resumed run takes the values its checkpoint's run record holds (`RESOLVED`), so a resume
+never packs or steps differently from the run it continues. The step's memory at that length is
+gradient_checkpointing: auto's to fit (runtime/memory.py), not this choice's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+from hybridtune.config import TrainConfig
+from hybridtune.config_schema import PRESET_LEARNING_RATE, PRESET_SEQUENCE_LEN
+from hybridtune.data.build import covering_length
+from hybridtune.models.hub import ModelSource
+from hybridtune.runtime.facts import Choice
+
+# What practitioners start a released checkpoint at (peft's and TRL's LoRA examples; full fine-tunes of instruct
+# models 1e-5 to 2e-5): a LoRA adapter starts at zero and needs the larger step, full weights the small one.
+LORA_LEARNING_RATE = 2e-4
+FULL_LEARNING_RATE = 1e-5
+COVER = 0.99  # the share of the training examples `sequence_len: auto` keeps whole
+RESOLVED = "resolved"  # the run record's key holding the values the run's `auto`s took ({"sequence_len": 512, ...})
+KEYS = ("learning_rate", "sequence_len")
+
+
+@dataclasses.dataclass(frozen=True)
+class Defaults:
+    learning_rate: Choice
+    sequence_len: Choice
+
+    def resolved(self) -> dict:
+        """The values, for the run record (`RESOLVED`) and the config."""
+        return {k: getattr(self, k).value for k in KEYS}
+
+    def apply(self, cfg: TrainConfig) -> TrainConfig:
+        return dataclasses.replace(cfg, **self.resolved())
+
+    def log(self, log: logging.Logger) -> None:
+        for k in KEYS:
+            c: Choice = getattr(self, k)
+            log.info("choice %s: %s (%s)", k, f"{c.value:g}" if isinstance(c.value, float) else c.value, c.reason)
+
+
+def model_context(source: ModelSource) -> int | None:
+    """The checkpoint's context length: config.json's max_position_embeddings (its text_config's, for a
+    vision-language model); None for a preset or a config without it. Reads JSON only."""
+    if source.path is None:
+        return None
+    try:
+        config = json.loads((Path(source.path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for part in (config.get("text_config"), config):
+        value = part.get("max_position_embeddings") if isinstance(part, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 2:
+            return value
+    return None
+
+
+def choose_learning_rate(cfg: TrainConfig, preset: bool, recorded: dict) -> Choice:
+    if cfg.learning_rate != "auto":
+        return Choice(cfg.learning_rate, "given")
+    if isinstance(recorded.get("learning_rate"), float):
+        return Choice(recorded["learning_rate"], "auto: as the run this resumes decided it")
+    if preset:
+        return Choice(PRESET_LEARNING_RATE, "auto: a preset with random weights, the demo's rate")
+    if cfg.adapter == "lora":
+        return Choice(LORA_LEARNING_RATE, "auto: LoRA on a checkpoint, as practitioners start it")
+    return Choice(FULL_LEARNING_RATE, "auto: a full fine-tune of a checkpoint, as practitioners start it")
+
+
+def choose_sequence_len(
+    cfg: TrainConfig, lengths: list[int], context: int | None, preset: bool, recorded: dict
+) -> Choice:
+    """`lengths`: the training examples' token counts."""
+    given = cfg.sequence_len != "auto"
+    value = cfg.sequence_len if given else recorded.get("sequence_len")
+    if isinstance(value, int) and not given:
+        return Choice(value, f"auto: as the run this resumes decided it; {_fits(lengths, value)}")
+    if given:
+        return Choice(value, f"given; {_fits(lengths, value)}")
+    if preset:
+        return Choice(PRESET_SEQUENCE_LEN, f"auto: a preset, the demo's length; {_fits(lengths, PRESET_SEQUENCE_LEN)}")
+    n = covering_length(lengths, COVER, context)
+    if context is not None and n == context and covering_length(lengths, COVER) > context:
+        why = f"the model's context (max_position_embeddings {context})"
+    else:
+        ctx = f", within the model's context of {context}" if context else ""
+        why = f"the smallest power of two holding {COVER:.0%} of them{ctx}"
+    return Choice(n, f"auto: {why}; {_fits(lengths, n)}")
+
+
+def _fits(lengths: list[int], n: int) -> str:
+    if not lengths:
+        return "no training examples"
+    fit = sum(length <= n for length in lengths)
+    return f"{fit / len(lengths):.1%} of the {len(lengths)} training examples fit whole (longest {max(lengths)} tokens)"
+
+
+def recorded_values(run: dict | None) -> dict:
+    """The values a run record ({"config": ..., RESOLVED: ...}) says its `auto`s took; {} when it says none."""
+    held = run.get(RESOLVED) if isinstance(run, dict) else None
+    return {k: v for k, v in held.items() if k in KEYS} if isinstance(held, dict) else {}
+
+
+def resolve_defaults(
+    cfg: TrainConfig, source: ModelSource, lengths: list[int], recorded: dict | None = None
+) -> Defaults:
+    """Every default of this module for `cfg` on `source` (see the module docstring); `recorded`: a resumed run's
+    `recorded_values`."""
+    recorded = recorded or {}
+    return Defaults(
+        learning_rate=choose_learning_rate(cfg, source.is_preset, recorded),
+        sequence_len=choose_sequence_len(cfg, lengths, model_context(source), source.is_preset, recorded),
+    )
