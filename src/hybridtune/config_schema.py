@@ -226,9 +226,8 @@ class TrainConfig:
     )
     keep_mixer_cores: Literal["auto"] | bool = _f(
         "auto",
-        "under checkpointing, keep the mixers' core outputs (the linear-attention delta rule's) in the checkpoints "
-        "(true: faster, more memory) or recompute them in the backward (false); auto = keep them when the memory "
-        "estimate fits",
+        "under checkpointing, keep the mixers' core outputs (true: faster, more memory) or recompute them in the "
+        "backward (false); auto = keep them when the memory estimate fits",
     )
     compile_overrides: list[str] = _f(
         [], "per-class plan overrides for compile: modules, as Class=compile|fullgraph|eager|off (see doctor)"

@@ -53,10 +53,10 @@ def test_auto_retries_an_out_of_memory_first_step_with_checkpointing(tmp_path, s
     auto = Trainer(_cfg(tmp_path / "auto", small_data, "auto"))
     auto.setup()
     assert not _checkpointed(auto)  # auto starts without recompute
-    auto.engine = _OomOnce(auto.engine)
+    auto.composed.engine = _OomOnce(auto.composed.engine)  # what the step calls (runtime.compose.backward)
     with caplog.at_level(logging.WARNING, logger="hybridtune.train.trainer"):
         got = auto.train()
-    assert auto.engine.calls > 1 and _checkpointed(auto)
+    assert auto.composed.engine.calls > 1 and _checkpointed(auto)
     assert any("ran out of GPU memory" in r.getMessage() for r in caplog.records)
     # The retried step read the same packs: the curve is the one of the run that had checkpointing from the start.
     assert len(got.losses) == len(ref.losses) == 3

@@ -15,6 +15,7 @@ from hybridtune.data.packing import Example
 from hybridtune.models.anatomy import decoder_layers
 from hybridtune.models.loading import load_model
 from hybridtune.runtime import distributed
+from hybridtune.train.objectives import SFT
 
 CPU = torch.device("cpu")
 # Dist.world only says whether to wrap (and what to log); the process group below has one rank.
@@ -42,7 +43,7 @@ def test_each_unit_prefetches_the_next_in_forward_and_the_previous_in_backward(o
     model = load_model("tiny-qwen3_5", seed=3).model
     layers = decoder_layers(model)
     assert len(layers) == sum(sizes) == 4
-    engine = distributed.wrap(distributed.LossModule(model), dataclasses.replace(FSDP, units=units), CPU, False)
+    engine = distributed.wrap(distributed.LossModule(model, SFT(fused=True)), dataclasses.replace(FSDP, units=units), CPU, False)
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     heads = [layers[s] for s in starts]  # the first layer of each unit: a group's layers share one FSDP2 state
     assert all(_state(layer) is _state(layers[s]) for s, n in zip(starts, sizes) for layer in layers[s : s + n])
@@ -67,7 +68,7 @@ def test_each_unit_prefetches_the_next_in_forward_and_the_previous_in_backward(o
     batch = PackedCollator()([Example(list(range(5, 5 + n)), [1] * n) for n in (40, 23, 9)])
     FSDPParamGroup.unshard = spy
     try:
-        loss = engine(batch, 72, True)
+        loss = engine(batch, 72)
     finally:
         FSDPParamGroup.unshard = unshard
     forward = [e for e in events if e[0] == "forward"]
