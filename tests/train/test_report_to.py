@@ -14,7 +14,7 @@ import pytest
 from hybridtune.config import load_config
 from hybridtune.errors import ConfigError
 from hybridtune.train.trackers import samples_markdown
-from hybridtune.train.trainer import Trainer
+from train_runs import run
 
 
 def settings(out: Path, data: str, **kw) -> dict:
@@ -36,19 +36,6 @@ def rows(out: Path, kind: str) -> list[dict]:
     return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["type"] == kind]
 
 
-def train(cfg, stop_after: int | None = None):
-    t = Trainer(cfg)
-    t.setup()
-    if stop_after is not None:
-
-        def interrupt(rec):
-            if rec["step"] == stop_after:
-                raise KeyboardInterrupt
-
-        t.on_log = interrupt
-    return t.train()
-
-
 def tensorboard_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
     ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     acc = ea.EventAccumulator(str(logdir), size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})
@@ -59,7 +46,7 @@ def tensorboard_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
 def test_tensorboard_event_file_holds_the_metrics(tmp_path, small_data):
     pytest.importorskip("tensorboard")
     out = tmp_path / "run"
-    train(load_config(None, settings(out, small_data, report_to="tensorboard", run_name="tb", eval_samples=1)))
+    run(load_config(None, settings(out, small_data, report_to="tensorboard", run_name="tb", eval_samples=1)))
     logdir = out / "runs" / "tb"
     assert list(logdir.glob("events.out.tfevents.*"))
     got = tensorboard_scalars(logdir)
@@ -86,9 +73,9 @@ def test_tensorboard_resume_continues_the_step_axis(tmp_path, small_data):
     pytest.importorskip("tensorboard")
     out = tmp_path / "run"
     cfg = settings(out, small_data, report_to="tensorboard", save_steps=2)
-    first = train(load_config(None, cfg), stop_after=3)
+    first = run(load_config(None, cfg), stop_after=3)
     assert first.interrupted
-    rest = train(load_config(None, {**cfg, "resume_from_checkpoint": str(out / "checkpoint-2"), "overwrite": True}))
+    rest = run(load_config(None, {**cfg, "resume_from_checkpoint": str(out / "checkpoint-2"), "overwrite": True}))
     assert rest.steps == 4
     got = tensorboard_scalars(out / "runs" / "run")
     want = rows(out, "train")
@@ -100,8 +87,8 @@ def test_a_fresh_run_replaces_the_earlier_event_files(tmp_path, small_data):
     pytest.importorskip("tensorboard")
     out = tmp_path / "run"
     cfg = load_config(None, settings(out, small_data, report_to="tensorboard", max_steps=2, eval_steps=0))
-    train(cfg)
-    train(cfg)  # the same command again: a fresh run, as metrics.jsonl starts empty
+    run(cfg)
+    run(cfg)  # the same command again: a fresh run, as metrics.jsonl starts empty
     assert len(list((out / "runs" / "run").glob("events.out.tfevents.*"))) == 1
     assert [s for s, _ in tensorboard_scalars(out / "runs" / "run")["train/loss"]] == [1, 2]
 
@@ -147,7 +134,7 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path, small_data, monkeypatch):
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-home"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-home"))
     out = tmp_path / "run"
-    train(load_config(None, settings(out, small_data, report_to="wandb", max_steps=3, eval_steps=0)))
+    run(load_config(None, settings(out, small_data, report_to="wandb", max_steps=3, eval_steps=0)))
     (run_dir,) = (out / "runs" / "wandb").glob("offline-run-*")
     # wandb's service process writes the file: finish() has been seen to return before the last records landed.
     deadline = time.monotonic() + 60
