@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("hybridtune.bench.command", "training modes side by side: tokens/s, memory, FLOP utilisation, loss"),
     "doctor": ("hybridtune.kernels.doctor", "versions, GPU, kernel paths and fixes; the presets and example configs"),
     "compile": ("hybridtune.compiler.modules.command", "generate standalone per-class forwards (--family, --sweep)"),
-    "merge": ("hybridtune.run.merge", "merge a LoRA adapter into its base model and save safetensors"),
+    "merge": ("hybridtune.infer.merge_command", "merge a LoRA adapter into its base model and save safetensors"),
     "data": ("hybridtune.infer.data_preview", "the data as training sees it: rows rendered, trained tokens marked"),
     "generate": ("hybridtune.infer.generate", "completions of prompts from a trained model, checkpoint or adapter"),
     "chat": ("hybridtune.infer.chat", "talk to a model interactively (streams on a terminal; /reset, /exit)"),
@@ -53,6 +53,35 @@ def _setup_logging() -> None:
     root.propagate = False
 
 
+# transformers' notice that a kernel-hub function runs its reference PyTorch code (integrations/hub_kernels.py), said
+# only while that reference runs. Under hybridtune the mixers run its own ops or that same reference, and the kernel
+# report (train) and `hybridtune doctor` say which path each takes; four such notices would land in the middle of the
+# output (a chat's first reply). Where a faster path exists (a GPU), one line of ours says so instead.
+FALLBACK_NOTICE = "is falling back to its reference PyTorch implementation"
+FALLBACK_LOGGER = "transformers.integrations.hub_kernels"
+_said: list[bool] = []
+
+
+def drop_fallback_notice(record: logging.LogRecord) -> bool:
+    if FALLBACK_NOTICE not in record.getMessage():
+        return True
+    torch = sys.modules.get("torch")  # (loaded: a model is running)
+    if not _said and torch is not None and torch.cuda.is_available():
+        _said.append(True)
+        logging.getLogger(__name__).warning(
+            "slow path: the linear-attention mixers run transformers' reference PyTorch ops on this GPU (fast "
+            "kernels not installed); run `hybridtune doctor` for the fix"
+        )
+    return False
+
+
+def _quiet_transformers() -> None:
+    """Drop transformers' reference-fallback notice (see FALLBACK_NOTICE); its other messages pass."""
+    log = logging.getLogger(FALLBACK_LOGGER)
+    if drop_fallback_notice not in log.filters:
+        log.addFilter(drop_fallback_notice)
+
+
 def _stack_dumps_on_sigusr1() -> None:
     """`kill -USR1 <pid>` prints every thread's Python stack to stderr (a stalled run says where it is)."""
     import faulthandler
@@ -80,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown command '{name}'.{hint} Commands: {', '.join(COMMANDS)}.", file=sys.stderr)
         return 2
     _setup_logging()
+    _quiet_transformers()
     _stack_dumps_on_sigusr1()
     try:
         module = importlib.import_module(COMMANDS[name][0])

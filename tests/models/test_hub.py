@@ -98,6 +98,10 @@ def test_names_that_are_no_model_suggest_presets(tmp_path):
     ):
         resolve_source("tiny-qwen3.5")
     with pytest.raises(ModelError, match=r"Presets \(random weights\): tiny-qwen3_5, "):
+        resolve_source("no-such-model")
+    with pytest.raises(ModelError, match=r"'\./my-modle': no such directory \(.*my-modle does not exist\)"):
+        resolve_source("./my-modle")  # a mistyped local path: said so, never looked up on the hub
+    with pytest.raises(ModelError, match=r"no such directory \(.*missing/dir does not exist\)"):
         resolve_source(str(tmp_path / "missing" / "dir"))
     (tmp_path / "noconfig").mkdir()
     with pytest.raises(ModelError, match="has no config.json"):

@@ -351,7 +351,9 @@ def provision_kernels(
             f"{'; '.join(report.gaps)}. Fix: {' && '.join(report.fixes()) or 'see hybridtune doctor'}; "
             "or set require_fast_path: false."
         )
-    if report.gaps and log:
+    if report.gaps and log and report.accelerator is None:  # no faster path on this machine: nothing to fix
+        logger.info("no GPU: the mixers run hybridtune's pure-torch reference ops (fast kernels need a CUDA device)")
+    elif report.gaps and log:
         logger.warning("slow path: %s (run `hybridtune doctor` for the fix)", "; ".join(report.gaps))
     return report
 

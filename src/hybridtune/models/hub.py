@@ -86,10 +86,23 @@ def _not_found(name: str) -> ModelError:
     )
 
 
+def looks_like_path(name: str) -> bool:
+    """A name the user meant as a local path: it holds a separator or starts with `.` or `~` (and is no hub id)."""
+    return not looks_like_hub_id(name) and ("/" in name or os.sep in name or name.startswith((".", "~")))
+
+
 def check_checkpoint_dir(path: Path, name: str | None = None) -> Path:
-    """`path` if it is a directory with a config.json, else a ModelError."""
+    """`path` if it is a directory with a config.json, else a ModelError (a mistyped path: that it does not exist)."""
+    name = name or str(path)
+    if path.is_file():
+        raise ModelError(f"base_model '{name}' is a file; give the checkpoint directory that holds config.json")
+    if not path.is_dir() and looks_like_path(name):
+        raise ModelError(
+            f"base_model '{name}': no such directory ({path.absolute()} does not exist); check the path "
+            "(a hub id is org/name, a preset a bare name)"
+        )
     if not path.is_dir():
-        raise _not_found(name or str(path))
+        raise _not_found(name)
     if not (path / "config.json").is_file():
         raise ModelError(f"checkpoint directory '{path}' has no config.json; point base_model at a saved model")
     return path

@@ -192,8 +192,13 @@ def save_final(
             if adapter == "lora":
                 config = model.peft_config["default"]
                 config.base_model_name_or_path, config.revision = adapter_base(loaded, base_dir)
+                # hybridtune never resizes the vocabulary, so the base's embeddings stay out of the adapter; peft's
+                # "auto" would look the base up on the hub to check (a warning when offline).
                 model.save_pretrained(
-                    tmp, safe_serialization=True, **({"state_dict": full} if full is not None else {})
+                    tmp,
+                    safe_serialization=True,
+                    save_embedding_layers=False,
+                    **({"state_dict": full} if full is not None else {}),
                 )
             else:
                 frozen = source.frozen_names(unwrap(model))

@@ -1,4 +1,4 @@
-"""`hybridtune merge ADAPTER_DIR OUT_DIR`: fold a LoRA adapter into its base and save safetensors.
+"""Fold a LoRA adapter into its base and save safetensors (`hybridtune merge`, infer/merge_command.py).
 
 The base loads in its original class (config.json `architectures[0]`, e.g. Qwen3_5ForConditionalGeneration), the
 class the adapter's keys follow. The result is written as the base checkpoint is (models/source.py): its
@@ -13,7 +13,6 @@ temporary directory (`.tmp-<OUT>-*` beside OUT), and one a killed merge left is 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
@@ -195,13 +194,3 @@ def read_adapter_config(config_file: Path) -> dict:
     if not isinstance(data, dict):
         raise ModelError(f"{config_file}: expected a JSON object, got {type(data).__name__}")
     return data
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="hybridtune merge", description=__doc__.splitlines()[0])
-    parser.add_argument("adapter_dir", help="LoRA adapter directory (OUTPUT_DIR/final)")
-    parser.add_argument("out_dir", help="where to write the merged model (must not exist)")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty out_dir")
-    args = parser.parse_args(argv)
-    merge(args.adapter_dir, args.out_dir, args.overwrite)
-    return 0
