@@ -10,13 +10,7 @@ import json
 
 import pytest
 
-from checkpoints import make_checkpoint
 from hybridtune.cli import main
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("generate-input"), "qwen3_5_text", name="model")
 
 
 @pytest.fixture
@@ -28,17 +22,6 @@ def no_model(monkeypatch):
 
     monkeypatch.setattr("hybridtune.infer.load.open_model", refuse)
     monkeypatch.setattr("hybridtune.infer.evaluate.open_model", refuse)
-
-
-def _error(argv: list[str], capsys) -> str:
-    """The one error line of a command that must fail with exit code 2."""
-    rc = main(argv)
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 BAD_ROWS = {
@@ -53,12 +36,12 @@ BAD_ROWS = {
 
 @pytest.mark.parametrize("template", [True, False], ids=["template", "no_chat_template"])
 @pytest.mark.parametrize("case", list(BAD_ROWS))
-def test_bad_prompt_rows_are_named_before_the_model_loads(case, template, model_dir, tmp_path, no_model, capsys):
+def test_bad_prompt_rows_are_named_before_the_model_loads(case, template, model_dir, tmp_path, no_model, error_line):
     row, says = BAD_ROWS[case]
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "a good row first"}) + "\n\n" + json.dumps(row) + "\n")
     argv = ["generate", str(model_dir), "--prompts", str(prompts)] + ([] if template else ["--no_chat_template"])
-    line = _error(argv, capsys)
+    line = error_line(argv)
     assert f"{prompts}:3:" in line and says in line, line
 
 
@@ -95,9 +78,9 @@ def test_good_prompt_rows_still_generate(model_dir, tmp_path, capsys):
     ids=["temperature-nan", "temperature-inf", "temperature-negative", "top_p-nan", "top_k", "seed-huge", "seed-neg"],
 )
 @pytest.mark.parametrize("command", ["generate", "chat"])
-def test_sampling_arguments_are_checked_before_the_model_loads(command, flags, says, model_dir, no_model, capsys):
+def test_sampling_arguments_are_checked_before_the_model_loads(command, flags, says, model_dir, no_model, error_line):
     argv = [command, str(model_dir), *flags] + (["--prompt", "hi"] if command == "generate" else [])
-    line = _error(argv, capsys)
+    line = error_line(argv)
     assert says in line, line
 
 
@@ -107,24 +90,24 @@ def test_a_large_seed_in_range_samples(model_dir, capsys):
 
 
 @pytest.mark.parametrize("errors", ["strict", "surrogateescape"])
-def test_chat_stdin_that_is_not_utf8(errors, model_dir, monkeypatch, capsys):
+def test_chat_stdin_that_is_not_utf8(errors, model_dir, monkeypatch, error_line):
     """A terminal or pipe in a UTF-8 locale raises on the bytes (strict); in the C locale Python hands them on as
     lone surrogates (surrogateescape), which the tokenizer refused with a TypeError."""
     stdin = io.TextIOWrapper(io.BytesIO(b"hello\nh\xffi\n"), encoding="utf-8", errors=errors)
     monkeypatch.setattr("sys.stdin", stdin)
-    line = _error(["chat", str(model_dir), "--max_new_tokens", "2"], capsys)
+    line = error_line(["chat", str(model_dir), "--max_new_tokens", "2"])
     assert "stdin" in line and "line 2" in line and "UTF-8" in line and "0xff" in line, line
 
 
-def test_a_prompt_argument_that_is_not_utf8(model_dir, no_model, capsys):
-    line = _error(["generate", str(model_dir), "--prompt", "ok", "--prompt", "h\udcffi"], capsys)
+def test_a_prompt_argument_that_is_not_utf8(model_dir, no_model, error_line):
+    line = error_line(["generate", str(model_dir), "--prompt", "ok", "--prompt", "h\udcffi"])
     assert "--prompt 2" in line and "UTF-8" in line and "0xff" in line, line
 
 
-def test_a_prompts_directory_is_called_a_directory(model_dir, tmp_path, no_model, capsys):
-    line = _error(["generate", str(model_dir), "--prompts", str(tmp_path)], capsys)
+def test_a_prompts_directory_is_called_a_directory(model_dir, tmp_path, no_model, error_line):
+    line = error_line(["generate", str(model_dir), "--prompts", str(tmp_path)])
     assert "is a directory" in line and "does not exist" not in line, line
-    line = _error(["generate", str(model_dir), "--prompts", str(tmp_path / "missing.jsonl")], capsys)
+    line = error_line(["generate", str(model_dir), "--prompts", str(tmp_path / "missing.jsonl")])
     assert "does not exist" in line, line
 
 
@@ -140,8 +123,8 @@ def test_a_prompts_directory_is_called_a_directory(model_dir, tmp_path, no_model
     ],
     ids=["max_examples", "max_examples-heldout", "sequence_len", "val_set_size", "val_set_size-nan", "dataset_type"],
 )
-def test_eval_errors_name_its_own_flags(flags, flag, key, model_dir, tmp_path, no_model, capsys):
+def test_eval_errors_name_its_own_flags(flags, flag, key, model_dir, tmp_path, no_model, error_line):
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"text": "one two three four"}) + "\n")
-    line = _error(["eval", "--model", str(model_dir), "--dataset", str(data), *flags], capsys)
+    line = error_line(["eval", "--model", str(model_dir), "--dataset", str(data), *flags])
     assert flag in line and key not in line, line

@@ -10,17 +10,11 @@ import os
 import pytest
 
 from checkpoints import fake_sha, hub_cache, make_checkpoint
-from hybridtune.cli import main
 from hybridtune.errors import ModelError
 from hybridtune.models.hub import resolve_source
 
 REPO = "acme/tiny"
 SHA = fake_sha("main")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("hub-paths"), "qwen3_5_text", name="model")
 
 
 @pytest.fixture
@@ -34,16 +28,6 @@ def cache(model_dir, tmp_path, monkeypatch):
     return home, home / "hub" / "models--acme--tiny", outside
 
 
-def _error(argv: list[str], capsys) -> str:
-    rc = main(argv)
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, err
-    return lines[0]
-
-
 def test_the_cache_resolves_also_through_a_symlink(cache, tmp_path, monkeypatch):
     home, repo, _ = cache
     assert resolve_source(REPO).path == repo / "snapshots" / SHA
@@ -53,19 +37,19 @@ def test_the_cache_resolves_also_through_a_symlink(cache, tmp_path, monkeypatch)
     assert resolve_source(REPO).path.resolve() == (repo / "snapshots" / SHA).resolve()  # not refused
 
 
-def test_a_ref_that_climbs_out_of_the_cache_is_refused(cache, capsys):
+def test_a_ref_that_climbs_out_of_the_cache_is_refused(cache, error_line):
     home, repo, outside = cache
     (repo / "refs" / "main").write_text(os.path.relpath(outside, repo / "snapshots"))  # ../../../../outside
-    line = _error(["generate", REPO, "--prompt", "hi", "--max_new_tokens", "2"], capsys)
+    line = error_line(["generate", REPO, "--prompt", "hi", "--max_new_tokens", "2"])
     assert "outside the hub cache" in line and REPO in line, line
 
 
-def test_a_snapshot_linked_outside_the_cache_is_refused(cache, capsys):
+def test_a_snapshot_linked_outside_the_cache_is_refused(cache, error_line):
     home, repo, outside = cache
     snapshot = repo / "snapshots" / SHA
     snapshot.rename(repo / "moved")
     snapshot.symlink_to(outside, target_is_directory=True)
-    line = _error(["generate", REPO, "--prompt", "hi", "--max_new_tokens", "2"], capsys)
+    line = error_line(["generate", REPO, "--prompt", "hi", "--max_new_tokens", "2"])
     assert "outside the hub cache" in line, line
 
 
@@ -80,21 +64,21 @@ def test_a_snapshot_file_linked_outside_the_cache_is_refused(cache, tmp_path):
 
 
 @pytest.mark.parametrize("revision", ["../../../../outside", "main/../../x", "/etc", "refs/../../x", "a\\..\\b"])
-def test_a_revision_that_is_a_path_is_refused(revision, cache, tmp_path, capsys):
+def test_a_revision_that_is_a_path_is_refused(revision, cache, tmp_path, error_line):
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"text": "one two three"}) + "\n")
     argv = ["train", "--base_model", REPO, "--revision", revision, "--dataset", str(data), "--max_steps", "1"]
-    line = _error([*argv, "--output_dir", str(tmp_path / "out")], capsys)
+    line = error_line([*argv, "--output_dir", str(tmp_path / "out")])
     assert f"revision '{revision}'" in line and "branch, tag or commit" in line, line
     assert not (tmp_path / "out").exists()
 
 
-def test_an_adapters_recorded_revision_is_checked_too(cache, tmp_path, capsys):
+def test_an_adapters_recorded_revision_is_checked_too(cache, tmp_path, error_line):
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     config = {"peft_type": "LORA", "base_model_name_or_path": REPO, "revision": "../../../../outside"}
     (adapter / "adapter_config.json").write_text(json.dumps({**config, "r": 2, "target_modules": ["q_proj"]}))
-    line = _error(["generate", str(adapter), "--prompt", "hi"], capsys)
+    line = error_line(["generate", str(adapter), "--prompt", "hi"])
     assert "revision '../../../../outside' is not a branch, tag or commit name" in line, line
 
 

@@ -13,16 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from checkpoints import make_checkpoint
 from hybridtune.cli import main
 from hybridtune.run import checkpoint as ckpt
 
 TRAIN = ["train", "--max_steps", "2", "--save_steps", "2", "--sequence_len", "128", "--eval_steps", "0"]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("model-metadata"), "qwen3_5_text", name="model")
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +25,6 @@ def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("model-metadata-run") / "run"
     assert main([*TRAIN, "--output_dir", str(out)]) == 0
     return out
-
-
-def _error(argv: list[str], capsys) -> str:
-    rc = main(argv)
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 def _foreign_pickle(path, tensors: dict) -> None:
@@ -54,12 +38,12 @@ def _refuses_the_pickle(line: str, name: str) -> None:
     assert "False" not in line and "Re-running" not in line, line  # never advises weights_only=False
 
 
-def test_a_model_directorys_pickle_with_foreign_globals(model_dir, tmp_path, capsys):
+def test_a_model_directorys_pickle_with_foreign_globals(model_dir, tmp_path, error_line):
     pickled = tmp_path / "pickled"
     shutil.copytree(model_dir, pickled)
     _foreign_pickle(pickled / "pytorch_model.bin", load_file(pickled / "model.safetensors"))
     (pickled / "model.safetensors").unlink()
-    line = _error(["generate", str(pickled), "--prompt", "hi", "--max_new_tokens", "2"], capsys)
+    line = error_line(["generate", str(pickled), "--prompt", "hi", "--max_new_tokens", "2"])
     _refuses_the_pickle(line, "pytorch_model.bin")
 
 
@@ -71,19 +55,19 @@ def test_a_model_directorys_plain_pickle_still_loads(model_dir, tmp_path, capsys
     assert main(["generate", str(plain), "--prompt", "hi", "--max_new_tokens", "2"]) == 0
 
 
-def test_an_adapters_pickle_with_foreign_globals(model_dir, tmp_path, capsys):
+def test_an_adapters_pickle_with_foreign_globals(model_dir, tmp_path, error_line):
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     config = {"peft_type": "LORA", "base_model_name_or_path": str(model_dir), "r": 2, "target_modules": ["q_proj"]}
     (adapter / "adapter_config.json").write_text(json.dumps(config))
     _foreign_pickle(adapter / "adapter_model.bin", {})
-    line = _error(["generate", str(adapter), "--prompt", "hi", "--max_new_tokens", "2"], capsys)
+    line = error_line(["generate", str(adapter), "--prompt", "hi", "--max_new_tokens", "2"])
     _refuses_the_pickle(line, "adapter_model.bin")
 
 
 @pytest.mark.parametrize("step", ["x", None, [2], -1])
 @pytest.mark.parametrize("command", ["generate", "export"])
-def test_a_checkpoint_step_that_is_not_a_number(step, command, run_dir, tmp_path, capsys):
+def test_a_checkpoint_step_that_is_not_a_number(step, command, run_dir, tmp_path, error_line):
     run = tmp_path / "run"
     shutil.copytree(run_dir, run, symlinks=True)
     meta_file = run / "checkpoint-2" / ckpt.META_FILE
@@ -91,30 +75,30 @@ def test_a_checkpoint_step_that_is_not_a_number(step, command, run_dir, tmp_path
     meta["step"] = step
     meta_file.write_text(json.dumps(meta))
     args = ["--prompt", "hi", "--max_new_tokens", "2"] if command == "generate" else [str(tmp_path / "exported")]
-    line = _error([command, str(run / "checkpoint-2"), *args], capsys)
+    line = error_line([command, str(run / "checkpoint-2"), *args])
     assert ckpt.META_FILE in line and "step" in line, line
 
 
-def test_a_final_step_that_is_not_a_number(run_dir, tmp_path, capsys):
+def test_a_final_step_that_is_not_a_number(run_dir, tmp_path, error_line):
     run = tmp_path / "run"
     shutil.copytree(run_dir, run, symlinks=True)
     info = run / "final" / ckpt.FINAL_META
     info.write_text(json.dumps({**json.loads(info.read_text()), "steps": "x"}))
-    line = _error(["generate", str(run), "--prompt", "hi", "--max_new_tokens", "2"], capsys)
+    line = error_line(["generate", str(run), "--prompt", "hi", "--max_new_tokens", "2"])
     assert ckpt.FINAL_META in line and "steps" in line, line
 
 
-def test_architectures_naming_another_family(model_dir, tmp_path, capsys):
+def test_architectures_naming_another_family(model_dir, tmp_path, error_line):
     foreign = tmp_path / "foreign"
     shutil.copytree(model_dir, foreign)
     config = json.loads((foreign / "config.json").read_text())
     (foreign / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
-    line = _error(["generate", str(foreign), "--prompt", "hi", "--max_new_tokens", "2"], capsys)
+    line = error_line(["generate", str(foreign), "--prompt", "hi", "--max_new_tokens", "2"])
     assert "LlamaForCausalLM" in line and config["model_type"] in line and "architectures" in line, line
 
 
 @pytest.mark.parametrize("held_out", [True, False], ids=["eval-at-step-0", "first-step"])
-def test_a_base_with_weights_that_are_not_finite(held_out, model_dir, tmp_path, capsys):
+def test_a_base_with_weights_that_are_not_finite(held_out, model_dir, tmp_path, error_line):
     nan = tmp_path / "nan-base"
     shutil.copytree(model_dir, nan)
     tensors = load_file(nan / "model.safetensors")
@@ -123,6 +107,6 @@ def test_a_base_with_weights_that_are_not_finite(held_out, model_dir, tmp_path, 
     save_file(tensors, nan / "model.safetensors", metadata={"format": "pt"})
     out = tmp_path / "out"
     extra = [] if held_out else ["--val_set_size", "0"]  # without held-out examples the first step finds it
-    line = _error([*TRAIN, "--base_model", str(nan), "--output_dir", str(out), *extra], capsys)
+    line = error_line([*TRAIN, "--base_model", str(nan), "--output_dir", str(out), *extra])
     assert "not finite" in line and "before any update" in line and name in line, line
     assert "learning_rate" not in line and ("step 0: the eval loss" if held_out else "step 1: the loss") in line, line
