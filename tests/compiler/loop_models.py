@@ -1,12 +1,14 @@
 """What the compiled-loop tests share (plain builders, called with varying arguments inside parametrized tests and
-inside other helpers, so not fixtures): a packed batch, one training step, the deep tiny model of the regional tests,
+inside other helpers, so not fixtures): a packed batch, one training step, the tiny models they train,
 a recording backend and the comparison of two steps.
 
 - `packed_batch(lens, device, seed)`: documents of `lens` tokens packed in one row [1, sum(lens)] with varlen
   metadata; random ids below 256, labels = ids.
 - `train_step(model, batch)`: (loss, {name: grad}) of one forward and backward; gradients cleared after.
-- `deep_model(device, lora, ckpt, name, depth)`: a `depth`-layer tiny preset (every fourth layer attention, the rest
-  GDN), patched, in train mode; LoRA and checkpointing as asked; on CUDA the FLA layouts self-tested first.
+- `loop_model(cfg, device, lora, ckpt)`: the model of `cfg` (MoE experts as batched_mm), patched, in train mode;
+  LoRA and checkpointing as asked; on CUDA the FLA layouts self-tested first.
+- `deep_model(device, lora, ckpt, name, depth)`: `loop_model` of a `depth`-layer tiny preset (every fourth layer
+  attention, the rest GDN).
 - `recording_backend(backend, graphs, regional)`: `backend`, appending each graph dynamo hands it to `graphs`.
 - `assert_close_step(got, want, device)`: loss and every gradient equal within the device's tolerance.
 """
@@ -29,26 +31,35 @@ def deep_config(name: str, depth: int = DEPTH):
     return cfg
 
 
-def deep_model(device: str, lora: bool, ckpt: bool, name: str = "tiny-qwen3_5", depth: int = DEPTH):
+def loop_model(cfg, device: str, lora: bool, ckpt: bool):
+    """The model of `cfg` (seed 0) on `device`, checkpointed and LoRA-wrapped as asked, patched, in train mode."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     from hybridtune.models.patching import patch_model
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(deep_config(name, depth)).to(device)
+    # transformers' CPU grouped-mm fallback has a data-dependent backward that AOT autograd cannot trace;
+    # batched_mm is its traceable expert implementation (MoE experts are not routed by hybridtune).
+    kw = {"experts_implementation": "batched_mm"} if getattr(cfg, "num_experts", 0) else {}
+    model = AutoModelForCausalLM.from_config(cfg, **kw).to(device)
     if ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.enable_input_require_grads()
+        model.enable_input_require_grads()  # peft's usual companion of checkpointing: a requires_grad_() hook
     if lora:
         model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "in_proj_qkv", "out_proj"]))
     patch_model(model)
     if device == "cuda":
+        # The FLA backward runs only for head layouts the device self-test verified (as the trainer does).
         from hybridtune.kernels.selftest import layouts_from_config, verify
 
         verdicts = verify(layouts_from_config(model.config))
         assert verdicts and all(v.passed for v in verdicts), [v.verdict for v in verdicts]
     return model.train()
+
+
+def deep_model(device: str, lora: bool, ckpt: bool, name: str = "tiny-qwen3_5", depth: int = DEPTH):
+    return loop_model(deep_config(name, depth), device, lora, ckpt)
 
 
 def recording_backend(backend, graphs, regional=False):

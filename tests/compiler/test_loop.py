@@ -8,36 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from loop_models import packed_batch, train_step
+from loop_models import assert_close_step, loop_model, packed_batch, train_step
 
 from hybridtune.models.presets import preset_config
 
 LAYOUTS = [[10, 30, 35], [64, 11], [5, 5, 5, 5, 90], [130], [33, 1, 19, 60]]
-
-
-def _lora_model(name, device):
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from hybridtune.models.patching import patch_model
-
-    torch.manual_seed(0)
-    cfg = preset_config(name, vocab_size=256)
-    # transformers' CPU grouped-mm fallback has a data-dependent backward that AOT autograd cannot trace;
-    # batched_mm is its traceable expert implementation (MoE experts are not routed by hybridtune).
-    kw = {"experts_implementation": "batched_mm"} if getattr(cfg, "num_experts", 0) else {}
-    model = AutoModelForCausalLM.from_config(cfg, **kw).to(device)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.enable_input_require_grads()  # peft's usual companion of checkpointing: a requires_grad_() hook
-    model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "in_proj_qkv", "out_proj"]))
-    patch_model(model)
-    if device == "cuda":
-        # The FLA backward runs only for head layouts the device self-test verified (as the trainer does).
-        from hybridtune.kernels.selftest import layouts_from_config, verify
-
-        verdicts = verify(layouts_from_config(model.config))
-        assert verdicts and all(v.passed for v in verdicts), [v.verdict for v in verdicts]
-    return model.train()
 
 
 @pytest.mark.parametrize(
@@ -55,18 +30,13 @@ def test_loop_equals_eager_one_graph_across_layouts(name, device, backend):
     from hybridtune.compiler.loop import compile_loop
 
     torch._dynamo.reset()
-    model = _lora_model(name, device)
+    model = loop_model(preset_config(name, vocab_size=256), device, lora=True, ckpt=True)
     batches = [packed_batch(lens, device, i) for i, lens in enumerate(LAYOUTS)]
     eager = [train_step(model, b) for b in batches]
     handle = compile_loop(model, backend=backend)
     counters.clear()
-    tol = dict(rtol=1e-5, atol=1e-6) if device == "cpu" else dict(rtol=2e-3, atol=2e-4)
-    for b, (loss_e, grads_e) in zip(batches, eager):
-        loss_c, grads_c = train_step(model, b)
-        torch.testing.assert_close(loss_c, loss_e, **tol)
-        assert grads_c.keys() == grads_e.keys() and grads_c
-        for n in grads_e:
-            torch.testing.assert_close(grads_c[n], grads_e[n], **tol, msg=n)
+    for b, want in zip(batches, eager):
+        assert_close_step(train_step(model, b), want, device)
     assert dict(counters["graph_break"]) == {}
     assert counters["stats"]["unique_graphs"] == 1  # one graph for all 5 layouts: no recompile
     assert handle.calls == len(LAYOUTS) and handle.eager_calls == 0
@@ -189,25 +159,19 @@ def test_static_layout_loop_equals_dynamic_eager_one_static_graph(name, device, 
     from hybridtune.data.collator import PackedCollator, StaticLayout
 
     torch._dynamo.reset()
-    model = _lora_model(name, device)
+    model = loop_model(preset_config(name, vocab_size=256), device, lora=True, ckpt=True)
     static = PackedCollator(layout=StaticLayout.fit(LAYOUTS, max_filler=1.0))
     plain = [train_step(model, _collated(lens, i, PackedCollator(), device)) for i, lens in enumerate(LAYOUTS)]
     padded = [_collated(lens, i, static, device) for i, lens in enumerate(LAYOUTS)]
     assert len({b["input_ids"].shape for b in padded}) == 1
     assert len({b["gdn_chunk_indices"].shape for b in padded}) > 1  # the chunk count varies: one graph still
     eager = [train_step(model, b) for b in padded]
-    tol = dict(rtol=1e-5, atol=1e-6) if device == "cpu" else dict(rtol=2e-3, atol=2e-4)
-    for (loss_p, grads_p), (loss_e, grads_e) in zip(plain, eager):
-        torch.testing.assert_close(loss_e, loss_p, **tol)
-        for n in grads_p:
-            torch.testing.assert_close(grads_e[n], grads_p[n], **tol, msg=n)
+    for got, want in zip(eager, plain):
+        assert_close_step(got, want, device)
     compile_loop(model, backend=backend, static_shapes=True)
     counters.clear()
-    for b, (loss_e, grads_e) in zip(padded, eager):
-        loss_c, grads_c = train_step(model, b)
-        torch.testing.assert_close(loss_c, loss_e, **tol)
-        for n in grads_e:
-            torch.testing.assert_close(grads_c[n], grads_e[n], **tol, msg=n)
+    for b, want in zip(padded, eager):
+        assert_close_step(train_step(model, b), want, device)
     assert dict(counters["graph_break"]) == {}
     assert counters["stats"]["unique_graphs"] == 1
 
@@ -240,17 +204,13 @@ def test_conv_in_graph_traced_or_as_the_op(conv, device, backend):
     torch._dynamo.reset()
     try:
         conv_in_graph(conv)
-        model = _lora_model("tiny-qwen3_5", device)
+        model = loop_model(preset_config("tiny-qwen3_5", vocab_size=256), device, lora=True, ckpt=True)
         batches = [packed_batch(lens, device, i) for i, lens in enumerate(LAYOUTS[:3])]
         eager = [train_step(model, b) for b in batches]
         compile_loop(model, backend=recording, regional=backend != "eager")  # regions need AOT autograd
         counters.clear()
-        tol = dict(rtol=1e-5, atol=1e-6) if device == "cpu" else dict(rtol=2e-3, atol=2e-4)
-        for b, (loss_e, grads_e) in zip(batches, eager):
-            loss_c, grads_c = train_step(model, b)
-            torch.testing.assert_close(loss_c, loss_e, **tol)
-            for n in grads_e:
-                torch.testing.assert_close(grads_c[n], grads_e[n], **tol, msg=n)
+        for b, want in zip(batches, eager):
+            assert_close_step(train_step(model, b), want, device)
     finally:
         conv_in_graph(before)
     assert dict(counters["graph_break"]) == {} and len(graphs) == 1

@@ -11,7 +11,7 @@ import logging
 
 import pytest
 import torch
-from loop_models import packed_batch
+from loop_models import loop_model, packed_batch
 
 from hybridtune.models.presets import preset_config
 
@@ -20,25 +20,10 @@ MODELS = ["tiny-qwen3_next", "tiny-qwen3_5_moe"]
 
 
 def _moe(name, device, ckpt, lora=False):
-    from transformers import AutoModelForCausalLM
-
-    from hybridtune.models.patching import patch_model
-
-    torch.manual_seed(0)
     cfg = preset_config(name, vocab_size=256)
     cfg.output_router_logits = True
     cfg.router_aux_loss_coef = 0.5  # large enough that a wrong router term shows in the loss
-    # transformers' CPU grouped-mm fallback has a data-dependent backward that AOT autograd cannot trace.
-    model = AutoModelForCausalLM.from_config(cfg, experts_implementation="batched_mm").to(device)
-    if ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.enable_input_require_grads()
-    if lora:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "in_proj_qkv", "out_proj"]))
-    patch_model(model)
-    return model.train()
+    return loop_model(cfg, device, lora, ckpt)
 
 
 def _step(model, batch):
