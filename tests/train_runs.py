@@ -9,11 +9,13 @@ from other helpers and with varying keys, so a fixture would only wrap them). Im
   2 steps and no dropout, dynamo reset afterwards (the compiled-loop tests compare such runs).
 - `record_run(out, cfg, data=None)`: `out` holds the run of `cfg` (its run file, as claim_output_dir writes it),
   `data` the recorded data fingerprint (default: `cfg`'s own).
+- `metrics_rows(out, kind)`: the records of `out`/metrics.jsonl whose type is `kind` ("train", "eval", ...).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 
@@ -68,3 +70,8 @@ def record_run(out, cfg, data=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     record = {"config": to_dict(cfg), "data": outdir.data_fingerprint(cfg) if data is None else data, "cwd": "."}
     (out / outdir.RUN_FILE).write_text(json.dumps(record))
+
+
+def metrics_rows(out: Path, kind: str) -> list[dict]:
+    """The records of `out`/metrics.jsonl whose type is `kind`."""
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["type"] == kind]

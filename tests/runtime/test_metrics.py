@@ -3,7 +3,6 @@ line (not on a terminal), and `--max_steps 0` (evaluate and export the starting 
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -15,11 +14,7 @@ from hybridtune.cli import main
 from hybridtune.config import load_config
 from hybridtune.models.loading import load_model, tokenizer_for
 from hybridtune.runtime.metrics import StepLog, Throughput, format_step
-from hybridtune.train.trainer import Trainer
-
-
-def rows(out: Path, kind: str) -> list[dict]:
-    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["type"] == kind]
+from train_runs import metrics_rows, run
 
 
 def settings(out: Path, data: str, **kw) -> dict:
@@ -58,10 +53,8 @@ def test_step_log_window_mean_and_time_left(monkeypatch):
 
 
 def test_trainer_logs_the_window_mean_and_keeps_each_step(tmp_path, small_data):
-    t = Trainer(load_config(None, settings(tmp_path / "run", small_data, max_steps=5, logging_steps=2)))
-    t.setup()
-    result = t.train()
-    logged = rows(tmp_path / "run", "train")
+    result = run(load_config(None, settings(tmp_path / "run", small_data, max_steps=5, logging_steps=2)))
+    logged = metrics_rows(tmp_path / "run", "train")
     assert [r["step"] for r in logged] == [1, 2, 4, 5]  # every 2 steps, the first and the last
     per_step = result.losses  # each optimizer step's own loss, in order
     for r, window in zip(logged, [[1], [2], [3, 4], [5]]):
@@ -94,8 +87,8 @@ def test_max_steps_0_evaluates_and_exports_the_starting_model(tmp_path, small_da
     assert main(["train", *argv]) == 0
     err = capsys.readouterr().err
     assert "warmup_steps" not in err  # no warning about a warmup longer than a run that trains nothing
-    assert rows(out, "train") == []
-    evals = rows(out, "eval")
+    assert metrics_rows(out, "train") == []
+    evals = metrics_rows(out, "eval")
     assert [r["step"] for r in evals] == [0] and evals[0]["eval_examples"] == 8  # one eval, not two
     assert not list(out.glob("checkpoint-*"))
     # final/ holds the starting model: the preset's seeded initialisation, bit for bit.

@@ -14,7 +14,7 @@ import pytest
 from hybridtune.config import load_config
 from hybridtune.errors import ConfigError
 from hybridtune.train.trackers import samples_markdown
-from train_runs import run
+from train_runs import metrics_rows, run
 
 
 def settings(out: Path, data: str, **kw) -> dict:
@@ -32,10 +32,6 @@ def settings(out: Path, data: str, **kw) -> dict:
     }
 
 
-def rows(out: Path, kind: str) -> list[dict]:
-    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["type"] == kind]
-
-
 def tensorboard_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
     ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     acc = ea.EventAccumulator(str(logdir), size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})
@@ -50,7 +46,7 @@ def test_tensorboard_event_file_holds_the_metrics(tmp_path, small_data):
     logdir = out / "runs" / "tb"
     assert list(logdir.glob("events.out.tfevents.*"))
     got = tensorboard_scalars(logdir)
-    want_train, want_eval = rows(out, "train"), rows(out, "eval")
+    want_train, want_eval = metrics_rows(out, "train"), metrics_rows(out, "eval")
     for key in ("loss", "grad_norm", "lr", "tokens_per_s", "step_loss"):
         assert got[f"train/{key}"] == [(r["step"], pytest.approx(r[key], rel=1e-6)) for r in want_train], key
     for key in ("eval_loss", "exact_match"):
@@ -78,7 +74,7 @@ def test_tensorboard_resume_continues_the_step_axis(tmp_path, small_data):
     rest = run(load_config(None, {**cfg, "resume_from_checkpoint": str(out / "checkpoint-2"), "overwrite": True}))
     assert rest.steps == 4
     got = tensorboard_scalars(out / "runs" / "run")
-    want = rows(out, "train")
+    want = metrics_rows(out, "train")
     assert [r["step"] for r in want] == [1, 2, 3, 4]
     assert got["train/loss"] == [(r["step"], pytest.approx(r["loss"], rel=1e-6)) for r in want]
 
@@ -143,7 +139,7 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path, small_data, monkeypatch):
     history, exited = found
     assert exited
     train_rows = {r["_step"]: r for r in history if "train/loss" in r}
-    want = rows(out, "train")
+    want = metrics_rows(out, "train")
     assert sorted(train_rows) == [r["step"] for r in want] == [1, 2, 3]
     for r in want:
         assert train_rows[r["step"]]["train/loss"] == pytest.approx(r["loss"], rel=1e-6)
