@@ -117,3 +117,18 @@ def test_a_hub_checkpoint_trains_at_the_auto_defaults_and_a_resume_keeps_them(tm
     assert (r.cfg.learning_rate, r.cfg.sequence_len) == (2e-4, 32)
     assert "choice learning_rate: 0.0002 (auto: as the run this resumes decided it)" in caplog.text
     r.close()
+
+
+def test_a_run_from_before_auto_resumes_with_its_recorded_numbers():
+    """A run recorded learning_rate 0.001 and sequence_len 256 as numbers (the defaults before `auto`): the same
+    command now (both `auto`) is the same run, and it continues with those numbers."""
+    from hybridtune.config import TrainConfig, to_dict
+    from hybridtune.run.outdir import changes
+    from hybridtune.runtime.defaults import recorded_values
+
+    old = to_dict(TrainConfig()) | {"learning_rate": 0.001, "sequence_len": 256}
+    held = {"config": old}
+    assert changes(held, TrainConfig(), (), {}) == []
+    assert recorded_values(held) == {"learning_rate": 0.001, "sequence_len": 256}
+    other = to_dict(TrainConfig()) | {"learning_rate": 0.001, "sequence_len": 256, "lora_r": 64}
+    assert changes({"config": other}, TrainConfig(), (), {}) == ["lora_r: 64 -> 16"]

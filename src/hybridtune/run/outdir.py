@@ -20,6 +20,7 @@ from hybridtune.files import atomic_write_text
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run import integrity
 from hybridtune.run.export import BASE_DIR, FINAL_DIR
+from hybridtune.runtime.defaults import KEYS as AUTO_KEYS
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +123,9 @@ def changes(held: dict, cfg: TrainConfig, free: tuple[str, ...], data: dict[str,
     if same_data:
         default = _without_data_paths(default)
     old = {k: old.get(k, default.get(k)) for k in now}
+    # A key now `auto` that the held run recorded as a number (a run from before it had `auto`, or given then and
+    # left out now) is the same run: a resume continues with the recorded number (runtime.defaults.recorded_values).
+    free = (*free, *(k for k in AUTO_KEYS if now.get(k) == "auto" and old.get(k) != "auto"))
     diff = [f"{k}: {old[k]!r} -> {now[k]!r}" for k in sorted(now) if k not in free and old[k] != now[k]]
     if "data" in held and not same_data:
         diff += [f"data file {p} changed since that run" for p in sorted(data) if held["data"].get(p) != data[p]]

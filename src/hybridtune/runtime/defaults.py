@@ -109,7 +109,13 @@ def _fits(lengths: list[int], n: int) -> str:
 def recorded_values(run: dict | None) -> dict:
     """The values a run record ({"config": ..., RESOLVED: ...}) says its `auto`s took; {} when it says none."""
     held = run.get(RESOLVED) if isinstance(run, dict) else None
-    return {k: v for k, v in held.items() if k in KEYS} if isinstance(held, dict) else {}
+    if isinstance(held, dict):
+        return {k: v for k, v in held.items() if k in KEYS}
+    # A run from before these keys had `auto` recorded the numbers it ran with in its config: it continues with them.
+    config = run.get("config") if isinstance(run, dict) else None
+    if not isinstance(config, dict):
+        return {}
+    return {k: config[k] for k in KEYS if isinstance(config.get(k), (int, float)) and not isinstance(config[k], bool)}
 
 
 def resolve_defaults(
