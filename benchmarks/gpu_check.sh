@@ -2,8 +2,8 @@
 # Does everything hold on one GPU? One command for a lent one-GPU machine (nvidia-h200), within one 600 s call:
 #   setup   install the carried FLA wheels (.whl/) into /tmp/site; stop here if FLA does not import (the CUDA
 #           tests would only skip, the bench and train would run the slow torch reference)       ~10-20 s
-#   tests   pytest -m cuda tests/ops tests/train tests/compiler: the FLA GDN tests run the kernel self-test per
-#           head layout, then compare with the fp32 reference (tests/ops/conftest.py); tests/compiler last, as the
+#   tests   pytest -m cuda tests/mixers tests/runtime tests/train tests/compiler: the FLA GDN tests run the kernel self-test per
+#           head layout, then compare with the fp32 reference (tests/mixers/gdn/conftest.py); tests/compiler last, as the
 #           slowest: each cuda-inductor loop test compiled 100-250 s cold (2026-11-30 reports), so the call's
 #           limit cuts them, and pytest prints what passed (SIGINT)             the whole limit; ops ~200-330 s cold
 #   bench   the 2B one-GPU question of benchmarks/single_gpu.sh, `bench --modes ht-loop:cg=on,hf-eager` (qwen3_5-2b,
@@ -73,7 +73,7 @@ part() {  # part NAME COMMAND...: run in the background with the time left, SIGI
 
 if has tests; then
   part tests $(cpus "${CPUS_TESTS:-0-4}") $PY -m pytest -p no:cacheprovider -q -m cuda -rA --durations=15 \
-    tests/ops tests/train tests/compiler
+    tests/mixers tests/runtime tests/train tests/compiler
 fi
 if has bench; then
   if [ -f benchmarks/single_gpu.sh ]; then  # its bench job: the same question as the results table's rows

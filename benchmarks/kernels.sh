@@ -102,7 +102,7 @@ fi
 if want tests; then
   if python3 -c "import pytest" 2>/dev/null; then
     HYBRIDTUNE_FLA_GRANT_FOR_TESTS=${GRANT:-1} step pytest-cuda 200 python3 -m pytest -m cuda -v -rA -p no:cacheprovider \
-      tests/ops tests/models/test_patch_gdn.py tests/kernels/test_selftest.py
+      tests/mixers/gdn tests/kernels/test_selftest.py
   else
     echo "== pytest-cuda: skipped, pytest not installed" | tee -a "$LOG"
   fi

@@ -53,13 +53,13 @@
 #   then the CUDA regional tests under the memo and the trainer cases:
 #     "bench --modes ht-loop:cuda_graphs=on,compile_regions=true --steps 8 then bench --base_model qwen3_5-9b --modes
 #      ht-loop:cuda_graphs=on,compile_regions=true --layouts 4 --warmup 8 --steps 12"
-#     "tests tests/compiler/test_loop_regions.py -k cuda then tests tests/train/test_cuda_graphs_gpu.py -k trainer"
+#     "tests tests/compiler/test_loop_regions.py -k cuda then tests tests/runtime/test_cuda_graphs_gpu.py -k trainer"
 #   (a tests lane's -k takes one word: the lane splits on spaces)
 #   Done 2026-12-02 (session 15, rows 93-98): the memo's cold first step (2B 50.5 s, 9B 70.6 s), the GDN cores kept
 #   (keep_mixer_cores=true), the figures of record beside hf-eager. Next: the CUDA-graph step with the cores kept (its first
 #   minutes are the tiny model's cold self-test: give it a call of its own), the trainer cases, and the varlen
 #   attention kept (one entry in compiler/recompute.core_ops, then the bench pair and the CUDA tests again):
-#     "tests tests/train/test_cuda_graphs_gpu.py -k sac then tests tests/train/test_cuda_graphs_gpu.py -k trainer"
+#     "tests tests/runtime/test_cuda_graphs_gpu.py -k sac then tests tests/runtime/test_cuda_graphs_gpu.py -k trainer"
 #     "bench --modes ht-loop:cuda_graphs=on,compile_regions=true,keep_mixer_cores=true,hf-eager --profile"
 #   (the figures of record: one bench run, the compiled mode first, then hf-eager)
 #   HYBRIDTUNE_GIT_COMMIT=<sha> T0=545 bash benchmarks/single_gpu.sh "bench --modes hf-eager,ht-loop:cuda_graphs=on"
