@@ -179,6 +179,7 @@ from hybridtune.data.packing import Example
 from hybridtune.models.loading import load_model
 from hybridtune.models.patching import patch_model
 from hybridtune.runtime import distributed
+from hybridtune.train.objectives import SFT
 
 OUT, BACKEND = pathlib.Path(sys.argv[1]), sys.argv[2]
 PACKS = [(65, 23), (40, 23, 9), (90, 30), (12, 7, 50)]  # a new pack layout every micro-batch
@@ -191,11 +192,11 @@ def compiled_loop(d):
     model = load_model("tiny-qwen3_5").model
     patch_model(model)
     # The compiled loop is one graph over every layer: FSDP2 shards the model as one unit under it.
-    wrapped = distributed.wrap(distributed.LossModule(model), d, torch.device("cpu"), False)
+    wrapped = distributed.wrap(distributed.LossModule(model, SFT(fused=True)), d, torch.device("cpu"), False)
     mine = PACKS[d.rank :: d.world]
 
     def step(sizes):
-        loss = wrapped(batch(sizes), 100, True)
+        loss = wrapped(batch(sizes), 100)
         (loss * d.world).backward()
         norm = distributed.total_grad_norm(list(wrapped.parameters()))
         for p in wrapped.parameters():
@@ -229,7 +230,7 @@ def counted_collectives(calls):
 def window(d, windowed):
     torch.manual_seed(0)
     model = load_model("tiny-qwen3_5").model
-    wrapped = distributed.wrap(distributed.LossModule(model), d, torch.device("cpu"), False)
+    wrapped = distributed.wrap(distributed.LossModule(model, SFT(fused=True)), d, torch.device("cpu"), False)
     packs = PACKS[d.rank :: d.world]  # 2 micro-batches per rank
     calls = {"gather": 0, "reduce": 0}
     with counted_collectives(calls):
@@ -237,7 +238,7 @@ def window(d, windowed):
             last = i == len(packs) - 1
             ctx = distributed.accumulation(wrapped, d, last) if windowed else contextlib.nullcontext()
             with ctx:
-                (wrapped(batch(sizes), 300, True) * d.world).backward()
+                (wrapped(batch(sizes), 300) * d.world).backward()
     # Every parameter's whole gradient (FSDP2's are DTensor shards: gathered), in one order on every engine.
     grads = {}
     for name, p in wrapped.named_parameters():

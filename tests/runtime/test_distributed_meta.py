@@ -25,6 +25,7 @@ from hybridtune.data.packing import Example
 from hybridtune.models.anatomy import decoder_layers
 from hybridtune.models.loading import load_model
 from hybridtune.runtime import distributed
+from hybridtune.train.objectives import SFT
 sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]).parent)]  # this file, tests/checkpoints.py
 from torchrun_runs import mismatches
 
@@ -36,7 +37,7 @@ CPU = torch.device("cpu")
 def compare(source, units):
     plain = load_model(source, seed=3, dtype=torch.float32).model
     loaded = load_model(source, seed=3, dtype=torch.float32, meta=True)
-    engine = distributed.wrap(distributed.LossModule(loaded.model), dataclasses.replace(d, units=units), CPU, False)
+    engine = distributed.wrap(distributed.LossModule(loaded.model, SFT(fused=True)), dataclasses.replace(d, units=units), CPU, False)
     assert all(p.is_meta for p in engine.parameters())
     records = distributed.load_sharded(loaded, engine, d, CPU)
     want = dict(plain.named_parameters())
@@ -48,7 +49,7 @@ def compare(source, units):
 
 def mixed_precision():
     loaded = load_model("tiny-qwen3_5", seed=3, dtype=torch.float32, meta=True)
-    engine = distributed.wrap(distributed.LossModule(loaded.model), dataclasses.replace(d, units="layer"), CPU, True)
+    engine = distributed.wrap(distributed.LossModule(loaded.model, SFT(fused=True)), dataclasses.replace(d, units="layer"), CPU, True)
     distributed.load_sharded(loaded, engine, d, CPU)
     seen = {}
     layer = decoder_layers(loaded.model)[1]
@@ -69,7 +70,7 @@ def mixed_precision():
     batch = PackedCollator()([Example(list(range(5, 5 + n)), [1] * n) for n in sizes])
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = engine(batch, 100, True)
+            loss = engine(batch, 100)
         (loss * d.world).backward()
     finally:
         for n, f in saved.items():
@@ -92,7 +93,7 @@ def groups():
                     ("group:3", dataclasses.replace(d, units="group:3"))]:
         torch.manual_seed(0)
         loaded = load_model("tiny-qwen3_5", seed=3, meta=True)
-        engine = distributed.wrap(distributed.LossModule(loaded.model), dd, CPU, False, loaded)
+        engine = distributed.wrap(distributed.LossModule(loaded.model, SFT(fused=True)), dd, CPU, False, loaded)
         gathers = [0]
         dist = torch.distributed
         name = next(n for n in ("all_gather_single", "all_gather_into_tensor") if hasattr(dist, n))
@@ -106,7 +107,7 @@ def groups():
             for sizes in [(65, 23), (40, 23, 9), (90, 30), (12, 7, 50)][d.rank :: d.world]:
                 batch = PackedCollator()([Example(list(range(5, 5 + n)), [1] * n) for n in sizes])
                 with distributed.accumulation(engine, dd, last=len(losses) == 1):
-                    loss = engine(batch, 300, True)
+                    loss = engine(batch, 300)
                     (loss * d.world).backward()
                 losses.append(float(loss))
         finally:
@@ -211,10 +212,13 @@ def test_wrap_fills_a_meta_built_model_whole_in_one_process():
     """Off FSDP2 (one process here; DDP likewise) `wrap` gives a meta-built model its values whole, as loaded plainly."""
     from hybridtune.models.loading import load_model
     from hybridtune.runtime import distributed
+    from hybridtune.train.objectives import SFT
 
     want = load_model("tiny-qwen3_5", seed=4).model
     loaded = load_model("tiny-qwen3_5", seed=4, meta=True)
-    engine = distributed.wrap(distributed.LossModule(loaded.model), distributed.ONE, torch.device("cpu"), False, loaded)
+    engine = distributed.wrap(
+        distributed.LossModule(loaded.model, SFT(fused=True)), distributed.ONE, torch.device("cpu"), False, loaded
+    )
     assert loaded.reader is None and engine.model is loaded.model
     got = dict(loaded.model.named_parameters())
     assert got.keys() == dict(want.named_parameters()).keys()

@@ -43,7 +43,9 @@ def test_each_unit_prefetches_the_next_in_forward_and_the_previous_in_backward(o
     model = load_model("tiny-qwen3_5", seed=3).model
     layers = decoder_layers(model)
     assert len(layers) == sum(sizes) == 4
-    engine = distributed.wrap(distributed.LossModule(model, SFT(fused=True)), dataclasses.replace(FSDP, units=units), CPU, False)
+    engine = distributed.wrap(
+        distributed.LossModule(model, SFT(fused=True)), dataclasses.replace(FSDP, units=units), CPU, False
+    )
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     heads = [layers[s] for s in starts]  # the first layer of each unit: a group's layers share one FSDP2 state
     assert all(_state(layer) is _state(layers[s]) for s, n in zip(starts, sizes) for layer in layers[s : s + n])
@@ -89,5 +91,7 @@ def test_each_unit_prefetches_the_next_in_forward_and_the_previous_in_backward(o
 
 def test_the_whole_model_unit_prefetches_nothing(one_rank_group):
     model = load_model("tiny-qwen3_5", seed=3).model
-    engine = distributed.wrap(distributed.LossModule(model), dataclasses.replace(FSDP, units="model"), CPU, False)
+    engine = distributed.wrap(
+        distributed.LossModule(model, SFT(fused=True)), dataclasses.replace(FSDP, units="model"), CPU, False
+    )
     assert _state(engine)._states_to_forward_prefetch == [] and _state(engine)._states_to_backward_prefetch == []

@@ -121,6 +121,7 @@ sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]).parent)]  # this file
 from test_lora_meta import build, lora_cfg
 from torchrun_runs import mismatches
 from hybridtune.runtime import distributed
+from hybridtune.train.objectives import SFT
 from hybridtune.runtime.distributed import ONE
 
 OUT, SOURCES = pathlib.Path(sys.argv[1]), sys.argv[3:]
@@ -132,7 +133,7 @@ def compare(source):
     cfg = lora_cfg(source, moe="next" in source or "moe" in source)
     plain = build(cfg, True, ONE).model
     built = build(cfg, True, d)
-    engine = distributed.wrap(distributed.LossModule(built.model), d, CPU, True)
+    engine = distributed.wrap(distributed.LossModule(built.model, SFT(fused=True)), d, CPU, True)
     assert all(p.is_meta for n, p in engine.named_parameters() if not p.requires_grad)
     records = distributed.load_sharded(built.loaded, engine, d, CPU)
     want = dict(plain.named_parameters())
