@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -192,14 +193,14 @@ def save_final(
             if adapter == "lora":
                 config = model.peft_config["default"]
                 config.base_model_name_or_path, config.revision = adapter_base(loaded, base_dir)
-                # hybridtune never resizes the vocabulary, so the base's embeddings stay out of the adapter; peft's
-                # "auto" would look the base up on the hub to check (a warning when offline).
-                model.save_pretrained(
-                    tmp,
-                    safe_serialization=True,
-                    save_embedding_layers=False,
-                    **({"state_dict": full} if full is not None else {}),
-                )
+                # peft's "auto" embedding check looks the base up and warns when it cannot (offline); hybridtune never
+                # resizes the vocabulary, so the warning says nothing. (save_embedding_layers=False left a rank of a
+                # two-process LoRA run hanging at exit in the slow tier: kept as peft's default.)
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message="Could not find a config file")
+                    model.save_pretrained(
+                        tmp, safe_serialization=True, **({"state_dict": full} if full is not None else {})
+                    )
             else:
                 frozen = source.frozen_names(unwrap(model))
                 source.save_like_source(unwrap(model), tmp, state, loaded.source_dir, loaded.source_dtype, frozen)
