@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from toy_spec import DOC_IDS, KIND, toy_recurrence, toy_reference
 
 import hybridtune
-from conftest import DOC_IDS, KIND, toy_recurrence, toy_reference
 from hybridtune.batch import NUM_LOSS_TOKENS
 from hybridtune.data.collator import PackedCollator
 from hybridtune.data.packing import Example
