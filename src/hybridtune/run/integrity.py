@@ -165,8 +165,8 @@ def _metadata_problem(p: Path, listed: set[str]) -> str | None:
 def confine_storage(md, allowed: Callable[[str], bool]) -> None:
     """Refuse DCP metadata that would read a file other than the checkpoint's own: every storage entry's
     `relative_path` must be a plain file name (no directory part, not absolute) that `allowed` accepts."""
-    for info in getattr(md, "storage_data", {}).values():
-        name = getattr(info, "relative_path", None)
+    # Many storage entries share a file: each distinct name is checked (and, at read time, stat'ed) once.
+    for name in {getattr(info, "relative_path", None) for info in getattr(md, "storage_data", {}).values()}:
         if not isinstance(name, str) or not name or name in (".", "..") or Path(name).name != name or "\\" in name:
             raise CheckpointError(
                 f"{DCP_METADATA} points a read at {str(name)[:200]!r}, which is not a file of the checkpoint's state/; "
