@@ -16,6 +16,7 @@ are never links, and a fresh run removes event files only from a directory hybri
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import secrets
@@ -65,12 +66,30 @@ def _missing(name: str) -> ConfigError:
     )
 
 
+def _import_failed(name: str, e: Exception) -> ConfigError:
+    """One line for a tracker whose package is there but raises while importing (a broken install: a mismatched
+    protobuf, a half-upgraded dependency); an ImportError with nothing of the package found is `_missing`."""
+    try:
+        absent = importlib.util.find_spec(name) is None
+    except (ImportError, ValueError):  # a half-imported module left in sys.modules: it is there, and broken
+        absent = False
+    if isinstance(e, ImportError) and absent:
+        return _missing(name)
+    text = str(e).strip()
+    first = text.splitlines()[0][:300] if text else ""
+    return ConfigError(
+        f"config key 'report_to' = '{name}': importing the {name} package failed with {type(e).__name__}"
+        f"{': ' + first if first else ''} (a broken install); repair it (pip install --force-reinstall {name}) "
+        "or drop it from report_to (report_to: none)"
+    )
+
+
 class TensorBoard:
     def __init__(self, logdir: Path, fresh: bool, resumed_step: int) -> None:
         try:  # optional dependency: imported only when report_to asks for it
             from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise _missing("tensorboard") from None
+        except Exception as e:  # a broken install raises anything at import: one line, exit 2, before training
+            raise _import_failed("tensorboard", e) from None
         if fresh:
             _remove_own_events(logdir)
         _own_dir(logdir)
@@ -93,8 +112,8 @@ class WandB:
     def __init__(self, root: Path, name: str, fresh: bool, config: dict) -> None:
         try:  # optional dependency: imported only when report_to asks for it
             import wandb
-        except ImportError:
-            raise _missing("wandb") from None
+        except Exception as e:  # a broken install raises anything at import: one line, exit 2, before training
+            raise _import_failed("wandb", e) from None
         self.wandb = wandb
         id_file = root / f"{name}.wandb-id"
         run_id = (_read_id(id_file) if not fresh else None) or secrets.token_hex(4)
