@@ -72,7 +72,7 @@ class DatasetConfig:
     )
     split: str = _f("train", "directory with splits or dataset id: the split to read")
     name: str | None = _f(None, "directory or dataset id: the config (subset) to read (default: its only one)")
-    type: Literal["auto", "text", "alpaca", "chat", "sharegpt", "prompt_completion"] = _f(
+    type: Literal["auto", "text", "alpaca", "chat", "sharegpt", "prompt_completion", "preference"] = _f(
         "auto", "row format (auto: from the first row's fields)"
     )
     field_text: str = _f("text", "text: field holding the document")
@@ -81,6 +81,8 @@ class DatasetConfig:
     field_output: str = _f("output", "alpaca: response field")
     field_prompt: str = _f("prompt", "prompt_completion: the prompt (text, or a list of messages)")
     field_completion: str = _f("completion", "prompt_completion: what is trained on (text, or a list of messages)")
+    field_chosen: str = _f("chosen", "preference: the preferred reply (text, or a list of messages)")
+    field_rejected: str = _f("rejected", "preference: the dispreferred reply (text, or a list of messages)")
     field_messages: str = _f("messages", "chat: list of {role, content}; sharegpt: 'conversations'")
     message_field_role: str = _f("role", "chat: role key in a message ('from' for sharegpt)")
     message_field_content: str = _f("content", "chat: content key in a message ('value' for sharegpt)")
@@ -110,7 +112,7 @@ class TrainConfig:
     # data
     datasets: list[DatasetConfig] = _f([DatasetConfig(path=BUNDLED_DATASET, type="chat")], "list of data sources")
     dataset: str | None = _f(None, "shorthand for a single data file (replaces `datasets`)")
-    dataset_type: Literal["auto", "text", "alpaca", "chat", "sharegpt", "prompt_completion"] = _f(
+    dataset_type: Literal["auto", "text", "alpaca", "chat", "sharegpt", "prompt_completion", "preference"] = _f(
         "auto", "format of `dataset`"
     )
     val_set_size: float = _f(
@@ -175,9 +177,18 @@ class TrainConfig:
         "static = every batch filled to one shape with filler documents (fewer recompiles), dynamic = no filler, "
         "auto = static under a compiled run when the filler is cheap and the model has no router loss",
     )
-    objective: Literal["sft"] = _f(
-        "sft", "what training minimises: sft = next-token cross-entropy on the trained tokens"
+    objective: Literal["sft", "dpo", "simpo", "orpo"] = _f(
+        "sft",
+        "what training minimises: sft = next-token cross-entropy on the trained tokens; dpo, simpo, orpo = "
+        "preference tuning on prompt/chosen/rejected pairs",
     )
+    beta: float = _f(0.1, "dpo/simpo/orpo: the strength of the preference term (TRL's beta; ORPO's lambda)")
+    loss_type: Literal["sigmoid", "ipo", "hinge", "robust"] = _f(
+        "sigmoid", "dpo: sigmoid (DPO), ipo (length-averaged log-probs), hinge (RSO) or robust (label-noise DPO)"
+    )
+    label_smoothing: float = _f(0.0, "dpo/simpo: the assumed share of flipped preference labels (conservative DPO)")
+    rpo_alpha: float | None = _f(None, "dpo/simpo: weight of an added NLL term on the chosen replies (TRL's rpo_alpha)")
+    simpo_gamma: float = _f(0.5, "simpo: the target reward margin")
     loss: Literal["auto", "fused", "plain"] = _f(
         "auto",
         "cross-entropy: fused = chunked against lm_head without [tokens, vocab] logits, plain = transformers' own, "
@@ -328,6 +339,10 @@ def range_checks(cfg: TrainConfig) -> list[tuple[bool, str, Any, str]]:
         (cfg.profile_steps >= 0, "profile_steps", cfg.profile_steps, "must be 0 (off) or more"),
         (cfg.eval_samples >= 0, "eval_samples", cfg.eval_samples, "must be 0 (off) or more"),
         (cfg.eval_max_new_tokens >= 1, "eval_max_new_tokens", cfg.eval_max_new_tokens, "must be at least 1"),
+        (cfg.beta > 0, "beta", cfg.beta, "must be positive (TRL's default is 0.1)"),
+        (0 <= cfg.label_smoothing < 0.5, "label_smoothing", cfg.label_smoothing, "must be in [0, 0.5)"),
+        (cfg.rpo_alpha is None or cfg.rpo_alpha >= 0, "rpo_alpha", cfg.rpo_alpha, "must be null (off) or >= 0"),
+        (cfg.simpo_gamma >= 0, "simpo_gamma", cfg.simpo_gamma, "must be >= 0"),
     ]
 
 
@@ -433,7 +448,9 @@ FOREIGN_KEYS: dict[str, str] = {
     "hub_model_id": _UPLOAD,
     "trust_remote_code": "hybridtune never runs code from a model directory; remove it",
     "template": "hybridtune renders chats with the tokenizer's template; set chat_template to change it",
-    "stage": "hybridtune trains objective: sft; remove it",
+    "stage": "set objective: sft, dpo, simpo or orpo",
+    "pref_beta": "beta",
+    "pref_loss": "set objective (dpo, simpo, orpo) and, for dpo, loss_type",
     "do_train": "hybridtune train trains; remove it",
     "dataset_prepared_path": "tokenised data is cached by its content and tokenizer; remove it",
 }
