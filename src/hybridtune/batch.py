@@ -27,6 +27,11 @@ MAX_LENGTH_Q = "max_length_q"
 MAX_LENGTH_K = "max_length_k"
 NUM_LOSS_TOKENS = "num_loss_tokens"
 NUM_TOKENS = "num_tokens"
+# Preference packs (data/pairs.py's collator): each document's pair in the pack (0..P-1) and side (0 chosen,
+# 1 rejected), int64 [N], -1 at a static layout's filler; the pack's pair count P (a python int).
+PAIR_INDEX = "pair_index"
+PAIR_SIDE = "pair_side"
+NUM_PAIRS = "num_pairs"
 
 # What the model's forward receives (with or without LABELS); the two counts stay with the trainer.
 MODEL_KEYS = (
