@@ -32,8 +32,10 @@ logger = logging.getLogger(__name__)
 def export_checkpoint(checkpoint: str | Path, out: str | Path, overwrite: bool = False) -> Path:
     """Export checkpoint directory `checkpoint` into `out` (see the module docstring); returns `out/final`. SIGTERM
     stops it as Ctrl-C does, leaving nothing partial."""
-    with guarded.interruptible():
-        return _export(Path(checkpoint).expanduser(), Path(out).expanduser(), overwrite)
+    src, out = Path(checkpoint).expanduser(), Path(out).expanduser()
+    written = (export.FINAL_DIR, export.BASE_DIR, RUN_FILE)  # a full disk: said with what changed, if anything
+    with guarded.interruptible(), guarded.full_disk_said(f"exporting '{src}'", out, written, "run the export again"):
+        return _export(src, out, overwrite)
 
 
 def _export(src: Path, out: Path, overwrite: bool) -> Path:

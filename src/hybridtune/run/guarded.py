@@ -24,7 +24,7 @@ import signal
 import socket
 import stat
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -79,6 +79,51 @@ def free_space_at(where: Path) -> Path:
 def check_space(where: Path, need: int, message: Callable[[int | None], str]) -> None:
     """DiskFullError(message(free)) before anything is written, when `need` bytes do not fit at `where`."""
     integrity.check_free_space(free_space_at(where), need, message)
+
+
+def _state(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+@contextlib.contextmanager
+def full_disk_said(what: str, out: Path, names: Iterable[str], again: str) -> Iterator[None]:
+    """A full disk inside the block (DiskFullError, or an out-of-space OSError) said in one line for a command's
+    user: what `what` needed against the free space of `out`'s disk, and whether any of `out`/`names` changed (each
+    compared with what it was when the block began; `again`: what to do once there is room)."""
+    out = Path(out)
+    before = {name: _state(out / name) for name in names}
+    try:
+        yield
+    except integrity.DiskFullError as e:
+        raise integrity.DiskFullError(_full_disk_line(what, out, before, again, e.need, e.free), e.need) from None
+    except OSError as e:
+        if not integrity.is_disk_full(e, out, 0):
+            raise
+        raise integrity.DiskFullError(_full_disk_line(what, out, before, again, None, None)) from None
+
+
+def _full_disk_line(what: str, out: Path, before: dict, again: str, need: int | None, free: int | None) -> str:
+    where = free_space_at(out)
+    size = f"about {integrity.gib(need)}" if need is not None else "more room"
+    if free is not None:  # refused before writing
+        room = f"{what} needs {size} and '{where}' has {integrity.gib(free)} free"
+    else:
+        try:
+            now = f"{integrity.gib(shutil.disk_usage(where).free)} free now"
+        except OSError:
+            now = "no space left"
+        room = f"{what} ran out of space while writing ({size} was estimated; '{where}' has {now})"
+    changed = [f"{n}/" if (out / n).is_dir() else n for n, was in before.items() if _state(out / n) != was]
+    done = (
+        f"only {', '.join(changed)} in '{out}' changed (written before the disk filled), nothing else"
+        if changed
+        else "nothing was changed"
+    )
+    return f"disk full: {room}; {done}. Free some space (or write to a larger disk) and {again}"
 
 
 def _tag_and_hold(tmp: Path) -> int:

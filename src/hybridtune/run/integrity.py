@@ -42,7 +42,12 @@ class CheckpointError(UserError):
 
 
 class DiskFullError(UserError):
-    """A save does not fit on the output directory's disk; the previous checkpoint is intact."""
+    """A save does not fit on the output directory's disk; the previous checkpoint is intact. `need`: the bytes the
+    write was estimated at; `free`: the free bytes when it was refused before writing (None: it failed midway)."""
+
+    def __init__(self, message: str, need: int | None = None, free: int | None = None) -> None:
+        super().__init__(message)
+        self.need, self.free = need, free
 
 
 # -- checksums ---------------------------------------------------------------------------------------------
@@ -373,7 +378,7 @@ def check_free_space(where: Path, need: int, message: Callable[[int | None], str
     DiskFullError(message(free bytes))."""
     free = shutil.disk_usage(where).free
     if free < need:
-        raise DiskFullError(message(free))
+        raise DiskFullError(message(free), need, free)
 
 
 def disk_full_guard(
@@ -389,7 +394,7 @@ def disk_full_guard(
             raise
         except BaseException as e:  # DCP's CheckpointException is a BaseException
             if is_disk_full(e, tmp.parent, need):  # asked while the partial write is still there
-                raise DiskFullError(message(None)) from None
+                raise DiskFullError(message(None), need) from None
             raise
 
     return run
