@@ -12,15 +12,17 @@ case "${1:-}" in
     grep -qx '/.ab/' .git/info/exclude 2>/dev/null || echo '/.ab/' >> .git/info/exclude
     rm -rf .ab && mkdir -p .ab/old .ab/new
     git archive "$2" src | tar -x -C .ab/old && git archive "$3" src | tar -x -C .ab/new
-    echo "$2 $3" > .ab/revs; du -sh .ab ;;
+    echo "$(git rev-parse "$2") $(git rev-parse "$3")" > .ab/revs; du -sh .ab ;;
   run)
     export PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=/tmp/tcache TORCHINDUCTOR_CACHE_DIR=/tmp/icache
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     PYTHONPATH=/tmp/site python3 -c "import datasets" >/dev/null 2>&1 || python3 -m pip install -q --no-index --no-deps \
       --no-compile --no-cache-dir --upgrade --target /tmp/site .whlx/*.whl
     out=${OUT:-/tmp/ab-out}; mkdir -p "$out"; END=${END:-540}
-    one() {  # one NAME SRC MODE
-      (PYTHONPATH=/tmp/site:$PWD/.ab/$2/src timeout $(( END - SECONDS )) python3 -m hybridtune bench --modes "$3" \
+    read -r rev_old rev_new < .ab/revs
+    one() {  # one NAME SRC MODE (each side's bench.json records its own commit, not the checkout's)
+      local rev=$rev_old; [ "$2" = new ] && rev=$rev_new
+      (HYBRIDTUNE_GIT_COMMIT=$rev PYTHONPATH=/tmp/site:$PWD/.ab/$2/src timeout $(( END - SECONDS )) python3 -m hybridtune bench --modes "$3" \
          --startup_timeout 300 --output_dir "/tmp/ab-$1" > "$out/ab-$1.log" 2>&1; echo "rc $? at ${SECONDS}s" >> "$out/ab-$1.log")
       cp "/tmp/ab-$1/bench.json" "$out/ab-$1.json" 2>/dev/null; grep -h "^| ht-" "/tmp/ab-$1/bench.md" 2>/dev/null
     }
