@@ -16,6 +16,7 @@ import os
 import random
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -73,6 +74,37 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shipped_kernel_configs():
+    """On a GPU: FLA's autotuners seeded from the shipped table of this GPU kind before the first kernel runs, as a
+    run's self-test does (kernels.tuned), so the CUDA tier does not autotune what the table covers. With
+    HYBRIDTUNE_SAVE_KERNEL_CONFIGS=PATH, what the session chose is added to PATH at its end (one file per xdist
+    worker: PATH.<worker>), to grow the table."""
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    if not torch.cuda.is_available():
+        yield
+        return
+    from hybridtune.kernels import tuned
+    from hybridtune.mixers.registry import selftests
+
+    device = torch.cuda.get_device_name(torch.cuda.current_device())
+    try:
+        for suite in selftests():
+            suite.prepare()
+        print(f"\n{tuned.seed(device)}")
+    except ImportError as e:  # no FLA here: the tests that need it skip with their own reason
+        print(f"\nkernel configs not seeded: {e}")
+    yield
+    target = os.environ.get("HYBRIDTUNE_SAVE_KERNEL_CONFIGS")
+    if target:
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        tuned.save(Path(f"{target}.{worker}" if worker else target), device)
 
 
 @pytest.fixture(autouse=True)
