@@ -32,6 +32,12 @@ NUM_TOKENS = "num_tokens"
 PAIR_INDEX = "pair_index"
 PAIR_SIDE = "pair_side"
 NUM_PAIRS = "num_pairs"
+# Packs with images (a vision-language model's; data/vision.py): the vision tower's input for every image of the
+# pack in document order (float32 [patches, C*t*p*p], int64 [I, 3] patch grids) and each document's own 3-D M-RoPE
+# positions laid end to end (int64 [3, T]; `position_ids` stays the text row). Absent from packs without images.
+PIXEL_VALUES = "pixel_values"
+IMAGE_GRID_THW = "image_grid_thw"
+MROPE_POSITION_IDS = "mrope_position_ids"
 
 # What the model's forward receives (with or without LABELS); the two counts stay with the trainer.
 MODEL_KEYS = (
@@ -42,7 +48,9 @@ MODEL_KEYS = (
     CU_SEQ_LENS_K,
     MAX_LENGTH_Q,
     MAX_LENGTH_K,
-)  # and each registered mixer's batch keys (`mixers.registry.model_keys`)
+    PIXEL_VALUES,
+    IMAGE_GRID_THW,
+)  # and each registered mixer's batch keys (`mixers.registry.model_keys`); MROPE_POSITION_IDS joins position_ids
 # Python ints (no device sync to read them), and the tensors whose first dimension changes with the pack layout.
 INT_KEYS = (MAX_LENGTH_Q, MAX_LENGTH_K)
 DYNAMIC_DIM0_KEYS = (CU_SEQ_LENS_Q, CU_SEQ_LENS_K)  # and each mixer's (`mixers.registry.dynamic_keys`)
@@ -58,6 +66,7 @@ class Batch(TypedDict):
     cu_seq_lens_k: torch.Tensor  # int32 [N + 1]
     max_length_q: int  # the longest document (the static layout's T)
     max_length_k: int
-    # plus each registered mixer's metadata (`mixers.registry.metadata`), e.g. a chunked mixer's int32 [C, 2]
+    # plus each registered mixer's metadata (`mixers.registry.metadata`), e.g. a chunked mixer's int32 [C, 2], and
+    # in a pack with images pixel_values, image_grid_thw and mrope_position_ids (above)
     num_loss_tokens: int  # label positions that count in the loss
     num_tokens: int  # the bin's own documents' tokens (T without a static layout's filler)
