@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hybridtune.data.template_budget import TemplateBudgetExceeded
+from hybridtune.data.template_budget import render as bounded_render
 from hybridtune.errors import ConfigError
 
 # Private-use characters: no text or template contains them, so a sentinel made of them differs from the content it
@@ -150,9 +152,9 @@ def render(
     generation_prompt: bool = False,
     template_kwargs: dict | None = None,
 ) -> str:
-    return tokenizer.apply_chat_template(
-        messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt, **(template_kwargs or {})
-    )
+    """The conversation through the tokenizer's chat template, as apply_chat_template renders it, within a budget of
+    work (data/template_budget.py: TemplateBudgetExceeded past it)."""
+    return bounded_render(tokenizer, messages, tools, generation_prompt, template_kwargs)
 
 
 def render_conversation(
@@ -162,6 +164,8 @@ def render_conversation(
     the JSON strings OpenAI-style data holds; then they are parsed into objects and the rendering retried."""
     try:
         return messages, render(tokenizer, messages, tools, template_kwargs=template_kwargs)
+    except TemplateBudgetExceeded:
+        raise
     except Exception:
         parsed = _parse_string_arguments(messages)
         if parsed is None:
@@ -223,6 +227,8 @@ def turn_marks(
         return _MARKS[key]
     try:
         marks = _probe(tokenizer, tools, [{"role": "user", "content": _PROBE_USER}], kw)
+    except TemplateBudgetExceeded:
+        raise
     except Exception:
         if not fallback_context:
             raise

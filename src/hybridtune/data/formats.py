@@ -30,7 +30,8 @@ from hybridtune.data.rows import (
     refuse_media,
     used_fields,
 )
-from hybridtune.errors import DataError
+from hybridtune.data.template_budget import TemplateBudgetExceeded
+from hybridtune.errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
 
@@ -234,6 +235,8 @@ def _chat_example(
         raise DataError(
             f"{where}: {e}; check the row, or set `chat_template` to a template that renders every trained turn"
         ) from None
+    except TemplateBudgetExceeded as e:  # the template's fault, not the row's: stops the data at once
+        raise ConfigError(f"{where}: {e}") from None
     except Exception as e:  # jinja errors from templates that reject a role order, etc.
         raise DataError(f"{where}: the chat template cannot render this conversation ({e})") from None
     return _tokenize_spans(tokenizer, [(s, t or train_on_inputs) for s, t in spans])
