@@ -52,8 +52,8 @@ def test_export_of_a_checkpoint_holds_its_exact_weights(trained, tmp_path, prese
         saved = safetensors.torch.load_file(final / "adapter_model.safetensors")
         lora = {k: v for k, v in want.items() if "lora_" in k}
         assert len(saved) == len(lora) > 0
-        base_dir = json.loads((final / "adapter_config.json").read_text())["base_model_name_or_path"]
-        assert Path(base_dir) == tmp_path / "best" / "base_model"
+        base_dir = final / json.loads((final / "adapter_config.json").read_text())["base_model_name_or_path"]
+        assert base_dir.resolve() == (tmp_path / "best" / "base_model").resolve()  # recorded relative to final/
         model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), final)
         got = dict(model.named_parameters(remove_duplicate=False))
         # Every tensor of the checkpoint, the adapter's and (torch's DCP keeps a tied frozen lm_head among the

@@ -32,8 +32,8 @@ def stock(final, adapter: str):
     tok = AutoTokenizer.from_pretrained(final)
     if adapter == "full":
         return AutoModelForCausalLM.from_pretrained(final).eval(), tok
-    base_dir = json.loads((final / "adapter_config.json").read_text())["base_model_name_or_path"]
-    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    base_dir = final / json.loads((final / "adapter_config.json").read_text())["base_model_name_or_path"]
+    base = AutoModelForCausalLM.from_pretrained(base_dir)  # a preset's base_model/, recorded relative to final/
     return PeftModel.from_pretrained(base, final).eval(), tok
 
 

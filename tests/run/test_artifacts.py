@@ -234,7 +234,7 @@ def test_moe_preset_base_model_has_plain_names_and_merges(tmp_path, small_data):
         ours = in_memory.get_parameter(name.replace("experts.", "experts.base_layer.base_layer.", 1))
         assert torch.equal(p, ours.to(p.dtype)), name
     config = json.loads((Path(t.result.final_dir) / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == str(base_dir.resolve())
+    assert config["base_model_name_or_path"] == "../base_model"  # relative to final/ (run/adapter_base.py)
     adapted = PeftModel.from_pretrained(base, t.result.final_dir)
     x = ids(base.config.vocab_size)
     want = logits(adapted, x)

@@ -51,10 +51,13 @@ def _temporaries(*dirs) -> list[str]:
 
 
 def _adapter_copy(run_dir, tmp_path, base=None):
-    """A copy of the run's adapter, its recorded base `base` (default: the run's base_model/, as recorded)."""
+    """A copy of the run's adapter, its recorded base `base` (default: a copy of the run's base_model/ beside it,
+    which the adapter records relative to itself)."""
     adapter = tmp_path / "adapter"
     shutil.copytree(run_dir / "final", adapter)
-    if base is not None:
+    if base is None:
+        shutil.copytree(run_dir / "base_model", tmp_path / "base_model")
+    else:
         path = adapter / "adapter_config.json"
         config = json.loads(path.read_text())
         config["base_model_name_or_path"] = str(base)

@@ -6,7 +6,7 @@ What MODEL may name:
 OUTPUT_DIR                  a run's output directory: its final/ (else its newest checkpoint, said so)
 OUTPUT_DIR/final            the exported full model (transformers) or LoRA adapter (peft)
 OUTPUT_DIR/checkpoint-N     a DCP checkpoint: the model rebuilt from the run's recorded config, its weights verified
-ADAPTER_DIR                 a peft adapter: its base from adapter_config.json, else a `base_model/` inside or beside
+ADAPTER_DIR                 a peft adapter: on the `base_model/` inside or beside it, else its recorded base
 MODEL_DIR, hub id, preset   a base model, as training opens one (models/loading.py)
 ```
 
@@ -33,8 +33,9 @@ from hybridtune.models.loading import LoadedModel, load_model, load_tokenizer, p
 from hybridtune.models.patching import patch_model
 from hybridtune.models.presets import PRESETS
 from hybridtune.run import checkpoint as ckpt
+from hybridtune.run.adapter_base import adapter_base as base_of_adapter
 from hybridtune.run.base import base_revision
-from hybridtune.run.export import BASE_DIR, FINAL_DIR, INFO_FILE
+from hybridtune.run.export import FINAL_DIR, INFO_FILE
 from hybridtune.run.merge import read_adapter_config
 from hybridtune.run.outdir import RUN_FILE
 from hybridtune.runtime.defaults import recorded_values
@@ -191,25 +192,13 @@ def open_model(spec: str, *, patched: bool = False, dtype: torch.dtype | None = 
 
 
 def adapter_base(adapter_dir: Path) -> str:
-    """The base model of a peft adapter: the recorded `base_model_name_or_path` when it is a directory here, a
-    preset or a hub id; else a `base_model/` inside the adapter directory or beside it (a run's export on a preset
-    saves the base there, and a moved output directory keeps it beside final/)."""
-    recorded = read_adapter_config(adapter_dir / ADAPTER_CONFIG).get("base_model_name_or_path")
-    saved = [d for d in (adapter_dir / BASE_DIR, adapter_dir.parent / BASE_DIR) if (d / "config.json").is_file()]
-    if isinstance(recorded, str) and recorded:
-        p = Path(recorded).expanduser()
-        if p.is_dir():
-            return str(p)
-        if saved:
-            return str(saved[0])
-        if not p.is_absolute() and not recorded.startswith("."):
-            return recorded  # a preset or hub id: load_model says whether it exists
-    if saved:
-        return str(saved[0])
-    raise ModelError(
-        f"the adapter's base model {recorded!r} is not a local directory and no {BASE_DIR}/ lies beside "
-        f"'{adapter_dir}'; edit base_model_name_or_path in {adapter_dir / ADAPTER_CONFIG}"
-    )
+    """The base model of a peft adapter (run/adapter_base.py): the `base_model/` shipped inside or beside it first
+    (a run's export on a preset saves the base there; a copied or archived output directory keeps it beside
+    final/), saying so when the recorded base names another; else the recorded `base_model_name_or_path`, a
+    relative path read against the adapter directory, a preset or a hub id."""
+    config_file = adapter_dir / ADAPTER_CONFIG
+    recorded = read_adapter_config(config_file).get("base_model_name_or_path")
+    return base_of_adapter(adapter_dir, recorded, config_file)
 
 
 def _open_adapter(path: Path, patched: bool, dtype: torch.dtype | None) -> Opened:

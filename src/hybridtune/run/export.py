@@ -5,7 +5,8 @@ with its tokenizer and a model card (README.md), written atomically as safetenso
   config, the source's dtype, every tensor training did not touch copied bit for bit (a frozen vision tower, the
   `mtp.*` weights transformers never loads), the source's processor and chat-template files. An adapter's keys
   follow the original tree; `base_model_name_or_path` is the base as the user named it (a hub id, with its
-  `revision`, or the checkpoint directory), for a preset the `base_model/` written beside `final/`.
+  `revision`, or the checkpoint directory), for a preset the `base_model/` written beside `final/`, relative to the
+  adapter (run/adapter_base.py).
 
 - Guarded (run/guarded.py): modes follow the umask (safetensors writes 0600); NaN or Inf weights are refused and
   the size (tensors plus tokenizer) checked against the free space before anything is written; a disk that fills
@@ -29,15 +30,15 @@ from hybridtune.models import source
 from hybridtune.models.anatomy import unwrap
 from hybridtune.models.loading import LoadedModel
 from hybridtune.models.patching import original_config
+from hybridtune.run import adapter_base, guarded, integrity
 from hybridtune.run import checkpoint as ckpt
-from hybridtune.run import guarded, integrity
 from hybridtune.runtime import distributed
 from hybridtune.runtime.lora import strip_base_layer
 
 logger = logging.getLogger(__name__)
 
 FINAL_DIR = ckpt.FINAL_DIR
-BASE_DIR = "base_model"
+BASE_DIR = adapter_base.BASE_DIR
 INFO_FILE = ckpt.FINAL_META
 TOKENIZER_BYTES_PER_TOKEN = 96  # tokenizer.json (+ vocab/merges where written): about 75 bytes a token for Qwen's
 
@@ -71,17 +72,6 @@ def unwrapped_base_state(base, peft_state: dict | None = None) -> dict:
     else:
         items = ((k.removeprefix(prefix), v) for k, v in peft_state.items() if k.startswith(prefix))
     return {strip_base_layer(name): tensor for name, tensor in items if "lora_" not in name}
-
-
-def adapter_base(loaded: LoadedModel, base_dir: Path | None) -> tuple[str, str | None]:
-    """(base_model_name_or_path, revision) for adapter_config.json: a hub id as named with the commit it resolved
-    to; a local checkpoint as the directory named (made absolute, so it does not depend on the working directory);
-    a preset's `base_model/` written beside the adapter."""
-    if base_dir is not None:
-        return str(base_dir.resolve()), None
-    if loaded.revision is not None:  # a hub id
-        return loaded.name, loaded.revision
-    return str(Path(loaded.name).expanduser().absolute()), None
 
 
 # -- sizes and disk space ---------------------------------------------------------------------------------------
@@ -192,7 +182,7 @@ def save_final(
         def write(tmp: Path) -> None:
             if adapter == "lora":
                 config = model.peft_config["default"]
-                config.base_model_name_or_path, config.revision = adapter_base(loaded, base_dir)
+                config.base_model_name_or_path, config.revision = adapter_base.record(loaded, base_dir, final)
                 # peft's "auto" embedding check looks the base up and warns when it cannot (offline); hybridtune never
                 # resizes the vocabulary, so the warning says nothing. (save_embedding_layers=False left a rank of a
                 # two-process LoRA run hanging at exit in the slow tier: kept as peft's default.)

@@ -4,9 +4,9 @@ The base loads in its original class (config.json `architectures[0]`, e.g. Qwen3
 class the adapter's keys follow. The result is written as the base checkpoint is (models/source.py): its
 architecture and config, in its dtype, with the tensors transformers does not load (`mtp.*`) and its processor
 files carried over; it loads with `from_pretrained(OUT_DIR)` in that class and gives the logits of base + adapter.
-The base is the adapter's `base_model_name_or_path` (a directory, or a hub id at its `revision` from the local hub
-cache); where that is missing, a `base_model/` beside the adapter (what training writes for a preset). The output is
-written through the guarded layer (run/guarded.py): NaN or Inf weights refused and the size checked before anything
+The base is a `base_model/` shipped inside or beside the adapter (what training writes for a preset), else the
+adapter's `base_model_name_or_path` (a directory, or a hub id at its `revision` from the local hub cache). The output
+is written through the guarded layer (run/guarded.py): NaN or Inf weights refused and the size checked before anything
 is written, modes per the umask, a damaged base, a shape mismatch or a full disk one line, SIGTERM removes the
 temporary directory (`.tmp-<OUT>-*` beside OUT), and one a killed merge left is removed by the next merge to OUT.
 """
@@ -27,6 +27,7 @@ from hybridtune.models.hub import looks_like_hub_id, resolve_source
 from hybridtune.models.loading import model_class
 from hybridtune.models.trust import NO_CODE, refuse_custom_code
 from hybridtune.run import guarded, integrity
+from hybridtune.run.adapter_base import adapter_base
 from hybridtune.run.checkpoint import MARKER, is_ours
 from hybridtune.run.export import BASE_DIR, tensor_bytes, tokenizer_bytes
 
@@ -34,18 +35,14 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_base(adapter_dir: Path, config_file: Path, base_name, revision: str | None) -> Path:
-    """The local directory of the adapter's base: the recorded directory, else a `base_model/` beside (or in) the
-    adapter directory, else the recorded hub id from the local hub cache."""
-    if isinstance(base_name, str) and base_name and Path(base_name).expanduser().is_dir():
-        return Path(base_name).expanduser()
-    for beside in (adapter_dir.parent / BASE_DIR, adapter_dir / BASE_DIR):
-        if (beside / "config.json").is_file():
-            logger.info(
-                "the adapter's base %r is not a local directory; using %s beside the adapter", base_name, beside
-            )
-            return beside
-    if isinstance(base_name, str) and base_name and looks_like_hub_id(base_name):
-        return resolve_source(base_name, revision).path  # a download that cannot happen is one line (ModelError)
+    """The local directory of the adapter's base (run/adapter_base.py): the `base_model/` shipped inside or beside
+    the adapter first (saying so when the record names another), else the recorded directory, else the recorded hub
+    id from the local hub cache."""
+    base = adapter_base(adapter_dir, base_name, config_file)
+    if Path(base).is_dir():
+        return Path(base)
+    if looks_like_hub_id(base):
+        return resolve_source(base, revision).path  # a download that cannot happen is one line (ModelError)
     raise ModelError(
         f"the adapter's base model {base_name!r} is not a local directory (nor a hub id), and no {BASE_DIR}/ is "
         f"beside the adapter; edit base_model_name_or_path in {config_file}"
