@@ -25,6 +25,7 @@ from hybridtune.data.formats import detect_type, to_example
 from hybridtune.data.packing import Example
 from hybridtune.data.rows import used_fields
 from hybridtune.data.sources import ROW_COLUMN, Source, datasets_cache_dir, open_source, quiet_datasets, where
+from hybridtune.data.vision import ImageRef, RowImages, log_visual_tokens, media_digest, row_base
 from hybridtune.errors import DataError
 from hybridtune.files import atomic_write, open_regular
 
@@ -59,9 +60,10 @@ def load_examples(
     num_proc: int = 0,
     cache: bool = True,
     template_kwargs: dict | None = None,
+    vision=None,
 ) -> list[Example]:
     """All examples of one data source, tokenised with their loss masks (from the cache where it has them)."""
-    return load_source(ds, tokenizer, train_on_inputs, num_proc, cache, template_kwargs).examples
+    return load_source(ds, tokenizer, train_on_inputs, num_proc, cache, template_kwargs, vision).examples
 
 
 def load_source(
@@ -71,12 +73,17 @@ def load_source(
     num_proc: int = 0,
     cache: bool = True,
     template_kwargs: dict | None = None,
+    vision=None,
 ) -> Loaded:
     """`load_examples` with where each example's row is, the cache key and the format. `template_kwargs`: the
-    chat template's keyword arguments (`chat_template_kwargs`), part of the key."""
+    chat template's keyword arguments (`chat_template_kwargs`), part of the key. `vision`: a vision-language
+    model's (data/vision.py), which takes the rows' images; their content and the processor are part of the key."""
     progress = sys.stderr.isatty() and os.environ.get("RANK", "0") == "0"
     src = open_source(ds, progress)
     key = cache_key(src, tokenizer, ds, train_on_inputs, template_kwargs)
+    if vision is not None:
+        rows = ((src.row(i), row_base(src.segments, i, ds.path)) for i in range(len(src)))
+        key = hashlib.sha256(f"{key}\0{media_digest(rows, vision)}".encode()).hexdigest()
     path = Path(datasets_cache_dir()) / CACHE_SUBDIR / f"{key}.parquet"
     if cache:
         cached = _read_cache(path, key)
@@ -85,6 +92,7 @@ def load_source(
             logger.info(
                 "dataset %s: tokenised data from cache %s (%d examples, format '%s')", ds.path, path, len(examples), fmt
             )
+            log_visual_tokens(ds.path, examples)
             return Loaded(examples, src, key, fmt)
     if len(src) == 0:
         raise DataError(f"dataset file '{ds.path}' has no rows; give a file with at least one example")
@@ -94,10 +102,10 @@ def load_source(
         logger.info("dataset %s: detected format '%s'", ds.path, fmt)
     t0 = time.perf_counter()
     procs = resolve_num_proc(num_proc, len(src))
-    table = _tokenise(src, tokenizer, ds, train_on_inputs, fmt, procs, key, progress, template_kwargs)
+    table = _tokenise(src, tokenizer, ds, train_on_inputs, fmt, procs, key, progress, template_kwargs, vision)
     _check(src, table, ds, fmt, train_on_inputs)
     _warn_unused(table, ds, fmt)
-    table = table.select(["input_ids", "loss_mask"])
+    table = table.select(["input_ids", "loss_mask", "images"])
     examples = _examples(table)
     logger.info(
         "dataset %s: tokenised %d examples in %.1f s (%d process%s)",
@@ -107,6 +115,7 @@ def load_source(
         procs,
         "" if procs == 1 else "es",
     )
+    log_visual_tokens(ds.path, examples)
     if cache:
         _write_cache(path, key, table, ds.path, fmt)
     return Loaded(examples, src, key, fmt)
@@ -179,12 +188,30 @@ def _features():
             "roles": datasets.List(datasets.Value("string")),
             "unused": datasets.List(datasets.Value("string")),
             "error": datasets.Value("string"),
+            "images": datasets.List(
+                {
+                    "source": datasets.Value("string"),
+                    "grid": datasets.List(datasets.Value("int32")),
+                    "offset": datasets.Value("int32"),
+                    "tokens": datasets.Value("int32"),
+                }
+            ),
         }
     )
 
 
 def _tokenise_batch(
-    batch: dict, indices: list[int], *, tokenizer, ds, train_on_inputs, fmt, segments, json_rows, template_kwargs
+    batch: dict,
+    indices: list[int],
+    *,
+    tokenizer,
+    ds,
+    train_on_inputs,
+    fmt,
+    segments,
+    json_rows,
+    template_kwargs,
+    vision,
 ) -> dict[str, list]:
     """Dataset.map's function: a batch of rows -> ids, masks, the chat roles seen, the fields the format does not
     read, and each row's error (a bad row does not stop the map; the first one by position is raised afterwards,
@@ -194,28 +221,41 @@ def _tokenise_batch(
     else:
         rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
     starts = [s.start for s in segments]
-    out: dict[str, list] = {"input_ids": [], "loss_mask": [], "roles": [], "unused": [], "error": []}
+    out: dict[str, list] = {"input_ids": [], "loss_mask": [], "roles": [], "unused": [], "error": [], "images": []}
     for i, row in zip(indices, rows):
         roles: set[str] = set()
         out["unused"].append(sorted(set(row) - used_fields(fmt, ds, row)))
         try:
             at = where(segments, i, starts)
-            ex = to_example(row, fmt, tokenizer, ds, train_on_inputs, at, roles, template_kwargs)
+            images = RowImages(vision, row_base(segments, i, ds.path, starts)) if vision is not None else None
+            ex = to_example(row, fmt, tokenizer, ds, train_on_inputs, at, roles, template_kwargs, images)
         except DataError as e:
             out["input_ids"].append([])
             out["loss_mask"].append([])
             out["roles"].append([])
             out["error"].append(str(e))
+            out["images"].append([])
             continue
+        out["images"].append([{**dataclasses.asdict(r), "grid": list(r.grid)} for r in ex.images])
         out["input_ids"].append(ex.input_ids)
         out["loss_mask"].append(ex.loss_mask)
         out["roles"].append(sorted(roles))
         out["error"].append(None)
+    out["images"] += [[]] * (len(out["input_ids"]) - len(out["images"]))  # rows appended without images
     return out
 
 
 def _tokenise(
-    src: Source, tokenizer, ds, train_on_inputs: bool, fmt: str, procs: int, key: str, progress: bool, template_kwargs
+    src: Source,
+    tokenizer,
+    ds,
+    train_on_inputs: bool,
+    fmt: str,
+    procs: int,
+    key: str,
+    progress: bool,
+    template_kwargs,
+    vision=None,
 ):
     """The pyarrow table of input_ids, loss_mask, roles, unused, error: one row per source row, in order."""
     kwargs = {
@@ -226,6 +266,7 @@ def _tokenise(
         "segments": src.segments,
         "json_rows": src.json_rows,
         "template_kwargs": template_kwargs,
+        "vision": vision,
     }
     with quiet_datasets(progress):
         mapped = src.dataset.map(
@@ -293,7 +334,17 @@ def _lists(column) -> list[list[int]]:
 
 
 def _examples(table) -> list[Example]:
-    return [Example(i, m) for i, m in zip(_lists(table.column("input_ids")), _lists(table.column("loss_mask")))]
+    import pyarrow.compute as pc
+
+    ids, masks = _lists(table.column("input_ids")), _lists(table.column("loss_mask"))
+    column = table.column("images") if "images" in table.column_names else None
+    if column is None or not pc.sum(pc.list_value_length(column)).as_py():
+        return [Example(i, m) for i, m in zip(ids, masks)]
+    refs = [
+        tuple(ImageRef(r["source"], tuple(r["grid"]), r["offset"], r["tokens"]) for r in row)
+        for row in column.to_pylist()
+    ]
+    return [Example(i, m, r) for i, m, r in zip(ids, masks, refs)]
 
 
 def _read_cache(path: Path, key: str) -> tuple[list[Example], str] | None:

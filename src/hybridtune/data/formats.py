@@ -20,6 +20,7 @@ from typing import Any
 
 from hybridtune.config import DatasetConfig
 from hybridtune.data.chat import TurnNotFound, chat_spans
+from hybridtune.data.images import is_image_part
 from hybridtune.data.packing import Example
 from hybridtune.data.rows import (
     decode_json_cells,
@@ -77,9 +78,10 @@ def field_text(value: Any, where: str, what: str) -> str:
     )
 
 
-def message_content(value: Any, where: str, what: str) -> str:
-    """A chat message's content: text, or a list of content parts of which only `{"type": "text", "text": ...}`
-    parts are accepted (joined in order), as OpenAI-style messages carry it."""
+def message_content(value: Any, where: str, what: str, images=None) -> str:
+    """A chat message's content: text, or a list of content parts (joined in order), as OpenAI-style messages carry
+    it: `{"type": "text", "text": ...}`, and image parts where `images` (data/vision.py's `RowImages`: a
+    vision-language model's) records them and gives the text that stands for each."""
     if not isinstance(value, (list, tuple)):
         return field_text(value, where, what)
     texts = []
@@ -89,6 +91,9 @@ def message_content(value: Any, where: str, what: str) -> str:
                 f"{where}: {what}: content part {k} is {_json_kind(part)} ({_shown(part)}); "
                 'expected {"type": "text", "text": ...}'
             )
+        if images is not None and is_image_part(part):
+            texts.append(images.part(part, where, f"{what}, content part {k} ({part['type']})"))
+            continue
         if part.get("type") != "text":
             raise DataError(
                 f"{where}: {what}: content part {k} has type {part.get('type')!r}; only parts of type 'text' "
@@ -156,7 +161,7 @@ def _tokenize_spans(tokenizer, spans: list[tuple[str, bool]]) -> Example:
     return Example(list(enc["input_ids"]), mask)
 
 
-def parse_messages(raw: Any, fmt: str, ds: DatasetConfig, where: str, key: str) -> list[dict]:
+def parse_messages(raw: Any, fmt: str, ds: DatasetConfig, where: str, key: str, images=None) -> list[dict]:
     """A row's list of messages as the chat template takes them: role (sharegpt's mapped), content as text, and
     the other fields (tool_calls, reasoning_content, tool_call_id, name, ...) passed on; null fields dropped
     (Arrow gives every message every field of the column)."""
@@ -201,7 +206,8 @@ def parse_messages(raw: Any, fmt: str, ds: DatasetConfig, where: str, key: str) 
             raise DataError(f"{where}: {what}: 'reasoning_content' must be text, got {_json_kind(reasoning)}")
         content = m.get(content_key)
         # An assistant message that only calls tools has no content (OpenAI writes null).
-        text = "" if content is None and calls else message_content(content, where, f"{what}, key '{content_key}'")
+        what = f"{what}, key '{content_key}'"
+        text = "" if content is None and calls else message_content(content, where, what, images)
         messages.append({**msg, "role": mapped, "content": text})
     return messages
 
@@ -251,9 +257,16 @@ def to_example(
     where: str,
     roles_seen: set[str] | None = None,
     template_kwargs: dict | None = None,
+    images=None,
 ) -> Example:
     """One row -> Example. `fmt` is a concrete format (not 'auto'). The chat roles of the row (as mapped) are
-    added to `roles_seen` when it is given; `template_kwargs` go to the chat template (`chat_template_kwargs`)."""
+    added to `roles_seen` when it is given; `template_kwargs` go to the chat template (`chat_template_kwargs`);
+    `images` (a vision-language model's `RowImages`) takes the row's image parts and expands their tokens."""
+    ex = _to_example(row, fmt, tokenizer, ds, train_on_inputs, where, roles_seen, template_kwargs, images)
+    return images.expand(ex, where) if images is not None else ex
+
+
+def _to_example(row, fmt, tokenizer, ds, train_on_inputs, where, roles_seen, template_kwargs, images) -> Example:
     eos = tokenizer.eos_token or ""
     pair = (ds.field_prompt, ds.field_completion) if fmt == "prompt_completion" else ()
     row = decode_json_cells(row, json_fields(fmt, ds), pair)
@@ -280,8 +293,8 @@ def to_example(
         prompt = _field(row, ds.field_prompt, where, fmt)
         completion = _field(row, ds.field_completion, where, fmt)
         if isinstance(prompt, list) and isinstance(completion, list):  # conversational: lists of messages
-            p = parse_messages(prompt, "chat", ds, where, ds.field_prompt)
-            c = parse_messages(completion, "chat", ds, where, ds.field_completion)
+            p = parse_messages(prompt, "chat", ds, where, ds.field_prompt, images)
+            c = parse_messages(completion, "chat", ds, where, ds.field_completion, images)
             trained = [False] * len(p) + [True] * len(c)
             tools = _tools(row, where)
             return _chat_example(tokenizer, p + c, trained, tools, train_on_inputs, where, fmt, template_kwargs)
@@ -296,7 +309,7 @@ def to_example(
         return _tokenize_spans(tokenizer, [(prompt, train_on_inputs), (completion + eos, True)])
     if fmt in ("chat", "sharegpt"):
         key = messages_key(fmt, ds, row)
-        messages = parse_messages(_field(row, key, where, fmt), fmt, ds, where, key)
+        messages = parse_messages(_field(row, key, where, fmt), fmt, ds, where, key, images)
         if roles_seen is not None:
             roles_seen.update(m["role"] for m in messages)
         trained = [m["role"] in ds.roles_to_train for m in messages]

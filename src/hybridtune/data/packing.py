@@ -22,13 +22,23 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Example:
-    """One tokenized example: `input_ids` and a parallel 0/1 `loss_mask` (1 = train on this token)."""
+    """One tokenized example: `input_ids` and a parallel 0/1 `loss_mask` (1 = train on this token). `images`: the
+    images whose visual tokens it holds, in order (data/vision.py's `ImageRef`s: `offset`, `tokens`), counted in its
+    length like any token."""
 
     input_ids: list[int]
     loss_mask: list[int]
+    images: tuple = ()
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    def truncated(self, n: int) -> Example:
+        """Its first `n` tokens; an image is never cut: one that would be ends the example before its first token."""
+        keep = tuple(im for im in self.images if im.offset + im.tokens <= n)
+        if len(keep) < len(self.images):
+            n = min(n, self.images[len(keep)].offset)
+        return Example(self.input_ids[:n], self.loss_mask[:n], keep)
 
 
 @dataclass
@@ -62,7 +72,7 @@ def fit_to_length(
             if overlong == "drop":
                 stats.dropped += 1
                 continue
-            ex = Example(ex.input_ids[:seq_len], ex.loss_mask[:seq_len])
+            ex = ex.truncated(seq_len)
             stats.truncated += 1
         # The first token of a document is never a target, so a document needs a trainable token past it.
         if len(ex) < 2 or not any(ex.loss_mask[1:]):

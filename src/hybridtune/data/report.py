@@ -52,7 +52,7 @@ def fit(
         if n > seq_len and strategy == "drop":
             reason = OVERLONG
         elif n > seq_len:
-            cut = Example(ex.input_ids[:seq_len], ex.loss_mask[:seq_len])
+            cut = ex.truncated(seq_len)
             reason = TRUNCATED if seq_len >= 2 and _trained(cut.loss_mask) else CUT_UNTRAINED
             if trained == 0:
                 reason = UNTRAINED

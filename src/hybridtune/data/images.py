@@ -1,0 +1,154 @@
+"""Images named by data rows: where a content part points (`image_source`: a local path resolved against the data
+file's folder, or a `data:` URI; a remote URL refused, hybridtune reads nothing from the network), its bytes and their
+sha256 (`image_bytes`, `image_digest`), and the image decoded whole and checked (`load_image`). Every bad image (missing,
+not a regular file, empty, not an image, truncated, more pixels than PIL's MAX_IMAGE_PIXELS) is one DataError naming
+the row (`where`, 'file:LINE') and the part (`what`)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import os
+import stat
+import warnings
+from pathlib import Path
+from typing import Any
+
+from hybridtune.errors import DataError
+
+DATA_URI = "data:"
+REMOTE = ("http://", "https://", "ftp://", "s3://", "gs://", "hf://")
+IMAGE_PART_TYPES = ("image", "image_url")
+
+
+def is_image_part(part: Any) -> bool:
+    """A chat content part that holds an image: `{"type": "image", ...}` or `{"type": "image_url", ...}`."""
+    return isinstance(part, dict) and part.get("type") in IMAGE_PART_TYPES
+
+
+def part_reference(part: dict, where: str, what: str) -> str:
+    """The path or URI an image part names: `{"type": "image", "image": REF}` (also `"path"` or `"url"` there), or
+    OpenAI's `{"type": "image_url", "image_url": {"url": REF}}` (or the URL as a plain string)."""
+    if part.get("type") == "image_url":
+        ref = part.get("image_url")
+        ref = ref.get("url") if isinstance(ref, dict) else ref
+        shape = '{"type": "image_url", "image_url": {"url": PATH or data: URI}}'
+    else:
+        ref = next((part[k] for k in ("image", "path", "url") if part.get(k) is not None), None)
+        shape = '{"type": "image", "image": PATH or data: URI}'
+    if not isinstance(ref, str) or not ref.strip():
+        got = "nothing" if ref is None else f"{type(ref).__name__} {str(ref)[:40]!r}"
+        raise DataError(f"{where}: {what}: an image part names no image (got {got}); write it as {shape}")
+    return ref.strip()
+
+
+def image_source(ref: str, base: Path | None, where: str, what: str) -> str:
+    """`ref` as hybridtune reads it: a `data:` URI as it is, a `file://` URI or a path made absolute (a relative path
+    is taken from `base`, the data file's folder). A remote URL is refused: nothing is fetched."""
+    if ref.startswith(DATA_URI):
+        return ref
+    if ref.lower().startswith(REMOTE):
+        raise DataError(
+            f"{where}: {what}: image {_short(ref)} is a remote URL; hybridtune reads no images from the network "
+            "(training runs offline): download it and give its local path, relative to the data file"
+        )
+    if ref.startswith("file://"):
+        ref = ref[len("file://") :]
+    path = Path(ref).expanduser()
+    if not path.is_absolute():
+        path = (base or Path.cwd()) / path
+    return str(path)
+
+
+def _short(ref: str) -> str:
+    return repr(ref if len(ref) <= 80 else ref[:77] + "...")
+
+
+def describe(source: str) -> str:
+    """A source for a message: the path, or the start of a data URI."""
+    return f"data URI {_short(source)}" if source.startswith(DATA_URI) else f"'{source}'"
+
+
+def image_bytes(source: str, where: str, what: str) -> bytes:
+    """The encoded image: a regular file's bytes (a link is followed to one), or a base64 `data:` URI decoded."""
+    if source.startswith(DATA_URI):
+        head, sep, payload = source.partition(",")
+        if not sep or not head.endswith(";base64"):
+            raise DataError(
+                f"{where}: {what}: {describe(source)} is not a base64 data URI; write it as "
+                "data:image/png;base64,<base64 of the file>"
+            )
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise DataError(f"{where}: {what}: {describe(source)} holds invalid base64 ({e})") from None
+        if not data:
+            raise DataError(f"{where}: {what}: {describe(source)} is empty (0 bytes); give the image's bytes")
+        return data
+    try:
+        st = os.stat(source)
+    except FileNotFoundError:
+        raise DataError(
+            f"{where}: {what}: image file '{source}' does not exist (relative paths are taken from the data "
+            "file's folder); fix the path or drop the part"
+        ) from None
+    except OSError as e:
+        raise DataError(f"{where}: {what}: image file '{source}' cannot be read ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise DataError(f"{where}: {what}: image '{source}' is not a regular file (a directory, a device or a pipe)")
+    if st.st_size == 0:
+        raise DataError(f"{where}: {what}: image file '{source}' is empty (0 bytes); replace it or drop the part")
+    try:
+        with open(source, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise DataError(f"{where}: {what}: image file '{source}' cannot be read ({e.strerror})") from None
+
+
+def image_digest(source: str, where: str = "", what: str = "") -> str:
+    """sha256 of the image's bytes; 'missing' when it cannot be read (the error itself is raised where the row is
+    tokenised, with its line)."""
+    try:
+        return hashlib.sha256(image_bytes(source, where, what)).hexdigest()
+    except DataError:
+        return "missing"
+
+
+def load_image(source: str, where: str, what: str):
+    """The image decoded whole, in RGB (a PIL image). Decoding everything here finds a truncated file now, not in a
+    training step; an image over PIL's MAX_IMAGE_PIXELS (its decompression-bomb guard) is refused."""
+    from PIL import Image, UnidentifiedImageError  # why here: only rows with images need Pillow
+
+    data = image_bytes(source, where, what)
+    limit = Image.MAX_IMAGE_PIXELS
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()
+                if im.width == 0 or im.height == 0:
+                    raise DataError(f"{where}: {what}: image {describe(source)} has no pixels ({im.width}x{im.height})")
+                return im.convert("RGB")
+    except DataError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise DataError(
+            f"{where}: {what}: image {describe(source)} is larger than PIL's MAX_IMAGE_PIXELS ({limit} pixels), its "
+            f"guard against decompression bombs ({_first_line(e)}); shrink the image or drop the part"
+        ) from None
+    except UnidentifiedImageError:
+        raise DataError(
+            f"{where}: {what}: {describe(source)} is not an image PIL can read (PNG, JPEG, WebP, GIF, BMP, TIFF...); "
+            "replace it or drop the part"
+        ) from None
+    except (OSError, SyntaxError, ValueError) as e:  # PIL: 'image file is truncated', broken chunks, bad headers
+        raise DataError(
+            f"{where}: {what}: image {describe(source)} is truncated or damaged ({_first_line(e)}); replace it or "
+            "drop the part"
+        ) from None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]

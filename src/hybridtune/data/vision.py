@@ -1,0 +1,215 @@
+"""Images in the data of a vision-language checkpoint, as its own processor sees them.
+
+`Vision` (`vision_for` builds it from a checkpoint directory) holds the image processor and the tokens: a chat's
+image part is rendered as the processor's placeholder (vision start, one image token, vision end); after tokenising,
+`RowImages.expand` replaces each image token with the image's visual tokens (t*h*w / merge^2 of them, never trained)
+and records an `ImageRef` per image (its source, grid, first token and token count) on the `Example`.
+
+`rope_positions` gives one document's 3-D M-RoPE positions [3, n], as the checkpoint's `get_rope_index` computes them
+for that document alone: text tokens count on from the last position on all three rows; an image's tokens take
+(t, h, w) grid positions offset by the position before it, and the text after it starts at that offset plus
+max(h, w) / merge. The collator concatenates the documents' positions: never a position counted across documents.
+`Vision.pixels` turns a pack's images into the vision tower's input (pixel_values [patches, C*t*p*p], grid [I, 3]).
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import hashlib
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hybridtune.data.images import image_digest, image_source, is_image_part, load_image, part_reference
+from hybridtune.data.packing import Example
+from hybridtune.errors import DataError, ModelError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """One image of a document: where it is read from, its (t, h, w) patch grid, its first visual token's index in
+    the document and its number of visual tokens."""
+
+    source: str
+    grid: tuple[int, int, int]
+    offset: int
+    tokens: int
+
+
+class Vision:
+    """The image side of a checkpoint's processor (see the module docstring). `image_processor`: the checkpoint's
+    (its `merge_size` and patch grid); the token ids are the model config's."""
+
+    def __init__(self, image_processor, tokenizer, image_token_id: int, start_id: int, end_id: int, video_id=None):
+        self.image_processor = image_processor
+        self.merge = int(getattr(image_processor, "merge_size", 1) or 1)
+        self.image_token_id, self.video_token_id = int(image_token_id), video_id
+        tokens = tokenizer.convert_ids_to_tokens([int(start_id), int(image_token_id), int(end_id)])
+        if any(t is None for t in tokens):
+            raise ModelError(
+                f"the model's vision token ids {start_id}, {image_token_id}, {end_id} are not in its tokenizer "
+                f"(vocabulary of {len(tokenizer)}); use the tokenizer saved with the checkpoint"
+            )
+        self.image_token = tokens[1]
+        self.placeholder = "".join(tokens)  # what one image part renders as
+
+    def fingerprint(self) -> str:
+        """What the visual tokens of an image depend on: the image processor's settings and the tokens."""
+        settings = self.image_processor.to_json_string() if hasattr(self.image_processor, "to_json_string") else ""
+        parts = [type(self.image_processor).__name__, settings, self.placeholder, str(self.image_token_id)]
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+    def process(self, images: list) -> tuple[Any, Any]:
+        """(pixel_values float32 [patches, C*t*p*p], grid int64 [len(images), 3]) of decoded images, in order."""
+        out = self.image_processor(images=images, return_tensors="pt")
+        return out["pixel_values"], out["image_grid_thw"]
+
+    def pixels(self, refs: Sequence[ImageRef]):
+        """The vision tower's input for a pack's images (in order); a DataError when an image is gone or has
+        changed size since it was tokenised."""
+        import torch  # why here: data/ rows are torch-free until collation
+
+        images = [load_image(r.source, describe_ref(r), "image") for r in refs]
+        values, grid = self.process(images)
+        for r, g in zip(refs, grid.tolist()):
+            if tuple(g) != tuple(r.grid):
+                raise DataError(
+                    f"{describe_ref(r)}: the image changed since it was tokenised (patch grid {tuple(g)}, was "
+                    f"{tuple(r.grid)}); run again to tokenise the data anew"
+                )
+        return values.to(torch.float32), grid.to(torch.long)
+
+    def tokens_of(self, grid: Sequence[int]) -> int:
+        t, h, w = grid
+        return int(t) * int(h) * int(w) // (self.merge * self.merge)
+
+
+def describe_ref(ref: ImageRef) -> str:
+    return ref.source if not ref.source.startswith("data:") else ref.source[:40] + "..."
+
+
+class RowImages:
+    """The images of one row, in the order its parts are rendered: `part` records one and returns its placeholder
+    text; `expand` puts the visual tokens into the tokenised row."""
+
+    def __init__(self, vision: Vision, base: Path | None):
+        self.vision, self.base = vision, base
+        self.sources: list[str] = []
+        self.whats: list[str] = []
+
+    def part(self, part: dict, where: str, what: str) -> str:
+        source = image_source(part_reference(part, where, what), self.base, where, what)
+        self.sources.append(source)
+        self.whats.append(what)
+        return self.vision.placeholder
+
+    def expand(self, ex: Example, where: str) -> Example:
+        v = self.vision
+        at = [i for i, t in enumerate(ex.input_ids) if t == v.image_token_id]
+        if v.video_token_id is not None and v.video_token_id in ex.input_ids:
+            raise DataError(
+                f"{where}: the row's text holds the model's video token; videos are not trained yet: drop the row"
+            )
+        if len(at) != len(self.sources):
+            raise DataError(
+                f"{where}: the rendered row holds {len(at)} image token(s) {v.image_token!r} for {len(self.sources)} "
+                "image part(s); remove image tokens written as text, or use a chat template that renders every part"
+            )
+        if not at:
+            return ex
+        ids, mask, refs, prev = [], [], [], 0
+        for i, source, what in zip(at, self.sources, self.whats):
+            ids += ex.input_ids[prev:i]
+            mask += ex.loss_mask[prev:i]
+            _, grid = v.process([load_image(source, where, what)])
+            g = tuple(int(x) for x in grid[0].tolist())
+            n = v.tokens_of(g)
+            refs.append(ImageRef(source, g, len(ids), n))
+            ids += [v.image_token_id] * n
+            mask += [0] * n  # never a target: the model predicts text, not image features
+            prev = i + 1
+        ids += ex.input_ids[prev:]
+        mask += ex.loss_mask[prev:]
+        return Example(ids, mask, tuple(refs))
+
+
+def rope_positions(length: int, images: Sequence[ImageRef], merge: int):
+    """int64 [3, length]: one document's M-RoPE positions (temporal, height, width), see the module docstring."""
+    import torch  # why here: see `Vision.pixels`
+
+    out = torch.empty(3, length, dtype=torch.long)
+    pos = at = 0
+    for im in sorted(images, key=lambda r: r.offset):
+        out[:, at : im.offset] = torch.arange(pos, pos + im.offset - at)
+        pos += im.offset - at
+        t, h, w = im.grid[0], im.grid[1] // merge, im.grid[2] // merge
+        if t * h * w != im.tokens:
+            raise ValueError(f"image {im.source}: grid {im.grid} / merge {merge} is not its {im.tokens} tokens")
+        grid = torch.stack(torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij"))
+        out[:, im.offset : im.offset + im.tokens] = grid.reshape(3, -1) + pos
+        pos += max(im.grid[1], im.grid[2]) // merge
+        at = im.offset + im.tokens
+    out[:, at:] = torch.arange(pos, pos + length - at)
+    return out
+
+
+def row_references(value: Any) -> Iterable[dict]:
+    """Every image part anywhere in a row's value (messages, their content lists, prompt/completion lists)."""
+    if is_image_part(value):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from row_references(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from row_references(v)
+
+
+def media_digest(rows: Iterable[tuple[dict, Path | None]], vision: Vision) -> str:
+    """sha256 over the processor's fingerprint and every image the rows name (its resolved source and the sha256 of
+    its bytes): part of the tokenisation cache key, so a changed image is tokenised again. Rows come with the folder
+    their relative paths are taken from; a part that cannot be resolved is left to tokenising to report."""
+    h = hashlib.sha256(vision.fingerprint().encode())
+    for row, base in rows:
+        for part in row_references(row):
+            try:
+                source = image_source(part_reference(part, "", ""), base, "", "")
+            except DataError:
+                h.update(b"refused\0")
+                continue
+            h.update(source.encode() + b"\0" + image_digest(source).encode() + b"\0")
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=256)
+def _folder_of(label: str, data_path: str) -> Path | None:
+    if Path(label).is_file():
+        return Path(label).resolve().parent
+    return Path(data_path).resolve() if Path(data_path).is_dir() else None
+
+
+def row_base(segments: Sequence, i: int, data_path: str, starts: Sequence[int] | None = None) -> Path | None:
+    """The folder relative image paths of row `i` are taken from: its data file's (a segment's label), else the
+    data directory; None (the working directory) for data without local files (a dataset id)."""
+    starts = starts if starts is not None else [s.start for s in segments]
+    return _folder_of(segments[bisect.bisect_right(starts, i) - 1].label, data_path)
+
+
+def log_visual_tokens(name: str, examples: Sequence[Example]) -> None:
+    """One line: the images of a data source and their visual tokens per image (least, mean, most)."""
+    counts = [im.tokens for ex in examples for im in ex.images]
+    if counts:
+        logger.info(
+            "dataset %s: %d images in %d examples, visual tokens per image %d / %.0f / %d (least / mean / most)",
+            name,
+            len(counts),
+            sum(1 for ex in examples if ex.images),
+            min(counts),
+            sum(counts) / len(counts),
+            max(counts),
+        )
