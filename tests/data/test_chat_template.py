@@ -328,17 +328,16 @@ def test_a_checkpoints_own_and_named_templates_from_disk(tmp_path):
     ex = to_example(row, "chat", own, DatasetConfig(), False, "x")
     rendered = own.apply_chat_template(as_rendered(CONVERSATION), tools=TOOLS, tokenize=False)
     assert ex.loss_mask == expected_mask(own, rendered, ex.input_ids, EXPECTED_TRAINED)
-    # The plain ChatML template keeps content as it is (a <think> block in it too) and ignores the rest.
+    # The plain ChatML template ignores tools, tool calls and reasoning: such a row is refused with it (it trained the
+    # tool call's turn as its end-of-turn marker alone), a row of plain turns is not.
     plain = with_chat_template(own, "plain")
-    ex = to_example(row, "chat", plain, DatasetConfig(), False, "x")
-    rendered = plain.apply_chat_template(as_rendered(CONVERSATION), tokenize=False)
-    trained = [
-        ("<|im_start|>assistant\n", "<|im_end|>"),  # the tool call's turn: no content, the calls not rendered
-        "<think>\nThe tool said sunny.\n</think>\n\nSunny, 21C.<|im_end|>",
-        "Checking.<|im_end|>",
-        "Rain and wind.<|im_end|>",
-    ]
-    assert ex.loss_mask == expected_mask(plain, rendered, ex.input_ids, trained)
+    with pytest.raises(DataError, match="^x: the row's 'tools', but the chat template renders the same text without"):
+        to_example(row, "chat", plain, DatasetConfig(), False, "x")
+    with pytest.raises(DataError, match="^x: message 2 \\(role 'assistant'\\) has 'tool_calls'"):
+        to_example({"messages": CONVERSATION}, "chat", plain, DatasetConfig(), False, "x")
+    turns = [{"role": m["role"], "content": m["content"]} for m in CONVERSATION if isinstance(m["content"], str)]
+    ex = to_example({"messages": turns}, "chat", plain, DatasetConfig(), False, "x")
+    assert plain.decode(ex.input_ids) == plain.apply_chat_template(turns, tokenize=False)
 
 
 def test_chat_template_is_a_config_key(tmp_path):

@@ -4,8 +4,10 @@ is an error saying 'got a string' with the file and row."""
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +26,15 @@ def tok():
     return bundled_tokenizer()
 
 
+@pytest.fixture(scope="module")
+def tools_tok():
+    """The bundled tokenizer with Qwen3.5's template, which renders a row's tools (the bundled one ignores them, and
+    a row that carries tools is refused with it)."""
+    tok = copy.deepcopy(bundled_tokenizer())
+    tok.chat_template = (Path(__file__).parent / "qwen3_5_chat_template.jinja").read_text()
+    return tok
+
+
 def messages(q: str, a: str) -> list[dict]:
     return [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
 
@@ -37,7 +48,8 @@ def write_csv(path, header, rows, sep=","):
 
 
 @pytest.mark.parametrize("suffix, sep", [(".csv", ","), (".tsv", "\t")])
-def test_a_csv_chat_trains_as_the_same_rows_in_jsonl(tok, tmp_path, suffix, sep):
+def test_a_csv_chat_trains_as_the_same_rows_in_jsonl(tools_tok, tmp_path, suffix, sep):
+    tok = tools_tok
     chats = [(messages("2+2=", "4"), TOOLS), (messages("3+3=", "6"), None)]
     flat = write_csv(
         tmp_path / f"d{suffix}",
@@ -50,7 +62,8 @@ def test_a_csv_chat_trains_as_the_same_rows_in_jsonl(tok, tmp_path, suffix, sep)
     got = load_examples(DatasetConfig(path=str(flat)), tok, cache=False)
     assert got == load_examples(DatasetConfig(path=str(jsonl)), tok, cache=False)
     # and it trains: prepare packs it (the trainer's data path)
-    cfg = load_config(None, {"dataset": str(flat), "val_set_size": 0, "output_dir": str(tmp_path / "o")})
+    keys = {"dataset": str(flat), "val_set_size": 0, "sequence_len": 1024, "output_dir": str(tmp_path / "o")}
+    cfg = load_config(None, keys)
     assert sum(len(b) for b in prepare(cfg, tok).bins) == 2
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from hybridtune.data.template_budget import TemplateBudgetExceeded
 from hybridtune.data.template_budget import render as bounded_render
+from hybridtune.data.template_fields import check_rendered
 from hybridtune.errors import ConfigError
 
 # Private-use characters: no text or template contains them, so a sentinel made of them differs from the content it
@@ -332,9 +333,11 @@ def chat_spans(
     template_kwargs: dict | None = None,
 ) -> list[tuple[str, bool]]:
     """The rendered conversation as (text, trained) spans; `trained[j]` says whether message j is trained;
-    `template_kwargs` go to every rendering. Raises TurnNotFound naming the message that cannot be located."""
+    `template_kwargs` go to every rendering. Raises TurnNotFound naming the message that cannot be located, and
+    FieldNotRendered (data/template_fields.py) for a tool call, reasoning or tools the template ignores."""
     kw = template_kwargs or {}
     messages, full = render_conversation(tokenizer, messages, tools, kw)
+    check_rendered(tokenizer, messages, tools, kw, lambda ms, ts: render(tokenizer, ms, ts, template_kwargs=kw))
     regions: list[tuple[int, int]] = []
     marks = None
     for j, m in enumerate(messages):

@@ -32,6 +32,7 @@ from hybridtune.data.rows import (
     used_fields,
 )
 from hybridtune.data.template_budget import TemplateBudgetExceeded
+from hybridtune.data.template_fields import FieldNotRendered
 from hybridtune.errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
@@ -241,6 +242,8 @@ def _chat_example(
         raise DataError(
             f"{where}: {e}; check the row, or set `chat_template` to a template that renders every trained turn"
         ) from None
+    except FieldNotRendered as e:
+        raise DataError(f"{where}: {e}") from None
     except TemplateBudgetExceeded as e:  # the template's fault, not the row's: stops the data at once
         raise ConfigError(f"{where}: {e}") from None
     except Exception as e:  # jinja errors from templates that reject a role order, etc.
