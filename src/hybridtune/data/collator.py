@@ -6,6 +6,8 @@
     max_length_q, max_length_k       int           longest document (a python int: no device sync)
     (each registered mixer's)        e.g. int32 [C, 2] chunk indices: `MixerSpec.metadata`, hybridtune.mixers
     num_loss_tokens, num_tokens      int           label positions in the loss; the bin's tokens (T without filler)
+    pixel_values, image_grid_thw,    (packs with images) the vision tower's input, each document's own M-RoPE
+    mrope_position_ids               positions [3, T] (`PackedCollator(vision=...)`, data/vision.py)
 
 Dynamic layout (the default): T is the sum of the bin's document lengths, no padding. Static layout
 (`PackedCollator(layout=StaticLayout.fit(...))`): every batch has the same T and N, made up by filler documents after
@@ -23,15 +25,19 @@ import torch
 from hybridtune.batch import (
     CU_SEQ_LENS_K,
     CU_SEQ_LENS_Q,
+    IMAGE_GRID_THW,
     INPUT_IDS,
     LABELS,
     MAX_LENGTH_K,
     MAX_LENGTH_Q,
+    MROPE_POSITION_IDS,
     NUM_LOSS_TOKENS,
     NUM_TOKENS,
+    PIXEL_VALUES,
     POSITION_IDS,
 )
 from hybridtune.data.packing import Example
+from hybridtune.data.vision import rope_positions
 from hybridtune.mixers import MIXERS, registry
 
 IGNORE_INDEX = -100
@@ -136,9 +142,10 @@ class PackedCollator:
     boundaries, so a micro-batch is one bin; more bins per step come from gradient accumulation.
     """
 
-    def __init__(self, layout: StaticLayout | None = None, pad_token_id: int = 0):
+    def __init__(self, layout: StaticLayout | None = None, pad_token_id: int = 0, vision=None):
         self.layout = layout
         self.pad_token_id = pad_token_id
+        self.vision = vision  # a vision-language model's (data/vision.py): packs with images need it
 
     def __call__(self, docs: Sequence[Example]) -> dict:
         if not docs:
@@ -174,4 +181,17 @@ class PackedCollator:
             batch[MAX_LENGTH_Q] = batch[MAX_LENGTH_K] = self.layout.tokens
         batch[NUM_LOSS_TOKENS] = sum(1 for x in labels if x != IGNORE_INDEX)
         batch[NUM_TOKENS] = num_tokens
+        if any(doc.images for doc in docs):
+            batch.update(self._images(docs, lens))
         return batch
+
+    def _images(self, docs: Sequence[Example], lens: Sequence[int]) -> dict:
+        """The pack's images for the vision tower (document order), and every document's own M-RoPE positions
+        [3, T] laid end to end (a filler's, and a text document's, are its text positions on all three rows)."""
+        if self.vision is None:
+            raise ValueError("a pack with images needs PackedCollator(vision=...), the model's data.vision.Vision")
+        refs = [im for doc in docs for im in doc.images]
+        pixels, grid = self.vision.pixels(refs)
+        images = [doc.images for doc in docs] + [()] * (len(lens) - len(docs))
+        rows = [rope_positions(n, ims, self.vision.merge) for n, ims in zip(lens, images)]
+        return {PIXEL_VALUES: pixels, IMAGE_GRID_THW: grid, MROPE_POSITION_IDS: torch.cat(rows, 1)}

@@ -204,7 +204,7 @@ class LossModule(torch.nn.Module):
 
     def forward(self, batch: dict, num_items: int | None = None):
         if num_items is None:  # eval: the logits [1, T, vocab]
-            return self.model(**model_inputs(batch, labels=False)).logits
+            return self.model(**model_inputs(batch, labels=False, model=self.model)).logits
         if self.objective is None:
             raise RuntimeError("LossModule built without an objective was asked for a loss")
         return self.objective.loss(self.model, batch, num_items)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from hybridtune.batch import INPUT_IDS, LABELS, MODEL_KEYS, NUM_TOKENS
+from hybridtune.batch import INPUT_IDS, LABELS, MODEL_KEYS, MROPE_POSITION_IDS, NUM_TOKENS, POSITION_IDS
 from hybridtune.data import IGNORE_INDEX
 from hybridtune.mixers import registry
 from hybridtune.models.anatomy import output_head, router_loss, router_loss_terms, text_config, unwrap
+from hybridtune.runtime.vision import image_embeds
 
 
 def fused_loss_blocker(model: torch.nn.Module) -> str | None:
@@ -38,8 +39,13 @@ def shifted_targets(labels: torch.Tensor) -> torch.Tensor:
     return torch.cat([flat[1:], flat.new_full((1,), IGNORE_INDEX)])
 
 
-def model_inputs(batch: dict, labels: bool = True) -> dict:
+def model_inputs(batch: dict, labels: bool = True, model: torch.nn.Module | None = None) -> dict:
     """The batch's keyword arguments for the model (with or without `labels`), training and eval alike.
+
+    A pack with images (a vision-language model's) passes its 3-D M-RoPE positions as transformers' four-row
+    `position_ids` [4, 1, T] (the text row, then temporal, height, width), and its `pixel_values` and
+    `image_grid_thw`; given the `model`, these become `inputs_embeds` (runtime/vision.py's `image_embeds`: the
+    vision tower run apart from the text's packing keywords).
 
     A mixer's metadata size (a chunk count) differs from batch to batch in every pack layout: its tensors
     (`registry.dynamic_keys`) are marked maybe-dynamic, so a compiled frame that receives them (the per-class forwards of `compile: modules`) takes it as a symbol
@@ -47,10 +53,12 @@ def model_inputs(batch: dict, labels: bool = True) -> dict:
     eager ignores the mark.)
     """
     kwargs = {k: batch[k] for k in registry.model_keys(MODEL_KEYS) if k in batch and (labels or k != LABELS)}
+    if batch.get(MROPE_POSITION_IDS) is not None:
+        kwargs[POSITION_IDS] = torch.cat([batch[POSITION_IDS][None], batch[MROPE_POSITION_IDS][:, None]], 0)
     for key in registry.dynamic_keys():
         if isinstance(kwargs.get(key), torch.Tensor):
             torch._dynamo.maybe_mark_dynamic(kwargs[key], 0)
-    return kwargs
+    return image_embeds(model, kwargs) if model is not None else kwargs
 
 
 def real_token_mask(batch: dict) -> torch.Tensor | None:

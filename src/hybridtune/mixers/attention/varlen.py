@@ -5,12 +5,12 @@ Registered with transformers as the attention implementation `hybridtune_varlen`
       (causal via `window_size=(-1, 0)`; grouped k/v repeated where the installed torch lacks
       `enable_gqa`). `max_length_q/k` are not read: the row length T bounds every document and is
       already a dynamic size, so a new longest document never recompiles the loop.
-    - anything else: transformers' SDPA path with the mask it was given; with no mask and restarting
-      `position_ids` (a packed row without varlen kwargs) a causal document mask built from them.
-Its mask function is transformers' flash-attention one on CUDA (no [T, T] mask for packed batches)
-and the SDPA one elsewhere (there transformers builds the document mask once per forward from the
-restarting `position_ids`: traceable, no host sync). flash-attn, when installed and chosen
-(`flash_attention_2`), already reads the same kwargs; `patch_model` keeps it.
+    - anything else: transformers' SDPA path; a packed row (`cu_seq_lens_q` given, no cache) with the causal
+      document mask from those boundaries, never from position ids; otherwise the mask it was given, or with no
+      mask and restarting `position_ids` (a packed row without varlen kwargs) a causal document mask from them.
+Its mask function is transformers' flash-attention one on CUDA (no [T, T] mask for packed batches) and the SDPA
+one elsewhere. flash-attn, when installed and chosen (`flash_attention_2`), reads the same kwargs; `patch_model`
+keeps it.
 """
 
 from __future__ import annotations
@@ -45,11 +45,24 @@ def varlen_available() -> tuple[bool, str]:
     return True, "torch.nn.attention.varlen.varlen_attn"
 
 
+def _document_mask(cu: torch.Tensor, T: int, device) -> torch.Tensor:
+    """bool [1, 1, T, T]: causal within each document of a packed row (`cu`: its cumulative lengths)."""
+    doc = torch.searchsorted(cu[1:].to(device=device, dtype=torch.int64), torch.arange(T, device=device), right=True)
+    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    return (causal & (doc[:, None] == doc[None, :]))[None, None]
+
+
 def _sdpa_fallback(module, query, key, value, attention_mask, scaling, dropout, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     position_ids = kwargs.get(POSITION_IDS)
-    if attention_mask is None and position_ids is not None and query.shape[-2] > 1:
+    cu_q = kwargs.get(CU_SEQ_LENS_Q)
+    T = query.shape[-2]
+    if cu_q is not None and query.shape[0] == 1 and T > 1 and key.shape[-2] == T and getattr(module, "is_causal", True):
+        # A packed row: its documents from the collator's boundaries, never from position ids (a vision-language
+        # model's rows are its own M-RoPE positions, and the mask transformers built from them is ignored).
+        attention_mask = _document_mask(cu_q, T, query.device)
+    elif attention_mask is None and position_ids is not None and query.shape[-2] > 1:
         # Never let packed documents see each other: document id = number of position restarts so far.
         pos = position_ids.reshape(-1, position_ids.shape[-1])
         doc = (torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1) != 1).cumsum(-1)  # [B, T]

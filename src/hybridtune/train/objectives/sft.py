@@ -22,7 +22,7 @@ from hybridtune.runtime.step import model_inputs, real_token_mask, shifted_targe
 
 def sft_loss(model: torch.nn.Module, batch: dict, num_items: int, fused: bool) -> torch.Tensor:
     """Loss of one micro-batch (sum over its trained tokens / `num_items`); see the module doc."""
-    kwargs = model_inputs(batch)
+    kwargs = model_inputs(batch, model=model)
     terms = router_loss_terms(model)
     mask = real_token_mask(batch) if terms is not None else None
     if not fused and mask is None:

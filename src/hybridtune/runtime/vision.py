@@ -1,0 +1,95 @@
+"""A vision-language checkpoint's image side at run time: `vision_for` builds the data side (`data.vision.Vision`)
+from the checkpoint's own processor, and `image_embeds` runs the vision tower over a pack's images and puts their
+features at the image tokens (`model_inputs(batch, model=...)`, runtime/step.py, calls it).
+
+The tower runs once over all images of the pack, its attention split per image by its own `cu_seqlens` (from
+`image_grid_thw`), and never receives the text's packing keywords: its forward would read `cu_seq_lens_q` or
+`position_ids` passed on to it as its own. The model's forward then takes `inputs_embeds`, as transformers' own
+forward does after the same scatter.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from hybridtune.batch import IMAGE_GRID_THW, INPUT_IDS, PIXEL_VALUES
+from hybridtune.data.vision import Vision
+from hybridtune.errors import ModelError
+from hybridtune.models.anatomy import unwrap
+from hybridtune.models.trust import NO_CODE, refuse_custom_code
+
+logger = logging.getLogger(__name__)
+
+
+def vision_for(source, tokenizer, min_pixels: int | None = None, max_pixels: int | None = None) -> Vision | None:
+    """The `Vision` of a vision-language checkpoint (`source`: a `models.hub.ModelSource` or a directory): its
+    config has a `vision_config` and an `image_token_id`, and its processor files hold an image processor. None for a
+    text-only model or a preset. `min_pixels` / `max_pixels` bound the processor's resize (None: the checkpoint's)."""
+    directory = getattr(source, "path", source)
+    if directory is None:
+        return None
+    directory = Path(directory)
+    cfg_file = directory / "config.json"
+    cfg = json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
+    if not cfg.get("vision_config") or cfg.get("image_token_id") is None:
+        return None
+    refuse_custom_code(directory)
+    sizes = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+    processor = _image_processor(directory, sizes)
+    ids = [cfg.get(k) for k in ("image_token_id", "vision_start_token_id", "vision_end_token_id")]
+    if any(i is None for i in ids):
+        raise ModelError(f"{cfg_file} has image_token_id but no vision_start_token_id / vision_end_token_id")
+    vision = Vision(processor, tokenizer, *ids, video_id=cfg.get("video_token_id"))
+    logger.info(
+        "vision: %s from %s (merge %d, resize bounds %s)", type(processor).__name__, directory, vision.merge, sizes or
+        "the checkpoint's",
+    )  # fmt: skip
+    return vision
+
+
+def _image_processor(directory: Path, sizes: dict):
+    """The checkpoint's image processor: its `AutoProcessor`'s, or `AutoImageProcessor` alone when the processor
+    needs torchvision for its video processor and it is not installed."""
+    from transformers.models.auto.image_processing_auto import AutoImageProcessor  # why here: torch-heavy import
+    from transformers.models.auto.processing_auto import AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(str(directory), **NO_CODE, **sizes)
+        image = getattr(processor, "image_processor", None)
+        if image is not None:
+            return image
+    except ImportError as e:
+        logger.info("vision: the processor of %s cannot load (%s); its image processor alone", directory, _line(e))
+    except (OSError, ValueError, TypeError) as e:
+        raise ModelError(f"the processor files of {directory} cannot be read ({_line(e)})") from None
+    try:
+        return AutoImageProcessor.from_pretrained(str(directory), **NO_CODE, **sizes)
+    except (OSError, ValueError, TypeError, ImportError) as e:
+        raise ModelError(
+            f"{directory} is a vision-language checkpoint without a readable image processor "
+            f"(preprocessor_config.json: {_line(e)}); copy the processor files of its release beside it"
+        ) from None
+
+
+def _line(e: BaseException) -> str:
+    return next((s.strip() for s in str(e).splitlines() if s.strip()), type(e).__name__)
+
+
+def image_embeds(model: torch.nn.Module, kwargs: dict) -> dict:
+    """`kwargs` (model_inputs') with the pack's images turned into `inputs_embeds`: the token embeddings with each
+    image token's row replaced by the vision tower's feature for it, in order; unchanged without images."""
+    pixels, grid = kwargs.pop(PIXEL_VALUES, None), kwargs.pop(IMAGE_GRID_THW, None)
+    if pixels is None:
+        return kwargs
+    base = unwrap(model)
+    ids = kwargs.pop(INPUT_IDS)
+    embeds = base.get_input_embeddings()(ids)
+    features = base.get_image_features(pixel_values=pixels, image_grid_thw=grid, return_dict=True).pooler_output
+    features = torch.cat(list(features), 0).to(embeds.dtype)
+    mask = (ids == base.config.image_token_id).unsqueeze(-1)
+    kwargs["inputs_embeds"] = embeds.masked_scatter(mask, features)
+    return kwargs
