@@ -86,7 +86,7 @@ def load_source(
         key = hashlib.sha256(f"{key}\0{media_digest(rows, vision)}".encode()).hexdigest()
     path = Path(datasets_cache_dir()) / CACHE_SUBDIR / f"{key}.parquet"
     if cache:
-        cached = _read_cache(path, key)
+        cached = _read_cache(path, key, len(tokenizer))
         if cached is not None:
             examples, fmt = cached
             logger.info(
@@ -347,9 +347,10 @@ def _examples(table) -> list[Example]:
     return [Example(i, m, r) for i, m, r in zip(ids, masks, refs)]
 
 
-def _read_cache(path: Path, key: str) -> tuple[list[Example], str] | None:
-    """The cached examples and their format, or None (absent, unreadable or a link: then tokenised again and
-    replaced). An entry is read only when it is a regular file (never through a link someone planted)."""
+def _read_cache(path: Path, key: str, vocab_size: int | None = None) -> tuple[list[Example], str] | None:
+    """The cached examples and their format, or None (absent, unreadable, a link, or not what tokenising gives:
+    then tokenised again and replaced). An entry is read only when it is a regular file (never through a link
+    someone planted), and trusted only when its rows pass `_mismatch` (ids below `vocab_size`, the tokenizer's)."""
     import pyarrow.parquet as pq
 
     if path.is_symlink():
@@ -363,10 +364,43 @@ def _read_cache(path: Path, key: str) -> tuple[list[Example], str] | None:
         meta = table.schema.metadata or {}
         if meta.get(b"hybridtune_key") != key.encode():
             raise ValueError("its key does not match its name")
-        return _examples(table), meta.get(b"hybridtune_format", b"?").decode()
+        why = _mismatch(table, vocab_size, meta.get(b"hybridtune_rows"))
+        if why is None:
+            return _examples(table), meta.get(b"hybridtune_format", b"?").decode()
     except Exception as e:  # a truncated or foreign file
         logger.warning("tokenised data cache %s is unreadable (%s); tokenising again", path, e)
         return None
+    logger.warning("tokenised data cache %s is not what tokenising gives (%s); tokenising again", path, why)
+    return None
+
+
+def _mismatch(table, vocab_size: int | None, recorded: bytes | None) -> str | None:
+    """Why a cached table cannot be what tokenising wrote, or None: its row count against the count written with
+    it, a row without ids or mask, a loss mask whose length is not its ids', a mask value other than 0 and 1, an id
+    outside the vocabulary. Vectorised over the Arrow columns (a pass over the tokens in C)."""
+    import pyarrow.compute as pc
+
+    if recorded is None or not recorded.isdigit() or int(recorded) != table.num_rows:
+        said = f"{int(recorded):,}" if recorded and recorded.isdigit() else "no count"
+        return f"it holds {table.num_rows:,} rows where its record says {said}"
+    ids, mask = table.column("input_ids"), table.column("loss_mask")
+    flat_ids, flat_mask = pc.list_flatten(ids), pc.list_flatten(mask)
+    if ids.null_count or mask.null_count or flat_ids.null_count or flat_mask.null_count:
+        return "it holds null ids or mask entries"
+    n_ids, n_mask = pc.list_value_length(ids), pc.list_value_length(mask)
+    differ = pc.not_equal(n_ids, n_mask)
+    if pc.any(differ).as_py():
+        row = pc.index(differ, True).as_py()
+        return f"row {row + 1} has {n_mask[row].as_py()} loss-mask entries for {n_ids[row].as_py()} ids"
+    if len(flat_mask):
+        low, high = pc.min_max(flat_mask).values()
+        if low.as_py() < 0 or high.as_py() > 1:
+            return f"loss-mask values from {low.as_py()} to {high.as_py()}, not 0 and 1"
+    if len(flat_ids):
+        low, high = (v.as_py() for v in pc.min_max(flat_ids).values())
+        if low < 0 or (vocab_size is not None and high >= vocab_size):
+            return f"ids from {low:,} to {high:,}, outside the tokenizer's vocabulary of {vocab_size:,}"
+    return None
 
 
 def _write_cache(path: Path, key: str, table: Any, source: str, fmt: str) -> None:
@@ -375,6 +409,7 @@ def _write_cache(path: Path, key: str, table: Any, source: str, fmt: str) -> Non
     import pyarrow.parquet as pq
 
     meta = {b"hybridtune_key": key.encode(), b"hybridtune_source": source.encode(), b"hybridtune_format": fmt.encode()}
+    meta[b"hybridtune_rows"] = str(table.num_rows).encode()  # checked on reading (`_mismatch`)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, lambda f: pq.write_table(table.replace_schema_metadata(meta), f))
