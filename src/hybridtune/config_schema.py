@@ -124,6 +124,14 @@ class TrainConfig:
     dataset_num_proc: int = _f(
         0, "processes that tokenise the data (0: auto, one per core for large data); the result is cached"
     )
+    min_pixels: int | None = _f(
+        None, "vision-language models: the fewest pixels an image is resized to (default: the checkpoint's processor's)"
+    )
+    max_pixels: int | None = _f(
+        None,
+        "vision-language models: the most pixels an image is resized to, which bounds its visual tokens (pixels / "
+        "(patch x merge)^2: 1024 per 1M pixels for Qwen3.5); default: the checkpoint's processor's",
+    )
     sequence_len: Literal["auto"] | int = _f(
         "auto",
         "tokens per packed bin (and max tokens per example); auto = 256 for a preset, else the least power of two "
@@ -327,6 +335,13 @@ def range_checks(cfg: TrainConfig) -> list[tuple[bool, str, Any, str]]:
             "must be at least 1 (to evaluate nothing, set val_set_size: 0)",
         ),
         (cfg.num_threads >= 0, "num_threads", cfg.num_threads, "must be 0 (auto) or more"),
+        (cfg.min_pixels is None or cfg.min_pixels >= 1, "min_pixels", cfg.min_pixels, "must be at least 1"),
+        (
+            cfg.max_pixels is None or cfg.max_pixels >= max(1, cfg.min_pixels or 1),
+            "max_pixels",
+            cfg.max_pixels,
+            "must be at least 1 and at least min_pixels",
+        ),
         (
             cfg.num_threads <= max_num_threads(),
             "num_threads",
@@ -397,6 +412,8 @@ FOREIGN_KEYS: dict[str, str] = {
     "epochs": "num_epochs",
     "per_device_train_batch_size": "micro_batch_size",
     "lora_rank": "lora_r",
+    "image_min_pixels": "min_pixels",
+    "image_max_pixels": "max_pixels",
     "lora_target": "write lora_target_modules: a list of module names, or all-linear (LLaMA-Factory's all)",
     "lr_scheduler_type": "lr_scheduler",
     "model_name_or_path": "base_model",
