@@ -130,7 +130,7 @@ class TrainConfig:
     max_pixels: int | None = _f(
         None,
         "vision-language models: the most pixels an image is resized to, which bounds its visual tokens (pixels / "
-        "(patch x merge)^2: 1024 per 1M pixels for Qwen3.5); default: the checkpoint's processor's",
+        "(patch x merge)^2); default: the checkpoint's processor's",
     )
     sequence_len: Literal["auto"] | int = _f(
         "auto",
