@@ -173,6 +173,7 @@ def open_source(ds: DatasetConfig, progress: bool = False) -> Source:
                 )
             return _from_files(files, path, progress, root)
         if _ID.match(path) and Path(path).suffix.lower() not in KINDS:
+            _refuse_builder_name(path)
             return _from_hub(path, ds)
     raise DataError(f"dataset file '{path}' does not exist; check the path in `datasets` or `--dataset`")
 
@@ -391,6 +392,28 @@ def _from_dir(p: Path, ds: DatasetConfig) -> Source:
     except Exception as e:
         raise DataError(f"dataset directory '{ds.path}' (split '{ds.split}') cannot be loaded ({_short(e)})") from None
     return Source(ds.path, d, [Segment(0, label)], sha256_files(files, p))
+
+
+def _builder_names() -> frozenset[str]:
+    """The names `datasets.load_dataset` takes as its packaged loaders (csv, json, parquet, text, ...)."""
+    try:
+        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+
+        return frozenset(_PACKAGED_DATASETS_MODULES)
+    except ImportError:  # a datasets release that moves them: the ones it has always had
+        return frozenset({"arrow", "csv", "json", "pandas", "parquet", "text", "xml", "webdataset", "imagefolder"})
+
+
+def _refuse_builder_name(path: str) -> None:
+    """A path that is no local file and names one of datasets' packaged loaders: as a dataset id it would read every
+    file of that kind under the working directory (datasets' loader with no data files given), so it is refused."""
+    if path in _builder_names():
+        example = f" such as data.{path}" if path in ("csv", "json", "parquet", "arrow") else ""
+        raise DataError(
+            f"dataset '{path}' is not a local file, and as a dataset id it names the `datasets` library's {path} "
+            f"loader, which would read every {path} file under the working directory; give the data file's path"
+            f"{example}, a directory or a glob in `datasets` or `--dataset`"
+        )
 
 
 def _from_hub(repo_id: str, ds: DatasetConfig) -> Source:
