@@ -11,6 +11,7 @@ from hybridtune import __version__
 from hybridtune.config import TrainConfig
 from hybridtune.models.anatomy import unwrap
 from hybridtune.models.loading import LoadedModel
+from hybridtune.run import serving
 
 SETTINGS = (
     "sequence_len",
@@ -24,6 +25,7 @@ SETTINGS = (
     "seed",
 )
 LORA_SETTINGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_parameters")
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm/config/lora.py MaxLoRARanks: --max-lora-rank
 RANDOM_WARNING = (
     "> **WARNING: this model was trained from the preset `{name}`, whose weights are RANDOM** (a seeded random\n"
     "> initialisation for demos, tests and benchmarks, not a trained model). It has learnt only what this run taught\n"
@@ -100,6 +102,7 @@ def model_card(cfg: TrainConfig, loaded: LoadedModel, steps: int, out_dir: Path)
             f"at step {evaluation['step']} ({evaluation.get('eval_examples', '?')} held-out examples)"
         )
     parts += ["", "## Use", "", "```python", *_usage(cfg, loaded), "```", ""]
+    parts += ["## Serve", "", *_serving(cfg, loaded), ""]
     return "\n".join(parts)
 
 
@@ -130,3 +133,35 @@ def _usage(cfg: TrainConfig, loaded: LoadedModel) -> list[str]:
             'model = PeftModel.from_pretrained(base, "path/to/final")',
         ]
     return [f"from transformers import {cls}", "", f'model = {cls}.from_pretrained("path/to/final")']
+
+
+def _serving(cfg: TrainConfig, loaded: LoadedModel) -> list[str]:
+    """How to serve it: a full fine-tune as it is; an adapter with vLLM's LoRA flags on its base, or merged (any
+    engine, adapters or not); the packed groups completed with zero LoRA and what an engine leaves out
+    (run/serving.py)."""
+    if cfg.adapter != "lora":
+        return ["The model is whole: serve it as the released checkpoint is, e.g. `vllm serve path/to/final`."]
+    base = "path/to/base_model" if loaded.random_init else loaded.name
+    revision = f" --revision {loaded.revision}" if loaded.revision else ""
+    rank = next((r for r in VLLM_LORA_RANKS if r >= cfg.lora_r), None)
+    if rank is None:
+        lines = [f"vLLM takes LoRA ranks up to {VLLM_LORA_RANKS[-1]} (this one is {cfg.lora_r}): serve it merged."]
+    else:
+        flags = f"--enable-lora --max-lora-rank {rank} --lora-modules adapter=path/to/final"
+        lines = ["vLLM applies the adapter to its base (requests name the model `adapter`):", ""]
+        lines += ["```bash", f"vllm serve {base}{revision} {flags}", "```"]
+    lines += [
+        "",
+        "For an engine that takes no adapters, or one that leaves part of this adapter out (below), serve the merged",
+        "model (the base with the LoRA folded in, in the base's dtype and class): `hybridtune merge path/to/run merged`",
+        "(from a checkpoint: `hybridtune export --merged CHECKPOINT OUT`, which writes OUT/merged), then serve it as the",
+        "released checkpoint is, e.g. `vllm serve merged`.",
+    ]
+    served = serving.plan(loaded.model)
+    if served.added:
+        lines += ["", f"`{'`, `'.join(served.added)}` carry zero LoRA (the model is unchanged): engines that stack "
+                  "packed projections (q/k/v, gate/up, the GDN in_proj) then find every member of each group this "
+                  "adapter touches."]  # fmt: skip
+    if served.notes:
+        lines += ["", *(f"- {note}" for note in served.notes)]
+    return lines

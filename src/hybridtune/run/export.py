@@ -30,7 +30,7 @@ from hybridtune.models import source
 from hybridtune.models.anatomy import unwrap
 from hybridtune.models.loading import LoadedModel
 from hybridtune.models.patching import original_config
-from hybridtune.run import adapter_base, guarded, integrity
+from hybridtune.run import adapter_base, guarded, integrity, serving
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.runtime import distributed
 from hybridtune.runtime.lora import strip_base_layer
@@ -72,6 +72,22 @@ def unwrapped_base_state(base, peft_state: dict | None = None) -> dict:
     else:
         items = ((k.removeprefix(prefix), v) for k, v in peft_state.items() if k.startswith(prefix))
     return {strip_base_layer(name): tensor for name, tensor in items if "lora_" not in name}
+
+
+def _serving(model, adapter_state: dict) -> tuple[dict, str | None]:
+    """The zero LoRA that completes each packed group the adapter touches (run/serving.py), and the regex that adds
+    them to its target_modules; each engine's group it leaves out said in one line."""
+    served = serving.plan(model)
+    for note in served.notes:
+        logger.warning("%s", note)
+    like = next(iter(adapter_state.values()), torch.zeros(()))
+    zeros, regex = serving.zero_lora(model, served.added, like)
+    if zeros:
+        logger.info(
+            "serving engines stack packed projections (vLLM, SGLang): %s completed with zero LoRA (%d modules; the "
+            "model is unchanged)", ", ".join(served.added), len(zeros) // 2,
+        )  # fmt: skip
+    return zeros, regex
 
 
 # -- sizes and disk space ---------------------------------------------------------------------------------------
@@ -173,7 +189,8 @@ def save_final(
 
             adapter_state = get_peft_model_state_dict(model, state_dict=full)
             guarded.refuse_non_finite(adapter_state, "the adapter", final)
-            weights = tensor_bytes(adapter_state)
+            zeros, regex = _serving(model, adapter_state)
+            weights = tensor_bytes(adapter_state) + tensor_bytes(zeros)
         else:
             state = full if full is not None else unwrap(model).state_dict()
             guarded.refuse_non_finite(state, "the model", final)
@@ -191,6 +208,7 @@ def save_final(
                     model.save_pretrained(
                         tmp, safe_serialization=True, **({"state_dict": full} if full is not None else {})
                     )
+                serving.complete_saved(tmp, zeros, regex)
             else:
                 frozen = source.frozen_names(unwrap(model))
                 source.save_like_source(unwrap(model), tmp, state, loaded.source_dir, loaded.source_dtype, frozen)
