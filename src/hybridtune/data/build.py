@@ -67,12 +67,13 @@ class LoadedData:
         return [len(src.examples[i]) for src, i in self.train]
 
 
-def load_data(cfg: TrainConfig, tokenizer) -> LoadedData:
+def load_data(cfg: TrainConfig, tokenizer, vision=None) -> LoadedData:
+    """Every source tokenised and split (`vision`: a vision-language model's, data/vision.py, takes the rows' images)."""
     kwargs = check_template_kwargs(cfg.chat_template_kwargs)
 
     def load(sources) -> list[Loaded]:
         return [
-            load_source(ds, tokenizer, cfg.train_on_inputs, cfg.dataset_num_proc, template_kwargs=kwargs)
+            load_source(ds, tokenizer, cfg.train_on_inputs, cfg.dataset_num_proc, template_kwargs=kwargs, vision=vision)
             for ds in sources
         ]
 

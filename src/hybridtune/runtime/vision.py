@@ -63,7 +63,8 @@ def _image_processor(directory: Path, sizes: dict):
         if image is not None:
             return image
     except ImportError as e:
-        logger.info("vision: the processor of %s cannot load (%s); its image processor alone", directory, _line(e))
+        why = "its video processor needs torchvision, not installed" if "torchvision" in str(e).lower() else _line(e)
+        logger.info("vision: the processor of %s cannot load (%s); its image processor alone", directory, why)
     except (OSError, ValueError, TypeError) as e:
         raise ModelError(f"the processor files of {directory} cannot be read ({_line(e)})") from None
     try:

@@ -55,6 +55,7 @@ from hybridtune.runtime.optim import build_optimizer, build_scheduler
 from hybridtune.runtime.profiling import ProfileWindow
 from hybridtune.runtime.signals import StopRequest, sigterm_interrupts
 from hybridtune.runtime.stream import BatchStream, to_device
+from hybridtune.runtime.vision import vision_for
 from hybridtune.train.evaluation import eval_batches, evaluate, report_eval
 from hybridtune.train.objectives import build_objective
 from hybridtune.train.samples import generate_samples
@@ -138,7 +139,9 @@ class Trainer:
         )  # a hub id: its local snapshot
         tokenizer = tokenizer_for(self.source, self.cfg.tokenizer)
         self.tokenizer = with_chat_template(tokenizer, self.cfg.chat_template)
-        loaded = load_data(self.cfg, self.tokenizer)
+        # A vision-language checkpoint's image processor, for the rows' images (None for a text-only model).
+        self.vision = vision_for(self.source, self.tokenizer, self.cfg.min_pixels, self.cfg.max_pixels)
+        loaded = load_data(self.cfg, self.tokenizer, self.vision)
         # learning_rate and sequence_len `auto` by what the model is, before packing; a resume keeps its run's.
         recorded = recorded_values(ckpt.meta_of(self.resume_at).get("run")) if self.resume_at else {}
         defaults = resolve_defaults(self.cfg, self.source, loaded.train_lengths(), recorded)
@@ -187,6 +190,7 @@ class Trainer:
         layout = self.choices.pack_layout.value
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.collate = PackedCollator(layout=layout, pad_token_id=pad) if layout is not None else PackedCollator()
+        self.collate.vision = self.vision  # (packs with images: the vision tower's input, M-RoPE rows)
         self.objective = build_objective(self.cfg, self.choices.fused_loss.value)
 
     def _setup_engine(self) -> None:
