@@ -29,6 +29,13 @@ from typing import Any
 
 from hybridtune.config import DatasetConfig
 from hybridtune.data.digests import data_digest, local_files, sha256_files, visible_files
+from hybridtune.data.source_errors import (
+    innermost,
+    raise_if_config_missing,
+    raise_if_disk_full,
+    refuse_builder_name,
+    short,
+)
 from hybridtune.errors import DataError
 from hybridtune.textfile import nul_error, utf8_error
 
@@ -173,7 +180,7 @@ def open_source(ds: DatasetConfig, progress: bool = False) -> Source:
                 )
             return _from_files(files, path, progress, root)
         if _ID.match(path) and Path(path).suffix.lower() not in KINDS:
-            _refuse_builder_name(path)
+            refuse_builder_name(path)
             return _from_hub(path, ds)
     raise DataError(f"dataset file '{path}' does not exist; check the path in `datasets` or `--dataset`")
 
@@ -227,7 +234,7 @@ def _from_files(files: list[Path], name: str, progress: bool, root: Path | None 
         table = datasets.concatenate_datasets(parts)
     except ValueError as e:  # the files' columns differ
         raise DataError(
-            f"dataset '{name}': its files cannot be joined ({_short(e)}); give files with the same columns"
+            f"dataset '{name}': its files cannot be joined ({short(e)}); give files with the same columns"
         ) from None
     return Source(name, table, segments, fingerprint)
 
@@ -249,25 +256,14 @@ def _load_file(f: Path, kind: str):
     try:
         return datasets.load_dataset(kind, data_files=str(f), split="train", cache_dir=datasets_cache_dir(), **kwargs)
     except Exception as e:  # pyarrow, pandas and datasets raise many types for a file they cannot read
-        if kind == "csv" and isinstance(_innermost(e), UnicodeDecodeError):
+        raise_if_disk_full(e, f"'{f}'", datasets_cache_dir())
+        if kind == "csv" and isinstance(innermost(e), UnicodeDecodeError):
             raw = f.read_bytes()  # the decoder's position is inside a block pandas read: find the line
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as bad:
                 raise DataError(f"{f}:{utf8_error(raw, bad)}; save the file as UTF-8 text") from None
-        raise DataError(f"{f}: cannot read as {KIND_NAMES[kind]} ({_short(e)}); check the file") from None
-
-
-def _innermost(e: BaseException) -> BaseException:
-    while e.__cause__ is not None or e.__context__ is not None:
-        e = e.__cause__ or e.__context__
-    return e
-
-
-def _short(e: BaseException) -> str:
-    """The innermost cause's first line (datasets wraps a reader's error in its own)."""
-    text = str(_innermost(e)).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:300]
+        raise DataError(f"{f}: cannot read as {KIND_NAMES[kind]} ({short(e)}); check the file") from None
 
 
 def read_json_file(p: Path) -> tuple[list[str], list[int]]:
@@ -377,7 +373,7 @@ def _from_dir(p: Path, ds: DatasetConfig) -> Source:
         try:
             d = datasets.load_from_disk(str(p))
         except Exception as e:
-            raise DataError(f"dataset directory '{ds.path}' cannot be loaded ({_short(e)}); save it again") from None
+            raise DataError(f"dataset directory '{ds.path}' cannot be loaded ({short(e)}); save it again") from None
         d = _pick_split(d, ds.split, ds.path)
         if not (p / "dataset_dict.json").is_file():
             label = ds.path
@@ -390,30 +386,10 @@ def _from_dir(p: Path, ds: DatasetConfig) -> Source:
     try:
         d = datasets.load_dataset(str(p), name=ds.name, split=ds.split, cache_dir=datasets_cache_dir())
     except Exception as e:
-        raise DataError(f"dataset directory '{ds.path}' (split '{ds.split}') cannot be loaded ({_short(e)})") from None
+        raise_if_disk_full(e, f"directory '{ds.path}'", datasets_cache_dir())
+        raise_if_config_missing(e, f"dataset directory '{ds.path}'")
+        raise DataError(f"dataset directory '{ds.path}' (split '{ds.split}') cannot be loaded ({short(e)})") from None
     return Source(ds.path, d, [Segment(0, label)], sha256_files(files, p))
-
-
-def _builder_names() -> frozenset[str]:
-    """The names `datasets.load_dataset` takes as its packaged loaders (csv, json, parquet, text, ...)."""
-    try:
-        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
-
-        return frozenset(_PACKAGED_DATASETS_MODULES)
-    except ImportError:  # a datasets release that moves them: the ones it has always had
-        return frozenset({"arrow", "csv", "json", "pandas", "parquet", "text", "xml", "webdataset", "imagefolder"})
-
-
-def _refuse_builder_name(path: str) -> None:
-    """A path that is no local file and names one of datasets' packaged loaders: as a dataset id it would read every
-    file of that kind under the working directory (datasets' loader with no data files given), so it is refused."""
-    if path in _builder_names():
-        example = f" such as data.{path}" if path in ("csv", "json", "parquet", "arrow") else ""
-        raise DataError(
-            f"dataset '{path}' is not a local file, and as a dataset id it names the `datasets` library's {path} "
-            f"loader, which would read every {path} file under the working directory; give the data file's path"
-            f"{example}, a directory or a glob in `datasets` or `--dataset`"
-        )
 
 
 def _from_hub(repo_id: str, ds: DatasetConfig) -> Source:
@@ -422,14 +398,16 @@ def _from_hub(repo_id: str, ds: DatasetConfig) -> Source:
     try:
         d = datasets.load_dataset(repo_id, name=ds.name, split=ds.split, cache_dir=datasets_cache_dir())
     except Exception as e:
+        raise_if_disk_full(e, f"dataset '{repo_id}'", datasets_cache_dir())
+        raise_if_config_missing(e, f"dataset '{repo_id}'")
         config = f", config '{ds.name}'" if ds.name else ""
         what = f"'{repo_id}' (split '{ds.split}'{config}) is not a local file or directory, and as a dataset id"
         if offline():
             raise DataError(
                 f"dataset {what} it is not in the datasets cache ({datasets_cache_dir()}) and downloads are off "
-                f"(HF_DATASETS_OFFLINE / HF_HUB_OFFLINE); load it once online, or give a local file ({_short(e)})"
+                f"(HF_DATASETS_OFFLINE / HF_HUB_OFFLINE); load it once online, or give a local file ({short(e)})"
             ) from None
-        raise DataError(f"dataset {what} it cannot be loaded ({_short(e)}); check the id, `split` and `name`") from None
+        raise DataError(f"dataset {what} it cannot be loaded ({short(e)}); check the id, `split` and `name`") from None
     label = f"{repo_id}[{ds.split}]" if not ds.name else f"{repo_id}[{ds.name}/{ds.split}]"
     logger.info("dataset %s: %d rows (datasets cache %s)", label, len(d), datasets_cache_dir())
     return Source(repo_id, d, [Segment(0, label)], f"{repo_id}\0{ds.name}\0{ds.split}\0{d._fingerprint}")
