@@ -1,21 +1,18 @@
 """Fused linear cross-entropy: the loss of `hidden @ weight.T` without keeping `[N, vocab]` logits.
 
-`linear_cross_entropy(hidden [N, H], weight [V, H], targets [N])` returns the *sum* of the per-token
-cross-entropy over tokens whose target is not `ignore_index` (an fp32 scalar; fp64 for fp64 inputs). It walks the tokens in
-chunks; for each chunk it forms the logits, takes their log-sum-exp in fp32, and, when gradients are
-wanted, turns the same buffer into d(loss)/d(logits) = softmax - one_hot right away and folds it into
-d(hidden) (`g @ W`) and d(weight) (`g.T @ h`, accumulated in fp32). So the forward costs the one
-logits GEMM plus the two gradient GEMMs a plain loss would run in its backward, and nothing is
-recomputed; the backward only scales the stored gradients by the incoming scalar. Peak extra memory is
-one chunk of logits and its gradient (chunk x vocab, about 1 GiB in fp32 by default) plus `d(hidden)`.
-On CUDA the per-chunk softmax, loss and gradient run as one compiled (inductor) kernel pair.
+`linear_cross_entropy(hidden [N, H], weight [V, H], targets [N])` returns the *sum* of the per-token cross-entropy
+over tokens whose target is not `ignore_index` (an fp32 scalar; fp64 for fp64 inputs). It walks the tokens in chunks;
+for each chunk it forms the logits, takes their log-sum-exp in fp32 and, when gradients are wanted, turns the same
+buffer into d(loss)/d(logits) = softmax - one_hot at once, folded into d(hidden) (`g @ W`) and d(weight) (`g.T @ h`,
+accumulated in fp32): the forward runs the GEMMs a plain loss's backward would, the backward only scales them. Peak
+extra memory: one chunk of logits and its gradient (about 1 GiB in fp32 by default) plus `d(hidden)`. On CUDA the
+per-chunk softmax, loss and gradient run as one compiled (inductor) kernel pair.
 
-`linear_log_probs` is the same walk returning each token's log-probability `[N]` (0 at ignored tokens), for
-objectives that sum them per sequence (preference tuning); its incoming gradient is per token, so its backward
-forms each chunk's logits again (or, with a frozen weight, scales a `d(hidden)` basis kept from the forward).
-
-Matmuls run in the autocast dtype when autocast is on (what `lm_head` would run in), else in
-`hidden`'s dtype; the gradients come back in each input's own dtype.
+`linear_log_probs` is the same walk returning each token's log-probability `[N]` (0 at ignored tokens), for losses
+over per-sequence sums (preference tuning); its incoming gradient is per token, so its backward forms each chunk's
+logits again (with a frozen weight it scales a `d(hidden)` basis kept from the forward instead).
+Matmuls run in the autocast dtype when autocast is on (what `lm_head` would run in), else in `hidden`'s dtype; the
+gradients come back in each input's own dtype.
 """
 
 from __future__ import annotations
