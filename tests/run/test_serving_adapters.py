@@ -146,3 +146,92 @@ def test_the_default_targets_need_no_completion(tmp_path, small_data, caplog):
     assert not [r for r in caplog.records if "zero LoRA" in r.getMessage() or r.getMessage().startswith("SGLang:")]
     config = json.loads((final / "adapter_config.json").read_text())
     assert "|(?:" not in config["target_modules"]  # the regex as training wrote it
+
+
+# -- export --merged: for engines that take no adapters -----------------------------------------------------------
+
+
+def test_export_merged_writes_the_base_with_the_lora_folded_in_in_its_dtype_and_class(tmp_path, small_data, capsys):
+    """`hybridtune export CHECKPOINT OUT --merged` of a LoRA run on a bf16 Qwen3-Next checkpoint: OUT/final is the
+    adapter, OUT/merged the source's architecture, config and dtype with the LoRA folded in (run/merge.py), its
+    `mtp.*` carried over, loadable by the original class with the outputs of base + adapter; OUT's lock is released,
+    a second export needs --overwrite, which replaces merged/ whole."""
+    import transformers
+    from peft import PeftModel
+
+    from checkpoints import ARCHITECTURES, MTP_PREFIX, make_checkpoint, read_tensors
+    from hybridtune.cli import main
+    from hybridtune.run import checkpoint as ckpt
+    from hybridtune.run.outdir import OutputLock
+
+    source = make_checkpoint(tmp_path, "qwen3_next", torch.bfloat16)
+    cfg = load_config(
+        None,
+        dict(
+            base_model=str(source), dataset=small_data, adapter="lora", sequence_len=64, max_steps=2, save_steps=2,
+            eval_steps=0, val_set_size=4, warmup_steps=0, learning_rate=0.05, lora_r=2, lora_alpha=4,
+            lora_target_modules=["q_proj", "in_proj_qkvz"], output_dir=str(tmp_path / "run"), device="cpu",
+        ),
+    )  # fmt: skip
+    t = Trainer(cfg)
+    t.setup()
+    t.train()
+    out = tmp_path / "out"
+    assert main(["export", str(tmp_path / "run" / "checkpoint-2"), str(out), "--merged"]) == 0
+    merged = out / "merged"
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
+        "final", "hybridtune_run.json", "merged",
+    ]  # fmt: skip
+    assert ckpt.is_ours(merged)
+    OutputLock(out).release()  # the export let go of OUT's lock
+    config = json.loads((merged / "config.json").read_text())
+    assert config["architectures"] == [ARCHITECTURES["qwen3_next"]]
+    tensors = read_tensors(merged)
+    assert {str(v.dtype) for k, v in tensors.items() if v.is_floating_point()} == {"torch.bfloat16"}
+    assert not [k for k in tensors if "lora_" in k or "base_layer" in k]
+    theirs = read_tensors(source)
+    assert {k for k in theirs if k.startswith(MTP_PREFIX)} <= set(tensors)
+    cls = getattr(transformers, ARCHITECTURES["qwen3_next"])
+    x = torch.randint(0, config["vocab_size"], (1, 19), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = cls.from_pretrained(str(merged), dtype=torch.float32).eval()(input_ids=x).logits
+        base = cls.from_pretrained(str(source), dtype=torch.float32)
+        want = PeftModel.from_pretrained(base, str(out / "final")).eval()(input_ids=x).logits
+        plain = cls.from_pretrained(str(source), dtype=torch.float32).eval()(input_ids=x).logits
+    assert (want - plain).abs().max() > 1e-3  # the adapter does something
+    torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)  # the merged weights are rounded to bf16
+    assert (got - plain).abs().max() > (got - want).abs().max()
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "run" / "checkpoint-2"), str(out), "--merged"]) == 2
+    assert "already exists and is not empty" in capsys.readouterr().err
+    before = (merged / "config.json").stat().st_ino
+    assert main(["export", str(tmp_path / "run" / "checkpoint-2"), str(out), "--merged", "--overwrite"]) == 0
+    assert (out / "merged" / "config.json").stat().st_ino != before
+    held = OutputLock(out)  # a run (or another export) holding OUT: refused before anything is written
+    try:
+        capsys.readouterr()
+        assert main(["export", str(tmp_path / "run" / "checkpoint-2"), str(out), "--merged", "--overwrite"]) == 2
+        assert "is in use by another hybridtune run" in capsys.readouterr().err
+    finally:
+        held.release()
+    assert main(["export", str(out / "final"), str(tmp_path / "other"), "--merged"]) == 2
+    assert "hybridtune merge" in capsys.readouterr().err
+
+
+def test_export_merged_of_a_full_fine_tune_writes_final_alone_and_says_so(tmp_path, small_data, caplog):
+    from hybridtune.infer.export_command import export_checkpoint
+
+    cfg = load_config(
+        None,
+        dict(
+            base_model="tiny-qwen3_5", dataset=small_data, adapter="full", sequence_len=64, max_steps=2, save_steps=2,
+            eval_steps=0, val_set_size=4, warmup_steps=0, output_dir=str(tmp_path / "run"), device="cpu",
+        ),
+    )  # fmt: skip
+    t = Trainer(cfg)
+    t.setup()
+    t.train()
+    with caplog.at_level(logging.INFO, logger="hybridtune"):
+        final = export_checkpoint(tmp_path / "run" / "checkpoint-2", tmp_path / "out", merged=True)
+    assert (final / "config.json").is_file() and not (tmp_path / "out" / "merged").exists()
+    assert [r for r in caplog.records if "already the whole model; nothing to merge" in r.getMessage()]

@@ -5,9 +5,11 @@ its weights loaded (`infer.load`), then exported exactly as the run's own final 
 `OUT/final/` holds the full model or the LoRA adapter with the tokenizer (safetensors), `OUT/base_model/` a
 preset's base weights beside an adapter, and `OUT/hybridtune_run.json` the run's record, so that OUT is a finished
 output directory of that run at step N (`hybridtune generate OUT`, `hybridtune eval --model OUT --split heldout`).
-OUT is locked as a training run locks its output directory (a run training there, or another export, refuses it),
-and written through the guarded layer (run/guarded.py): NaN or Inf weights refused before anything is written,
-SIGTERM leaves nothing partial, a killed export's temporaries are removed by the next one.
+With `--merged`, a LoRA checkpoint also gives `OUT/merged/`: the adapter folded into its base (run/merge.py), in the
+base's dtype and original class, for engines that take no adapters. OUT is locked as a training run locks its output
+directory (a run training there, or another export, refuses it) for the whole export, and written through the
+guarded layer (run/guarded.py): NaN or Inf weights refused before anything is written, SIGTERM leaves nothing
+partial, a killed export's temporaries are removed by the next one.
 """
 
 from __future__ import annotations
@@ -23,39 +25,48 @@ from hybridtune.infer.load import open_model
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run import export, guarded
 from hybridtune.run.card import model_card
+from hybridtune.run.merge import merge
 from hybridtune.run.outdir import LOCK_FILE, RUN_FILE, OutputLock
 from hybridtune.runtime import distributed
 
 logger = logging.getLogger(__name__)
 
 
-def export_checkpoint(checkpoint: str | Path, out: str | Path, overwrite: bool = False) -> Path:
+MERGED_DIR = "merged"  # OUT/merged: the adapter folded into its base (--merged)
+
+
+def export_checkpoint(checkpoint: str | Path, out: str | Path, overwrite: bool = False, merged: bool = False) -> Path:
     """Export checkpoint directory `checkpoint` into `out` (see the module docstring); returns `out/final`. SIGTERM
     stops it as Ctrl-C does, leaving nothing partial."""
     src, out = Path(checkpoint).expanduser(), Path(out).expanduser()
-    written = (export.FINAL_DIR, export.BASE_DIR, RUN_FILE)  # a full disk: said with what changed, if anything
+    written = (export.FINAL_DIR, export.BASE_DIR, RUN_FILE, MERGED_DIR)  # a full disk: said with what changed
     with guarded.interruptible(), guarded.full_disk_said(f"exporting '{src}'", out, written, "run the export again"):
-        return _export(src, out, overwrite)
+        return _export(src, out, overwrite, merged)
 
 
-def _export(src: Path, out: Path, overwrite: bool) -> Path:
+def _export(src: Path, out: Path, overwrite: bool, merged: bool = False) -> Path:
     if not (src / ckpt.META_FILE).is_file():
-        what = "a run's final model, already loadable" if (src / export.INFO_FILE).is_file() else "not a checkpoint"
+        final = (src / export.INFO_FILE).is_file()
+        what = "a run's final model, already loadable" if final else "not a checkpoint"
+        hint = f"; to fold its adapter into the base: hybridtune merge {src} OUT" if final and merged else ""
         raise ModelError(
             f"'{src}' is {what}: give a checkpoint directory (OUTPUT_DIR/checkpoint-N, which holds {ckpt.META_FILE})"
+            + hint
         )
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"'{out}' exists and is not a directory; give a directory for the export")
     _check_targets(src, out)
     lock = OutputLock(out)  # a run training into OUT (or another export) holds it: refused in one line
     try:
-        for sub in (export.FINAL_DIR, export.BASE_DIR):
+        for sub in (export.FINAL_DIR, export.BASE_DIR, MERGED_DIR):
             guarded.sweep_stale(out, sub)
         if not overwrite and any(p.name != LOCK_FILE for p in out.iterdir()):
             raise OutputDirError(
                 f"'{out}' already exists and is not empty; choose another directory or pass --overwrite"
             )
         final = _write(src, out)
+        if merged:
+            _merged(final, out / MERGED_DIR, overwrite)
     except BaseException:
         lock.release(discard=True)  # a refused or failed export leaves no lock file nor directory it made
         raise
@@ -86,6 +97,15 @@ def _write(src: Path, out: Path) -> Path:
     return final
 
 
+def _merged(final: Path, target: Path, overwrite: bool) -> None:
+    """OUT/merged from the adapter just exported to `final` (run/merge.py, under OUT's lock); for a full fine-tune,
+    whose final/ is the whole model already, nothing but a line saying so."""
+    if not (final / "adapter_config.json").is_file():
+        logger.info("--merged: a full fine-tune's %s is already the whole model; nothing to merge", final)
+        return
+    merge(final, target, overwrite=overwrite)
+
+
 def _held_record(out: Path) -> dict | None:
     try:
         held = json.loads((out / RUN_FILE).read_text(encoding="utf-8"))
@@ -95,14 +115,14 @@ def _held_record(out: Path) -> dict | None:
 
 
 def _check_targets(src: Path, out: Path) -> None:
-    """What the export writes (OUT/final, OUT/base_model, replaced whole) must not be the user's, and OUT must not be
-    inside the checkpoint (its files would be extra files that fail its checksums: a resume skips it)."""
+    """What the export writes (OUT/final, OUT/base_model, OUT/merged, replaced whole) must not be the user's, and OUT
+    must not be inside the checkpoint (its files would be extra files that fail its checksums: a resume skips it)."""
     target, checkpoint = out.resolve(), src.resolve()
     if target == checkpoint or checkpoint in target.parents:
         raise OutputDirError(
             f"'{out}' is inside the checkpoint '{src}', which it would damage; give a directory outside it"
         )
-    for sub in (export.FINAL_DIR, export.BASE_DIR):
+    for sub in (export.FINAL_DIR, export.BASE_DIR, MERGED_DIR):
         if (out / sub).exists() and not ckpt.is_ours(out / sub):
             raise OutputDirError(
                 f"'{out / sub}' was not written by hybridtune (no {ckpt.MARKER} marker) and the export would replace "
@@ -119,10 +139,16 @@ def main(argv: list[str]) -> int:
         "out", metavar="OUT", help="where to write (must not exist or be empty); the model in OUT/final"
     )
     parser.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT")
+    parser.add_argument(
+        "--merged",
+        action="store_true",
+        help="a LoRA checkpoint: also write OUT/merged, the adapter folded into its base in the base's dtype and "
+        "class (for engines that take no adapters)",
+    )
     args = parser.parse_args(argv)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    final = export_checkpoint(args.checkpoint, args.out, args.overwrite)
+    final = export_checkpoint(args.checkpoint, args.out, args.overwrite, args.merged)
     print(final)
     return 0

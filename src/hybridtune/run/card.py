@@ -152,10 +152,10 @@ def _serving(cfg: TrainConfig, loaded: LoadedModel) -> list[str]:
         lines += ["```bash", f"vllm serve {base}{revision} {flags}", "```"]
     lines += [
         "",
-        "For an engine that takes no adapters, or one that leaves part of this adapter out (below), serve the merged",
-        "model (the base with the LoRA folded in, in the base's dtype and class): `hybridtune merge path/to/run merged`",
-        "(from a checkpoint: `hybridtune export --merged CHECKPOINT OUT`, which writes OUT/merged), then serve it as the",
-        "released checkpoint is, e.g. `vllm serve merged`.",
+        "For an engine that takes no adapters, or one that leaves part of this adapter out (below), serve the",
+        "merged model (the base with the LoRA folded in, in the base's dtype and class):",
+        "`hybridtune merge path/to/run merged` (from a checkpoint: `hybridtune export --merged CHECKPOINT OUT`, which",
+        "writes OUT/merged), then serve it as the released checkpoint is, e.g. `vllm serve merged`.",
     ]
     served = serving.plan(loaded.model)
     if served.added:
