@@ -23,6 +23,7 @@ from typing import Any
 from hybridtune.config import DatasetConfig
 from hybridtune.data.formats import detect_type, to_example
 from hybridtune.data.packing import Example
+from hybridtune.data.pairs import PREFERENCE, append_rows, grouped, is_preference
 from hybridtune.data.rows import used_fields
 from hybridtune.data.sources import ROW_COLUMN, Source, datasets_cache_dir, open_source, quiet_datasets, where
 from hybridtune.data.vision import ImageRef, RowImages, log_visual_tokens, media_digest, row_base
@@ -93,12 +94,12 @@ def load_source(
                 "dataset %s: tokenised data from cache %s (%d examples, format '%s')", ds.path, path, len(examples), fmt
             )
             log_visual_tokens(ds.path, examples)
-            return Loaded(examples, src, key, fmt)
+            return Loaded(grouped(examples) if fmt == PREFERENCE else examples, src, key, fmt)
     if len(src) == 0:
         raise DataError(f"dataset file '{ds.path}' has no rows; give a file with at least one example")
     fmt = ds.type
     if fmt == "auto":
-        fmt = detect_type(src.row(0), ds, src.where(0))
+        fmt = PREFERENCE if is_preference(src.row(0), ds) else detect_type(src.row(0), ds, src.where(0))
         logger.info("dataset %s: detected format '%s'", ds.path, fmt)
     t0 = time.perf_counter()
     procs = resolve_num_proc(num_proc, len(src))
@@ -118,7 +119,7 @@ def load_source(
     log_visual_tokens(ds.path, examples)
     if cache:
         _write_cache(path, key, table, ds.path, fmt)
-    return Loaded(examples, src, key, fmt)
+    return Loaded(grouped(examples) if fmt == PREFERENCE else examples, src, key, fmt)
 
 
 def resolve_num_proc(num_proc: int, rows: int) -> int:
@@ -223,8 +224,12 @@ def _tokenise_batch(
     starts = [s.start for s in segments]
     out: dict[str, list] = {"input_ids": [], "loss_mask": [], "roles": [], "unused": [], "error": [], "images": []}
     for i, row in zip(indices, rows):
+        if fmt == PREFERENCE:  # two documents a row: prompt + chosen, prompt + rejected (data/pairs.py)
+            append_rows(out, row, tokenizer, ds, where(segments, i, starts), template_kwargs)
+            continue
         roles: set[str] = set()
-        out["unused"].append(sorted(set(row) - used_fields(fmt, ds, row)))
+        read = used_fields(fmt, ds, row) | ({"images"} if vision is not None else set())  # (LLaVA-style rows')
+        out["unused"].append(sorted(set(row) - read))
         try:
             at = where(segments, i, starts)
             images = RowImages(vision, row_base(segments, i, ds.path, starts)) if vision is not None else None

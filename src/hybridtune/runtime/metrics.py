@@ -19,6 +19,10 @@ from hybridtune.runtime.lora import applied_targets
 
 logger = logging.getLogger(__name__)
 
+# A step record's objective metrics (`Objective.step_metrics`: dpo's rewards/chosen, ...): `StepLog` averages them
+# over the logged steps and writes them into the record under their own names.
+OBJECTIVE = "objective"
+
 
 def memory_gib(device: torch.device) -> float:
     """Peak allocated GiB on a CUDA device since the last reset; resident set size on CPU."""
@@ -111,6 +115,7 @@ class StepLog:
         self.tput = Throughput(peak_flops)
         self.total, self.every = total_steps, logging_steps
         self.losses: list[float] = []
+        self.own: dict[str, list[float]] = {}  # the objective's metrics (a record's `objective`), averaged like the loss
         self.t0 = time.perf_counter()
         self.first: tuple[int, float] | None = None  # (step, wall time) at the end of this process's first step
 
@@ -122,6 +127,8 @@ class StepLog:
         """A completed step's record (its `model_flops` and `hardware_flops` are taken out of it)."""
         self.tput.add(rec["tokens"], rec.pop("model_flops"), rec.pop("hardware_flops", None))
         self.losses.append(rec["loss"])
+        for k, v in rec.pop(OBJECTIVE, {}).items():
+            self.own.setdefault(k, []).append(v)
         if self.first is None:
             self.first = (rec["step"], time.perf_counter())
 
@@ -140,12 +147,14 @@ class StepLog:
         metrics.jsonl (and the trackers) and log its line."""
         window, self.losses = self.losses or [rec["loss"]], []
         rec.update(loss=sum(window) / len(window), step_loss=rec["loss"], loss_steps=len(window), **self.tput.take())
+        own, self.own = {k: sum(v) / len(v) for k, v in self.own.items()}, {}
+        rec.update(own)
         rec.update(mem_gib=mem_gib, total_steps=self.total, eta_s=self.eta(rec["step"]), type="train")
         if self.first is not None and rec["step"] == self.first[0]:  # compiling and autotuning included
             rec["first_step_s"] = round(self.first[1] - self.t0, 2)
         if metrics is not None:
             metrics.write(rec)
-        logger.info("%s", format_step(rec))
+        logger.info("%s", format_step(rec, list(own)))
         return rec
 
 
@@ -199,12 +208,13 @@ def format_duration(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def format_step(rec: dict) -> str:
+def format_step(rec: dict, own: list[str] | tuple = ()) -> str:
     """The one log line per logged step, on a terminal or not: `step N/TOTAL loss grad_norm lr tok/s [tflops mfu]
     mem eta` (`loss`: the mean over the steps since the last logged one; `mem`: the peak over ranks under torchrun;
     `mfu`: model FLOPs, without recompute, over the measured peak of the run's devices; `hfu`: the same with
     gradient checkpointing's recompute, shown where it differs; `eta`: the time left;
-    `first step`: the wall time of this process's first step, compiling included).
+    `first step`: the wall time of this process's first step, compiling included), then the objective's own metrics
+    named in `own` (means over the same steps as the loss).
 
     >>> format_step({"step": 7, "total_steps": 100, "loss": 1.5, "grad_norm": 0.25, "lr": 1e-4,
     ...              "tokens_per_s": 31000.4, "tflops": 250.0, "mfu": 0.41, "mem_gib": 5.5, "eta_s": 83.0})
@@ -219,6 +229,7 @@ def format_step(rec: dict) -> str:
     eta = f"  eta {format_duration(rec['eta_s'])}" if "eta_s" in rec else ""
     if "first_step_s" in rec:
         eta += f"  first step {rec['first_step_s']:.1f} s"
+    eta += "".join(f"  {k} {rec[k]:.4g}" for k in own)
     return (
         f"step {rec['step']:>5}{total}  loss {rec['loss']:.4f}  grad_norm {rec['grad_norm']:.3f}  "
         f"lr {rec['lr']:.2e}  tok/s {rec['tokens_per_s']:,.0f}  {flops}mem {rec['mem_gib']:.2f} GiB{eta}"

@@ -27,8 +27,8 @@ import torch
 
 from hybridtune.batch import NUM_LOSS_TOKENS, NUM_TOKENS
 from hybridtune.config import TrainConfig, warmup_warning
-from hybridtune.data import PackedCollator, with_chat_template
-from hybridtune.data.build import PreparedData, load_data, prepare
+from hybridtune.data import with_chat_template
+from hybridtune.data.build import PreparedData, load_data
 from hybridtune.data.digests import one_read
 from hybridtune.data.packing import Example
 from hybridtune.data.report import to_jsonl
@@ -58,6 +58,7 @@ from hybridtune.runtime.stream import BatchStream, to_device
 from hybridtune.runtime.vision import vision_for
 from hybridtune.train.evaluation import eval_batches, evaluate, report_eval
 from hybridtune.train.objectives import build_objective
+from hybridtune.train.objectives.preference import collator_for, prepare_data
 from hybridtune.train.samples import generate_samples
 from hybridtune.train.trackers import open_metrics
 
@@ -149,7 +150,7 @@ class Trainer:
         self.cfg = defaults.apply(self.cfg)  # numbers from here on; the run record keeps the `auto`s and these
         if self.run is not None:
             self.run[RESOLVED] = defaults.resolved()
-        self.data: PreparedData = prepare(self.cfg, self.tokenizer, loaded)
+        self.data: PreparedData = prepare_data(self.cfg, self.tokenizer, loaded)  # (preference data: whole pairs)
 
     def _find_resume(self) -> Path | None:
         if not self.cfg.resume_from_checkpoint:
@@ -189,9 +190,9 @@ class Trainer:
             self.dist = dataclasses.replace(self.dist, units=self.choices.fsdp_units.value)
         layout = self.choices.pack_layout.value
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.collate = PackedCollator(layout=layout, pad_token_id=pad) if layout is not None else PackedCollator()
+        self.collate = collator_for(self.data)(layout=layout, pad_token_id=pad)
         self.collate.vision = self.vision  # (packs with images: the vision tower's input, M-RoPE rows)
-        self.objective = build_objective(self.cfg, self.choices.fused_loss.value)
+        self.objective = build_objective(self.cfg, self.choices.fused_loss.value, self.model)
 
     def _setup_engine(self) -> None:
         """After patching, LoRA and checkpointing: CUDA graphs, the compile, the engine (runtime/compose.py, the
@@ -279,10 +280,12 @@ class Trainer:
         d = self.dist
         batches = self._window()  # every rank collates the whole window: the token count needs no collective
         n_tokens = sum(b[NUM_LOSS_TOKENS] for b in batches)
+        n_items = self.objective.window_items(batches)  # what the loss averages over: trained tokens, pairs
         # All of this rank's micro-batches go to the device up front, and the loss is summed there: the step
         # waits for the GPU once (loss and gradient norm together), not after every micro-batch.
         mine = [to_device(b, self.device) for b in distributed.my_share(d, batches)]
-        losses = compose_step.backward(self.composed, mine, n_tokens, self.params, d)
+        losses = compose_step.backward(self.composed, mine, n_items, self.params, d)
+        own = self.objective.step_metrics(d)  # (dpo's rewards/..., logps/...; a collective under torchrun)
         norm = compose_step.clip(self.params, cfg.max_grad_norm)
         # A stop request (signals.py) travels with the loss's all-reduce: every rank stops after the same step.
         loss_sum = torch.stack(losses).double().sum()
@@ -311,6 +314,7 @@ class Trainer:
             "model_flops": flops[0],
             "hardware_flops": flops[1],
             "loss_tokens": n_tokens,
+            "objective": own,
         }
 
     def first_step(self) -> dict:

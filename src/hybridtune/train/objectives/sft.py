@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridtune.batch import LABELS
+from hybridtune.batch import LABELS, NUM_LOSS_TOKENS
 from hybridtune.data import IGNORE_INDEX
 from hybridtune.models.anatomy import output_head, router_loss_terms, text_config, text_model, unwrap
 from hybridtune.ops.loss import linear_cross_entropy
@@ -58,5 +58,11 @@ class SFT:
     needs_reference: bool = False
     needs_generation: bool = False
 
+    def window_items(self, batches: list[dict]) -> int:
+        return sum(b[NUM_LOSS_TOKENS] for b in batches)  # the window's trained tokens
+
     def loss(self, model: torch.nn.Module, batch: dict, num_items: int) -> torch.Tensor:
         return sft_loss(model, batch, num_items, self.fused)
+
+    def step_metrics(self, d=None) -> dict[str, float]:
+        return {}
