@@ -228,7 +228,8 @@ def _tokenise_batch(
             append_rows(out, row, tokenizer, ds, where(segments, i, starts), template_kwargs)
             continue
         roles: set[str] = set()
-        out["unused"].append(sorted(set(row) - used_fields(fmt, ds, row)))
+        read = used_fields(fmt, ds, row) | ({"images"} if vision is not None else set())  # (LLaVA-style rows')
+        out["unused"].append(sorted(set(row) - read))
         try:
             at = where(segments, i, starts)
             images = RowImages(vision, row_base(segments, i, ds.path, starts)) if vision is not None else None

@@ -82,9 +82,10 @@ def field_text(value: Any, where: str, what: str) -> str:
 def message_content(value: Any, where: str, what: str, images=None) -> str:
     """A chat message's content: text, or a list of content parts (joined in order), as OpenAI-style messages carry
     it: `{"type": "text", "text": ...}`, and image parts where `images` (data/vision.py's `RowImages`: a
-    vision-language model's) records them and gives the text that stands for each."""
+    vision-language model's) records them and gives the text that stands for each (as for `<image>` in a text)."""
     if not isinstance(value, (list, tuple)):
-        return field_text(value, where, what)
+        text = field_text(value, where, what)
+        return images.text(text, where, what) if images is not None else text
     texts = []
     for k, part in enumerate(value):
         if not isinstance(part, dict):
@@ -273,7 +274,9 @@ def _to_example(row, fmt, tokenizer, ds, train_on_inputs, where, roles_seen, tem
     eos = tokenizer.eos_token or ""
     pair = (ds.field_prompt, ds.field_completion) if fmt == "prompt_completion" else ()
     row = decode_json_cells(row, json_fields(fmt, ds), pair)
-    refuse_media(row, used_fields(fmt, ds, row), where)
+    refuse_media(row, used_fields(fmt, ds, row), where, images is not None)
+    if images is not None:
+        images.column(row.get("images"), where)  # (LLaVA-style rows: an `images` column, `<image>` in the text)
     if fmt == "text":
         text = _field(row, ds.field_text, where, "text")
         if not isinstance(text, str):

@@ -80,23 +80,25 @@ def not_json(value: Any) -> str:
     return "JSON but not of a list"
 
 
-def refuse_media(row: dict, fields: set[str], where: str) -> None:
+def refuse_media(row: dict, fields: set[str], where: str, images: bool = False) -> None:
     """One DataError naming the row when it carries images, videos or audio: a media column with a value, or a
-    placeholder in the text of a field the format reads."""
+    placeholder in the text of a field the format reads. `images`: a vision-language model takes the `images`
+    column and its `<image>` placeholders (data/vision.py)."""
     for col in MEDIA_COLUMNS:
-        if row.get(col) not in (None, "", [], "[]"):
+        if row.get(col) not in (None, "", [], "[]") and not (images and col == "images"):
             raise DataError(f"{where}: the row carries {col} (column '{col}'); {MEDIA_HELP}")
+    kinds = tuple(p for p in MEDIA_PLACEHOLDERS if not (images and p == "<image>"))
     for key in sorted(fields):
-        found = _placeholder(row.get(key))
+        found = _placeholder(row.get(key), kinds)
         if found:
             raise DataError(f"{where}: field '{key}' holds an {found} placeholder (a multimodal row); {MEDIA_HELP}")
 
 
-def _placeholder(value: Any) -> str | None:
+def _placeholder(value: Any, kinds: tuple[str, ...] = MEDIA_PLACEHOLDERS) -> str | None:
     if isinstance(value, str):
-        return next((p for p in MEDIA_PLACEHOLDERS if p in value), None)
+        return next((p for p in kinds if p in value), None)
     if isinstance(value, dict):
         value = list(value.values())
     if isinstance(value, (list, tuple)):
-        return next((p for p in map(_placeholder, value) if p), None)
+        return next((p for p in (_placeholder(v, kinds) for v in value) if p), None)
     return None

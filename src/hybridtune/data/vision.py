@@ -29,6 +29,8 @@ from hybridtune.errors import DataError, ModelError
 
 logger = logging.getLogger(__name__)
 
+LLAVA_PLACEHOLDER = "<image>"  # where a LLaVA-style row's next `images` item goes
+
 
 @dataclass(frozen=True)
 class ImageRef:
@@ -94,13 +96,43 @@ def describe_ref(ref: ImageRef) -> str:
 
 
 class RowImages:
-    """The images of one row, in the order its parts are rendered: `part` records one and returns its placeholder
-    text; `expand` puts the visual tokens into the tokenised row."""
+    """The images of one row, in the order its parts are rendered: `part` records an image part and returns its
+    placeholder text, `text` does the same for each `<image>` placeholder of a text with the next image of the row's
+    `images` column (LLaVA-style rows, `column`); `expand` puts the visual tokens into the tokenised row."""
 
     def __init__(self, vision: Vision, base: Path | None):
         self.vision, self.base = vision, base
         self.sources: list[str] = []
         self.whats: list[str] = []
+        self.pending: list = []  # the `images` column's items
+        self.taken = 0
+
+    def column(self, value: Any, where: str) -> None:
+        """The row's `images` column: a list of image paths (or one path)."""
+        items = column_items(value)
+        if items is None:
+            shown = type(value).__name__
+            raise DataError(f"{where}: column 'images' must be a list of image paths, got a {shown}; fix the row")
+        self.pending = items
+
+    def text(self, text: str, where: str, what: str) -> str:
+        """`text` with each `<image>` placeholder replaced by the processor's, taking the column's next image."""
+        if LLAVA_PLACEHOLDER not in text:
+            return text
+        head, *tails = text.split(LLAVA_PLACEHOLDER)
+        out = [head]
+        for tail in tails:
+            if self.taken >= len(self.pending):
+                raise DataError(
+                    f"{where}: {what}: more {LLAVA_PLACEHOLDER} placeholders than the {len(self.pending)} image(s) of "
+                    "column 'images'; give one image per placeholder"
+                )
+            k, self.taken = self.taken, self.taken + 1
+            item = f"column 'images', item {k}"
+            self.sources.append(image_source(self.pending[k], self.base, where, item))
+            self.whats.append(item)
+            out += [self.vision.placeholder, tail]
+        return "".join(out)
 
     def part(self, part: dict, where: str, what: str) -> str:
         source = image_source(part_reference(part, where, what), self.base, where, what)
@@ -110,6 +142,11 @@ class RowImages:
 
     def expand(self, ex: Example, where: str) -> Example:
         v = self.vision
+        if self.taken < len(self.pending):
+            raise DataError(
+                f"{where}: column 'images' holds {len(self.pending)} image(s) but the text has {self.taken} "
+                f"{LLAVA_PLACEHOLDER} placeholder(s); put one {LLAVA_PLACEHOLDER} where each image goes"
+            )
         at = [i for i, t in enumerate(ex.input_ids) if t == v.image_token_id]
         if v.video_token_id is not None and v.video_token_id in ex.input_ids:
             raise DataError(
@@ -170,13 +207,25 @@ def row_references(value: Any) -> Iterable[dict]:
             yield from row_references(v)
 
 
+def column_items(value: Any) -> list[str] | None:
+    """An `images` column's paths ([] for none); None when it is not a list of paths."""
+    if value in (None, "", []):
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) and v.strip() for v in value):
+        return [v.strip() for v in value]
+    return None
+
+
 def media_digest(rows: Iterable[tuple[dict, Path | None]], vision: Vision) -> str:
     """sha256 over the processor's fingerprint and every image the rows name (its resolved source and the sha256 of
     its bytes): part of the tokenisation cache key, so a changed image is tokenised again. Rows come with the folder
     their relative paths are taken from; a part that cannot be resolved is left to tokenising to report."""
     h = hashlib.sha256(vision.fingerprint().encode())
     for row, base in rows:
-        for part in row_references(row):
+        column = column_items(row.get("images")) if isinstance(row, dict) else None
+        for part in [*row_references(row), *({"type": "image", "image": p} for p in column or ())]:
             try:
                 source = image_source(part_reference(part, "", ""), base, "", "")
             except DataError:

@@ -157,3 +157,45 @@ def test_rows_json_roundtrip_of_image_parts_in_a_csv_cell(data, tok, vision):
         csv.writer(f).writerows([["messages"], [json.dumps(messages)]])
     ex = load_examples(DatasetConfig(path=str(data / "d.csv")), tok, cache=False, vision=vision)
     assert ex[0].images[0].source == str(data / "img" / "a.png")
+
+
+def _llava(question: str, images, answer: str = "Red.") -> dict:
+    return {"conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": answer}], "images": images}
+
+
+def test_llava_rows_take_the_images_column_in_placeholder_order(data, tok, vision, caplog):
+    rows = [_llava("<image>Compare with <image>", ["img/b.jpg", "img/a.png"]), _llava("No image here.", [])]
+    with caplog.at_level(logging.INFO, logger="hybridtune"):
+        ex = _load(data / "d.jsonl", tok, vision, rows).examples
+    assert "not read by format" not in caplog.text  # (the images column is read)
+    chat_row = {"messages": [{"role": "user", "content": "<image> What?"}, {"role": "assistant", "content": "A."}]}
+    ex += _load(data / "c.jsonl", tok, vision, [{**chat_row, "images": "img/a.png"}]).examples
+    assert [[im.source.rsplit("/", 1)[1] for im in e.images] for e in ex] == [["b.jpg", "a.png"], [], ["a.png"]]
+    assert [im.tokens for im in ex[0].images] == [12, 15]
+    assert "<image>" not in tok.decode(ex[0].input_ids) and tok.decode(ex[0].input_ids).count("<|vision_end|>") == 2
+
+
+@pytest.mark.parametrize(
+    "row, said",
+    [
+        (_llava("<image><image>", ["img/a.png"]), "more <image> placeholders than the 1 image(s) of column 'images'"),
+        (_llava("<image>", ["img/a.png", "img/b.jpg"]), "column 'images' holds 2 image(s) but the text has 1 <image>"),
+        (_llava("<image>", ["img/a.png", "img/b.jpg"]), "put one <image> where each image goes"),
+        (_llava("<image> and <image>", ["img/a.png", "nope.png"]), "column 'images', item 1: image file"),
+        (_llava("<image>", [3]), "column 'images' must be a list of image paths, got a list"),
+        ({**_llava("<video>", []), "videos": ["v.mp4"]}, "the row carries videos (column 'videos')"),
+        (_llava("<video> this", []), "holds an <video> placeholder"),
+    ],
+)
+def test_bad_llava_rows_are_one_line(data, tok, vision, row, said):
+    path = data / "d.jsonl"
+    with pytest.raises(DataError) as e:
+        _load(path, tok, vision, [_llava("<image>", ["img/a.png"]), row])
+    assert str(e.value).startswith(f"{path}:2: ") and said in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_cache_key_holds_the_images_column(data, tok, vision):
+    rows = [_llava("<image>", ["img/a.png"])]
+    first = _load(data / "d.jsonl", tok, vision, rows, cache=True)
+    vl_tiny.write_image(data / "img" / "a.png", 23, 37, seed=7)
+    assert _load(data / "d.jsonl", tok, vision, rows, cache=True).key != first.key

@@ -25,7 +25,10 @@ def _data(d, bad: str | None = None):
     colours = ["Red.", "Green.", "Blue.", "Grey."]
     rows = [chat("What colour is this? ", {"type": "image", "image": f"img/{k % 4}.png"}, answer=colours[k % 4])
             for k in range(12)]  # fmt: skip
-    rows += [chat("Two: ", {"type": "image", "image": "img/0.png"}, {"type": "image", "image": "img/3.png"}), chat("Hi")]
+    rows += [
+        chat("Two: ", {"type": "image", "image": "img/0.png"}, {"type": "image", "image": "img/3.png"}),
+        chat("Hi"),
+    ]
     if bad is not None:
         rows.insert(5, chat("Look: ", {"type": "image_url", "image_url": {"url": bad}}))
     return vl_tiny.write_rows(d / "data.jsonl", rows)
