@@ -17,7 +17,7 @@ from hybridtune.run import checkpoint as ckpt
 from hybridtune.run import integrity
 from hybridtune.run.outdir import LOCK_FILE
 
-ENOSPC = "Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: \"No space left on device\" })"
+ENOSPC = 'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
 
 
 @pytest.fixture(scope="module")

@@ -173,6 +173,18 @@ def _options(trainable_only: bool, load: bool = False):
     return StateDictOptions(ignore_frozen_params=trainable_only, strict=not (trainable_only and load))
 
 
+def state_estimate(model: torch.nn.Module, params: list, d: Dist = ONE, trainable_only: bool = False) -> int:
+    """The bytes of the state `save_checkpoint` writes for `model` and an AdamW over `params`, before the optimizer
+    has allocated its state (it does at the first step): two moments per parameter, shaped and typed as it, and a
+    step count. A collective under torchrun (`integrity.state_bytes`)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    msd = get_model_state_dict(model, options=_options(trainable_only))
+    step = torch.zeros((), dtype=torch.float32)
+    moments = [{"step": step, "exp_avg": p, "exp_avg_sq": p} for p in params]
+    return integrity.state_bytes(msd, moments, d=d)
+
+
 def _before_save(target: Path, need: int, previous: Path | None) -> None:
     if target.exists() and not is_ours(target):
         raise OutputDirError(
@@ -439,4 +451,3 @@ def own_tokenizer(path: Path) -> Path | None:
         extra = sorted(present - set(own))[0]
         raise CheckpointError(f"checkpoint '{path}' cannot be loaded: {extra} is not listed in {META_FILE}")
     return path / TOKENIZER_DIR
-

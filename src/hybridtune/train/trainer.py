@@ -44,6 +44,7 @@ from hybridtune.run import export
 from hybridtune.run.base import base_identity, base_revision
 from hybridtune.run.card import model_card
 from hybridtune.run.outdir import DATA_REPORT, RUN_FILE, OutputLock, claim_output_dir, tidy, write_run_file
+from hybridtune.run.space import fit_run
 from hybridtune.runtime import compose as compose_step
 from hybridtune.runtime import cudagraphs, distributed, health, oom
 from hybridtune.runtime.choices import Choices, Facts, choose_bf16, measure, pick_device, resolve
@@ -115,6 +116,7 @@ class Trainer:
         self._setup_flops()
         self._setup_optimizer()
         self._setup_resume()
+        self.cfg = fit_run(self.cfg, self.engine, self.built, self.tokenizer, self.step, self.total_steps, self.dist)
         self._setup_metrics()
 
     def _setup_output_dir(self) -> None:
