@@ -14,6 +14,7 @@ from hybridtune.errors import DataError
 MEDIA_COLUMNS = ("images", "videos", "audios")
 MEDIA_PLACEHOLDERS = ("<image>", "<video>", "<audio>")
 MEDIA_HELP = "hybridtune trains on text only for now: drop the row, or its media column and placeholders"
+VL_MEDIA_HELP = "hybridtune trains on text and images for now (no video or audio): drop the row, or its media"
 
 
 def message_keys(ds: DatasetConfig) -> tuple[str, ...]:
@@ -84,14 +85,15 @@ def refuse_media(row: dict, fields: set[str], where: str, images: bool = False) 
     """One DataError naming the row when it carries images, videos or audio: a media column with a value, or a
     placeholder in the text of a field the format reads. `images`: a vision-language model takes the `images`
     column and its `<image>` placeholders (data/vision.py)."""
+    todo = VL_MEDIA_HELP if images else MEDIA_HELP
     for col in MEDIA_COLUMNS:
         if row.get(col) not in (None, "", [], "[]") and not (images and col == "images"):
-            raise DataError(f"{where}: the row carries {col} (column '{col}'); {MEDIA_HELP}")
+            raise DataError(f"{where}: the row carries {col} (column '{col}'); {todo}")
     kinds = tuple(p for p in MEDIA_PLACEHOLDERS if not (images and p == "<image>"))
     for key in sorted(fields):
         found = _placeholder(row.get(key), kinds)
         if found:
-            raise DataError(f"{where}: field '{key}' holds an {found} placeholder (a multimodal row); {MEDIA_HELP}")
+            raise DataError(f"{where}: field '{key}' holds an {found} placeholder (a multimodal row); {todo}")
 
 
 def _placeholder(value: Any, kinds: tuple[str, ...] = MEDIA_PLACEHOLDERS) -> str | None:

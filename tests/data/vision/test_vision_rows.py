@@ -192,6 +192,7 @@ def test_bad_llava_rows_are_one_line(data, tok, vision, row, said):
     with pytest.raises(DataError) as e:
         _load(path, tok, vision, [_llava("<image>", ["img/a.png"]), row])
     assert str(e.value).startswith(f"{path}:2: ") and said in str(e.value) and "\n" not in str(e.value)
+    assert "text only" not in str(e.value)  # (a vision-language model trains on images: its help says so)
 
 
 def test_the_cache_key_holds_the_images_column(data, tok, vision):
@@ -199,3 +200,11 @@ def test_the_cache_key_holds_the_images_column(data, tok, vision):
     first = _load(data / "d.jsonl", tok, vision, rows, cache=True)
     vl_tiny.write_image(data / "img" / "a.png", 23, 37, seed=7)
     assert _load(data / "d.jsonl", tok, vision, rows, cache=True).key != first.key
+
+
+def test_tokenising_in_two_processes_gives_the_same_examples(data, tok, vision):
+    rows = [chat("Look: ", {"type": "image", "image": f"img/{'a.png' if k % 2 else 'b.jpg'}"}) for k in range(6)]
+    vl_tiny.write_rows(data / "d.jsonl", rows)
+    ds = DatasetConfig(path=str(data / "d.jsonl"))
+    one = load_examples(ds, tok, cache=False, vision=vision, num_proc=1)
+    assert load_examples(ds, tok, cache=False, vision=vision, num_proc=2) == one and len(one[0].images) == 1

@@ -51,9 +51,11 @@ def test_train_on_images_end_to_end(ckpt, tmp_path, capsys, monkeypatch):
 
     embeds = step.image_embeds
     monkeypatch.setattr(step, "image_embeds", spy)
-    rc = _train(ckpt, _data(tmp_path), tmp_path / "run", "--max_pixels", "1024")
+    monkeypatch.setattr("hybridtune.train.samples._warned", set())  # (said once per process: not for later tests)
+    rc = _train(ckpt, _data(tmp_path), tmp_path / "run", "--max_pixels", "1024", "--eval_samples", "1")
     err = capsys.readouterr().err
     assert rc == 0, err
+    assert "eval_samples: held-out examples with images are passed over" in err  # (not generated without them)
     assert sum(seen) >= 3 * 6  # three steps of at least six images each (a bin of 256 tokens holds them)
     assert "visual tokens per image" in err and "vision: Qwen2VLImageProcessorPil" in err
     recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
