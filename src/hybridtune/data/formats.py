@@ -274,7 +274,8 @@ def _to_example(row, fmt, tokenizer, ds, train_on_inputs, where, roles_seen, tem
     eos = tokenizer.eos_token or ""
     pair = (ds.field_prompt, ds.field_completion) if fmt == "prompt_completion" else ()
     row = decode_json_cells(row, json_fields(fmt, ds), pair)
-    refuse_media(row, used_fields(fmt, ds, row), where, images is not None)
+    llava = images is not None and fmt in ("chat", "sharegpt")  # (`<image>` taken in message texts only)
+    refuse_media(row, used_fields(fmt, ds, row), where, llava)
     if images is not None:
         images.column(row.get("images"), where)  # (LLaVA-style rows: an `images` column, `<image>` in the text)
     if fmt == "text":

@@ -208,3 +208,13 @@ def test_tokenising_in_two_processes_gives_the_same_examples(data, tok, vision):
     ds = DatasetConfig(path=str(data / "d.jsonl"))
     one = load_examples(ds, tok, cache=False, vision=vision, num_proc=1)
     assert load_examples(ds, tok, cache=False, vision=vision, num_proc=2) == one and len(one[0].images) == 1
+
+
+def test_image_placeholders_outside_chat_messages_are_still_refused(data, tok, vision):
+    """An alpaca row's `<image>` is not taken (only chat and sharegpt message texts are): refused, not trained as
+    text."""
+    rows = [{"instruction": "<image> Name the colour", "output": "Red.", "images": ["img/a.png"]}]
+    with pytest.raises(DataError, match=r"d.jsonl:1: the row carries images \(column 'images'\)"):
+        _load(data / "d.jsonl", tok, vision, rows)
+    with pytest.raises(DataError, match=r"d.jsonl:1: field 'instruction' holds an <image> placeholder"):
+        _load(data / "d.jsonl", tok, vision, [{"instruction": "<image> Name the colour", "output": "Red."}])
