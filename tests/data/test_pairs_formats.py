@@ -65,7 +65,7 @@ def test_conversational_rows_train_the_replies_only(tmp_path, tok):
 def test_text_rows_as_trl_takes_them(tmp_path, tok):
     rows = [
         {"prompt": "Q: 3+3= A:", "chosen": " 6", "rejected": " 7"},
-        {"chosen": "Q: 3+3= A: 6", "rejected": "Q: 3+3= A: 7"},  # implicit: the space before the fork goes with the reply
+        {"chosen": "Q: 3+3= A: 6", "rejected": "Q: 3+3= A: 7"},  # implicit: the space before the fork: the replies'
     ]
     got = load(tok, write(tmp_path / "t.jsonl", rows)).examples
     assert got[0] == got[1]
@@ -141,7 +141,9 @@ def test_objective_and_data_must_agree(tmp_path, tok, small_data):
     with pytest.raises(ConfigError, match=r"objective 'dpo' trains on preference pairs, but the data are .*\(chat\)"):
         prepare_data(cfg, tok, load_data(cfg, tok))
     cfg = run_cfg(tmp_path, pref, objective="sft")
-    with pytest.raises(ConfigError, match=r"the data are preference pairs .* but objective is 'sft'; set objective: dpo"):
+    with pytest.raises(
+        ConfigError, match=r"the data are preference pairs .* but objective is 'sft'; set objective: dpo"
+    ):
         prepare_data(cfg, tok, load_data(cfg, tok))
     cfg = load_config(None, {"datasets": [{"path": pref}, {"path": small_data}], "objective": "dpo"})
     with pytest.raises(DataError, match="mix preference pairs and supervised rows"):

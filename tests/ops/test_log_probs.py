@@ -22,7 +22,8 @@ def _inputs(n, h, v, dtype, seed):
     weight = (torch.randn(v, h, generator=gen) / h**0.5).to(dtype)
     targets = torch.randint(0, v, (n,), generator=gen)
     targets[torch.randperm(n, generator=gen)[: n // 3]] = -100
-    upstream = torch.randn(n, generator=gen, dtype=torch.float64)  # a different weight per token, as a per-pair loss gives
+    # A different incoming gradient per token, as a loss over per-pair sums gives.
+    upstream = torch.randn(n, generator=gen, dtype=torch.float64)
     return hidden, weight, targets, upstream
 
 

@@ -7,6 +7,7 @@ import json
 import random
 
 import pytest
+
 from train_runs import metrics_rows, run_static
 
 

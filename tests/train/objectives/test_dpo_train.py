@@ -9,9 +9,9 @@ import logging
 import random
 
 import pytest
-from train_runs import make_cfg, metrics_rows, run
 
 from hybridtune.cli import main
+from train_runs import make_cfg, metrics_rows, run
 
 TRL_NAMES = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
              "logps/rejected"]  # fmt: skip

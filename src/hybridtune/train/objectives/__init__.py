@@ -35,9 +35,7 @@ def build_objective(cfg: TrainConfig, fused_loss: bool, model: torch.nn.Module |
     as built (before any training), where the objective keeps something of it (a full fine-tune's dpo reference)."""
     name = cfg.objective
     if name not in OBJECTIVES:
-        raise ConfigError(
-            f"objective '{name}' is not one of: {', '.join(OBJECTIVES)}.{did_you_mean(name, OBJECTIVES)}"
-        )
+        raise ConfigError(f"objective '{name}' is not one of: {', '.join(OBJECTIVES)}.{did_you_mean(name, OBJECTIVES)}")
     return OBJECTIVES[name](cfg, fused_loss, model)
 
 

@@ -159,7 +159,7 @@ def reference_logps(model: torch.nn.Module, reference: torch.nn.Module | None, b
             "dpo needs a reference model: under LoRA the adapters are switched off; under a full fine-tune the "
             "objective is built with a frozen copy of the starting model (build_objective(cfg, fused, model))"
         )
-    with torch.no_grad(), (contextlib.nullcontext() if reference is not None else model.disable_adapter()):
+    with torch.no_grad(), contextlib.nullcontext() if reference is not None else model.disable_adapter():
         return pair_logps(reference if reference is not None else model, batch, fused)
 
 
