@@ -22,10 +22,11 @@ import torch
 
 from hybridtune.config import TrainConfig, load_config, to_dict
 from hybridtune.data import PackedCollator
-from hybridtune.data.build import covering_length, prepare
+from hybridtune.data.build import covering_length, load_data, prepare
 from hybridtune.data.examples import load_examples
 from hybridtune.data.formats import detect_type
 from hybridtune.data.packing import Example, fit_to_length
+from hybridtune.data.pairs import PREFERENCE, Pair, is_preference
 from hybridtune.data.sources import ACCEPTED, open_source
 from hybridtune.errors import ConfigError, DataError
 from hybridtune.infer.generate import MODEL_HELP, template_kwargs
@@ -34,10 +35,11 @@ from hybridtune.runtime.choices import choose_bf16, measure, pick_device
 from hybridtune.runtime.distributed import ONE, LossModule
 from hybridtune.runtime.model import master_dtype
 from hybridtune.train.evaluation import evaluate
+from hybridtune.train.objectives.preference import prepare_pairs
 
 logger = logging.getLogger(__name__)
 
-RESPONSE_FORMATS = ("chat", "sharegpt", "alpaca", "prompt_completion")  # formats where exact match means something
+RESPONSE_FORMATS = ("chat", "sharegpt", "alpaca", "prompt_completion", PREFERENCE)  # formats where exact match means something
 
 # The config key each flag sets: an error about one names the flag the user gave.
 FLAG_KEYS = {
@@ -68,9 +70,12 @@ def eval_examples(cfg: TrainConfig, tokenizer, split: str) -> tuple[list[Example
     a `sequence_len: auto` is decided in `cfg` (`all`: the smallest power of two holding every example).
 
     `heldout`: the trainer's own held-out examples (`data.build.prepare`, capped at eval_max_examples). `all`:
-    every example of the data, prepared as the held-out ones are (overlong ones dropped, not truncated)."""
+    every example of the data, prepared as the held-out ones are (overlong ones dropped, not truncated). Of
+    preference pairs, the chosen replies (as the trainer evaluates them)."""
     if split == "heldout":
-        data = prepare(cfg, tokenizer)
+        loaded = load_data(cfg, tokenizer)
+        pairs = any(src.fmt == PREFERENCE for src in loaded.sources)
+        data = prepare_pairs(cfg, loaded) if pairs else prepare(cfg, tokenizer, loaded)
         held, cfg.sequence_len = data.eval_examples, data.sequence_len  # (a run's own, or auto's 256)
         if not held:
             raise DataError(f"val_set_size={cfg.val_set_size} holds out no example of this data; use --split all")
@@ -78,7 +83,8 @@ def eval_examples(cfg: TrainConfig, tokenizer, split: str) -> tuple[list[Example
     examples: list[Example] = []
     for ds in cfg.resolved_datasets():
         kwargs = cfg.chat_template_kwargs
-        examples.extend(load_examples(ds, tokenizer, cfg.train_on_inputs, cfg.dataset_num_proc, template_kwargs=kwargs))
+        got = load_examples(ds, tokenizer, cfg.train_on_inputs, cfg.dataset_num_proc, template_kwargs=kwargs)
+        examples.extend(e.docs()[0] if isinstance(e, Pair) else e for e in got)
     if cfg.sequence_len == "auto":  # a model outside a run: every example whole
         cfg.sequence_len = covering_length([len(e) for e in examples], 1.0)
     kept, stats = fit_to_length(examples, cfg.sequence_len, "drop")
@@ -99,7 +105,7 @@ def data_formats(cfg: TrainConfig) -> set[str]:
             continue
         src = open_source(ds)
         if len(src):
-            found.add(detect_type(src.row(0), ds, src.where(0)))
+            found.add(PREFERENCE if is_preference(src.row(0), ds) else detect_type(src.row(0), ds, src.where(0)))
     return found
 
 

@@ -91,3 +91,17 @@ def test_dpo_on_supervised_data_is_one_line(tmp_path, small_data, capsys):
     assert rc == 2
     assert err[-1].startswith("error: objective 'dpo' trains on preference pairs, but the data are "), err
     assert "Traceback" not in "\n".join(err)
+
+
+def test_eval_of_a_dpo_run_scores_its_held_out_chosen_replies(tmp_path, pairs_file, capsys):
+    out = tmp_path / "run"
+    run(make_cfg(out, pairs_file, objective="dpo", adapter="lora", max_steps=2, sequence_len=128))
+    logged = metrics_rows(out, "eval")[-1]
+    capsys.readouterr()
+    assert main(["eval", "--model", str(out), "--split", "heldout", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["eval_examples"] == logged["eval_examples"] == 8  # val_set_size 8: the held-out pairs' chosen replies
+    assert got["eval_loss"] == pytest.approx(logged["eval_loss"], rel=1e-5)
+    assert got["exact_match"] == pytest.approx(logged["exact_match"]) and got["formats"] == ["preference"]
+    assert main(["eval", "--model", str(out), "--json"]) == 0  # every pair's chosen reply
+    assert json.loads(capsys.readouterr().out)["eval_examples"] == 80
