@@ -83,7 +83,11 @@ def test_trainer_start_up_digests_its_data_once(tmp_path, small_data, digest_rea
     """A first run reads its file twice (one digest, then the rows it tokenises); a second run over the same data hits
     the tokenisation cache and reads it once, for the one digest both its run record and the cache key take."""
     own = tmp_path / "own.jsonl"  # data no other test has tokenised: the first run here is a cache miss
-    extra = {"messages": [{"role": "user", "content": str(tmp_path)}, {"role": "assistant", "content": "ok"}]}
+    # A row of its own, of one length wherever tmp_path lies (under pytest-xdist it is longer: popen-gwN/). The path
+    # itself made the row 67 tokens there, truncated at sequence_len 64, and a truncated row is named in the data
+    # report, which reads the file's lines even on a cache hit (examples.Example.where): a second read.
+    tag = hashlib.sha256(str(tmp_path).encode()).hexdigest()[:16]
+    extra = {"messages": [{"role": "user", "content": tag}, {"role": "assistant", "content": "ok"}]}
     own.write_text(Path(small_data).read_text() + json.dumps(extra) + "\n")
     small_data, name = str(own), own.name
     for run, reads in (("first", 2), ("second", 1)):
