@@ -168,7 +168,8 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     if any(p.is_meta for p in model.parameters()):
         raise ConfigError(
             "objective dpo under a full fine-tune sharded by FSDP2 needs reference log-probs precomputed before "
-            "training, which hybridtune does not do yet; use adapter: lora (the reference is then free) or one process"
+            "training, which hybridtune does not do yet; use adapter: lora (the reference is then free), or "
+            "distributed: ddp or one process (a frozen copy of the model beside it)"
         )
     ref = copy.deepcopy(model).requires_grad_(False)
     size = sum(p.numel() * p.element_size() for p in ref.parameters()) / 2**30
