@@ -49,10 +49,18 @@ def sandbox(tmp_path_factory):
     proc = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True)
     if proc.returncode != 0:
         pytest.skip(f"cannot create a virtual environment here: {proc.stderr[-300:]}")
-    pip = pytest.importorskip("pip")
+    # pip's folder, asked of a child: pip imported (even looked up) in this process turns setuptools' distutils shim
+    # off for the rest of it (_distutils_hack's spec_for_pip), and the process's first `import setuptools` after
+    # that fails its check (inductor's CPU build imports it through torch.utils.cpp_extension: the slow tier's CPU
+    # inductor tests failed on the xdist worker that had run this one).
+    where = subprocess.run(
+        [sys.executable, "-c", "import os, pip; print(os.path.dirname(pip.__file__))"], capture_output=True, text=True
+    )
+    if where.returncode != 0:
+        pytest.skip(f"no pip in this environment: {where.stderr[-300:]}")
     shim = root / "pipshim"
     shim.mkdir()
-    (shim / "pip").symlink_to(Path(pip.__file__).parent)
+    (shim / "pip").symlink_to(where.stdout.strip())
     python = venv / "bin" / "python"
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True
