@@ -1,11 +1,11 @@
 """Shared test setup: `cuda` tests skip cleanly without a GPU; `slow` tests wait for their tier; tests never reach
 a hub.
 
-Two tiers. `python -m pytest -q` (the README's test command) runs the fast tier: every module, in a few minutes
-on 2 cores. Tests marked `slow` (two-process torchrun runs, CPU compiles of whole models, the CLI in a fresh
-interpreter, the bench smoke) are skipped there, saying how to run them; `.ci/run` runs them as a second command,
-`python -m pytest -q -m slow`. Any `-m` expression chooses the tests itself (`-m slow`, `-m cuda`,
-`-m "not cuda"`), and `--run-slow` adds the slow tier to whatever else is selected.
+Two tiers. `python -m pytest -q -n auto` (the README's test command: pytest-xdist, a worker per core) runs the fast
+tier: every module, in a few minutes on 2 cores. Tests marked `slow` (two-process torchrun runs, CPU compiles of
+whole models, the CLI in a fresh interpreter, the bench smoke) are skipped there, saying how to run them; `.ci/run`
+runs them as a second command, `python -m pytest -q -m slow`. Any `-m` expression chooses the tests itself
+(`-m slow`, `-m cuda`, `-m "not cuda"`), and `--run-slow` adds the slow tier to whatever else is selected.
 """
 
 from __future__ import annotations

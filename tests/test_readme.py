@@ -32,7 +32,7 @@ def test_readme_is_short_and_keeps_both_commands():
     train = command_after(lines, "<!-- train-command -->")
     test = command_after(lines, "<!-- test-command -->")
     assert train.endswith("&& hybridtune train") and "pip install" in train
-    assert test.endswith("python -m pytest -q") and "'.[test]'" in test
+    assert test.endswith("python -m pytest -q -n auto") and "'.[test]'" in test  # the fast tier, one worker a core
     assert lines.index("<!-- train-command -->") < lines.index("<!-- test-command -->") < 30  # at the top
     assert "<!-- test-command -->" in (ROOT / ".ci" / "run").read_text()  # what CI reads them by
 
