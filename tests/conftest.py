@@ -51,12 +51,15 @@ def pytest_addoption(parser):
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the xdist_group marks set here
 def pytest_collection_modifyitems(config, items):
     # Under pytest-xdist (`-n 2 --dist loadgroup`, as .ci/run runs the slow tier) the torchrun tests share one
     # worker, so at most one 2-process run holds ports and cores at a time; the rest spread over the workers.
     for item in items:
         if "torchrun" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("torchrun"))
+    if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
+        _group_in_node_ids(items)
     if not (config.getoption("--run-slow") or config.getoption("markexpr")):
         skip_slow = pytest.mark.skip(reason="slow tier: run with `-m slow` or --run-slow (.ci/run does)")
         for item in items:
@@ -74,6 +77,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def _group_in_node_ids(items) -> None:
+    """pytest-xdist (3.8) sends a test of an xdist_group to its group's worker by appending `@group` to the test's
+    node id, assigned to `item._nodeid`; pytest 9.2 derives node ids from a structured `item._id` instead, so that
+    assignment changes nothing and --dist loadgroup silently groups nothing (pytest-dev/pytest-xdist#1386): here
+    the suffix goes into `_id`. Older pytest (no `_pytest.nodeid`): xdist's own suffix works. An xdist that does it
+    itself appends a second `@group`; its scheduler reads the last one, the same group."""
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:
+        return
+    for item in items:
+        names = {
+            str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")
+        }
+        if names and isinstance(getattr(item, "_id", None), NodeId):
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(sorted(names))}")
 
 
 @pytest.fixture(scope="session", autouse=True)
