@@ -11,9 +11,12 @@ a recording backend and the comparison of two steps.
   attention, the rest GDN).
 - `recording_backend(backend, graphs, regional)`: `backend`, appending each graph dynamo hands it to `graphs`.
 - `assert_close_step(got, want, device)`: loss and every gradient equal within the device's tolerance.
+- `no_graph_caches()`: inductor's and AOT autograd's graph caches off, its kernel cache kept.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -108,3 +111,17 @@ def assert_close_step(got, want, device):
     assert grads_c.keys() == grads_e.keys() and grads_c
     for n in grads_e:
         torch.testing.assert_close(grads_c[n], grads_e[n], **tol, msg=n)
+
+
+@contextlib.contextmanager
+def no_graph_caches():
+    """No compiled graph from a cache answers (inductor's FX graph cache and AOT autograd's cache off: a graph
+    compiled under other settings, an earlier test's or run's, must not stand in for this one). The kernel cache
+    stays on: a C++ kernel is found there by the hash of its whole source and build command, so only the same
+    kernel answers, and the session's inductor tests share the kernels they have in common instead of building each
+    again (`force_disable_caches` would give every compile an empty cache directory)."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config
+
+    with config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+        yield

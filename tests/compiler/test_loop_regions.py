@@ -18,6 +18,7 @@ from loop_models import (
     assert_close_step,
     deep_config,
     deep_model,
+    no_graph_caches,
     packed_batch,
     recording_backend,
     train_step,
@@ -103,7 +104,8 @@ def test_regional_off_inlines_every_layer(device, backend):
     from hybridtune.compiler.loop import compile_loop
 
     torch._dynamo.reset()
-    model = deep_model(device, lora=True, ckpt=True)
+    # 4 layers hold every kind of layer; inlined, each more only lengthens the one graph's trace
+    model = deep_model(device, lora=True, ckpt=True, depth=4)
     batch = packed_batch(LAYOUTS[0], device, 3)
     want = train_step(model, batch)
     graphs: list = []
@@ -154,17 +156,22 @@ def _inductor_cpu_regional(monkeypatch=None, options=None):
     assert_close_step(train_step(model, batch), want, "cpu")
 
 
+# The two CPU inductor compiles of one model share a worker (pytest-xdist), one after the other: the second finds
+# the kernels the first built in inductor's kernel cache (no_graph_caches keeps it) instead of building them again.
+REGIONAL_INDUCTOR_CPU = pytest.mark.xdist_group("regional_inductor_cpu")
+
+
 @pytest.mark.slow
+@REGIONAL_INDUCTOR_CPU
 def test_regional_inductor_cpu_gradients():
     """Inductor (CPU code) compiles the regional loop to the eager loss and every gradient, with the settings
     compile_loop gives it (REGIONAL_INDUCTOR_OPTIONS: buffer reuse off)."""
-    from torch._inductor import config
-
-    with config.patch(force_disable_caches=True):  # a cached graph from another setting must not answer
+    with no_graph_caches():  # a cached graph from another setting must not answer
         _inductor_cpu_regional()
 
 
 @pytest.mark.slow
+@REGIONAL_INDUCTOR_CPU
 @pytest.mark.xfail(
     strict=True,
     reason="torch's inductor with buffer reuse on (torch 2.11-2.13): the reused region's backward overwrites a "
@@ -172,9 +179,7 @@ def test_regional_inductor_cpu_gradients():
     "a torch update fixed it; REGIONAL_INDUCTOR_OPTIONS can go (check CUDA)",
 )
 def test_regional_inductor_buffer_reuse_still_miscompiles(monkeypatch):
-    from torch._inductor import config
-
-    with config.patch(force_disable_caches=True):
+    with no_graph_caches():
         _inductor_cpu_regional(monkeypatch, {})
 
 

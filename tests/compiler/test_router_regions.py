@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from loop_models import no_graph_caches
 
 from hybridtune.data.collator import StaticLayout
 from hybridtune.runtime.lora import apply_lora
@@ -39,7 +40,6 @@ CASES = [(m, ckpt, "aot_eager") for m in MODELS for ckpt in (False, True)] + [(m
 @pytest.mark.parametrize("name,ckpt,backend", CASES)
 def test_regional_moe_loop_equals_eager(name, ckpt, backend):
     from torch._dynamo.utils import counters
-    from torch._inductor import config
 
     from hybridtune.compiler.loop import compile_loop
 
@@ -58,7 +58,7 @@ def test_regional_moe_loop_equals_eager(name, ckpt, backend):
         graphs.append(gm)
         return lookup_backend(backend)(gm, example_inputs)
 
-    with config.patch(force_disable_caches=True):
+    with no_graph_caches():
         handle = compile_loop(
             model, backend=recording if backend == "aot_eager" else "inductor", static_shapes=True, regional=True
         )
