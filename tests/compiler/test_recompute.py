@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from loop_models import LAYOUTS, assert_close_step, deep_model, packed_batch, train_step
+from loop_models import DEPTH, LAYOUTS, assert_close_step, deep_model, packed_batch, train_step
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hybridtune.compiler import recompute, regions
@@ -106,7 +106,10 @@ def test_compiled_backward_recomputes_no_core(regional):
     counts = {}
     for save in (False, True):
         torch._dynamo.reset()
-        model = deep_model("cpu", lora=True, ckpt=True)
+        # inlined (regional=False), 4 layers hold every kind of layer (the first GDN layer, GDN layers after it,
+        # attention) and more only lengthen the one graph's trace; regional, the deep model's 8 layers trace every
+        # distinct body (from 8 layers on, twice as many as at 4-7: test_region_schema.py)
+        model = deep_model("cpu", lora=True, ckpt=True, depth=DEPTH if regional else 4)
         batches = [packed_batch(lens, "cpu", 20 + i) for i, lens in enumerate(LAYOUTS[:3])]
         want = [train_step(model, b) for b in batches]
         graphs: dict = {}
