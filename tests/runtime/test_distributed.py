@@ -82,6 +82,22 @@ def launch():
             proc.communicate()
 
 
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, small_data):
+    """adapter -> the output directory of the 1-process run of `settings(small_data, adapter)`, trained on first
+    request and then only read: it is the same run for every engine and unit layout the 2-process runs take."""
+    runs: dict[str, Path] = {}
+
+    def run(adapter: str) -> Path:
+        if adapter not in runs:
+            out = tmp_path_factory.mktemp("one") / adapter
+            train_here(settings(small_data, adapter, output_dir=out))
+            runs[adapter] = out
+        return runs[adapter]
+
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.torchrun  # twice
 @pytest.mark.parametrize(
@@ -100,7 +116,7 @@ def launch():
         ("full", "fsdp", "group:2"),
     ],
 )
-def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch, adapter, engine, units):
+def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch, one_process, adapter, engine, units):
     """fsdp_units auto on the CPU (compile off) is per layer; `model` reduces the gradients once per window. LoRA
     under FSDP2 builds its base on the meta device as a full fine-tune does, its adapter drawn as in one process."""
     two = tmp_path / "two"
@@ -108,7 +124,8 @@ def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch,
     # both ranks (and must change nothing)
     asked = {} if distributed.choose_engine("auto", adapter) == engine else {"distributed": engine}
     proc = launch(*args(settings(small_data, adapter, output_dir=two, profile_steps=1, fsdp_units=units, **asked)))
-    one = train_here(settings(small_data, adapter, output_dir=tmp_path / "one"))  # while the ranks start
+    first = one_process(adapter)  # trained while the ranks start (the adapter's first case), read only
+    one = records(first)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert f"x 2 processes ({engine})" in err
@@ -130,7 +147,7 @@ def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch,
 
     # Eval (before the first step and at the end), each rank on its share of an odd number of packs.
     assert eval_packs(small_data) % 2 == 1
-    got, want = records(two, "eval"), records(tmp_path / "one", "eval")
+    got, want = records(two, "eval"), records(first, "eval")
     assert [r["step"] for r in got] == [r["step"] for r in want] == [0, STEPS]
     for g, w, rtol in zip(got, want, (EVAL_RTOL_STEP0, LOSS_RTOL)):
         assert g["eval_examples"] == w["eval_examples"] == 8, (got, want)
@@ -150,7 +167,7 @@ def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch,
     # so rank 1's missing RNG file is moot.
     again = tmp_path / "again"
     again.mkdir()
-    shutil.copytree(tmp_path / "one" / "checkpoint-2", again / "checkpoint-2")
+    shutil.copytree(first / "checkpoint-2", again / "checkpoint-2")
     s = settings(small_data, adapter, output_dir=again, resume_from_checkpoint="latest", fsdp_units=units, **asked)
     proc = launch(*args(s))
     _, err = proc.communicate(timeout=300)
@@ -163,7 +180,7 @@ def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch,
     from safetensors.torch import load_file
 
     weights = "adapter_model.safetensors" if adapter == "lora" else "model.safetensors"
-    got, want = (load_file(str(d / "final" / weights)) for d in (two, tmp_path / "one"))
+    got, want = (load_file(str(d / "final" / weights)) for d in (two, first))
     assert sorted(got) == sorted(want)
     # The weights move ~1e-3 in 4 steps; the two runs differ by rounding only.
     assert max(float((got[k] - want[k]).abs().max()) for k in want) < 1e-5
