@@ -52,18 +52,29 @@ class Vision:
         self.merge = int(getattr(image_processor, "merge_size", 1) or 1)
         self.image_token_id, self.video_token_id = int(image_token_id), video_id
         tokens = tokenizer.convert_ids_to_tokens([int(start_id), int(image_token_id), int(end_id)])
+        # A tokenizer without the vision tokens (another model's, given as `tokenizer`) still trains text rows: the
+        # first image refuses, saying why (`placeholder`).
+        self.missing = None
         if any(t is None for t in tokens):
-            raise ModelError(
+            self.missing = (
                 f"the model's vision token ids {start_id}, {image_token_id}, {end_id} are not in its tokenizer "
-                f"(vocabulary of {len(tokenizer)}); use the tokenizer saved with the checkpoint"
+                f"(vocabulary of {len(tokenizer)}), so its images cannot be tokenised; use the tokenizer saved with "
+                "the checkpoint"
             )
         self.image_token = tokens[1]
-        self.placeholder = "".join(tokens)  # what one image part renders as
+        self._placeholder = "".join(t or "" for t in tokens)
+
+    @property
+    def placeholder(self) -> str:
+        """What one image part renders as: vision start, the image token, vision end."""
+        if self.missing:
+            raise ModelError(self.missing)
+        return self._placeholder
 
     def fingerprint(self) -> str:
         """What the visual tokens of an image depend on: the image processor's settings and the tokens."""
         settings = self.image_processor.to_json_string() if hasattr(self.image_processor, "to_json_string") else ""
-        parts = [type(self.image_processor).__name__, settings, self.placeholder, str(self.image_token_id)]
+        parts = [type(self.image_processor).__name__, settings, self._placeholder, str(self.image_token_id)]
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
     def process(self, images: list) -> tuple[Any, Any]:

@@ -62,11 +62,14 @@ def _image_processor(directory: Path, sizes: dict):
         image = getattr(processor, "image_processor", None)
         if image is not None:
             return image
-    except ImportError as e:
-        why = "its video processor needs torchvision, not installed" if "torchvision" in str(e).lower() else _line(e)
+    except (ImportError, OSError, ValueError, TypeError) as e:
+        # transformers raises ValueError ("... requires `torchvision` to be installed") from its video processor
+        # auto-class, ImportError from a backend check: both leave the image processor itself loadable
+        needs_torchvision = "torchvision" in str(e).lower()
+        if not (needs_torchvision or isinstance(e, ImportError)):
+            raise ModelError(f"the processor files of {directory} cannot be read ({_line(e)})") from None
+        why = "its video processor needs torchvision, not installed" if needs_torchvision else _line(e)
         logger.info("vision: the processor of %s cannot load (%s); its image processor alone", directory, why)
-    except (OSError, ValueError, TypeError) as e:
-        raise ModelError(f"the processor files of {directory} cannot be read ({_line(e)})") from None
     try:
         return AutoImageProcessor.from_pretrained(str(directory), **NO_CODE, **sizes)
     except (OSError, ValueError, TypeError, ImportError) as e:

@@ -120,6 +120,19 @@ def test_image_parts_without_a_vision_model_are_refused_as_before(data, tok):
         load_examples(DatasetConfig(path=str(data / "d.jsonl")), tok, cache=False)
 
 
+def test_a_tokenizer_without_the_vision_tokens_trains_text_and_refuses_the_first_image(data, tok, vision):
+    # (another model's tokenizer given as `tokenizer` for a vision-language checkpoint: text rows are fine)
+    from hybridtune.data.vision import Vision
+    from hybridtune.errors import ModelError
+
+    ids = (vision.image_token_id + 10_000, vision.image_token_id + 10_001, vision.image_token_id + 10_002)
+    blind = Vision(vision.image_processor, tok, ids[1], ids[0], ids[2])
+    text = _load(data / "t.jsonl", tok, blind, [chat("No picture here")]).examples
+    assert len(text) == 1 and not text[0].images and ids[1] not in text[0].input_ids
+    with pytest.raises(ModelError, match=r"vision token ids .* are not in its tokenizer .*images cannot be tokenised"):
+        _load(data / "d.jsonl", tok, blind, [chat("Look: ", {"type": "image", "image": "img/a.png"})])
+
+
 def test_image_tokens_written_as_text_are_refused(data, tok, vision):
     with pytest.raises(DataError, match=r"d.jsonl:1: the rendered row holds 1 image token\(s\) .* for 0 image part"):
         _load(data / "d.jsonl", tok, vision, [chat("Sneaky <|image_pad|> text")])

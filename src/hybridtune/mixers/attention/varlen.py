@@ -47,7 +47,8 @@ def varlen_available() -> tuple[bool, str]:
 
 def _document_mask(cu: torch.Tensor, T: int, device) -> torch.Tensor:
     """bool [1, 1, T, T]: causal within each document of a packed row (`cu`: its cumulative lengths)."""
-    doc = torch.searchsorted(cu[1:].to(device=device, dtype=torch.int64), torch.arange(T, device=device), right=True)
+    # (all of `cu`, not cu[1:]: a slice's layout check guards its length, and a one-document row recompiled)
+    doc = torch.searchsorted(cu.to(device=device, dtype=torch.int64), torch.arange(T, device=device), right=True) - 1
     causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
     return (causal & (doc[:, None] == doc[None, :]))[None, None]
 
