@@ -31,7 +31,9 @@ MODULES = _modules_with_examples()
 
 
 def test_examples_were_found():
-    assert {"hybridtune.runtime.stream", "hybridtune.runtime.profiling", "hybridtune.runtime.distributed"} <= set(MODULES)
+    assert {"hybridtune.runtime.stream", "hybridtune.runtime.profiling", "hybridtune.runtime.distributed"} <= set(
+        MODULES
+    )
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -287,9 +287,7 @@ def module_docstring_lines(path: Path) -> int:
 
 
 def test_no_module_docstring_over_15_lines():
-    long = {
-        str(p.relative_to(SRC)): n for p in module_files().values() if (n := module_docstring_lines(p)) > 15
-    }
+    long = {str(p.relative_to(SRC)): n for p in module_files().values() if (n := module_docstring_lines(p)) > 15}
     assert not long, f"module docstrings over 15 lines (reasoning belongs in docs/): {long}"
 
 

@@ -39,7 +39,13 @@ from hybridtune.train.objectives.preference import prepare_pairs
 
 logger = logging.getLogger(__name__)
 
-RESPONSE_FORMATS = ("chat", "sharegpt", "alpaca", "prompt_completion", PREFERENCE)  # formats where exact match means something
+RESPONSE_FORMATS = (
+    "chat",
+    "sharegpt",
+    "alpaca",
+    "prompt_completion",
+    PREFERENCE,
+)  # formats where exact match means something
 
 # The config key each flag sets: an error about one names the flag the user gave.
 FLAG_KEYS = {

@@ -13,6 +13,7 @@ otherwise); flash-attention, when chosen, is kept. `config.use_cache` is turned 
 otherwise build a cache on every training forward); `generate()` still asks for one explicitly.
 `unpatch_model` restores everything.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -98,9 +98,7 @@ class StepFlops:
         """(model FLOPs, hardware FLOPs) of a step over these documents."""
         on = [m for m in self.switches if m.gradient_checkpointing is True]
         keeps = any(recompute.keeps_cores(m) for m in on)  # the compiled loop's checkpoints keep the cores
-        f = step_flops(
-            self.config, list(doc_lens), gradient_checkpointing=bool(on), keep_mixer_cores=keeps, **self.kw
-        )
+        f = step_flops(self.config, list(doc_lens), gradient_checkpointing=bool(on), keep_mixer_cores=keeps, **self.kw)
         return f.model, f.hardware
 
 
@@ -115,7 +113,9 @@ class StepLog:
         self.tput = Throughput(peak_flops)
         self.total, self.every = total_steps, logging_steps
         self.losses: list[float] = []
-        self.own: dict[str, list[float]] = {}  # the objective's metrics (a record's `objective`), averaged like the loss
+        self.own: dict[
+            str, list[float]
+        ] = {}  # the objective's metrics (a record's `objective`), averaged like the loss
         self.t0 = time.perf_counter()
         self.first: tuple[int, float] | None = None  # (step, wall time) at the end of this process's first step
 
