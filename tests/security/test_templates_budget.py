@@ -103,3 +103,23 @@ def test_a_long_conversation_stays_far_inside_the_budget(monkeypatch):
     turn = [{"role": "user", "content": "q" * 500}, {"role": "assistant", "content": "a" * 500}]
     render(_tok(QWEN3_5.read_text()), turn * 500)
     assert 0 < sum(spent) < template_budget.STEPS // 50
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_generate_and_chat_bound_the_template_as_training_does(command, tmp_path, monkeypatch, error_line):
+    """The bug this guards: generate and chat rendered prompts through apply_chat_template unbounded, so a model
+    directory whose template nests large loops hung them (training stopped in one line)."""
+    import io
+    import sys
+
+    from checkpoints import make_checkpoint
+
+    model = make_checkpoint(tmp_path, "qwen3_5_text", name="model", chat_template=NESTED_RANGES)
+    argv = [command, str(model), "--max_new_tokens", "2"]
+    if command == "generate":
+        argv += ["--prompt", "hi"]
+    else:
+        monkeypatch.setattr(sys, "stdin", io.StringIO("hi\n"))
+    with _deadline(60):
+        line = error_line(argv)
+    assert "steps of work" in line and "set chat_template to another" in line

@@ -61,8 +61,19 @@ def render(tokenizer, conversation: list[dict] | str, chat: bool, template_kwarg
         conversation = [{"role": "user", "content": conversation}]
     if not getattr(tokenizer, "chat_template", None):
         raise ModelError("the model's tokenizer has no chat template; pass --no_chat_template to give plain text")
-    kwargs = template_kwargs or {}
-    return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True, **kwargs)
+    from jinja2 import TemplateError  # why here: only a chat prompt needs it
+
+    from hybridtune.data.chat import render as render_chat  # within the template work budget, as training renders
+    from hybridtune.data.template_budget import TemplateBudgetExceeded
+
+    try:
+        return render_chat(tokenizer, conversation, generation_prompt=True, template_kwargs=template_kwargs)
+    except TemplateBudgetExceeded as e:
+        raise ModelError(str(e)) from None
+    except TemplateError as e:  # a template's raise_exception (a role order it refuses) or its own bug
+        raise ModelError(
+            f"the chat template cannot render the prompt ({e}); give a conversation it accepts, or --no_chat_template"
+        ) from None
 
 
 def model_device(model) -> torch.device:
