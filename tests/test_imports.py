@@ -27,6 +27,7 @@ LEAVES = frozenset(
         "hybridtune.versions",
         "hybridtune.files",
         "hybridtune.models.anatomy",
+        "hybridtune.config_grpo",
     }
 )
 # `python -m hybridtune` runs __main__, whose one job is to call the CLI.

@@ -14,6 +14,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
+from hybridtune.config_grpo import GRPOKeys, grpo_checks
+
 # Default LoRA targets: attention projections, the linear-attention mixers' projections and the MLP (dense and MoE
 # experts' shared MLP). Names that a model lacks are simply not matched; at least one must match.
 DEFAULT_LORA_TARGETS = [
@@ -90,7 +92,7 @@ class DatasetConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(GRPOKeys):
     # model
     base_model: str = _f(
         "tiny-qwen3_5",
@@ -185,14 +187,16 @@ class TrainConfig:
         "static = every batch filled to one shape with filler documents (fewer recompiles), dynamic = no filler, "
         "auto = static under a compiled run when the filler is cheap and the model has no router loss",
     )
-    objective: Literal["sft", "dpo", "simpo", "orpo"] = _f(
+    objective: Literal["sft", "dpo", "simpo", "orpo", "grpo"] = _f(
         "sft",
         "what training minimises: sft = next-token cross-entropy on the trained tokens; dpo, simpo, orpo = "
-        "preference tuning on prompt/chosen/rejected pairs",
+        "preference tuning on prompt/chosen/rejected pairs; grpo = RL on rewarded samples",
     )
-    beta: float = _f(0.1, "dpo/simpo/orpo: the strength of the preference term (TRL's beta; ORPO's lambda)")
-    loss_type: Literal["sigmoid", "ipo", "hinge", "robust"] = _f(
-        "sigmoid", "dpo: sigmoid (DPO), ipo (length-averaged log-probs), hinge (RSO) or robust (label-noise DPO)"
+    beta: float = _f(
+        0.1, "dpo/simpo/orpo: the preference term's strength (TRL's beta); grpo: KL coefficient (0 = none)"
+    )
+    loss_type: Literal["auto", "sigmoid", "ipo", "hinge", "robust", "grpo", "dr_grpo", "dapo"] = _f(
+        "auto", "dpo: sigmoid, ipo, hinge or robust (auto: sigmoid); grpo: grpo, dr_grpo or dapo (auto: dapo)"
     )
     label_smoothing: float = _f(0.0, "dpo/simpo: the assumed share of flipped preference labels (conservative DPO)")
     rpo_alpha: float | None = _f(None, "dpo/simpo: weight of an added NLL term on the chosen replies (TRL's rpo_alpha)")
@@ -354,7 +358,8 @@ def range_checks(cfg: TrainConfig) -> list[tuple[bool, str, Any, str]]:
         (cfg.profile_steps >= 0, "profile_steps", cfg.profile_steps, "must be 0 (off) or more"),
         (cfg.eval_samples >= 0, "eval_samples", cfg.eval_samples, "must be 0 (off) or more"),
         (cfg.eval_max_new_tokens >= 1, "eval_max_new_tokens", cfg.eval_max_new_tokens, "must be at least 1"),
-        (cfg.beta > 0, "beta", cfg.beta, "must be positive (TRL's default is 0.1)"),
+        (cfg.beta > 0 or (cfg.beta == 0 and cfg.objective == "grpo"), "beta", cfg.beta, "must be > 0 (grpo: >= 0)"),
+        *grpo_checks(cfg),
         (0 <= cfg.label_smoothing < 0.5, "label_smoothing", cfg.label_smoothing, "must be in [0, 0.5)"),
         (cfg.rpo_alpha is None or cfg.rpo_alpha >= 0, "rpo_alpha", cfg.rpo_alpha, "must be null (off) or >= 0"),
         (cfg.simpo_gamma >= 0, "simpo_gamma", cfg.simpo_gamma, "must be >= 0"),

@@ -154,6 +154,7 @@ def build_preference(cfg: TrainConfig, fused: bool, model: torch.nn.Module | Non
     elif cfg.objective == "dpo" and model is not None:
         reference = frozen_copy(model)
     return Preference(
-        name=cfg.objective, fused=fused, beta=cfg.beta, loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing,
+        name=cfg.objective, fused=fused, beta=cfg.beta, label_smoothing=cfg.label_smoothing,
+        loss_type=DPO_LOSS_TYPES[0] if cfg.loss_type == "auto" else cfg.loss_type,
         rpo_alpha=cfg.rpo_alpha, simpo_gamma=cfg.simpo_gamma, reference=reference,
     )  # fmt: skip

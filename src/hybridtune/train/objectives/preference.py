@@ -94,8 +94,8 @@ def check_keys(cfg: TrainConfig) -> None:
     """Keys of one preference objective set for another (or for sft) are one line each, before anything loads."""
     defaults = TrainConfig()
     owners = {
-        "beta": ("dpo", "simpo", "orpo"),
-        "loss_type": ("dpo",),
+        "beta": ("dpo", "simpo", "orpo", "grpo"),
+        "loss_type": ("dpo", "grpo"),
         "label_smoothing": ("dpo", "simpo"),
         "rpo_alpha": ("dpo", "simpo"),
         "simpo_gamma": ("simpo",),
@@ -106,6 +106,12 @@ def check_keys(cfg: TrainConfig) -> None:
                 f"config key '{key}' is set but means nothing for objective '{cfg.objective}' (it is for "
                 f"{' and '.join(objectives)}); remove it or set objective"
             )
+    kinds = {"dpo": ("sigmoid", "ipo", "hinge", "robust"), "grpo": ("grpo", "dr_grpo", "dapo")}
+    if cfg.loss_type != "auto" and cfg.loss_type not in kinds.get(cfg.objective, (cfg.loss_type,)):
+        raise ConfigError(
+            f"config key 'loss_type' = '{cfg.loss_type}' is not a loss of objective '{cfg.objective}'; use one of "
+            f"{', '.join(kinds[cfg.objective])} (or auto)"
+        )
     if cfg.label_smoothing and cfg.loss_type in ("hinge", "ipo"):
         raise ConfigError(f"config key 'label_smoothing' has no meaning for loss_type '{cfg.loss_type}'; remove it")
 
