@@ -2,7 +2,7 @@
 
 `OBJECTIVES` maps the config's `objective` value to a builder taking the run's config, the resolved `loss` choice and
 the model as built; a new objective is a module here plus one line in that table (sft.py; dpo.py for dpo, simpo and
-orpo, with preference.py).
+orpo, with preference.py; grpo.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from hybridtune.config import TrainConfig
 from hybridtune.errors import ConfigError, did_you_mean
 from hybridtune.runtime.objective import Objective
 from hybridtune.train.objectives.dpo import Preference, build_preference
+from hybridtune.train.objectives.grpo import GRPO, build_grpo
 from hybridtune.train.objectives.sft import SFT
 
 
@@ -27,6 +28,7 @@ OBJECTIVES: dict[str, Callable[..., Objective]] = {
     "dpo": build_preference,
     "simpo": build_preference,
     "orpo": build_preference,
+    "grpo": build_grpo,
 }
 
 
@@ -39,4 +41,4 @@ def build_objective(cfg: TrainConfig, fused_loss: bool, model: torch.nn.Module |
     return OBJECTIVES[name](cfg, fused_loss, model)
 
 
-__all__ = ["OBJECTIVES", "SFT", "Preference", "build_objective"]
+__all__ = ["GRPO", "OBJECTIVES", "SFT", "Preference", "build_objective"]
