@@ -59,10 +59,10 @@ def test_build_objective_takes_the_config_and_the_loss_choice():
     sft = build_objective(TrainConfig(), fused_loss=False)
     assert sft == SFT(fused=False) and isinstance(sft, Objective)
     assert build_objective(TrainConfig(), fused_loss=True).fused
-    assert set(OBJECTIVES) == {"sft", "dpo", "simpo", "orpo"}
+    assert set(OBJECTIVES) == {"sft", "dpo", "simpo", "orpo", "grpo"}
 
 
 def test_an_unknown_objective_is_one_line():
     cfg = dataclasses.replace(TrainConfig(), objective="kto")  # past the config's own check, as a caller could
-    with pytest.raises(ConfigError, match="objective 'kto' is not one of: sft, dpo, simpo, orpo"):
+    with pytest.raises(ConfigError, match="objective 'kto' is not one of: sft, dpo, simpo, orpo, grpo"):
         build_objective(cfg, fused_loss=True)
