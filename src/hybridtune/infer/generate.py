@@ -4,6 +4,11 @@ Each prompt becomes a user turn rendered by the tokenizer's chat template with t
 (`--no_chat_template`: the text as it is), prompts go through transformers' own `generate` in batches (left
 padding) with the model's recurrent cache, greedy unless `--temperature` > 0, and each completion stops at the end
 of its turn: any end-of-sequence id of the model's generation config or the tokenizer.
+
+A vision-language model takes images: `--image PATH` (repeatable, relative to the working directory) goes with each
+`--prompt`, before its text; a prompts file's messages may hold image parts (`{"type": "image", "image": PATH}`,
+relative to the file). Each image is read and checked (as training data's) before the model loads, then goes
+through the checkpoint's own image processor.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from pathlib import Path
 import torch
 
 from hybridtune.data.chat import check_template_kwargs
+from hybridtune.data.images import image_source, is_image_part, load_image, part_reference
 from hybridtune.errors import ConfigError, DataError
-from hybridtune.runtime.generation import Sampling, generate
+from hybridtune.runtime.generation import Sampling, generate, not_vision
 from hybridtune.textfile import read_utf8
 
 logger = logging.getLogger(__name__)
@@ -54,7 +60,7 @@ def read_prompts(path: str) -> list:
         value = row[key] if key else None
         if not isinstance(value, (str, list)):
             raise DataError(f'{p}:{i}: expected an object with "prompt" (text) or "messages" (a conversation)')
-        prompts.append(value if isinstance(value, str) else conversation(value, f"{p}:{i}", key))
+        prompts.append(value if isinstance(value, str) else conversation(value, f"{p}:{i}", key, p.parent))
     return prompts
 
 
@@ -63,9 +69,10 @@ def _shown(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def conversation(value: list, where: str, key: str) -> list[dict]:
+def conversation(value: list, where: str, key: str, base: Path | None = None) -> list[dict]:
     """`value` as the chat template takes a conversation: objects with a "role" and text "content" (a list of
-    {"type": "text"} parts joined; null or no content only beside "tool_calls"). DataError (one line) otherwise."""
+    {"type": "text"} parts joined; null or no content only beside "tool_calls"). DataError (one line) otherwise.
+    A content list with image parts stays a list, each image's path made absolute (relative ones from `base`)."""
     if not value:
         raise DataError(f'{where}: "{key}" is an empty list; give at least one {{"role": ..., "content": ...}}')
     if all(isinstance(m, str) for m in value):
@@ -80,20 +87,73 @@ def conversation(value: list, where: str, key: str) -> list[dict]:
                 f'{where}: message {j} of "{key}" is {_shown(m)}; give an object with a "role" and a "content"'
             )
         content = m.get("content")
-        if isinstance(content, list) and all(
-            isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str) for c in content
-        ):
+        texts = isinstance(content, list) and all(
+            isinstance(c, dict) and (c.get("type") == "text" and isinstance(c.get("text"), str) or is_image_part(c))
+            for c in content
+        )
+        if texts and not any(is_image_part(c) for c in content):
             content = "".join(c["text"] for c in content)
+        elif texts:
+            content = [_resolved(c, where, f"message {j} of {key!r}, content part {k}", base)
+                       for k, c in enumerate(content)]  # fmt: skip
         elif content is None and m.get("tool_calls"):
             content = ""  # an assistant turn that only calls tools (OpenAI writes null)
-        if not isinstance(content, str):
+        if not isinstance(content, (str, list)):
             got = 'no "content"' if "content" not in m else f'"content" {_shown(content)}'
             raise DataError(
                 f'{where}: message {j} of "{key}" (role {m["role"]!r}) has {got}; give its text as "content" '
-                '(a string, or a list of {"type": "text", "text": ...} parts)'
+                '(a string, or a list of {"type": "text", "text": ...} and {"type": "image", "image": PATH} parts)'
             )
         messages.append({**m, "content": content})
     return messages
+
+
+def _resolved(part: dict, where: str, what: str, base: Path | None) -> dict:
+    """A content part; an image part as {"type": "image", "image": SOURCE} (an absolute path or a data: URI), the
+    image read and checked now, before any model loads (as training data's images: one DataError line)."""
+    if not is_image_part(part):
+        return part
+    source = image_source(part_reference(part, where, what), base, where, what)
+    load_image(source, where, what)
+    return {"type": "image", "image": source}
+
+
+def with_images(prompts: list, images: list[str]) -> list:
+    """The --prompt texts, each a user turn of the `images` (paths from the working directory, or data: URIs;
+    each read and checked) then its text."""
+    if not images:
+        return prompts
+    parts = []
+    for i, x in enumerate(images, 1):
+        path = Path(x).expanduser()
+        if not x.startswith("data:") and not path.is_file():
+            there = "is not a regular file" if path.exists() else "does not exist"
+            raise DataError(f"--image {i}: '{x}' {there} (a path relative to the working directory); fix the path")
+        parts.append(_resolved({"type": "image", "image": x}, f"--image {i}", "the image", Path.cwd()))
+    return [[{"role": "user", "content": [*parts, {"type": "text", "text": p}]}] for p in prompts]
+
+
+def has_images(prompts: list) -> bool:
+    return any(
+        isinstance(m.get("content"), list) and any(is_image_part(c) for c in m["content"])
+        for p in prompts
+        if isinstance(p, list)
+        for m in p
+    )
+
+
+def vision_of(opened, needed: bool):
+    """The opened model's image side (runtime.vision.vision_for: its processor, the run's min/max_pixels), or None
+    for a text model; when `needed` (the prompts hold images), a text model is one ModelError line."""
+    from hybridtune.runtime.vision import vision_for  # why here: torch-bound, past argument parsing
+
+    loaded = opened.loaded
+    source = loaded.source_dir if loaded is not None else opened.path
+    run = opened.run
+    vision = vision_for(source, opened.tokenizer, getattr(run, "min_pixels", None), getattr(run, "max_pixels", None))
+    if vision is None and needed:
+        raise not_vision(opened.name)
+    return vision
 
 
 def utf8_text(text: str, where: str) -> str:
@@ -178,19 +238,32 @@ def main(argv: list[str]) -> int:
     add_model_args(parser)
     parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for several)")
     parser.add_argument("--prompts", metavar="FILE", help="prompts: one per line, or JSONL with prompt / messages")
+    parser.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="an image for each --prompt, before its text (repeat for several; a vision-language model)",
+    )
     parser.add_argument("--batch_size", type=int, default=8, help="prompts per generate() call (8)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of completions")
     args = parser.parse_args(argv)
     given = [utf8_text(text, f"--prompt {i}") for i, text in enumerate(args.prompt, 1)]
-    prompts: list = given + (read_prompts(args.prompts) if args.prompts else [])
+    if args.image and not given:
+        raise ConfigError("--image goes with --prompt TEXT; in a prompts file, give image parts in the messages")
+    prompts: list = with_images(given, args.image) + (read_prompts(args.prompts) if args.prompts else [])
     if not prompts:
         raise ConfigError("no prompt: give --prompt TEXT (repeatable) or --prompts FILE")
+
     if args.batch_size < 1:
         raise ConfigError(f"--batch_size {args.batch_size}: give at least 1")
     sampling = sampling_of(args)
     opened = open_for_generation(args)
+    vision = vision_of(opened, needed=has_images(prompts))
     chat, kwargs = not args.no_chat_template, args.chat_template_kwargs
-    done = generate(opened.model, opened.tokenizer, prompts, sampling, chat, args.batch_size, kwargs)
+    done = generate(
+        opened.model, opened.tokenizer, prompts, sampling, chat, args.batch_size, kwargs, vision, args.model
+    )
     if args.json:
         print(json.dumps([asdict(c) for c in done], indent=2, ensure_ascii=False))
     elif len(done) == 1:

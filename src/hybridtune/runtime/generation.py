@@ -4,7 +4,8 @@ an on-policy objective share one path: transformers' own `generate` with the mod
 
 `complete` renders nothing: it takes texts, pads them on the left, and returns each row's new token ids `[n]` cut
 after the first end-of-turn id, with its finish reason; `generate` renders prompts first; `greedy` decodes one
-prompt of token ids.
+prompt of token ids. A vision-language model's prompts may hold image parts: each renders as the processor's
+placeholder (as in training), `complete` widens it to the image's visual tokens and passes the pixels.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 
-from hybridtune.errors import ModelError
+from hybridtune.data.images import image_source, is_image_part, load_image, part_reference
+from hybridtune.errors import DataError, ModelError
 
 
 @dataclass
@@ -76,16 +78,87 @@ def render(tokenizer, conversation: list[dict] | str, chat: bool, template_kwarg
         ) from None
 
 
+def not_vision(name: str) -> ModelError:
+    return ModelError(
+        f"model '{name}' is not a vision-language model (its config has no vision_config and image_token_id), so "
+        "it takes no image; drop --image and the prompts' image parts, or give a vision-language checkpoint"
+    )
+
+
+def with_image_text(prompt, vision, where: str, name: str = "MODEL") -> tuple:
+    """(`prompt` with each message's content as text, the sources of its images in order): a content list's text
+    parts joined, an image part ({"type": "image", "image": PATH} or "image_url") as `vision`'s placeholder. A
+    ModelError when there is an image and no `vision` (not a vision-language model)."""
+    if isinstance(prompt, str):
+        return prompt, []
+    sources: list[str] = []
+    messages = []
+    for j, m in enumerate(prompt):
+        content = m.get("content")
+        if isinstance(content, list):
+            texts = []
+            for k, part in enumerate(content):
+                what = f"message {j}, content part {k}"
+                if is_image_part(part):
+                    if vision is None:
+                        raise not_vision(name)
+                    sources.append(image_source(part_reference(part, where, what), None, where, what))
+                    texts.append(vision.placeholder)
+                else:
+                    texts.append(part.get("text", ""))
+            content = "".join(texts)
+        messages.append({**m, "content": content})
+    return messages, sources
+
+
+def expand_images(text: str, images: list, vision, where: str) -> str:
+    """`text` with the image token of each placeholder repeated once per visual token of its image (`images`: the
+    images' patch grids, in order), as the checkpoint's processor writes a prompt."""
+    pieces = text.split(vision.image_token)
+    if len(pieces) - 1 != len(images):
+        raise DataError(
+            f"{where}: the rendered prompt holds {len(pieces) - 1} image token(s) {vision.image_token!r} for "
+            f"{len(images)} image(s); remove image tokens written as text"
+        )
+    out = [pieces[0]]
+    for grid, tail in zip(images, pieces[1:]):
+        out += [vision.image_token * vision.tokens_of(grid), tail]
+    return "".join(out)
+
+
+def _image_inputs(texts: list[str], images: list[list[str]], vision, first: int) -> tuple[list[str], dict]:
+    """The texts widened to their visual tokens and generate()'s pixel_values / image_grid_thw for their images."""
+    if not any(images):
+        return texts, {}
+    pics = [load_image(s, f"prompt {first + i + 1}", f"image {k + 1}") for i, row in enumerate(images)
+            for k, s in enumerate(row)]  # fmt: skip
+    values, grid = vision.process(pics)
+    grids, out, at = grid.tolist(), [], 0
+    for i, (text, row) in enumerate(zip(texts, images)):
+        out.append(expand_images(text, grids[at : at + len(row)], vision, f"prompt {first + i + 1}"))
+        at += len(row)
+    return out, {"pixel_values": values, "image_grid_thw": grid}
+
+
 def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
 @torch.inference_mode()
 def complete(
-    model, tokenizer, texts: list[str], sampling: Sampling, chat: bool = True, batch_size: int = 8, streamer=None
+    model,
+    tokenizer,
+    texts: list[str],
+    sampling: Sampling,
+    chat: bool = True,
+    batch_size: int = 8,
+    streamer=None,
+    images: list[list[str]] | None = None,
+    vision=None,
 ) -> list[tuple[list[int], str]]:
     """The new tokens of each rendered text (cut after the first end-of-turn id, which they keep) and its finish
-    reason. `chat`: the texts were rendered by the chat template, which writes its own special tokens."""
+    reason. `chat`: the texts were rendered by the chat template, which writes its own special tokens. `images`:
+    each text's image sources, one per placeholder in it, read through `vision` (data.vision.Vision)."""
     eos = eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     side = tokenizer.padding_side
@@ -96,8 +169,10 @@ def complete(
     try:
         for start in range(0, len(texts), batch_size):
             chunk = texts[start : start + batch_size]
+            rows = (images or [[]] * len(texts))[start : start + batch_size]
+            chunk, pixels = _image_inputs(chunk, rows, vision, start)
             enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=not chat)
-            enc = {k: v.to(model_device(model)) for k, v in enc.items()}
+            enc = {k: v.to(model_device(model)) for k, v in {**enc, **pixels}.items()}
             gen = model.generate(
                 **enc,
                 max_new_tokens=sampling.max_new_tokens,
@@ -122,10 +197,14 @@ def generate(
     chat: bool = True,
     batch_size: int = 8,
     template_kwargs: dict | None = None,
+    vision=None,
+    name: str = "MODEL",
 ) -> list[Completion]:
-    """Completions of `prompts` (each a string, or a conversation: a list of {role, content})."""
-    texts = [render(tokenizer, p, chat, template_kwargs) for p in prompts]
-    done = complete(model, tokenizer, texts, sampling, chat, batch_size)
+    """Completions of `prompts` (each a string, or a conversation: a list of {role, content}, content text or a
+    list of text and image parts; images need `vision`, the model's, else a ModelError naming model `name`)."""
+    split = [with_image_text(p, vision, f"prompt {i}", name) for i, p in enumerate(prompts, 1)]
+    texts = [render(tokenizer, p, chat, template_kwargs) for p, _ in split]
+    done = complete(model, tokenizer, texts, sampling, chat, batch_size, images=[s for _, s in split], vision=vision)
     return [
         Completion(
             p if isinstance(p, str) else json.dumps(p), tokenizer.decode(ids, skip_special_tokens=True), len(ids), why
