@@ -1,0 +1,213 @@
+"""GRPO's rewards as plain Python: `reward_funcs` entries are `path/to/file.py:function` (the user's own file, loaded
+with importlib from the path the config names, relative to the working directory) or a built-in, weighted by
+`reward_weights`. A function is called as TRL calls it: `fn(prompts=[...], completions=[...], completion_ids=[...],
+**columns)`, one entry per completion (completions as decoded text; columns: the row's other fields, e.g. `answer`),
+and returns one number per completion (None: TRL's "no reward", counted as 0). One that raises or returns anything
+else is one line naming it and the row (exit 2).
+
+Built-ins: exact_answer (1 when the completion's answer, its last \\boxed{...}, else the text after its last
+"answer:" or "####", else its last number, equals the row's `answer`; numbers compare as numbers), boxed_answer (the
+same from a \\boxed{...} only), format (1 when every <think> is closed and an answer can be extracted),
+length_penalty (-completion tokens / max_completion_length).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hybridtune.errors import ConfigError, UserError, did_you_mean
+
+
+class RewardError(UserError):
+    """A reward function raised or returned a non-number: one line naming it and the row (exit 2)."""
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+_ANSWER_LINE = re.compile(r"(?:answer\s*(?:is)?\s*[:=]?|####)\s*(.+)", re.IGNORECASE)
+
+
+def boxed(text: str) -> str | None:
+    """The content of the last \\boxed{...} (nested braces kept), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 1, start + len("\\boxed{")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j]
+    return None
+
+
+def extract_answer(text: str) -> str | None:
+    """A completion's answer: its last \\boxed{}, else after its last 'answer:' / '####', else its last number."""
+    if (b := boxed(text)) is not None:
+        return b
+    lines = _ANSWER_LINE.findall(text)
+    if lines:
+        return lines[-1].strip().rstrip(".")
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
+def same_answer(got: str | None, want) -> bool:
+    """Equal after trimming (and `$`, thousands commas); numbers compare by value."""
+    if got is None or want is None:
+        return False
+    a, b = (str(x).strip().strip("$").replace(",", "").strip() for x in (got, want))
+    try:
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-9)
+    except ValueError:
+        return a == b
+
+
+def exact_answer(completions, answer=None, **_) -> list[float]:
+    return [float(same_answer(extract_answer(c), a)) for c, a in zip(completions, answer or [None] * len(completions))]
+
+
+def boxed_answer(completions, answer=None, **_) -> list[float]:
+    return [float(same_answer(boxed(c), a)) for c, a in zip(completions, answer or [None] * len(completions))]
+
+
+def format_reward(completions, **_) -> list[float]:
+    return [float(c.count("<think>") == c.count("</think>") and extract_answer(c) is not None) for c in completions]
+
+
+def length_penalty(max_completion_length: int) -> Callable[..., list[float]]:
+    def length_penalty(completions, completion_ids, **_) -> list[float]:
+        return [-len(ids) / max_completion_length for ids in completion_ids]
+
+    return length_penalty
+
+
+@dataclass
+class RewardFunc:
+    name: str  # as the config names it
+    fn: Callable[..., Sequence]
+
+
+def load_reward_funcs(specs: Sequence[str], max_completion_length: int) -> list[RewardFunc]:
+    """The config's `reward_funcs`, each resolved (a user's file imported once); a bad entry is one line."""
+    if not specs:
+        raise ConfigError(
+            "objective grpo needs reward_funcs: e.g. [exact_answer] (the completion's answer equals the row's "
+            "'answer') or [rewards.py:correct] (a function in your file)"
+        )
+    builtins = {"exact_answer": exact_answer, "boxed_answer": boxed_answer, "format": format_reward,
+                "length_penalty": length_penalty(max_completion_length)}  # fmt: skip
+    out = []
+    for spec in specs:
+        if spec in builtins:
+            out.append(RewardFunc(spec, builtins[spec]))
+            continue
+        path, sep, name = spec.rpartition(":")
+        if not sep or not path.endswith(".py") or not name.isidentifier():
+            raise ConfigError(
+                f"config key 'reward_funcs' entry '{spec}' is neither a built-in ({', '.join(builtins)}) nor "
+                f"'file.py:function'{did_you_mean(spec, builtins)}"
+            )
+        out.append(RewardFunc(spec, _user_function(Path(path), name, spec)))
+    return out
+
+
+def _user_function(path: Path, name: str, spec: str) -> Callable:
+    if not path.is_file():
+        raise ConfigError(f"config key 'reward_funcs' entry '{spec}': no file {path} (relative to {Path.cwd()})")
+    module_name = f"hybridtune_rewards_{abs(hash(str(path.resolve())))}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        loader_spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(loader_spec)
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as e:  # the user's file: what it raised, in one line
+            raise ConfigError(f"config key 'reward_funcs': importing {path} raised {type(e).__name__}: {e}") from e
+        sys.modules[module_name] = module
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        have = [k for k, v in vars(module).items() if callable(v) and not k.startswith("_")]
+        raise ConfigError(
+            f"config key 'reward_funcs' entry '{spec}': {path} defines no function '{name}'{did_you_mean(name, have)}"
+        )
+    return fn
+
+
+def score(
+    funcs: Sequence[RewardFunc],
+    prompts: list,
+    completions: list[str],
+    completion_ids: list[list[int]],
+    columns: dict[str, list],
+    where: list[str],
+) -> torch.Tensor:
+    """Rewards `[B, F]` (float64) of B completions by F functions; `where[i]`: completion i's row, for errors."""
+    out = torch.zeros(len(completions), len(funcs), dtype=torch.float64)
+    for f, rf in enumerate(funcs):
+        try:
+            got = rf.fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+        except Exception as e:  # the user's code: named, with the row it fails on, in one line
+            i = _failing_row(rf, prompts, completions, completion_ids, columns)
+            row = f"row {where[i]} (completion {i})" if i is not None else f"the rows of {where[0]} onwards"
+            first = (str(e).splitlines() or [""])[0]
+            raise RewardError(f"reward function '{rf.name}' raised {type(e).__name__}: {first} on {row}") from e
+        if not isinstance(got, (list, tuple)) or len(got) != len(completions):
+            raise RewardError(
+                f"reward function '{rf.name}' returned {type(got).__name__} "
+                f"{'of length ' + str(len(got)) if isinstance(got, (list, tuple)) else ''}; it must return a list "
+                f"of {len(completions)} numbers, one per completion (row {where[0]} first)"
+            )
+        for i, v in enumerate(got):
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise RewardError(
+                    f"reward function '{rf.name}' returned {v!r} for completion {i} of row {where[i]}; it must "
+                    "return a finite number (or None for no reward)"
+                )
+            out[i, f] = float(v)
+    return out
+
+
+def _failing_row(rf: RewardFunc, prompts, completions, completion_ids, columns) -> int | None:
+    """The first completion that the function raises on when called with it alone (None: only together)."""
+    for i in range(len(completions)):
+        try:
+            one = {k: v[i : i + 1] for k, v in columns.items()}
+            rf.fn(
+                prompts=prompts[i : i + 1],
+                completions=completions[i : i + 1],
+                completion_ids=completion_ids[i : i + 1],
+                **one,
+            )
+        except Exception:
+            return i
+    return None
+
+
+def weighted(rewards: torch.Tensor, weights: Sequence[float] | None) -> torch.Tensor:
+    """Each completion's reward `[B]`: the functions' rewards `[B, F]` times their weights, summed."""
+    if weights is None:
+        return rewards.sum(1)
+    return rewards @ torch.tensor(list(weights), dtype=rewards.dtype)
+
+
+def reward_metrics(funcs: Sequence[RewardFunc], rewards: torch.Tensor, total: torch.Tensor, G: int) -> dict:
+    """TRL's names: rewards/<name>/mean and /std per function, reward, reward_std (mean of the groups' stds),
+    frac_reward_zero_std (groups whose rewards are all equal)."""
+    out = {}
+    for f, rf in enumerate(funcs):
+        key = Path(rf.name.partition(":")[2]).name if ":" in rf.name else rf.name
+        out[f"rewards/{key}/mean"] = float(rewards[:, f].mean())
+        out[f"rewards/{key}/std"] = float(rewards[:, f].std()) if rewards.shape[0] > 1 else 0.0
+    stds = total.view(-1, G).std(1)
+    out |= {"reward": float(total.mean()), "reward_std": float(stds.mean())}
+    out["frac_reward_zero_std"] = float((stds < 1e-12).double().mean())
+    return out
