@@ -1,5 +1,8 @@
 """`hybridtune chat MODEL`: talk to a model. The conversation is kept (rendered whole by the chat template each
-turn); on a terminal the reply streams token by token. `/reset` starts over, `/exit` or Ctrl-D ends."""
+turn); on a terminal the reply streams token by token. `/reset` starts over, `/exit` or Ctrl-D ends.
+
+A vision-language model takes images: `--image PATH` (repeatable) goes with the first message, `/image PATH` with
+the next one; the images stay in the conversation."""
 
 from __future__ import annotations
 
@@ -7,11 +10,12 @@ import argparse
 import sys
 from typing import TextIO
 
-from hybridtune.errors import DataError
-from hybridtune.infer.generate import add_model_args, open_for_generation, sampling_of, utf8_text
-from hybridtune.runtime.generation import Sampling, complete, render
+from hybridtune.errors import DataError, UserError
+from hybridtune.infer.generate import add_model_args, image_arg, open_for_generation, sampling_of, utf8_text, vision_of
+from hybridtune.runtime.generation import Sampling, complete, not_vision, render, with_image_text
 
-HELP = "commands: /reset (forget the conversation), /exit (or Ctrl-D)"
+HELP = "commands: /image PATH (an image for your next message), /reset (forget the conversation), /exit (or Ctrl-D)"
+IMAGE_COMMAND = "/image"
 
 
 def chat_loop(
@@ -24,15 +28,20 @@ def chat_loop(
     stream: bool | None = None,
     chat: bool = True,
     template_kwargs: dict | None = None,
+    vision=None,
+    images: list[str] | None = None,
+    name: str = "MODEL",
 ) -> list[dict]:
     """Read user turns from `stdin` until /exit or end of input, answer each on `stdout`; returns the conversation.
 
     `stream`: print tokens as they come (default: when `stdout` is a terminal); otherwise each reply is printed
-    whole. Without `chat` (a base model) the turns are joined as plain text."""
+    whole. Without `chat` (a base model) the turns are joined as plain text. `images` (sources, checked): the first
+    message's, again after /reset; `vision`: the model's (data.vision.Vision), which /image needs."""
     tty = stdin.isatty() and stdout.isatty()
     stream = stdout.isatty() if stream is None else stream
     start = [{"role": "system", "content": system}] if system else []
     messages = list(start)
+    pending = list(images or [])  # the images of the next user turn
     if tty:
         print(HELP, file=stdout)
     n = 0
@@ -47,18 +56,42 @@ def chat_loop(
         if text.strip() == "/exit":
             break
         if text.strip() == "/reset":
-            messages = list(start)
+            messages, pending = list(start), list(images or [])
             print("(conversation reset)", file=stdout, flush=True)
             continue
-        messages.append({"role": "user", "content": text})
-        prompt = render(tokenizer, messages, chat, template_kwargs)
+        if text.strip().split(maxsplit=1)[0] == IMAGE_COMMAND:
+            pending += _image_command(text.strip()[len(IMAGE_COMMAND) :].strip(), n, vision, name, stdout)
+            continue
+        parts = [{"type": "image", "image": s} for s in pending]
+        messages.append({"role": "user", "content": [*parts, {"type": "text", "text": text}] if parts else text})
+        pending = []
+        conversation, sources = with_image_text(messages, vision, f"stdin line {n}", name)
+        prompt = render(tokenizer, conversation, chat, template_kwargs)
         streamer = _Streamer(tokenizer, stdout) if stream else None
-        [(ids, _)] = complete(model, tokenizer, [prompt], sampling, chat, 1, streamer=streamer)
+        [(ids, _)] = complete(
+            model, tokenizer, [prompt], sampling, chat, 1, streamer=streamer, images=[sources], vision=vision
+        )
         reply = tokenizer.decode(ids, skip_special_tokens=True)
         if streamer is None:
             print(reply, file=stdout, flush=True)
         messages.append({"role": "assistant", "content": reply})
     return messages
+
+
+def _image_command(path: str, n: int, vision, name: str, stdout: TextIO) -> list[str]:
+    """`/image PATH`: the image checked and kept for the next turn ([source]); a bad one or a text model is said on
+    `stdout` as one line (the conversation goes on) and nothing is kept."""
+    try:
+        if not path:
+            raise DataError(f"stdin line {n}: {IMAGE_COMMAND} needs a path: {IMAGE_COMMAND} PATH")
+        if vision is None:
+            raise not_vision(name)
+        source = image_arg(path, f"stdin line {n}")
+    except UserError as e:
+        print(f"error: {e}", file=stdout, flush=True)
+        return []
+    print(f"(image {path} goes with your next message)", file=stdout, flush=True)
+    return [source]
 
 
 def _read_turn(stdin: TextIO, stdout: TextIO, tty: bool, n: int) -> str | None:
@@ -109,14 +142,29 @@ def main(argv: list[str]) -> int:
     )
     add_model_args(parser)
     parser.add_argument("--system", help="a system message that starts the conversation")
+    parser.add_argument(
+        "--image", action="append", default=[], metavar="PATH", help="an image for the first message (repeatable)"
+    )
     args = parser.parse_args(argv)
+    images = [image_arg(x, f"--image {i}") for i, x in enumerate(args.image, 1)]
     sampling = sampling_of(args)
     system = utf8_text(args.system, "--system") if args.system else None
     if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach utf8_text, which says which line
         sys.stdin.reconfigure(errors="surrogateescape")
     opened = open_for_generation(args)
+    vision = vision_of(opened, needed=bool(images))
     chat, kwargs = not args.no_chat_template, args.chat_template_kwargs
     chat_loop(
-        opened.model, opened.tokenizer, sampling, sys.stdin, sys.stdout, system, chat=chat, template_kwargs=kwargs
+        opened.model,
+        opened.tokenizer,
+        sampling,
+        sys.stdin,
+        sys.stdout,
+        system,
+        chat=chat,
+        template_kwargs=kwargs,
+        vision=vision,
+        images=images,
+        name=args.model,
     )
     return 0

@@ -123,14 +123,18 @@ def with_images(prompts: list, images: list[str]) -> list:
     each read and checked) then its text."""
     if not images:
         return prompts
-    parts = []
-    for i, x in enumerate(images, 1):
-        path = Path(x).expanduser()
-        if not x.startswith("data:") and not path.is_file():
-            there = "is not a regular file" if path.exists() else "does not exist"
-            raise DataError(f"--image {i}: '{x}' {there} (a path relative to the working directory); fix the path")
-        parts.append(_resolved({"type": "image", "image": x}, f"--image {i}", "the image", Path.cwd()))
+    parts = [{"type": "image", "image": image_arg(x, f"--image {i}")} for i, x in enumerate(images, 1)]
     return [[{"role": "user", "content": [*parts, {"type": "text", "text": p}]}] for p in prompts]
+
+
+def image_arg(x: str, where: str) -> str:
+    """An image given on the command line (`where`: '--image 2'): a path from the working directory or a data: URI,
+    read and checked; its source (an absolute path). DataError (one line) for a bad one."""
+    path = Path(x).expanduser()
+    if not x.startswith("data:") and not path.is_file():
+        there = "is not a regular file" if path.exists() else "does not exist"
+        raise DataError(f"{where}: '{x}' {there} (a path relative to the working directory); fix the path")
+    return _resolved({"type": "image", "image": x}, where, "the image", Path.cwd())["image"]
 
 
 def has_images(prompts: list) -> bool:

@@ -39,10 +39,14 @@ def ckpt(tmp_path_factory):
     return d
 
 
-def stock(model, directory, images, text=PROMPT) -> list[int]:
+PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def stock(model, directory, images, text=PROMPT, messages=None) -> list[int]:
     """Greedy new tokens of stock transformers (the tokenizer's template, the image processor saved with the model,
     `model.generate`), cut after the first end-of-turn id. AutoProcessor itself does not load without torchvision
-    (its video processor), so the image token is widened here as Qwen2/3-VL's processor does: grid t*h*w / merge^2."""
+    (its video processor), so the image token is widened here as Qwen2/3-VL's processor does: grid t*h*w / merge^2.
+    `messages`: the conversation (contents with PLACEHOLDER for each image), else one user turn: images, `text`."""
     from PIL import Image
     from transformers import AutoTokenizer
     from transformers.models.auto.image_processing_auto import AutoImageProcessor
@@ -50,8 +54,8 @@ def stock(model, directory, images, text=PROMPT) -> list[int]:
     tok = AutoTokenizer.from_pretrained(str(directory))
     processor = AutoImageProcessor.from_pretrained(str(directory))
     pad = "<|image_pad|>"
-    user = "".join(f"<|vision_start|>{pad}<|vision_end|>" for _ in images) + text
-    prompt = tok.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True, tokenize=False)
+    messages = messages or [{"role": "user", "content": PLACEHOLDER * len(images) + text}]
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     inputs = processor(images=[Image.open(p).convert("RGB") for p in images], return_tensors="pt") if images else {}
     merge = processor.merge_size**2
     head, *tails = prompt.split(pad)
@@ -165,3 +169,44 @@ def test_bad_images_and_text_models_are_one_line(ckpt, tmp_path, monkeypatch, ca
     line = _error(capsys, ["tiny-qwen3_5", "--prompt", "x", "--image", str(ckpt.parent / "0.png")])
     assert "model 'tiny-qwen3_5' is not a vision-language model" in line
     assert "--image goes with --prompt" in _error(capsys, [str(ckpt), "--prompts", str(rows), "--image", "a.png"])
+
+
+def test_chat_takes_images(ckpt, monkeypatch, capsys):
+    """`chat --image` gives the first message its image, `/image PATH` the next one; each reply is stock's on the
+    conversation so far (the first image stays in it)."""
+    import io
+    import sys
+
+    from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
+
+    import hybridtune.infer.chat as chat_command
+
+    model = Qwen3_5ForConditionalGeneration.from_pretrained(str(ckpt)).float().eval()
+    tok = AutoTokenizer.from_pretrained(str(ckpt))
+    img0, img1 = ckpt.parent / "0.png", ckpt.parent / "1.png"
+    seen = []
+    real = chat_command.complete
+    monkeypatch.setattr(chat_command, "complete", lambda *a, **k: seen.extend(real(*a, **k)) or seen[-1:])
+    monkeypatch.chdir(ckpt.parent)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(f"{PROMPT}\n/image nowhere.png\n/image 1.png\nAnd this?\n"))
+    assert main(["chat", str(ckpt), "--image", "0.png", "--max_new_tokens", str(NEW)]) == 0
+    out = capsys.readouterr().out
+    assert "error: stdin line 2: 'nowhere.png' does not exist" in out  # said; the chat goes on
+    assert "(image 1.png goes with your next message)" in out
+    first = stock(model, ckpt, [img0])
+    assert [ids for ids, _ in seen] == [first, seen[1][0]] and len(seen) == 2
+    messages = [
+        {"role": "user", "content": PLACEHOLDER + PROMPT},
+        {"role": "assistant", "content": tok.decode(first, skip_special_tokens=True)},
+        {"role": "user", "content": PLACEHOLDER + "And this?"},
+    ]
+    assert seen[1][0] == stock(model, ckpt, [img0, img1], messages=messages)
+    line = _error_of(capsys, ["chat", "tiny-qwen3_5", "--image", str(img1)])
+    assert "model 'tiny-qwen3_5' is not a vision-language model" in line
+
+
+def _error_of(capsys, args) -> str:
+    rc = main(args)
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    return next(x for x in err.splitlines() if x.startswith("error: "))
