@@ -59,7 +59,9 @@ from hybridtune.runtime.stream import BatchStream, to_device
 from hybridtune.runtime.vision import vision_for
 from hybridtune.train.evaluation import eval_batches, evaluate, report_eval
 from hybridtune.train.objectives import build_objective
+from hybridtune.train.objectives.grpo_rollouts import Rollouts, load_prompts, on_policy, prepare_prompts
 from hybridtune.train.objectives.preference import collator_for, prepare_data
+from hybridtune.train.objectives.rewards import RewardError
 from hybridtune.train.samples import generate_samples
 from hybridtune.train.trackers import open_metrics
 
@@ -144,7 +146,8 @@ class Trainer:
         self.tokenizer = with_chat_template(tokenizer, self.cfg.chat_template)
         # A vision-language checkpoint's image processor, for the rows' images (None for a text-only model).
         self.vision = vision_for(self.source, self.tokenizer, self.cfg.min_pixels, self.cfg.max_pixels)
-        loaded = load_data(self.cfg, self.tokenizer, self.vision)
+        grpo = on_policy(self.cfg)  # (an on-policy objective's data are prompts)
+        loaded = (load_prompts if grpo else load_data)(self.cfg, self.tokenizer, self.vision)
         # learning_rate and sequence_len `auto` by what the model is, before packing; a resume keeps its run's.
         recorded = recorded_values(ckpt.meta_of(self.resume_at).get("run")) if self.resume_at else {}
         defaults = resolve_defaults(self.cfg, self.source, loaded.train_lengths(), recorded)
@@ -152,7 +155,8 @@ class Trainer:
         self.cfg = defaults.apply(self.cfg)  # numbers from here on; the run record keeps the `auto`s and these
         if self.run is not None:
             self.run[RESOLVED] = defaults.resolved()
-        self.data: PreparedData = prepare_data(self.cfg, self.tokenizer, loaded)  # (preference data: whole pairs)
+        prepare = prepare_prompts if grpo else prepare_data  # (preference data: whole pairs)
+        self.data: PreparedData = prepare(self.cfg, self.tokenizer, loaded)
 
     def _find_resume(self) -> Path | None:
         if not self.cfg.resume_from_checkpoint:
@@ -208,6 +212,8 @@ class Trainer:
         )  # fmt: skip
         if self.strategy != "off":
             logger.info("compile: strategy '%s' (the first step includes compilation)", self.strategy)
+        args = (self.cfg, self.objective, self.tokenizer, self.model, self.device, self.autocast, self.dist.world)
+        self.rollouts = Rollouts(*args) if self.objective.needs_generation else None  # (on-policy: grpo)
 
     def _setup_flops(self) -> None:
         """MFU in the step line: the model FLOPs of each step over the measured matmul peak of the run's devices."""
@@ -273,6 +279,10 @@ class Trainer:
 
     def _window(self) -> list[dict]:
         """The optimizer step's micro-batches, collated; the documents' lengths go to `self.window_lens`."""
+        if self.rollouts is not None:  # the window's prompts as packs of sampled completions (grpo_rollouts.py)
+            batches = self.rollouts.window(self.stream, self.cfg.gradient_accumulation_steps, self.step)
+            self.window_lens = self.rollouts.lens
+            return batches
         docs = [self.stream.next_docs() for _ in range(self.cfg.gradient_accumulation_steps)]
         self.window_lens = [len(e) for micro in docs for e in micro]
         return [self.collate(micro) for micro in docs]
@@ -428,6 +438,9 @@ class Trainer:
                 if save_due:
                     self.save()
                 steps.skip(time.perf_counter() - t)  # tokens/s and MFU are the training steps' own
+        except RewardError:  # a user's reward function failed (one line, exit 2): the steps done so far are kept
+            logger.warning("stopped: saved %s", self.save()) if self.step > 0 else None
+            raise
         except KeyboardInterrupt:
             # A second Ctrl-C: the step in flight is abandoned (its update was never applied, see signals.py).
             result.interrupted = True

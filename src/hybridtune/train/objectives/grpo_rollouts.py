@@ -1,0 +1,180 @@
+"""GRPO's data and rollouts: the run's prompts (`load_prompts`, `prepare_prompts`: one prompt a bin, so the trainer's
+stream, epochs and resume walk prompts), and each step's window of packs of sampled, rewarded completions
+(`Rollouts.window`: runtime/rollout.py samples the groups on the live weights, rewards.py scores them, grpo.py's
+advantages, packing and collator make the packs; the objective's old and reference log-probs are taken once per
+batch of completions, which serves `num_iterations` optimizer steps).
+
+A row gives its prompt as `prompt` (text: continued as it is; a list of messages: rendered by the chat template with
+the assistant's generation prompt), or as a chat (`messages`): the messages before the last assistant message, whose
+content becomes the row's `answer` when it has none. Every other column goes to the reward functions. A prompt
+longer than max_prompt_length keeps its last tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hybridtune.config import TrainConfig
+from hybridtune.data.build import PreparedData
+from hybridtune.data.chat import render
+from hybridtune.data.packing import Example, PackStats
+from hybridtune.data.rows import decode_json_cells
+from hybridtune.data.sources import open_source
+from hybridtune.errors import ConfigError, DataError
+from hybridtune.runtime.generation import eos_ids
+from hybridtune.runtime.rollout import sample_groups
+from hybridtune.runtime.stream import to_device
+from hybridtune.train.objectives.grpo import Completion, CompletionCollator, group_advantages, pack_completions
+from hybridtune.train.objectives.rewards import load_reward_funcs, reward_metrics, score, weighted
+
+logger = logging.getLogger(__name__)
+
+
+def on_policy(cfg: TrainConfig) -> bool:
+    return cfg.objective == "grpo"
+
+
+@dataclass
+class PromptDoc(Example):
+    """A prompt's tokens (nothing trained), the row's other columns and where the row is."""
+
+    columns: dict = field(default_factory=dict)
+    prompt: Any = None
+    where: str = ""
+
+
+@dataclass
+class PromptData:
+    prompts: list[PromptDoc]
+    max_completion_length: int
+
+    def train_lengths(self) -> list[int]:
+        return [len(p) + self.max_completion_length for p in self.prompts]
+
+
+def _prompt_of(row: dict, ds, where: str) -> tuple[Any, dict]:
+    """(the prompt as the row gives it, the other columns); see the module doc."""
+    if ds.field_prompt in row:
+        return row[ds.field_prompt], {k: v for k, v in row.items() if k != ds.field_prompt}
+    messages = row.get(ds.field_messages)
+    if isinstance(messages, list) and messages:
+        last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
+        columns = {k: v for k, v in row.items() if k != ds.field_messages}
+        if last is None:
+            return messages, columns
+        columns.setdefault("answer", messages[last].get("content"))
+        if last == 0:
+            raise DataError(f"{where}: the chat has no message before its assistant reply; GRPO needs a prompt")
+        return messages[:last], columns
+    raise DataError(
+        f"{where}: objective grpo reads a '{ds.field_prompt}' (text or messages) or a '{ds.field_messages}' chat "
+        f"from each row; this row has {sorted(row)}"
+    )
+
+
+def load_prompts(cfg: TrainConfig, tokenizer, vision=None) -> PromptData:
+    """Every data source's prompts, tokenised (chat prompts through the template), cut to max_prompt_length."""
+    if vision is not None:
+        raise ConfigError("objective grpo trains text prompts only for now; a vision-language model's images are not")
+    docs: list[PromptDoc] = []
+    kwargs = cfg.chat_template_kwargs or None
+    for ds in cfg.resolved_datasets():
+        src = open_source(ds)
+        for where, row in src.rows():
+            row = decode_json_cells(row, (ds.field_prompt, ds.field_messages))
+            prompt, columns = _prompt_of(row, ds, where)
+            text = prompt if isinstance(prompt, str) else render(tokenizer, prompt, generation_prompt=True,
+                                                                 template_kwargs=kwargs)  # fmt: skip
+            ids = tokenizer(text, add_special_tokens=isinstance(prompt, str))["input_ids"][-cfg.max_prompt_length :]
+            if not ids:
+                raise DataError(f"{where}: the prompt is empty")
+            docs.append(PromptDoc(ids, [0] * len(ids), columns=columns, prompt=prompt, where=where))
+    if not docs:
+        raise DataError("objective grpo found no prompts in the data")
+    return PromptData(docs, cfg.max_completion_length)
+
+
+def prepare_prompts(cfg: TrainConfig, tokenizer, loaded: PromptData) -> PreparedData:
+    """One prompt a bin (a micro-batch of micro_batch_size prompts); nothing held out (no eval loss for grpo)."""
+    n = len(loaded.prompts)
+    stats = PackStats(examples_in=n, examples_packed=n, bins=n, tokens=sum(map(len, loaded.prompts)))
+    stats.capacity = stats.tokens
+    logger.info(
+        "data: %d prompts; each step samples %d completions of each of its %d prompts (micro_batch_size x "
+        "gradient_accumulation_steps)",
+        n, cfg.num_generations, cfg.micro_batch_size * cfg.gradient_accumulation_steps,
+    )  # fmt: skip
+    return PreparedData([[p] for p in loaded.prompts], [], stats, [], [], cfg.sequence_len)
+
+
+class Rollouts:
+    """Each step's window for an on-policy objective (see the module doc)."""
+
+    def __init__(self, cfg: TrainConfig, objective, tokenizer, model, device, autocast=None, world: int = 1):
+        if world > 1:
+            raise ConfigError("objective grpo runs in one process for now; drop --nproc / torchrun")
+        self.cfg, self.objective, self.tokenizer, self.model, self.device = cfg, objective, tokenizer, model, device
+        self.funcs = load_reward_funcs(cfg.reward_funcs, cfg.max_completion_length)
+        self.stop = eos_ids(model, tokenizer)
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (self.stop or [0])[0]
+        self.collate = CompletionCollator(pad_token_id=self.pad)
+        self.autocast = autocast
+        self.batches: list[dict] = []
+        self.lens: list[int] = []
+        self.left = 0  # optimizer steps the current batch of completions still serves
+
+    def _autocast(self):
+        return self.autocast() if self.autocast is not None else contextlib.nullcontext()
+
+    def window(self, stream, micro_batches: int, step: int) -> list[dict]:
+        """The step's packs (on the device): completions of the stream's next `micro_batches` micro-batches of
+        prompts when the last batch has served its num_iterations steps, else the last batch again."""
+        if self.left == 0:
+            prompts = [d for _ in range(micro_batches) for d in stream.next_docs()]
+            self.batches = self._generate(prompts, step)
+            self.left = self.cfg.num_iterations
+        self.left -= 1
+        return self.batches
+
+    def _generate(self, prompts: list[PromptDoc], step: int) -> list[dict]:
+        cfg, G = self.cfg, self.cfg.num_generations
+        t0 = time.perf_counter()
+        with self._autocast():
+            groups = sample_groups(self.model, [p.input_ids for p in prompts], G, cfg.max_completion_length, self.stop,
+                                   cfg.temperature, cfg.top_p, seed=cfg.seed * 1_000_003 + step, pad_token_id=self.pad)  # fmt: skip
+        gen_time = time.perf_counter() - t0
+        rolls = [r for g in groups for r in g]
+        texts = self.tokenizer.batch_decode([r.ids for r in rolls], skip_special_tokens=True)
+        rows = [p for p in prompts for _ in range(G)]
+        columns = {k: [p.columns.get(k) for p in rows] for k in {k for p in prompts for k in p.columns}}
+        rewards = score(self.funcs, [p.prompt for p in rows], texts, [r.ids for r in rolls], columns,
+                        [p.where for p in rows])  # fmt: skip
+        total = weighted(rewards, cfg.reward_weights)
+        adv = group_advantages(total, G, cfg.scale_rewards).tolist()
+        comps = []
+        for p, r, a in zip(rows, rolls, adv):
+            train = 0 if (r.truncated and cfg.mask_truncated_completions) or not r.ids else 1
+            ids = r.ids or [self.pad]  # (an empty completion cannot happen: decoding adds at least one token)
+            comps.append(Completion(p.input_ids + ids, [0] * len(p) + [train] * len(ids), advantage=a))
+        seq_len = max([cfg.sequence_len, *map(len, comps)])
+        bins = pack_completions(comps, seq_len)
+        self.lens = [len(c) for b in bins for c in b]
+        batches = [to_device(self.collate(b), self.device) for b in bins]
+        with self._autocast():  # (old log-probs in the precision of the loss's forward)
+            self.objective.prepare(self.model, batches)
+        lengths = torch.tensor([len(r.ids) for r in rolls], dtype=torch.float64)
+        self.objective.rollout = {
+            **reward_metrics(self.funcs, rewards, total, G),
+            "completions/mean_length": float(lengths.mean()),
+            "completions/max_length": float(lengths.max()),
+            "completions/clipped_ratio": sum(r.truncated for r in rolls) / len(rolls),
+            "time/generation_s": gen_time,
+            "gen_tokens_per_s": float(lengths.sum()) / max(gen_time, 1e-9),
+        }
+        return batches
