@@ -21,6 +21,7 @@ from hybridtune.runtime.distributed import LossModule
 from hybridtune.runtime.model import build_model
 from hybridtune.train.objectives import build_objective
 from hybridtune.train.objectives.grpo import Completion, CompletionCollator, group_advantages, pack_completions
+from hybridtune.train.objectives.preference import check_keys
 
 SEED = 5
 G = 4  # num_generations
@@ -193,3 +194,5 @@ def test_a_loss_type_of_another_objective_is_one_line():
         load_config(None, {"objective": "grpo", "beta": -0.1})
     assert build_objective(load_config(None, {"objective": "grpo", "beta": 0}), True).needs_reference is False
     assert build_objective(load_config(None, {"objective": "dpo"}), True).loss_type == "sigmoid"
+    with pytest.raises(ConfigError, match="'num_generations' is set but means nothing for objective 'sft'"):
+        check_keys(load_config(None, {"num_generations": 4}))

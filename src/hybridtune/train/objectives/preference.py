@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 from collections import Counter
 
@@ -20,6 +21,7 @@ import torch
 
 from hybridtune.batch import CU_SEQ_LENS_Q, LABELS, NUM_PAIRS, PAIR_INDEX, PAIR_SIDE
 from hybridtune.config import TrainConfig
+from hybridtune.config_grpo import GRPOKeys
 from hybridtune.config_schema import PRESET_SEQUENCE_LEN
 from hybridtune.data import IGNORE_INDEX, PackedCollator
 from hybridtune.data.build import LoadedData, PreparedData, prepare
@@ -99,6 +101,7 @@ def check_keys(cfg: TrainConfig) -> None:
         "label_smoothing": ("dpo", "simpo"),
         "rpo_alpha": ("dpo", "simpo"),
         "simpo_gamma": ("simpo",),
+        **{f.name: ("grpo",) for f in dataclasses.fields(GRPOKeys)},
     }
     for key, objectives in owners.items():
         if getattr(cfg, key) != getattr(defaults, key) and cfg.objective not in objectives:
