@@ -14,7 +14,8 @@ from hybridtune.errors import DataError, UserError
 from hybridtune.infer.generate import add_model_args, image_arg, open_for_generation, sampling_of, utf8_text, vision_of
 from hybridtune.runtime.generation import Sampling, complete, not_vision, render, with_image_text
 
-HELP = "commands: /image PATH (an image for your next message), /reset (forget the conversation), /exit (or Ctrl-D)"
+HELP = "commands: /reset (forget the conversation), /exit (or Ctrl-D)"
+IMAGE_HELP = "commands: /image PATH (an image for your next message), " + HELP.removeprefix("commands: ")
 IMAGE_COMMAND = "/image"
 
 
@@ -43,7 +44,7 @@ def chat_loop(
     messages = list(start)
     pending = list(images or [])  # the images of the next user turn
     if tty:
-        print(HELP, file=stdout)
+        print(HELP if vision is None else IMAGE_HELP, file=stdout)
     n = 0
     while True:
         n += 1
