@@ -29,7 +29,7 @@ from hybridtune.data.packing import Example, fit_to_length
 from hybridtune.data.pairs import PREFERENCE, Pair, is_preference
 from hybridtune.data.sources import ACCEPTED, open_source
 from hybridtune.errors import ConfigError, DataError
-from hybridtune.infer.generate import MODEL_HELP, template_kwargs
+from hybridtune.infer.generate import MODEL_HELP, template_kwargs, vision_of
 from hybridtune.infer.load import Opened, open_model, recorded_run
 from hybridtune.runtime.choices import choose_bf16, measure, pick_device
 from hybridtune.runtime.distributed import ONE, LossModule
@@ -71,15 +71,16 @@ def eval_config(run: TrainConfig | None, overrides: dict, data: dict | None = No
     return load_config(None, {**base, **overrides}, warn=False)
 
 
-def eval_examples(cfg: TrainConfig, tokenizer, split: str) -> tuple[list[Example], int]:
+def eval_examples(cfg: TrainConfig, tokenizer, split: str, vision=None) -> tuple[list[Example], int]:
     """The examples evaluated, and how many were dropped as longer than sequence_len (or without a scored token);
     a `sequence_len: auto` is decided in `cfg` (`all`: the smallest power of two holding every example).
 
     `heldout`: the trainer's own held-out examples (`data.build.prepare`, capped at eval_max_examples). `all`:
     every example of the data, prepared as the held-out ones are (overlong ones dropped, not truncated). Of
-    preference pairs, the chosen replies (as the trainer evaluates them)."""
+    preference pairs, the chosen replies (as the trainer evaluates them). `vision`: a vision-language model's
+    (data/vision.py), which takes the rows' images as training does."""
     if split == "heldout":
-        loaded = load_data(cfg, tokenizer)
+        loaded = load_data(cfg, tokenizer, vision)
         pairs = any(src.fmt == PREFERENCE for src in loaded.sources)
         data = prepare_pairs(cfg, loaded) if pairs else prepare(cfg, tokenizer, loaded)
         held, cfg.sequence_len = data.eval_examples, data.sequence_len  # (a run's own, or auto's 256)
@@ -89,7 +90,9 @@ def eval_examples(cfg: TrainConfig, tokenizer, split: str) -> tuple[list[Example
     examples: list[Example] = []
     for ds in cfg.resolved_datasets():
         kwargs = cfg.chat_template_kwargs
-        got = load_examples(ds, tokenizer, cfg.train_on_inputs, cfg.dataset_num_proc, template_kwargs=kwargs)
+        got = load_examples(
+            ds, tokenizer, cfg.train_on_inputs, cfg.dataset_num_proc, template_kwargs=kwargs, vision=vision
+        )
         examples.extend(e.docs()[0] if isinstance(e, Pair) else e for e in got)
     if cfg.sequence_len == "auto":  # a model outside a run: every example whole
         cfg.sequence_len = covering_length([len(e) for e in examples], 1.0)
@@ -130,7 +133,8 @@ def as_trained(model: torch.nn.Module, bf16: bool) -> None:
 def run_eval(opened: Opened, cfg: TrainConfig, split: str = "all", device: str = "cpu") -> dict:
     """The eval of `opened` (opened with `patched=True`) on the data of `cfg`; the trainer's numbers for the same
     examples, plus perplexity and token counts."""
-    examples, dropped = eval_examples(cfg, opened.tokenizer, split)
+    vision = vision_of(opened, False, cfg)  # a vision-language model's image processor (None for a text model)
+    examples, dropped = eval_examples(cfg, opened.tokenizer, split, vision)
     dev = pick_device(device)
     bf16 = choose_bf16(cfg, measure(cfg, dev, ONE)).value
     as_trained(opened.model, bf16)
@@ -139,7 +143,7 @@ def run_eval(opened: Opened, cfg: TrainConfig, split: str = "all", device: str =
     def autocast():
         return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16)
 
-    res = evaluate(LossModule(model), examples, cfg.sequence_len, dev, autocast, ONE, PackedCollator())
+    res = evaluate(LossModule(model), examples, cfg.sequence_len, dev, autocast, ONE, PackedCollator(vision=vision))
     formats = data_formats(cfg)
     scored = sum(sum(e.loss_mask[1:]) for e in examples)  # targets: masked-in tokens past each document's first
     return {

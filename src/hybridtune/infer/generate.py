@@ -146,14 +146,15 @@ def has_images(prompts: list) -> bool:
     )
 
 
-def vision_of(opened, needed: bool):
-    """The opened model's image side (runtime.vision.vision_for: its processor, the run's min/max_pixels), or None
-    for a text model; when `needed` (the prompts hold images), a text model is one ModelError line."""
+def vision_of(opened, needed: bool, run=None):
+    """The opened model's image side (runtime.vision.vision_for: its processor, the min/max_pixels of `run`, else
+    of the run it comes from), or None for a text model; when `needed` (the prompts hold images), a text model is
+    one ModelError line."""
     from hybridtune.runtime.vision import vision_for  # why here: torch-bound, past argument parsing
 
     loaded = opened.loaded
     source = loaded.source_dir if loaded is not None else opened.path
-    run = opened.run
+    run = run if run is not None else opened.run
     vision = vision_for(source, opened.tokenizer, getattr(run, "min_pixels", None), getattr(run, "max_pixels", None))
     if vision is None and needed:
         raise not_vision(opened.name)
