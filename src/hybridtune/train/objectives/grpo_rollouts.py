@@ -147,7 +147,7 @@ class Rollouts:
         t0 = time.perf_counter()
         with self._autocast():
             groups = sample_groups(self.model, [p.input_ids for p in prompts], G, cfg.max_completion_length, self.stop,
-                                   cfg.temperature, cfg.top_p, seed=cfg.seed * 1_000_003 + step, pad_token_id=self.pad)  # fmt: skip
+                                   cfg.temperature, cfg.top_p, seed=(cfg.seed * 1_000_003 + step) << 24, pad_token_id=self.pad)  # fmt: skip
         gen_time = time.perf_counter() - t0
         rolls = [r for g in groups for r in g]
         texts = self.tokenizer.batch_decode([r.ids for r in rolls], skip_special_tokens=True)
