@@ -95,3 +95,27 @@ def test_a_reward_that_fails_mid_run_keeps_the_steps_done(tmp_path, data, capsys
     assert code == 2
     assert "reward function" in err[-1] and "late' raised RuntimeError: boom on row " in err[-1], err[-1]
     assert (tmp_path / "run" / "checkpoint-2" / "checkpoint.json").is_file()  # steps 1 and 2 kept
+
+
+def test_prompts_from_chats_and_prompt_rows_and_a_bad_row(tmp_path):
+    from hybridtune.config import load_config
+    from hybridtune.errors import DataError
+    from hybridtune.models.loading import tokenizer_for
+    from hybridtune.train.objectives.grpo_rollouts import load_prompts
+
+    tok = tokenizer_for("tiny-qwen3_5")
+    chats = [{"messages": [{"role": "user", "content": "2+2="}, {"role": "assistant", "content": "4"}]}]
+    rows = [{"prompt": "a long plain prompt " * 20, "answer": "x", "level": 3}]
+    (tmp_path / "c.jsonl").write_text(json.dumps(chats[0]) + "\n")
+    (tmp_path / "p.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    cfg = load_config(None, {"objective": "grpo", "max_prompt_length": 16,
+                             "datasets": [{"path": str(tmp_path / "c.jsonl")}, {"path": str(tmp_path / "p.jsonl")}]})  # fmt: skip
+    chat, plain = load_prompts(cfg, tok).prompts
+    assert tok.decode(chat.input_ids) == "<|im_start|>user\n2+2=<|im_end|>\n<|im_start|>assistant\n"
+    assert chat.columns == {"answer": "4"} and chat.where.endswith("c.jsonl:1") and set(chat.loss_mask) == {0}
+    assert len(plain.input_ids) == 16 and plain.columns == {"answer": "x", "level": 3}  # its last 16 tokens
+    assert tok.decode(plain.input_ids).endswith("plain prompt ")
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"question": "?"}) + "\n")
+    cfg = load_config(None, {"objective": "grpo", "dataset": str(tmp_path / "bad.jsonl")})
+    with pytest.raises(DataError, match=r"bad.jsonl:1: objective grpo reads a 'prompt' .* this row has \['question'\]"):
+        load_prompts(cfg, tok)
