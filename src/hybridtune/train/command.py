@@ -207,6 +207,9 @@ def _train_or_say(cfg) -> int:
         return e.exit_code
 
 
+_KEPT: list = []  # the finished trainer of a torchrun rank, freed by the process's end only (see _train)
+
+
 def _train(cfg) -> int:
     # Imported here, past argument parsing: `hybridtune train --help` and a config error answer without loading
     # torch and transformers.
@@ -239,6 +242,11 @@ def _train(cfg) -> int:
         if trainer is not None:
             trainer.close()
             distributed.shutdown(trainer.dist)
+            if trainer.dist.enabled:
+                # Kept alive to the rank's os._exit (_leave): freeing it here ran DDP's Reducer destructor after
+                # the process group was destroyed, whose gloo group then waited on a lock for ever (a rank that
+                # never exited after 'done'; seen with py-spy --native).
+                _KEPT.append(trainer)
     if result.interrupted:
         return 128 + signal.SIGTERM if result.signal == "SIGTERM" else 130  # the shell's convention
     if not trainer.dist.is_main:
