@@ -8,7 +8,6 @@ import copy
 import io
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -19,6 +18,7 @@ from hybridtune.errors import ConfigError
 from hybridtune.infer import chat as chat_command
 from hybridtune.infer import generate as generate_command
 from hybridtune.infer.evaluate import eval_examples
+from hybridtune.infer.load import Opened
 from hybridtune.models.tokenizer_files import bundled_tokenizer
 from hybridtune.runtime import generation
 
@@ -96,7 +96,7 @@ def test_generate_and_chat_render_with_the_option(qwen, monkeypatch, capsys):
 
     monkeypatch.setattr(generation, "complete", complete)
     monkeypatch.setattr(chat_command, "complete", complete)
-    opened = SimpleNamespace(model=None, tokenizer=qwen)
+    opened = Opened(model=None, tokenizer=qwen, kind="named", name="m", path=None)  # a text model: no vision
     monkeypatch.setattr(generate_command, "open_for_generation", lambda args: opened)
     monkeypatch.setattr(chat_command, "open_for_generation", lambda args: opened)
     flag = ["--chat_template_kwargs", '{"enable_thinking": false}']
