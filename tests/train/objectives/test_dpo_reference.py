@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from objective_grads import grads
 
 from hybridtune.config import load_config
 from hybridtune.data.collator import StaticLayout
@@ -147,13 +148,6 @@ def ours(model, obj, pairs, packed: bool, static: bool = False, seq_len: int = 6
     engine = LossModule(model, obj)
     total = sum(engine(b, n) for b in batches)
     return total, obj.step_metrics()
-
-
-def grads(params) -> list[torch.Tensor]:
-    out = [p.grad.clone() for p in params]
-    for p in params:
-        p.grad = None
-    return out
 
 
 CASES = [

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from objective_grads import grads
 
 from hybridtune.config import load_config
 from hybridtune.data.collator import StaticLayout
@@ -121,13 +122,6 @@ def trl_reference(model, base, rows, adv, old, masked, cfg):
     if cfg.beta > 0:
         metrics["kl"] = kl_sum / tokens
     return loss, metrics
-
-
-def grads(params) -> list[torch.Tensor]:
-    out = [p.grad.clone() for p in params]
-    for p in params:
-        p.grad = None
-    return out
 
 
 CASES = [
