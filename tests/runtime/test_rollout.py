@@ -89,3 +89,39 @@ def test_top_p_is_transformers_warper():
     for p in (0.3, 0.8, 0.95):
         want = TopPLogitsWarper(p)(None, logits.clone())
         assert torch.equal(filter_top_p(logits, p), want)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_prompts_of_different_lengths_decoded_together_equal_each_alone(preset):
+    """sample_groups decodes every prompt's rows in one left-padded static state: each prompt's group equals the
+    group sampled with that prompt alone (same seeds), token for token, and the buffers are reused by the next
+    rollout of the same size."""
+    model = policy(preset, "lora")
+    ps = prompts(3, seed=11)
+    assert len({len(p) for p in ps}) > 1
+    together = sample_groups(model, ps, 2, 7, [], temperature=1.1, seed=40)
+    kept = model._hybridtune_decoder
+    assert sample_groups(model, ps, 2, 7, [], temperature=1.1, seed=40) == together
+    assert model._hybridtune_decoder is kept  # same rows and length: the same buffers
+    for i, p in enumerate(ps):
+        gens = [torch.Generator().manual_seed(40 + i * 2 + j) for j in range(2)]
+        assert together[i] == sample_group(model, p, gens, 7, stop=[], temperature=1.1)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compiled_decoder_equals_the_eager_one_on_cuda(caplog):
+    """On a GPU the decode step is compiled with CUDA graphs, checked, and then decodes as the eager step does: fp32
+    (no autocast), greedy, 40 tokens for 6 rows of different prompts."""
+    model = policy("tiny-qwen3_5", "lora").cuda()
+    ps = prompts(6, seed=5)
+    from hybridtune.runtime import rollout
+
+    with caplog.at_level("INFO", logger="hybridtune.runtime.rollout"):
+        got = sample_groups(model, ps, 1, 40, [], temperature=0.0)
+    assert model._hybridtune_decoder.how == "compiled, CUDA graphs", caplog.text
+    eager = rollout.Decoder(model, 6, model._hybridtune_decoder.length, torch.device("cuda"))
+    eager.compiled = False
+    object.__setattr__(model, "_hybridtune_decoder", eager)
+    want = sample_groups(model, ps, 1, 40, [], temperature=0.0)
+    assert got == want
