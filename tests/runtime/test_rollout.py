@@ -119,7 +119,7 @@ def test_compiled_decoder_equals_the_eager_one_on_cuda(caplog):
 
     with caplog.at_level("INFO", logger="hybridtune.runtime.rollout"):
         got = sample_groups(model, ps, 1, 40, [], temperature=0.0)
-    assert model._hybridtune_decoder.how == "compiled, CUDA graphs", caplog.text
+    assert model._hybridtune_decoder.how in ("compiled, CUDA graphs", "one CUDA graph"), caplog.text
     eager = rollout.Decoder(model, 6, model._hybridtune_decoder.length, torch.device("cuda"))
     eager.compiled = False
     object.__setattr__(model, "_hybridtune_decoder", eager)

@@ -90,7 +90,7 @@ class Decoder:
         self.model, self.rows, self.length, self.device = model, rows, length, device
         self.cache = StaticCache(config=text_config(model), max_batch_size=rows, max_cache_len=length)
         self.mask = torch.zeros(rows, length, dtype=torch.long, device=device)  # 1: a real token (prompt or new)
-        self.compiled = None  # the compiled step; None: not tried yet; False: the eager step (failed or not a GPU)
+        self.compiled = None  # the graphed step; None: not tried yet; False: the eager step (failed or not a GPU)
         self.how = "eager"
 
     def _step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -122,36 +122,78 @@ class Decoder:
         if self.compiled is None:
             self.compiled = self._compile(tok, pos)
         if self.compiled:
-            return self.compiled(tok, pos).clone()  # a CUDA graph's output is overwritten by its next replay
+            return self.compiled(tok, pos).float().clone()  # a CUDA graph's output is overwritten by its next replay
         return self._step(tok, pos)
 
     def _compile(self, tok: torch.Tensor, pos: torch.Tensor):
-        """The compiled step, checked against the eager step on this state (module doc), or False."""
+        """The fastest step that passes the check of the module doc: the step compiled with CUDA graphs, else the
+        eager step captured in one CUDA graph, else False (the eager step), each failure said once."""
         if self.device.type != "cuda":
             return False
         saved = _state(self.cache)
         want = self._step(tok, pos)
         _restore(self.cache, saved)
-        try:
-            fn = torch.compile(self._step, mode="reduce-overhead", fullgraph=True, dynamic=False)
-            got = fn(tok, pos)
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001 - any compile failure: the eager step, said once
+        for how, make in (("compiled, CUDA graphs", self._compiled), ("one CUDA graph", self._captured)):
+            try:
+                fn = make(tok, pos, saved)
+                got = fn(tok, pos)
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001 - any failure: the next way, said once
+                _restore(self.cache, saved)
+                why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+                logger.warning("rollout decoder: the %s step failed (%s)", how, why)
+                continue
             _restore(self.cache, saved)
-            logger.warning("rollout decoder: the compiled step failed (%s); decoding eagerly (slower)",
-                           str(e).splitlines()[0][:200] if str(e) else type(e).__name__)  # fmt: skip
-            return False
-        err = (got - want).abs().max().item()
-        scale = want.abs().max().item() or 1.0
-        if not err <= 2e-2 * scale:  # bf16 rounding of a different kernel order; NaN fails too
+            err = (got.float() - want).abs().max().item()
+            scale = want.abs().max().item() or 1.0
+            if not err <= 2e-2 * scale:  # bf16 rounding of another kernel order; NaN fails too
+                logger.warning("rollout decoder: the %s step's logits differ from the eager step's (max %.3g of %.3g)",
+                               how, err, scale)  # fmt: skip
+                continue
+            self.how = how
+            logger.info("rollout decoder: %d rows x %d tokens, %s (checked against the eager step: max logit "
+                        "difference %.3g of %.3g)", self.rows, self.length, how, err, scale)  # fmt: skip
+            return fn
+        logger.warning("rollout decoder: decoding eagerly, a kernel launch per op per token (slower)")
+        return False
+
+    def _compiled(self, tok, pos, saved):
+        fn = torch.compile(self._step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+        for _ in range(3):  # cudagraph trees record on the second or third call
+            fn(tok, pos)
             _restore(self.cache, saved)
-            logger.warning("rollout decoder: the compiled step's logits differ from the eager step's (max %.3g of %.3g); "
-                           "decoding eagerly (slower)", err, scale)  # fmt: skip
-            return False
-        self.how = "compiled, CUDA graphs"
-        logger.info("rollout decoder: %d rows x %d tokens, compiled step (CUDA graphs) checked against eager "
-                    "(max logit difference %.3g of %.3g)", self.rows, self.length, err, scale)  # fmt: skip
         return fn
+
+    def _captured(self, tok, pos, saved):
+        """The eager step recorded once as a CUDA graph over static input buffers (autocast's weight cache off: a
+        cached cast made inside the capture would be freed after it)."""
+        static_tok, static_pos = tok.clone(), pos.clone()
+        amp = torch.is_autocast_enabled("cuda")
+        dtype = torch.get_autocast_dtype("cuda")
+
+        def run():
+            with torch.autocast("cuda", dtype=dtype, enabled=amp, cache_enabled=False):
+                return self._step(static_tok, static_pos)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # Triton autotuning and lazy allocations happen before the capture
+                run()
+                _restore(self.cache, saved)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = run()
+        _restore(self.cache, saved)
+
+        def replay(t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+            static_tok.copy_(t)
+            static_pos.copy_(p)
+            graph.replay()
+            return out
+
+        return replay
 
 
 def _state(cache) -> list[tuple[object, str, object]]:

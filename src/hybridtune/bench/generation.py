@@ -1,0 +1,141 @@
+"""Rollout generation speed: the in-process decoder of on-policy training (runtime/rollout.py) beside transformers'
+`generate` on the same model and prompts (issue 38's question), one process.
+
+    python -m hybridtune.bench.generation [--base_model qwen3_5-2b] [--adapter lora] [--rows 64] [--new_tokens 512]
+        [--prompt_tokens 64-512] [--output_dir DIR] [--results benchmarks/results.jsonl]
+
+Both sample (temperature 1, no top-p) exactly `new_tokens` tokens per row (no end-of-turn stops: random weights end
+turns at random, and both must do the same work), under bf16 autocast as the trainer's rollouts run. Each is run
+once to warm up (the decoder's first call compiles its step) and then timed (CUDA synchronised); tokens/s counts the
+new tokens. The model is the preset's shape with random weights (or a checkpoint), LoRA r=16 as train builds it.
+Writes DIR/generation.json and, with --results, one row per decoder to the results table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def _prompts(rows: int, low: int, high: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(low, high + 1, (rows,), generator=g)
+    return [torch.randint(0, vocab, (int(n),), generator=g).tolist() for n in lengths]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def hf_generate(model, prompts: list[list[int]], new_tokens: int, pad: int, device: torch.device) -> float:
+    """transformers' generate on the left-padded batch, sampling exactly `new_tokens` per row; its seconds."""
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p) :] = torch.tensor(p)
+        mask[r, width - len(p) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    _sync(device)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=True, temperature=1.0, top_p=1.0, top_k=None, pad_token_id=pad)  # fmt: skip
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    assert out.shape[1] == width + new_tokens, out.shape
+    return seconds
+
+
+def ours(model, prompts: list[list[int]], new_tokens: int, pad: int, device: torch.device) -> float:
+    from hybridtune.runtime.rollout import sample_groups
+
+    _sync(device)
+    t0 = time.perf_counter()
+    groups = sample_groups(model, prompts, 1, new_tokens, [], temperature=1.0, seed=3, pad_token_id=pad)
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    assert all(len(g[0].ids) == new_tokens for g in groups)
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hybridtune.bench.generation", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base_model", default="qwen3_5-2b")
+    ap.add_argument("--adapter", default="lora", choices=["lora", "full"])
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--new_tokens", type=int, default=512)
+    ap.add_argument("--prompt_tokens", default="64-512", help="LOW-HIGH: each prompt's length, uniform")
+    ap.add_argument("--output_dir", default="outputs/bench-generation")
+    ap.add_argument("--results", default=None, help="append one row per decoder to this results table")
+    ap.add_argument("--only", choices=["hf", "ours"], default=None, help="run one decoder")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    from hybridtune.bench import results
+    from hybridtune.config import load_config
+    from hybridtune.models.hub import resolve_source
+    from hybridtune.models.loading import tokenizer_for
+    from hybridtune.runtime.model import build_model
+
+    low, high = (int(x) for x in a.prompt_tokens.split("-"))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    bf16 = device.type == "cuda"
+    cfg = load_config(None, {"base_model": a.base_model, "adapter": a.adapter, "lora_r": 16, "seed": 0})
+    tok = tokenizer_for(a.base_model)
+    model = build_model(cfg, resolve_source(a.base_model), tok, device, bf16=bf16).model
+    model.eval()
+    vocab = min(len(tok), model.get_input_embeddings().weight.shape[0])
+    prompts = _prompts(a.rows, low, high, vocab, seed=1)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+    doc = {"base_model": a.base_model, "adapter": a.adapter, "rows": a.rows, "new_tokens": a.new_tokens,
+           "prompt_tokens": [low, high], "device": torch.cuda.get_device_name(0) if bf16 else "cpu", "decoders": {}}  # fmt: skip
+    for name, fn in (("hf-generate", hf_generate), ("ht-rollout", ours)):
+        if a.only and not name.endswith(a.only) and not (a.only == "hf" and name == "hf-generate"):
+            continue
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        with amp:
+            first = fn(model, prompts, a.new_tokens, pad, device)  # warm: compiles (ours), autotunes (both)
+            timed = fn(model, prompts, a.new_tokens, pad, device)
+        tps = a.rows * a.new_tokens / timed
+        peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+        how = getattr(getattr(model, "_hybridtune_decoder", None), "how", None) if name == "ht-rollout" else "generate"
+        doc["decoders"][name] = {"first_s": first, "seconds": timed, "tokens_per_s": tps, "peak_gib": peak, "how": how}
+        print(f"{name}: {tps:,.0f} new tokens/s ({timed:.2f} s timed, first call {first:.2f} s, {how})", flush=True)
+    d = doc["decoders"]
+    if len(d) == 2:
+        doc["speedup"] = d["ht-rollout"]["tokens_per_s"] / d["hf-generate"]["tokens_per_s"]
+        print(f"speedup: {doc['speedup']:.2f}x", flush=True)
+    out = Path(a.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "generation.json").write_text(json.dumps(doc, indent=1) + "\n")
+    if a.results:
+        prov = results.provenance_here(doc["device"])
+        command = "python -m hybridtune.bench.generation " + " ".join(argv if argv is not None else sys.argv[1:])
+        rows = []
+        for name, r in d.items():
+            rows.append(prov | {
+                "command": command, "tool": "bench-generation", "shape": a.base_model, "seq_len": high + a.new_tokens,
+                "mode": name, "adapter": "lora r=16" if a.adapter == "lora" else "full", "gpus": 1,
+                "tokens_per_s": r["tokens_per_s"], "step_ms": None, "peak_gib": r["peak_gib"], "mfu": None,
+                "hfu": None, "loss_step1": None, "loss_last10": None, "first_step_s": r["first_s"], "status": "ok",
+                "source": str(out / "generation.json"),
+                "note": f"{a.rows} rows x {a.new_tokens} new tokens sampled, prompts {low}-{high} tokens; {r['how']}",
+            })  # fmt: skip
+        results.append(rows, Path(a.results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
