@@ -33,7 +33,7 @@ from hybridtune.files import atomic_write, open_regular
 logger = logging.getLogger(__name__)
 
 CACHE_SUBDIR = "hybridtune-tokenised"
-CACHE_FORMAT = 1  # bump when the cached file's layout changes
+CACHE_FORMAT = 2  # bump when the cached file's layout changes
 # Below this many rows per process, starting processes (and copying the tokenizer into each) costs more than the
 # tokenising it spreads: `dataset_num_proc: 0` (auto) gives each process at least this many rows.
 ROWS_PER_PROC = 2000
@@ -195,6 +195,7 @@ def _features():
                     "grid": datasets.List(datasets.Value("int32")),
                     "offset": datasets.Value("int32"),
                     "tokens": datasets.Value("int32"),
+                    "group": datasets.Value("int32"),
                 }
             ),
         }
@@ -346,7 +347,7 @@ def _examples(table) -> list[Example]:
     if column is None or not pc.sum(pc.list_value_length(column)).as_py():
         return [Example(i, m) for i, m in zip(ids, masks)]
     refs = [
-        tuple(ImageRef(r["source"], tuple(r["grid"]), r["offset"], r["tokens"]) for r in row)
+        tuple(ImageRef(r["source"], tuple(r["grid"]), r["offset"], r["tokens"], r["group"]) for r in row)
         for row in column.to_pylist()
     ]
     return [Example(i, m, r) for i, m, r in zip(ids, masks, refs)]

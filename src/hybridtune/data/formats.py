@@ -33,6 +33,7 @@ from hybridtune.data.rows import (
 )
 from hybridtune.data.template_budget import TemplateBudgetExceeded
 from hybridtune.data.template_fields import FieldNotRendered
+from hybridtune.data.video import is_video_part
 from hybridtune.errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def message_content(value: Any, where: str, what: str, images=None) -> str:
                 f"{where}: {what}: content part {k} is {_json_kind(part)} ({_shown(part)}); "
                 'expected {"type": "text", "text": ...}'
             )
-        if images is not None and is_image_part(part):
+        if images is not None and (is_image_part(part) or is_video_part(part)):
             texts.append(images.part(part, where, f"{what}, content part {k} ({part['type']})"))
             continue
         if part.get("type") != "text":

@@ -14,7 +14,10 @@ from hybridtune.errors import DataError
 MEDIA_COLUMNS = ("images", "videos", "audios")
 MEDIA_PLACEHOLDERS = ("<image>", "<video>", "<audio>")
 MEDIA_HELP = "hybridtune trains on text only for now: drop the row, or its media column and placeholders"
-VL_MEDIA_HELP = "hybridtune trains on text and images for now (no video or audio): drop the row, or its media"
+VL_MEDIA_HELP = (
+    'hybridtune reads videos as content parts ({"type": "video", "video": FOLDER or [frames], "fps": N}), not a '
+    "'videos' column or <video> placeholders, and no audio: rewrite the row, or drop its media"
+)
 
 
 def message_keys(ds: DatasetConfig) -> tuple[str, ...]:

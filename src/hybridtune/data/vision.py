@@ -25,6 +25,15 @@ from typing import Any
 
 from hybridtune.data.images import image_digest, image_source, is_image_part, load_image, part_reference
 from hybridtune.data.packing import Example
+from hybridtune.data.video import (
+    describe_video,
+    is_video_key,
+    is_video_part,
+    load_frames,
+    parse_key,
+    timestamps,
+    video_key,
+)
 from hybridtune.errors import DataError, ModelError
 
 logger = logging.getLogger(__name__)
@@ -34,24 +43,31 @@ LLAVA_PLACEHOLDER = "<image>"  # where a LLaVA-style row's next `images` item go
 
 @dataclass(frozen=True)
 class ImageRef:
-    """One image of a document: where it is read from, its (t, h, w) patch grid, its first visual token's index in
-    the document and its number of visual tokens."""
+    """One image of a document (or one temporal group of a video's frames): where it is read from, its (t, h, w)
+    patch grid, its first visual token's index in the document and its number of visual tokens."""
 
     source: str
     grid: tuple[int, int, int]
     offset: int
     tokens: int
+    group: int = -1  # a video's temporal group (data/video.py: `source` is its `video_key`); -1 for an image
 
 
 class Vision:
     """The image side of a checkpoint's processor (see the module docstring). `image_processor`: the checkpoint's
     (its `merge_size` and patch grid); the token ids are the model config's."""
 
-    def __init__(self, image_processor, tokenizer, image_token_id: int, start_id: int, end_id: int, video_id=None):
+    def __init__(
+        self, image_processor, tokenizer, image_token_id: int, start_id: int, end_id: int, video_id=None, video=None
+    ):
         self.image_processor = image_processor
+        self.video_processor = video  # data/video.py's `video_processor`: frames -> (pixel_values, grid); or None
+        self.tokenizer = tokenizer
         self.merge = int(getattr(image_processor, "merge_size", 1) or 1)
         self.image_token_id, self.video_token_id = int(image_token_id), video_id
+        self.start_id, self.end_id = int(start_id), int(end_id)
         tokens = tokenizer.convert_ids_to_tokens([int(start_id), int(image_token_id), int(end_id)])
+        self.video_token = tokenizer.convert_ids_to_tokens(int(video_id)) if video_id is not None else None
         # A tokenizer without the vision tokens (another model's, given as `tokenizer`) still trains text rows: the
         # first image refuses, saying why (`placeholder`).
         self.missing = None
@@ -64,6 +80,13 @@ class Vision:
         self.image_token = tokens[1]
         self._placeholder = "".join(t or "" for t in tokens)
 
+    def video_placeholder(self, where: str, what: str) -> str:
+        """What one video part renders as (vision start, the video token, vision end), as Qwen3.5's chat template
+        writes it; transformers 5.17's processor keeps these two around the video's frame groups."""
+        if self.video_token is None:
+            raise DataError(f"{where}: {what}: the model has no video token (video_token_id); drop the video part")
+        return self.placeholder.replace(self.image_token, self.video_token)
+
     @property
     def placeholder(self) -> str:
         """What one image part renders as: vision start, the image token, vision end."""
@@ -75,6 +98,9 @@ class Vision:
         """What the visual tokens of an image depend on: the image processor's settings and the tokens."""
         settings = self.image_processor.to_json_string() if hasattr(self.image_processor, "to_json_string") else ""
         parts = [type(self.image_processor).__name__, settings, self._placeholder, str(self.image_token_id)]
+        video = getattr(self.video_processor, "processor", None)
+        if video is not None and hasattr(video, "to_json_string"):
+            parts += [type(self.video_processor).__name__, video.to_json_string(), str(self.video_token_id)]
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
     def process(self, images: list) -> tuple[Any, Any]:
@@ -83,19 +109,44 @@ class Vision:
         return out["pixel_values"], out["image_grid_thw"]
 
     def pixels(self, refs: Sequence[ImageRef]):
-        """The vision tower's input for a pack's images (in order); a DataError when an image is gone or has
-        changed size since it was tokenised."""
+        """The vision tower's input for a pack's images and video frame groups (in order); a DataError when an image
+        is gone or has changed size since it was tokenised. A video's group is fed as an image of grid (1, h, w): the
+        tower attends within each frame group alone, so this equals the video run whole (data/video.py)."""
         import torch  # why here: data/ rows are torch-free until collation
 
-        images = [load_image(r.source, describe_ref(r), "image") for r in refs]
-        values, grid = self.process(images)
-        for r, g in zip(refs, grid.tolist()):
-            if tuple(g) != tuple(r.grid):
-                raise DataError(
-                    f"{describe_ref(r)}: the image changed since it was tokenised (patch grid {tuple(g)}, was "
-                    f"{tuple(r.grid)}); run again to tokenise the data anew"
-                )
-        return values.to(torch.float32), grid.to(torch.long)
+        stills = [r for r in refs if r.group < 0]
+        values, grid = (
+            self.process([load_image(r.source, describe_ref(r), "image") for r in stills]) if stills else (None, None)
+        )
+        for r, g in zip(stills, grid.tolist() if stills else ()):
+            _check_grid(r, g)
+        if len(stills) == len(refs):
+            return values.to(torch.float32), grid.to(torch.long)
+        chunks = iter(torch.split(values, grid.prod(-1).tolist())) if stills else iter(())
+        videos: dict[str, tuple] = {}
+        out = []
+        for r in refs:
+            if r.group < 0:
+                out.append(next(chunks))
+                continue
+            if r.source not in videos:
+                videos[r.source] = self.video(r.source, describe_ref(r), "video")
+            vals, (t, h, w) = videos[r.source]
+            _check_grid(r, (1, h, w) if r.group < t else (0, h, w))
+            out.append(vals[r.group * h * w : (r.group + 1) * h * w])
+        return torch.cat(out).to(torch.float32), torch.tensor([r.grid for r in refs], dtype=torch.long)
+
+    def video(self, source: str, where: str, what: str) -> tuple[Any, tuple[int, int, int]]:
+        """(pixel_values, (t, h, w)) of one video (`source`: a `video_key`), through the checkpoint's video
+        processor."""
+        if self.video_processor is None:
+            raise DataError(
+                f"{where}: {what}: the checkpoint has no video processor (video_preprocessor_config.json), so its "
+                "videos cannot be read; copy the processor files of its release beside it, or drop the part"
+            )
+        frames = load_frames(source, where, what, self.video_processor.temporal)
+        values, grid = self.video_processor(frames)
+        return values, tuple(int(x) for x in grid[0].tolist())
 
     def tokens_of(self, grid: Sequence[int]) -> int:
         t, h, w = grid
@@ -103,7 +154,17 @@ class Vision:
 
 
 def describe_ref(ref: ImageRef) -> str:
+    if is_video_key(ref.source):
+        return describe_video(ref.source)
     return ref.source if not ref.source.startswith("data:") else ref.source[:40] + "..."
+
+
+def _check_grid(r: ImageRef, g) -> None:
+    if tuple(g) != tuple(r.grid):
+        raise DataError(
+            f"{describe_ref(r)}: the image changed since it was tokenised (patch grid {tuple(g)}, was "
+            f"{tuple(r.grid)}); run again to tokenise the data anew"
+        )
 
 
 class RowImages:
@@ -146,6 +207,10 @@ class RowImages:
         return "".join(out)
 
     def part(self, part: dict, where: str, what: str) -> str:
+        if is_video_part(part):
+            self.sources.append(video_key(part, self.base, where, what))
+            self.whats.append(what)
+            return self.vision.video_placeholder(where, what)
         source = image_source(part_reference(part, where, what), self.base, where, what)
         self.sources.append(source)
         self.whats.append(what)
@@ -158,15 +223,16 @@ class RowImages:
                 f"{where}: column 'images' holds {len(self.pending)} image(s) but the text has {self.taken} "
                 f"{LLAVA_PLACEHOLDER} placeholder(s); put one {LLAVA_PLACEHOLDER} where each image goes"
             )
-        at = [i for i, t in enumerate(ex.input_ids) if t == v.image_token_id]
-        if v.video_token_id is not None and v.video_token_id in ex.input_ids:
+        kinds = {v.image_token_id: "image"} | ({v.video_token_id: "video"} if v.video_token_id is not None else {})
+        at = [i for i, t in enumerate(ex.input_ids) if t in kinds]
+        wanted = ["video" if is_video_key(s) else "image" for s in self.sources]
+        if [kinds[ex.input_ids[i]] for i in at] != wanted:
+            got = [kinds[ex.input_ids[i]] for i in at]
             raise DataError(
-                f"{where}: the row's text holds the model's video token; videos are not trained yet: drop the row"
-            )
-        if len(at) != len(self.sources):
-            raise DataError(
-                f"{where}: the rendered row holds {len(at)} image token(s) {v.image_token!r} for {len(self.sources)} "
-                "image part(s); remove image tokens written as text, or use a chat template that renders every part"
+                f"{where}: the rendered row holds {got.count('image')} image token(s) {v.image_token!r} and "
+                f"{got.count('video')} video token(s) for {wanted.count('image')} image part(s) and "
+                f"{wanted.count('video')} video part(s); remove such tokens written as text, or use a chat template "
+                "that renders every part"
             )
         if not at:
             return ex
@@ -174,16 +240,32 @@ class RowImages:
         for i, source, what in zip(at, self.sources, self.whats):
             ids += ex.input_ids[prev:i]
             mask += ex.loss_mask[prev:i]
+            prev = i + 1
+            if is_video_key(source):
+                self._video(source, where, what, ids, refs)
+                mask += [0] * (len(ids) - len(mask))  # never a target: timestamps and frames are the user's
+                continue
             _, grid = v.process([load_image(source, where, what)])
             g = tuple(int(x) for x in grid[0].tolist())
             n = v.tokens_of(g)
             refs.append(ImageRef(source, g, len(ids), n))
             ids += [v.image_token_id] * n
             mask += [0] * n  # never a target: the model predicts text, not image features
-            prev = i + 1
         ids += ex.input_ids[prev:]
         mask += ex.loss_mask[prev:]
         return Example(ids, mask, tuple(refs))
+
+    def _video(self, source: str, where: str, what: str, ids: list, refs: list) -> None:
+        """The video's tokens in place of its video token, as Qwen3VLProcessor writes them: per temporal group, its
+        timestamp `<t seconds>`, vision start, h*w/merge^2 video tokens, vision end (data/video.py)."""
+        v = self.vision
+        _, (t, h, w) = v.video(source, where, what)
+        frames, fps = parse_key(source)
+        n = h * w // (v.merge * v.merge)
+        for g, seconds in enumerate(timestamps(len(frames), fps, v.video_processor.temporal)[:t]):
+            ids += v.tokenizer.encode(f"<{seconds:.1f} seconds>", add_special_tokens=False) + [v.start_id]
+            refs.append(ImageRef(source, (1, h, w), len(ids), n, g))
+            ids += [v.video_token_id] * n + [v.end_id]
 
 
 def rope_positions(length: int, images: Sequence[ImageRef], merge: int):
@@ -207,8 +289,8 @@ def rope_positions(length: int, images: Sequence[ImageRef], merge: int):
 
 
 def row_references(value: Any) -> Iterable[dict]:
-    """Every image part anywhere in a row's value (messages, their content lists, prompt/completion lists)."""
-    if is_image_part(value):
+    """Every image or video part anywhere in a row's value (messages, their content lists, prompt/completion lists)."""
+    if is_image_part(value) or is_video_part(value):
         yield value
     elif isinstance(value, dict):
         for v in value.values():
@@ -238,11 +320,17 @@ def media_digest(rows: Iterable[tuple[dict, Path | None]], vision: Vision) -> st
         column = column_items(row.get("images")) if isinstance(row, dict) else None
         for part in [*row_references(row), *({"type": "image", "image": p} for p in column or ())]:
             try:
-                source = image_source(part_reference(part, "", ""), base, "", "")
+                if is_video_part(part):
+                    key = video_key(part, base, "", "")
+                    sources = [key, *parse_key(key)[0]]
+                else:
+                    sources = [image_source(part_reference(part, "", ""), base, "", "")]
             except DataError:
                 h.update(b"refused\0")
                 continue
-            h.update(source.encode() + b"\0" + image_digest(source).encode() + b"\0")
+            for source in sources:
+                digest = "video" if is_video_key(source) else image_digest(source)
+                h.update(source.encode() + b"\0" + digest.encode() + b"\0")
     return h.hexdigest()
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from hybridtune.batch import IMAGE_GRID_THW, INPUT_IDS, PIXEL_VALUES
+from hybridtune.data.video import video_processor
 from hybridtune.data.vision import Vision
 from hybridtune.errors import ModelError
 from hybridtune.models.anatomy import unwrap
@@ -39,11 +40,12 @@ def vision_for(source, tokenizer, min_pixels: int | None = None, max_pixels: int
         return None
     refuse_custom_code(directory)
     sizes = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
-    processor = _image_processor(directory, sizes)
+    processor, video = _image_processor(directory, sizes)
     ids = [cfg.get(k) for k in ("image_token_id", "vision_start_token_id", "vision_end_token_id")]
     if any(i is None for i in ids):
         raise ModelError(f"{cfg_file} has image_token_id but no vision_start_token_id / vision_end_token_id")
-    vision = Vision(processor, tokenizer, *ids, video_id=cfg.get("video_token_id"))
+    video = video_processor(directory, video) if cfg.get("video_token_id") is not None else None
+    vision = Vision(processor, tokenizer, *ids, video_id=cfg.get("video_token_id"), video=video)
     logger.info(
         "vision: %s from %s (merge %d, resize bounds %s)", type(processor).__name__, directory, vision.merge, sizes or
         "the checkpoint's",
@@ -52,8 +54,9 @@ def vision_for(source, tokenizer, min_pixels: int | None = None, max_pixels: int
 
 
 def _image_processor(directory: Path, sizes: dict):
-    """The checkpoint's image processor: its `AutoProcessor`'s, or `AutoImageProcessor` alone when the processor
-    needs torchvision for its video processor and it is not installed."""
+    """The checkpoint's image processor and video processor: its `AutoProcessor`'s, or `AutoImageProcessor` alone
+    (and no video processor: data/video.py reads its settings) when the processor needs torchvision for its video
+    processor and it is not installed."""
     from transformers.models.auto.image_processing_auto import AutoImageProcessor  # why here: torch-heavy import
     from transformers.models.auto.processing_auto import AutoProcessor
 
@@ -61,7 +64,7 @@ def _image_processor(directory: Path, sizes: dict):
         processor = AutoProcessor.from_pretrained(str(directory), **NO_CODE, **sizes)
         image = getattr(processor, "image_processor", None)
         if image is not None:
-            return image
+            return image, getattr(processor, "video_processor", None)
     except (ImportError, OSError, ValueError, TypeError) as e:
         # transformers raises ValueError ("... requires `torchvision` to be installed") from its video processor
         # auto-class, ImportError from a backend check: both leave the image processor itself loadable
@@ -71,7 +74,7 @@ def _image_processor(directory: Path, sizes: dict):
         why = "its video processor needs torchvision, not installed" if needs_torchvision else _line(e)
         logger.info("vision: the processor of %s cannot load (%s); its image processor alone", directory, why)
     try:
-        return AutoImageProcessor.from_pretrained(str(directory), **NO_CODE, **sizes)
+        return AutoImageProcessor.from_pretrained(str(directory), **NO_CODE, **sizes), None
     except (OSError, ValueError, TypeError, ImportError) as e:
         raise ModelError(
             f"{directory} is a vision-language checkpoint without a readable image processor "
@@ -85,7 +88,7 @@ def _line(e: BaseException) -> str:
 
 def image_embeds(model: torch.nn.Module, kwargs: dict) -> dict:
     """`kwargs` (model_inputs') with the pack's images turned into `inputs_embeds`: the token embeddings with each
-    image token's row replaced by the vision tower's feature for it, in order; unchanged without images."""
+    image (or video) token's row replaced by the vision tower's feature for it, in order; unchanged without images."""
     pixels, grid = kwargs.pop(PIXEL_VALUES, None), kwargs.pop(IMAGE_GRID_THW, None)
     if pixels is None:
         return kwargs
@@ -94,6 +97,10 @@ def image_embeds(model: torch.nn.Module, kwargs: dict) -> dict:
     embeds = base.get_input_embeddings()(ids)
     features = base.get_image_features(pixel_values=pixels, image_grid_thw=grid, return_dict=True).pooler_output
     features = torch.cat(list(features), 0).to(embeds.dtype)
-    mask = (ids == base.config.image_token_id).unsqueeze(-1)
+    mask = ids == base.config.image_token_id
+    video = getattr(base.config, "video_token_id", None)
+    if video is not None:  # a video's frame groups, in token order with the images (data/vision.py `pixels`)
+        mask = mask | (ids == video)
+    mask = mask.unsqueeze(-1)
     kwargs["inputs_embeds"] = embeds.masked_scatter(mask, features)
     return kwargs

@@ -79,6 +79,22 @@ def image_processor(min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS):
     )
 
 
+def video_processor(min_pixels: int = MIN_PIXELS, max_pixels: int = 4 * MAX_PIXELS):
+    """Qwen3.5's video processor (transformers' Qwen3VLVideoProcessor) for this tower: its settings (it needs
+    torchvision to run; data/video.py's FrameProcessor applies them without)."""
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    return Qwen3VLVideoProcessor(
+        patch_size=VISION["patch_size"],
+        merge_size=VISION["spatial_merge_size"],
+        temporal_patch_size=VISION["temporal_patch_size"],
+        size={"shortest_edge": min_pixels, "longest_edge": max_pixels},
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+        cap_pixels_per_frame=False,
+    )
+
+
 def build_model(seed: int = 0):
     """The model in fp32, eval mode, and its tokenizer."""
     import transformers as tf
@@ -97,15 +113,17 @@ def make_checkpoint(directory: Path, seed: int = 0) -> Path:
     model.save_pretrained(str(directory))
     tok.save_pretrained(str(directory))
     image_processor().save_pretrained(str(directory))
+    video_processor().save_pretrained(str(directory))
     return directory
 
 
 def vision_of(tok):
     """The data side's `Vision` for this checkpoint, without a directory."""
+    from hybridtune.data.video import FrameProcessor
     from hybridtune.data.vision import Vision
 
     start, end, image, video = tok.convert_tokens_to_ids(VISION_TOKENS)
-    return Vision(image_processor(), tok, image, start, end, video_id=video)
+    return Vision(image_processor(), tok, image, start, end, video_id=video, video=FrameProcessor(video_processor()))
 
 
 def write_image(path: Path, width: int, height: int, seed: int = 0, fmt: str = "PNG") -> Path:
@@ -115,6 +133,14 @@ def write_image(path: Path, width: int, height: int, seed: int = 0, fmt: str = "
     rng = np.random.default_rng(seed)
     Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path, fmt)
     return path
+
+
+def write_frames(folder: Path, n: int, width: int, height: int, seed: int = 0) -> Path:
+    """`n` random frames of one size, frame-000.png..., in `folder` (made); returns it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for k in range(n):
+        write_image(folder / f"frame-{k:03d}.png", width, height, seed=seed * 1000 + k)
+    return folder
 
 
 def write_rows(path: Path, rows: list[dict]) -> Path:

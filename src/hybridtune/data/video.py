@@ -1,0 +1,169 @@
+"""Videos as lists of frames: a content part `{"type": "video", "video": FOLDER or [frame paths], "fps": N}` (paths
+relative to the data file). Every frame given is used, in order (a folder's image files by name); `fps` (default 2)
+sets the frames' timestamps. Processed as Qwen3.5's processor does (transformers' Qwen3VLProcessor and
+Qwen3VLVideoProcessor): frames resized together, padded to the temporal patch, patchified; in the text, per temporal
+group, `<{t:.1f} seconds>`, vision start, h*w/merge^2 video tokens, vision end. `get_rope_index` positions each group
+as an image of grid (1, h, w) and the tower attends within each group alone, so a video is one `ImageRef` per group
+(`group` >= 0, `source` its `video_key`).
+
+`FrameProcessor` applies the checkpoint's video processor settings where the processor cannot load (it needs
+torchvision, not a dependency): transformers' `smart_resize` and `patchify`, each frame resized by PIL (bicubic) as
+the PIL image processors do. Pixel values then differ slightly from torchvision's resize (never the grid); see
+docs/CONFIG.md (vision).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from hybridtune.data.images import image_source, load_image
+from hybridtune.errors import DataError, ModelError
+
+VIDEO_PART_TYPE = "video"
+VIDEO_KEY = "video:"  # an ImageRef.source that is a video: "video:" + JSON {"frames": [...], "fps": N}
+DEFAULT_FPS = 2.0
+FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+SHAPE = '{"type": "video", "video": FOLDER or [frame paths], "fps": N}'
+
+
+def is_video_part(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") == VIDEO_PART_TYPE
+
+
+def video_key(part: dict, base: Path | None, where: str, what: str) -> str:
+    """The video a part names, as `ImageRef.source` holds it: its frames' resolved paths and its fps."""
+    ref = part.get("video", part.get("frames", part.get("path")))
+    fps = part.get("fps", DEFAULT_FPS)
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or fps <= 0:
+        raise DataError(f"{where}: {what}: fps must be a positive number, got {fps!r}; write the part as {SHAPE}")
+    if isinstance(ref, str) and ref.strip():
+        folder = Path(image_source(ref.strip(), base, where, what))
+        if not folder.is_dir():
+            raise DataError(
+                f"{where}: {what}: video '{folder}' is not a folder of frames (relative paths are taken from the "
+                f"data file's folder); write the part as {SHAPE}"
+            )
+        frames = sorted(str(p) for p in folder.iterdir() if p.suffix.lower() in FRAME_SUFFIXES and p.is_file())
+        if not frames:
+            raise DataError(
+                f"{where}: {what}: video folder '{folder}' holds no image files ({', '.join(FRAME_SUFFIXES)})"
+            )
+    elif isinstance(ref, (list, tuple)) and ref and all(isinstance(r, str) and r.strip() for r in ref):
+        frames = [image_source(r.strip(), base, where, f"{what}, frame {k}") for k, r in enumerate(ref)]
+    else:
+        got = "nothing" if ref is None else f"{type(ref).__name__} {str(ref)[:40]!r}"
+        raise DataError(f"{where}: {what}: a video part names no frames (got {got}); write it as {SHAPE}")
+    return VIDEO_KEY + json.dumps({"frames": frames, "fps": float(fps)})
+
+
+def is_video_key(source: str) -> bool:
+    return source.startswith(VIDEO_KEY)
+
+
+def parse_key(source: str) -> tuple[list[str], float]:
+    spec = json.loads(source[len(VIDEO_KEY) :])
+    return spec["frames"], spec["fps"]
+
+
+def describe_video(source: str) -> str:
+    frames, fps = parse_key(source)
+    return f"video of {len(frames)} frames at {fps:g} fps ('{frames[0]}'...)"
+
+
+def load_frames(source: str, where: str, what: str, temporal: int) -> list:
+    """The video's frames decoded (each checked as an image is, named by its index), all of one size."""
+    frames, _ = parse_key(source)
+    if len(frames) < temporal:
+        raise DataError(
+            f"{where}: {what}: a video needs at least {temporal} frames (the vision tower's temporal patch), got "
+            f"{len(frames)}; give more frames or make it an image part"
+        )
+    images = [load_image(f, where, f"{what}, frame {k}") for k, f in enumerate(frames)]
+    for k, im in enumerate(images):
+        if im.size != images[0].size:
+            raise DataError(
+                f"{where}: {what}: frame {k} ('{frames[k]}') is {im.width}x{im.height} but frame 0 is "
+                f"{images[0].width}x{images[0].height}; a video's frames must share one size"
+            )
+    return images
+
+
+def timestamps(n_frames: int, fps: float, temporal: int) -> list[float]:
+    """Each temporal group's time in seconds, as Qwen3VLProcessor computes it for frames 0..n-1 at `fps`."""
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor  # why here: a heavy import
+
+    return Qwen3VLProcessor._calculate_timestamps(None, list(range(n_frames)), fps, temporal)
+
+
+class FrameProcessor:
+    """A Qwen3-VL video processor's settings (`processor`, its object: loadable without torchvision) applied to a
+    video's decoded frames without torchvision (see the module docstring)."""
+
+    def __init__(self, processor):
+        self.processor = processor
+        self.patch = int(processor.patch_size)
+        self.merge = int(processor.merge_size)
+        self.temporal = int(processor.temporal_patch_size)
+
+    def __call__(self, frames: list):
+        """(pixel_values float32 [t*h*w, C*temporal*patch^2], grid int64 [1, 3]) of one video."""
+        import numpy as np
+        import torch
+        from PIL import Image
+        from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor, smart_resize
+
+        p = self.processor
+        size, n = p.size, len(frames)
+        lo, hi = size["shortest_edge"], size["longest_edge"]
+        factor = self.patch * self.merge
+        if getattr(p, "cap_pixels_per_frame", None):
+            per_frame = max(min(p.max_video_tokens * factor * factor, hi // n), int(lo * 1.05))
+            hi = per_frame * n
+        h, w = frames[0].height, frames[0].width
+        if p.do_resize:
+            h, w = smart_resize(n, h, w, self.temporal, factor, lo, hi)
+            frames = [f.resize((w, h), Image.Resampling.BICUBIC) for f in frames]
+        video = torch.from_numpy(np.stack([np.asarray(f.convert("RGB")) for f in frames])).permute(0, 3, 1, 2)
+        video = video.to(torch.float32)
+        if p.do_rescale:
+            video = video * p.rescale_factor
+        if p.do_normalize:
+            mean = torch.tensor(p.image_mean, dtype=torch.float32)[:, None, None]
+            std = torch.tensor(p.image_std, dtype=torch.float32)[:, None, None]
+            video = (video - mean) / std
+        patches, t, gh, gw = Qwen3VLVideoProcessor.patchify(None, video[None], self.patch, self.merge, self.temporal)
+        return patches[0], torch.tensor([[t, gh, gw]], dtype=torch.long)
+
+
+def video_processor(directory: Path, loaded=None):
+    """A callable frames -> (pixel_values, grid) for the checkpoint's videos: its loaded video processor (`loaded`,
+    from AutoProcessor, torchvision present), else its `video_preprocessor_config.json` read into transformers'
+    Qwen3VLVideoProcessor and applied by `FrameProcessor`; None when the checkpoint has no video processor."""
+    if loaded is not None:
+        return _Loaded(loaded)
+    file = Path(directory) / "video_preprocessor_config.json"
+    if not file.is_file():
+        return None
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    cfg = json.loads(file.read_text(encoding="utf-8"))
+    kind = cfg.get("video_processor_type", "Qwen3VLVideoProcessor")
+    if kind != "Qwen3VLVideoProcessor":
+        raise ModelError(
+            f"{file}: video processor {kind} needs torchvision, which is not installed; pip install torchvision"
+        )
+    settings = {k: v for k, v in cfg.items() if k not in ("video_processor_type", "processor_class")}
+    return FrameProcessor(Qwen3VLVideoProcessor(**settings))
+
+
+class _Loaded:
+    def __init__(self, processor):
+        self.processor = processor
+        self.temporal = int(processor.temporal_patch_size)
+
+    def __call__(self, frames: list):
+        out = self.processor(videos=[frames], do_sample_frames=False, return_tensors="pt")
+        return out["pixel_values_videos"], out["video_grid_thw"]
