@@ -148,6 +148,7 @@ def test_throughput_hfu_counts_the_recompute_and_the_line_shows_it_where_it_diff
     t.add(100, flops=2e11)  # no hardware figure: no recompute, the model FLOPs
     got = t.take()
     assert got["mfu"] == pytest.approx(0.4) and got["hfu"] == pytest.approx(0.5)
+    assert got["step_s"] == pytest.approx(1.0)  # 2 s over the window's 2 steps
     t.add(10, flops=2e11)
     same = t.take()
     assert same["hfu"] == same["mfu"] == pytest.approx(0.1)

@@ -45,11 +45,12 @@ class Throughput:
     def __init__(self, peak_flops: float | None = None) -> None:
         self.peak = peak_flops
         self.t0 = time.perf_counter()
-        self.tokens = 0
+        self.tokens = self.steps = 0
         self.flops = self.hardware = 0.0
 
     def add(self, n: int, flops: float = 0.0, hardware: float | None = None) -> None:
         self.tokens += n
+        self.steps += 1
         self.flops += flops
         self.hardware += flops if hardware is None else hardware
 
@@ -62,12 +63,14 @@ class Throughput:
         now = time.perf_counter()
         dt = max(now - self.t0, 1e-9)
         out = {"tokens_per_s": self.tokens / dt}
+        if self.steps:
+            out["step_s"] = dt / self.steps  # wall seconds per step of the window (an on-policy step's generation too)
         if self.flops:
             out["tflops"] = self.flops / dt / 1e12
             if self.peak:
                 out["mfu"] = self.flops / dt / self.peak
                 out["hfu"] = self.hardware / dt / self.peak
-        self.t0, self.tokens, self.flops, self.hardware = now, 0, 0.0, 0.0
+        self.t0, self.tokens, self.steps, self.flops, self.hardware = now, 0, 0, 0.0, 0.0
         return out
 
 
