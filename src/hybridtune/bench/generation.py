@@ -6,8 +6,8 @@
 
 Both sample (temperature 1, no top-p) exactly `new_tokens` tokens per row (no end-of-turn stops: random weights end
 turns at random, and both must do the same work), under bf16 autocast as the trainer's rollouts run. Each is run
-once to warm up (the decoder's first call compiles its step) and then timed (CUDA synchronised); tokens/s counts the
-new tokens. The model is the preset's shape with random weights (or a checkpoint), LoRA r=16 as train builds it.
+once to warm up (the decoder's first call compiles its step for this size, so it runs the whole length; generate's
+warm-up is 16 tokens: it compiles nothing) and then timed (CUDA synchronised); tokens/s counts the new tokens. The model is the preset's shape with random weights (or a checkpoint), LoRA r=16 as train builds it.
 Writes DIR/generation.json and, with --results, one row per decoder to the results table.
 """
 
@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         with amp:
-            first = fn(model, prompts, a.new_tokens, pad, device)  # warm: compiles (ours), autotunes (both)
+            # warm: ours compiles its step for this size (so the whole length); generate only autotunes (16 tokens)
+            first = fn(model, prompts, a.new_tokens if name == "ht-rollout" else 16, pad, device)
             timed = fn(model, prompts, a.new_tokens, pad, device)
         tps = a.rows * a.new_tokens / timed
         peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None

@@ -1,0 +1,244 @@
+"""A GRPO step, hybridtune beside TRL's GRPOTrainer (no vLLM: generation in process, as both run on one GPU),
+on the same model, prompts and reward (issue 38's second question).
+
+    python -m hybridtune.bench.grpo_pair [--base_model qwen3_5-2b] [--steps 5] [--prompts 8] [--num_generations 8]
+        [--max_completion_length 512] [--prompt_tokens 64-256] [--output_dir DIR] [--results T] [--only ht|trl]
+
+hybridtune runs as `hybridtune train --objective grpo` in its own process (its metrics.jsonl gives each step's wall
+seconds, `step_s`, and its generation seconds, `time/generation_s`); TRL runs GRPOTrainer in another process on the
+preset's same weights with the same LoRA (r=16, hybridtune's targets: the adapters are built by hybridtune's
+`lora_from_config` and handed to TRL), timed by a callback (each step synchronised) with transformers' `generate`
+timed inside it. Both: `prompts` prompts x `num_generations` completions per step, sampled at temperature 1 to
+`max_completion_length` tokens (random weights rarely end a turn: both do the full length), beta 0 (TRL's default:
+no reference model), loss_type dapo (TRL's default), bf16, gradient checkpointing, one optimizer step per batch of
+completions. The reward is one function both import from the same file (the share of digits in the completion).
+The figure is the median step time over the steps after the first two (the first compiles and autotunes).
+Writes DIR/grpo_pair.json and, with --results, one row per tool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REWARD = '''def digits(completions, **kwargs):
+    """The share of digits in each completion (text, or chat messages)."""
+    out = []
+    for c in completions:
+        text = c if isinstance(c, str) else "".join(m.get("content") or "" for m in c)
+        out.append(sum(ch.isdigit() for ch in text) / max(len(text), 1))
+    return out
+'''
+
+
+def write_data(root: Path, n: int, low: int, high: int, seed: int) -> Path:
+    """`n` prompts of low..high words (numbers and words, seeded), as `prompt` rows."""
+    import random
+
+    rng = random.Random(seed)
+    words = ["alpha", "beta", "sum", "of", "the", "numbers", "count", "list", "and", "then", "answer", "is"]
+    rows = []
+    for _ in range(n):
+        k = rng.randint(low, high)
+        rows.append({"prompt": " ".join(rng.choice(words) if rng.random() < 0.5 else str(rng.randrange(1000))
+                                        for _ in range(k))})  # fmt: skip
+    path = root / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "reward_digits.py").write_text(REWARD)
+    return path
+
+
+def run_ht(a, root: Path, data: Path) -> dict:
+    out = root / "ht"
+    cmd = [sys.executable, "-m", "hybridtune", "train", "--base_model", a.base_model, "--adapter", "lora",
+           "--lora_r", "16", "--lora_dropout", "0", "--objective", "grpo", "--dataset", str(data),
+           "--num_generations", str(a.num_generations), "--max_completion_length", str(a.max_completion_length),
+           "--max_prompt_length", "1024", "--micro_batch_size", str(a.prompts), "--gradient_accumulation_steps", "1",
+           "--beta", "0", "--loss_type", "dapo", "--temperature", "1.0", "--max_steps", str(a.steps),
+           "--logging_steps", "1", "--eval_steps", "0", "--val_set_size", "0", "--warmup_steps", "0",
+           "--reward_funcs", f"{root / 'reward_digits.py'}:digits", "--output_dir", str(out), "--seed", "0",
+           "--sequence_len", str(1024 + a.max_completion_length)]  # fmt: skip
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    (root / "ht.log").write_text(proc.stdout + proc.stderr)
+    res = {"command": " ".join(cmd[1:]), "rc": proc.returncode, "wall_s": wall}
+    metrics = out / "metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
+    rows = [r for r in rows if r.get("type") == "train"]
+    if proc.returncode or not rows:
+        res["error"] = (proc.stderr.strip().splitlines() or ["no metrics"])[-1][:300]
+        return res
+    res["steps"] = [{"step": r["step"], "step_s": r.get("step_s"), "generation_s": r.get("time/generation_s"),
+                     "loss": r.get("step_loss", r.get("loss")), "mem_gib": r.get("mem_gib"),
+                     "completion_length": r.get("completions/mean_length"), "reward": r.get("reward")}
+                    for r in rows]  # fmt: skip
+    return res
+
+
+def run_trl(a, root: Path, data: Path) -> dict:
+    """TRL in this process (the caller runs it as `--only trl` in a fresh one)."""
+    import torch
+    import transformers
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    try:
+        import trl
+    except ImportError:
+        return {"error": "trl is not installed: pip install trl==1.16.0"}
+    from hybridtune.config import load_config
+    from hybridtune.models.hub import resolve_source
+    from hybridtune.models.loading import load_model, tokenizer_for
+    from hybridtune.runtime.lora import lora_from_config
+
+    sys.path.insert(0, str(root))
+    from reward_digits import digits  # noqa: E402 - the file written beside the data
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = load_config(None, {"base_model": a.base_model, "adapter": "lora", "lora_r": 16, "lora_dropout": 0.0,
+                             "seed": 0})  # fmt: skip
+    tok = tokenizer_for(a.base_model)
+    torch.manual_seed(0)
+    loaded = load_model(resolve_source(a.base_model), tok, seed=0, dtype=torch.bfloat16 if device.type == "cuda"
+                        else torch.float32)  # fmt: skip
+    model = loaded.model.to(device)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.enable_input_require_grads()
+    model = lora_from_config(model, cfg)
+    gen = {"s": 0.0}
+    original = transformers.generation.utils.GenerationMixin.generate
+
+    def timed_generate(self, *args, **kwargs):
+        torch.cuda.synchronize() if device.type == "cuda" else None
+        t0 = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            torch.cuda.synchronize() if device.type == "cuda" else None
+            gen["s"] += time.perf_counter() - t0
+
+    transformers.generation.utils.GenerationMixin.generate = timed_generate
+    steps: list[dict] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            torch.cuda.synchronize() if device.type == "cuda" else None
+            self.t0, gen["s"] = time.perf_counter(), 0.0
+
+        def on_step_end(self, args, state, control, **kw):
+            torch.cuda.synchronize() if device.type == "cuda" else None
+            mem = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+            steps.append({"step": state.global_step, "step_s": time.perf_counter() - self.t0,
+                          "generation_s": gen["s"], "mem_gib": mem})  # fmt: skip
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and steps and "loss" in logs:
+                steps[-1].update(loss=logs.get("loss"), reward=logs.get("reward"),
+                                 completion_length=logs.get("completions/mean_length"))  # fmt: skip
+
+    rows = [json.loads(x) for x in data.read_text().splitlines()]
+    args = trl.GRPOConfig(
+        output_dir=str(root / "trl"), per_device_train_batch_size=a.prompts * a.num_generations,
+        gradient_accumulation_steps=1, num_generations=a.num_generations, max_completion_length=a.max_completion_length,
+        temperature=1.0, beta=0.0, loss_type="dapo", learning_rate=1e-5, max_steps=a.steps, logging_steps=1,
+        bf16=device.type == "cuda", gradient_checkpointing=True, report_to="none", save_strategy="no", seed=0,
+        shuffle_dataset=False, dataloader_num_workers=0,
+    )  # fmt: skip
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=[digits], args=args, train_dataset=Dataset.from_list(rows),
+                              processing_class=tok, callbacks=[Timer()])  # fmt: skip
+    trainer.train()
+    return {"trl": trl.__version__, "steps": steps}
+
+
+def median_after(steps: list[dict], key: str, skip: int = 2) -> float | None:
+    vals = [s[key] for s in steps[skip:] if s.get(key) is not None] or [s[key] for s in steps if s.get(key)]
+    return statistics.median(vals) if vals else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hybridtune.bench.grpo_pair", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base_model", default="qwen3_5-2b")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--num_generations", type=int, default=8)
+    ap.add_argument("--max_completion_length", type=int, default=512)
+    ap.add_argument("--prompt_tokens", default="64-256", help="LOW-HIGH words per prompt")
+    ap.add_argument("--output_dir", default="outputs/bench-grpo")
+    ap.add_argument("--results", default=None)
+    ap.add_argument("--only", choices=["ht", "trl"], default=None)
+    a = ap.parse_args(argv)
+    root = Path(a.output_dir).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    low, high = (int(x) for x in a.prompt_tokens.split("-"))
+    data = write_data(root, a.prompts * max(a.steps, 1), low, high, seed=1)
+    if a.only == "trl":
+        res = run_trl(a, root, data)
+        (root / "trl.json").write_text(json.dumps(res, indent=1) + "\n")
+        return 0
+    doc = {"base_model": a.base_model, "prompts": a.prompts, "num_generations": a.num_generations,
+           "max_completion_length": a.max_completion_length, "steps": a.steps, "tools": {}}  # fmt: skip
+    if a.only in (None, "ht"):
+        doc["tools"]["hybridtune"] = run_ht(a, root, data)
+    if a.only is None:  # TRL in a fresh process (its own CUDA memory, nothing of hybridtune's patches)
+        cmd = [sys.executable, "-m", "hybridtune.bench.grpo_pair", "--only", "trl"] + [
+            x for x in (argv if argv is not None else sys.argv[1:]) if x != "--results"
+        ]
+        if a.results:  # (drop the --results value too)
+            i = cmd.index(a.results) if a.results in cmd else None
+            cmd = cmd[:i] + cmd[i + 1 :] if i is not None else cmd
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
+        (root / "trl.log").write_text(proc.stdout + proc.stderr)
+        got = json.loads((root / "trl.json").read_text()) if (root / "trl.json").is_file() else {}
+        if proc.returncode or not got.get("steps"):
+            got["error"] = (proc.stderr.strip().splitlines() or ["no steps"])[-1][:300]
+        doc["tools"]["trl"] = got
+    for name, r in doc["tools"].items():
+        if r.get("steps"):
+            r["median_step_s"] = median_after(r["steps"], "step_s")
+            r["median_generation_s"] = median_after(r["steps"], "generation_s")
+            share = (r["median_generation_s"] or 0) / r["median_step_s"] if r["median_step_s"] else None
+            r["generation_share"] = share
+            print(f"{name}: {r['median_step_s']:.2f} s/step, generation {r['median_generation_s'] or 0:.2f} s "
+                  f"({(share or 0):.0%})", flush=True)  # fmt: skip
+        else:
+            print(f"{name}: {r.get('error')}", flush=True)
+    t = doc["tools"]
+    if all(t.get(k, {}).get("median_step_s") for k in ("hybridtune", "trl")):
+        doc["speedup"] = t["trl"]["median_step_s"] / t["hybridtune"]["median_step_s"]
+        print(f"speedup: {doc['speedup']:.2f}x per step", flush=True)
+    (root / "grpo_pair.json").write_text(json.dumps(doc, indent=1) + "\n")
+    if a.results:
+        from hybridtune.bench import results
+
+        prov = results.provenance_here()
+        command = "python -m hybridtune.bench.grpo_pair " + " ".join(argv if argv is not None else sys.argv[1:])
+        rows = []
+        for name, r in t.items():
+            n_tok = a.prompts * a.num_generations * a.max_completion_length
+            rows.append(prov | {
+                "command": command, "tool": "bench-grpo", "shape": a.base_model,
+                "seq_len": a.max_completion_length, "mode": "grpo " + name, "adapter": "lora r=16", "gpus": 1,
+                "tokens_per_s": n_tok / r["median_step_s"] if r.get("median_step_s") else None,
+                "step_ms": 1000 * r["median_step_s"] if r.get("median_step_s") else None,
+                "peak_gib": max((s.get("mem_gib") or 0) for s in r.get("steps", [{}])) or None, "mfu": None,
+                "hfu": None, "loss_step1": (r.get("steps") or [{}])[0].get("loss"), "loss_last10": None,
+                "first_step_s": (r.get("steps") or [{}])[0].get("step_s"),
+                "status": "ok" if r.get("median_step_s") else (r.get("error") or "no steps")[:200],
+                "source": str(root / "grpo_pair.json"),
+                "note": f"{a.prompts} prompts x {a.num_generations} completions of up to {a.max_completion_length} "
+                f"tokens per step; generation {r.get('median_generation_s')} s of the median step; tokens_per_s "
+                "counts the completions' token budget per second",
+            })  # fmt: skip
+        results.append(rows, Path(a.results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
