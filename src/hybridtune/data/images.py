@@ -19,6 +19,7 @@ from typing import Any
 from hybridtune.errors import DataError
 
 DATA_URI = "data:"
+EMBEDDED = "data:image;base64,"  # the source of an image whose bytes the data holds (`embedded`)
 REMOTE = ("http://", "https://", "ftp://", "s3://", "gs://", "hf://")
 IMAGE_PART_TYPES = ("image", "image_url")
 
@@ -26,6 +27,38 @@ IMAGE_PART_TYPES = ("image", "image_url")
 def is_image_part(part: Any) -> bool:
     """A chat content part that holds an image: `{"type": "image", ...}` or `{"type": "image_url", ...}`."""
     return isinstance(part, dict) and part.get("type") in IMAGE_PART_TYPES
+
+
+def embedded(value: Any) -> str | None:
+    """An image as `datasets` stores an Image feature (`{"bytes": ..., "path": ...}`, read undecoded): a `data:` URI
+    of its bytes, else (no bytes) its path; None for any other value."""
+    if not (isinstance(value, dict) and value and set(value) <= {"bytes", "path"}):
+        return None
+    data, path = value.get("bytes"), value.get("path")
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return EMBEDDED + base64.b64encode(bytes(data)).decode("ascii")
+    return path if isinstance(path, str) and path.strip() else None
+
+
+def undecoded_images(dataset: Any) -> Any:
+    """`dataset` with its Image features (at any depth: a column, an image inside messages' content parts) read as
+    `{"bytes", "path"}`: hybridtune decodes and checks each image itself (`load_image`), never datasets."""
+    features = getattr(dataset, "features", None)
+    if not features:
+        return dataset
+    import datasets
+    from datasets.features.features import _visit
+
+    found = []
+
+    def undecode(f):
+        if isinstance(f, datasets.Image) and f.decode:
+            found.append(f)
+            return datasets.Image(decode=False)
+        return f  # (a container as visited: _visit keeps the original for None)
+
+    plain = _visit(features, undecode)
+    return dataset.cast(plain) if found else dataset
 
 
 def part_reference(part: dict, where: str, what: str) -> str:
@@ -37,6 +70,7 @@ def part_reference(part: dict, where: str, what: str) -> str:
         shape = '{"type": "image_url", "image_url": {"url": PATH or data: URI}}'
     else:
         ref = next((part[k] for k in ("image", "path", "url") if part.get(k) is not None), None)
+        ref = embedded(ref) or ref  # (an image a `datasets` Image feature holds: its bytes)
         shape = '{"type": "image", "image": PATH or data: URI}'
     if not isinstance(ref, str) or not ref.strip():
         got = "nothing" if ref is None else f"{type(ref).__name__} {str(ref)[:40]!r}"

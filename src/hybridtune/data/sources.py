@@ -29,6 +29,7 @@ from typing import Any
 
 from hybridtune.config import DatasetConfig
 from hybridtune.data.digests import data_digest, local_files, sha256_files, visible_files
+from hybridtune.data.images import undecoded_images
 from hybridtune.data.source_errors import (
     innermost,
     raise_if_config_missing,
@@ -83,12 +84,13 @@ class Source:
         loader: Callable[[], tuple[Any, list[Segment]]] | None = None,
     ) -> None:
         self.name, self.fingerprint, self.json_rows = name, fingerprint, json_rows
-        self._dataset, self._segments, self._loader = dataset, segments, loader
+        self._dataset, self._segments, self._loader = undecoded_images(dataset), segments, loader
         self._starts = [s.start for s in segments]
 
     def _load(self) -> None:
         if self._loader is not None:
-            self._dataset, self._segments = self._loader()
+            dataset, self._segments = self._loader()
+            self._dataset = undecoded_images(dataset)
             self._starts = [s.start for s in self._segments]
             self._loader = None
 

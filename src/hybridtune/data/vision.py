@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hybridtune.data.images import image_digest, image_source, is_image_part, load_image, part_reference
+from hybridtune.data.images import embedded, image_digest, image_source, is_image_part, load_image, part_reference
 from hybridtune.data.packing import Example
 from hybridtune.data.video import (
     describe_video,
@@ -184,7 +184,10 @@ class RowImages:
         items = column_items(value)
         if items is None:
             shown = type(value).__name__
-            raise DataError(f"{where}: column 'images' must be a list of image paths, got a {shown}; fix the row")
+            raise DataError(
+                f"{where}: column 'images' must be a list of image paths, got a {shown}; fix the row (images a "
+                "datasets Image feature holds are read too)"
+            )
         self.pending = items
 
     def text(self, text: str, where: str, what: str) -> str:
@@ -301,13 +304,17 @@ def row_references(value: Any) -> Iterable[dict]:
 
 
 def column_items(value: Any) -> list[str] | None:
-    """An `images` column's paths ([] for none); None when it is not a list of paths."""
-    if value in (None, "", []):
+    """An `images` column's paths ([] for none), or `data:` URIs of the images a `datasets` Image feature holds;
+    None when it is not a list of these."""
+    if value is None or (isinstance(value, (str, list, tuple)) and len(value) == 0):
         return []
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) and v.strip() for v in value):
-        return [v.strip() for v in value]
+    if isinstance(value, (str, dict)):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        return None
+    items = [embedded(v) or v for v in value]
+    if all(isinstance(v, str) and v.strip() for v in items):
+        return [v.strip() for v in items]
     return None
 
 
