@@ -175,6 +175,9 @@ class TrainConfig(GRPOKeys):
         0.0, "linear warmup as a share of the run's steps, in [0, 1), instead of warmup_steps (0: warmup_steps)"
     )
     weight_decay: float = _f(0.0, "AdamW weight decay")
+    optim: Literal["adamw", "adamw_8bit", "adamw_bf16_sr", "adamw_torch", "adamw_torch_fused", "adamw_bnb_8bit"] = _f(
+        "adamw", "adamw (torch's), adamw_8bit, adamw_bf16_sr (torchao's); transformers' names read as these (CONFIG.md)"
+    )
     max_grad_norm: float = _f(1.0, "gradient clipping (0: off)")
     bf16: Literal["auto"] | bool = _f("auto", "bf16 autocast: auto = on a GPU that supports it, off on CPU")
     gradient_checkpointing: Literal["auto"] | bool = _f(
@@ -405,7 +408,6 @@ def config_help() -> str:
 # Keys of other fine-tuning tools (Axolotl, LLaMA-Factory, TRL / transformers' TrainingArguments) -> hybridtune's key
 # of the same meaning and values, or what to do instead, in words.
 _QUANTIZED = "quantized base weights (QLoRA, bitsandbytes) are not supported yet; use adapter: lora on the bf16 base"
-_OPTIMIZER = "hybridtune runs AdamW (torch's, fused on a GPU; 8-bit optimizers are planned); remove the key"
 _ENGINE = "hybridtune shards with its own DDP/FSDP2: run with --nproc N and set distributed (ddp | fsdp); remove it"
 _KERNELS = "hybridtune picks its attention and linear-attention kernels itself (see the kernels key); remove it"
 _UPLOAD = "hybridtune does not upload: the run's final/ (or an exported checkpoint) is the model to upload; remove it"
@@ -438,8 +440,7 @@ FOREIGN_KEYS: dict[str, str] = {
     "quantization_bit": _QUANTIZED,
     "bnb_4bit_quant_type": _QUANTIZED,
     "bnb_4bit_compute_dtype": _QUANTIZED,
-    "optimizer": _OPTIMIZER,
-    "optim": _OPTIMIZER,
+    "optimizer": "optim",
     "deepspeed": _ENGINE,
     "fsdp": _ENGINE,
     "fsdp_config": _ENGINE,

@@ -32,9 +32,11 @@ from hybridtune.runtime.memory import (
     ShardedModel,
     decide_checkpointing,
     fsdp_group,
+    optimizer_bytes,
     resident_bytes,
     step_bytes,
 )
+from hybridtune.runtime.optim import optim_name, uses_masters
 from hybridtune.runtime.step import fused_loss_blocker
 
 # Estimated share of the step the filler costs (`FillerShares.cost`: tokens, and the mixers' metadata rows
@@ -101,17 +103,17 @@ def measure(
         whole_model_share=share,
         packs=tuple(packs),
         gpu_free_bytes=free,
-        state_bytes=state_bytes(model, d, bf16),
+        state_bytes=state_bytes(model, d, bf16, cfg),
         shapes=ActivationShapes.of(text_config(model)),
         sharded=ShardedModel.of(model, d.world, bf16) if fsdp else None,
     )
 
 
-def state_bytes(model: torch.nn.Module, d: distributed.Dist, bf16: bool) -> int:
-    """Bytes the run allocates beside the model as loaded: each trainable parameter's gradient and AdamW's two
-    moments (in its dtype), DDP's gradient buckets, and under bf16 autocast the bf16 copies of fp32 trainable
-    weights the backward keeps; under FSDP2 what `distributed.whole_model_bytes` holds beyond the whole model now
-    resident (its shards, the gathered model, the window's gradient)."""
+def state_bytes(model: torch.nn.Module, d: distributed.Dist, bf16: bool, cfg: TrainConfig | None = None) -> int:
+    """Bytes the run allocates beside the model as loaded: each trainable parameter's gradient and the optimizer's
+    state (`memory.optimizer_bytes`: `cfg.optim`'s, with fp32 masters for bf16 weights under `MasterAdamW`), DDP's
+    gradient buckets, and under bf16 autocast the bf16 copies of fp32 trainable weights the backward keeps; under
+    FSDP2 what `distributed.whole_model_bytes` holds beyond the whole model now resident (its shards, the gathered model, the window's gradient)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     if d.engine == "fsdp" and d.enabled:
         # A meta-built model (any model under FSDP2, filled after fully_shard) holds none of it yet (nor its LoRA
@@ -119,7 +121,10 @@ def state_bytes(model: torch.nn.Module, d: distributed.Dist, bf16: bool) -> int:
         return max(0, distributed.whole_model_bytes(model, d.world, bf16) - resident_bytes(model.parameters()))
     copies = 2 * sum(p.numel() for p in trainable if p.dtype == torch.float32) if bf16 else 0
     own = sum(p.numel() * p.element_size() for p in trainable)
-    return own * (4 if d.engine == "ddp" and d.enabled else 3) + copies
+    optim = optim_name(cfg) if cfg is not None else "adamw"
+    masters = cfg is not None and uses_masters(cfg, bf16, d)
+    held = sum(optimizer_bytes(optim, p.numel(), p.element_size(), masters) for p in trainable)
+    return held + (own if d.engine == "ddp" and d.enabled else 0) + copies
 
 
 def choose_bf16(cfg: TrainConfig, facts: Facts) -> Choice:

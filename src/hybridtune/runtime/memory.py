@@ -221,3 +221,19 @@ def fsdp_group(
     even = -(-n // -(-n // most))  # the fewest layers per unit that still make ceil(n / most) units
     k = even if need(even) <= room else most  # (a window of layers may straddle heavier ones: keep what fitted)
     return GroupFit(k, need(k))
+
+
+# Bytes per trainable parameter of each optimizer's two moments (runtime/optim.py): AdamW's in fp32 (8; in the
+# parameter's dtype, as torch holds them), torchao's 8-bit (2, plus a fp32 scale per block of 256: ~0.03; tensors
+# under 4096 values, or not a multiple of 256, keep fp32 moments), torchao's bf16 AdamW (4, its moments bf16).
+OPTIM_STATE_BYTES = {"adamw": 8, "adamw_8bit": 2, "adamw_bf16_sr": 4}
+MASTER_BYTES = 4  # MasterAdamW's fp32 master of a bf16 weight (runtime/masters.py), and its fp32 gradient
+
+
+def optimizer_bytes(optim: str, n: int, param_bytes: int, masters: bool) -> int:
+    """Bytes beside `n` trainable weights of `param_bytes` each: their gradients and the optimizer's state (with
+    `masters`: fp32 gradients and masters, moments in fp32)."""
+    if masters:
+        return n * (2 * MASTER_BYTES + OPTIM_STATE_BYTES["adamw"])
+    moments = OPTIM_STATE_BYTES[optim] * param_bytes // 4 if optim == "adamw" else OPTIM_STATE_BYTES[optim]
+    return n * (param_bytes + moments)

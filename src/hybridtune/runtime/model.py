@@ -1,9 +1,10 @@
 """The model of a run: its checkpoint or preset loaded (models/loading.py), the mixers patched, activation
 checkpointing, LoRA, on the device, in the dtypes training holds it in.
 
-A full fine-tune holds fp32 master weights whatever dtype the checkpoint was saved in (bf16 autocast computes;
-parameters, gradients and AdamW moments are fp32). Under LoRA the frozen base is held in bf16 when bf16 computes
-(half the memory, no per-step casts), fp32 otherwise, and peft keeps the adapters in fp32. Parameters outside the
+A full fine-tune loads fp32 master weights whatever dtype the checkpoint was saved in. Under bf16 with `optim: adamw`
+in one process or DDP the masters move into the optimizer's state and the model computes on bf16 weights
+(runtime/masters.py); under FSDP2 they stay fp32 shards (bf16 autocast computes); `adamw_bf16_sr` holds bf16.
+Under LoRA the frozen base is held in bf16 when bf16 computes (half the memory, no per-step casts), fp32 otherwise, and peft keeps the adapters in fp32. Parameters outside the
 text model (a vision tower) are frozen and stay as saved.
 """
 
@@ -20,6 +21,8 @@ from hybridtune.models.loading import LoadedModel, load_model
 from hybridtune.models.patching import patch_model
 from hybridtune.runtime.distributed import ONE, Dist
 from hybridtune.runtime.lora import hold_adapter, lora_from_config
+from hybridtune.runtime.masters import split
+from hybridtune.runtime.optim import model_dtype, uses_masters
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +33,10 @@ def enable_checkpointing(model) -> None:
     unwrap(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def master_dtype(adapter: str, bf16: bool) -> torch.dtype:
-    """The dtype the trained model's text part is held in (see the module doc)."""
-    return torch.bfloat16 if bf16 and adapter == "lora" else torch.float32
+def master_dtype(adapter: str, bf16: bool, optim: torch.dtype | None = None) -> torch.dtype:
+    """The dtype the trained model's text part is loaded in (see the module doc); `optim`: what the optimizer asks
+    for (`optim.model_dtype`)."""
+    return optim or (torch.bfloat16 if bf16 and adapter == "lora" else torch.float32)
 
 
 @dataclass
@@ -50,7 +54,8 @@ def build_model(cfg: TrainConfig, source, tokenizer, device: torch.device, bf16:
     that: peft draws it on the host as over a plain base (`lora.apply_lora`), and `lora.hold_adapter` keeps it for
     the fill."""
     meta = dist.engine == "fsdp"
-    loaded = load_model(source, tokenizer, seed=cfg.seed, dtype=master_dtype(cfg.adapter, bf16), meta=meta)
+    dtype = master_dtype(cfg.adapter, bf16, model_dtype(cfg, bf16))
+    loaded = load_model(source, tokenizer, seed=cfg.seed, dtype=dtype, meta=meta)
     model = loaded.model
     report = patch_model(model)
     logger.info("%s", report)
@@ -61,5 +66,7 @@ def build_model(cfg: TrainConfig, source, tokenizer, device: torch.device, bf16:
         hold_adapter(loaded)
     if loaded.reader is None:  # (a checkpoint the meta path cannot name loads whole: models.loading says so)
         model.to(device)
+    if uses_masters(cfg, bf16, dist):  # bf16 weights; their fp32 tensors go to the optimizer (masters.py)
+        logger.info("master weights: %d fp32 tensors in the optimizer, bf16 in the model", split(model))
     model.train()
     return RunModel(loaded, model, report)

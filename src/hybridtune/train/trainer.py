@@ -52,7 +52,7 @@ from hybridtune.runtime.compose import compose
 from hybridtune.runtime.defaults import RESOLVED, recorded_values, resolve_defaults
 from hybridtune.runtime.metrics import MetricsLog, StepFlops, StepLog, memory_gib
 from hybridtune.runtime.model import build_model
-from hybridtune.runtime.optim import build_optimizer, build_scheduler
+from hybridtune.runtime.optim import build_optimizer, build_scheduler, grad_tensors, masters_into_model
 from hybridtune.runtime.profiling import ProfileWindow
 from hybridtune.runtime.signals import StopRequest, sigterm_interrupts
 from hybridtune.runtime.stream import BatchStream, to_device
@@ -226,18 +226,17 @@ class Trainer:
         self.peak_flops = measure_peak(self.device)["flops_per_s"] * self.dist.world if self.step_flops else None
 
     def _setup_optimizer(self) -> None:
-        """AdamW over the trainable parameters, the data stream and the learning-rate schedule."""
-        cfg = self.cfg
-        self.params = [p for p in self.engine.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.params, cfg, self.device)
+        """The optimizer (`params`: what holds the gradients), the data stream and the learning-rate schedule."""
+        cfg, trainable = self.cfg, [p for p in self.engine.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(trainable, cfg, self.device, self.composed.bf16, self.dist)
+        self.params = grad_tensors(self.optimizer, trainable)  # (fp32 masters' under MasterAdamW in one process)
         self.stream = BatchStream(self.data.bins, cfg.micro_batch_size, cfg.seed)
         per_epoch = math.ceil(self.stream.micro_batches_per_epoch() / cfg.gradient_accumulation_steps)
         self.total_steps = cfg.max_steps if cfg.max_steps >= 0 else max(1, math.ceil(per_epoch * cfg.num_epochs))
         if cfg.max_steps < 0 and self.dist.is_main and (warn := warmup_warning(cfg, self.total_steps)):
             logger.warning("%s", warn)  # (with max_steps set, load_config has said it)
         self.scheduler = build_scheduler(self.optimizer, cfg, self.total_steps)
-        self.step = 0
-        self.done_position = self.stream.position()  # the data position after the last completed step
+        self.step, self.done_position = 0, self.stream.position()  # the data position after the last completed step
 
     def _setup_resume(self) -> None:
         if self.dist.enabled:
@@ -380,6 +379,7 @@ class Trainer:
         """The final model (adapter or full) with tokenizer and model card, loadable by peft / transformers in the
         original class (run/export.py). Rank 0 writes it."""
         card = model_card(self.cfg, self.loaded, self.step, self.out) if self.dist.is_main else None
+        masters_into_model(self.model, self.optimizer)  # the fp32 masters, not their bf16 copies, are exported
         return export.save_final(
             self.out, self.model, self.engine, self.tokenizer, self.dist, adapter=self.cfg.adapter, loaded=self.loaded,
             steps=self.step, card=card,
