@@ -27,7 +27,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hybridtune.bench import report, results
+from hybridtune.bench import pairs, report, results
 from hybridtune.bench.data import pack_layouts
 from hybridtune.bench.modes import OPTION_KEYS, cudagraph_warmup, parse_mode, split_modes
 from hybridtune.bench.worker import FIRST_STEP_MARKER
@@ -157,6 +157,15 @@ def versions(env: dict) -> dict:
     if env["gpu"].get("cuda"):
         out["cuda"] = env["gpu"]["cuda"]
     return out
+
+
+def _installed(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def device_name() -> str:
@@ -306,6 +315,12 @@ def main(argv: list[str]) -> int:
         },
         "modes": {},
     }
+    if any(m.objective != "sft" for m in modes):  # (the pairs' lengths do not depend on the vocabulary)
+        doc["pairs"] = pairs.describe(
+            pairs.make_pairs(settings["seq_len"], settings["layouts"], 2, args.seed), settings["seq_len"]
+        )
+    if any(m.trl for m in modes):
+        doc["versions"]["trl"] = _installed("trl")
     logger.info(
         "bench: %s on %s, %d-token packs, modes %s", preset, doc["device"], settings["seq_len"], ", ".join(labels)
     )

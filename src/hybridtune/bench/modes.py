@@ -3,7 +3,8 @@
 A mode spec is `NAME` or `NAME:key=value,...`. A hybridtune mode is `hybridtune train`'s config (TrainConfig) with
 the mode's keys over it, built by train's own functions (runtime/compose.py), so its options are train's keys with
 train's values: `ht-loop:cuda_graphs=on,compile_regions=true,keep_mixer_cores=true`. The hf-* modes are plain
-transformers + peft (gradient_checkpointing=, pack_layout=, and cuda_graphs= for hf-compile). The mixers' forms in
+transformers + peft (gradient_checkpointing=, pack_layout=, and cuda_graphs= for hf-compile); `ht-*:objective=dpo`
+(simpo, orpo) trains on preference pairs beside TRL's DPOTrainer, `trl-dpo` (bench/trl_dpo.py). The mixers' forms in
 compiled graphs (`registry.graph_forms`: `conv=traced|stacked|op`) are options of a compiled ht mode, the bench's own. The short spellings of earlier runs
 (`cg=on`, `regions=on`, `sac=on`, `gc=off`, `layout=static`, `loss=fused`), in benchmarks/results.jsonl's rows and
 scripts, are read as the train keys they stand for (`current_label`).
@@ -27,6 +28,7 @@ TRAIN_KEYS = {
     "gradient_checkpointing": ("auto", "true", "false"),
     "pack_layout": ("auto", "static", "dynamic"),
     "loss": ("auto", "fused", "plain"),
+    "objective": ("sft", "dpo", "simpo", "orpo"),  # a preference objective trains on the bench's pairs (pairs.py)
 }
 FORMS = registry.graph_forms()  # a mixer's option -> its forms in compiled graphs
 OPTION_KEYS = {**TRAIN_KEYS, **FORMS}  # (listed in `hybridtune bench --help`)
@@ -61,6 +63,13 @@ class Mode:
     static: bool = False  # hf modes: the static pack layout
     forms: dict = field(default_factory=dict)  # ht modes: mixers' forms in compiled graphs (else train's step's)
     options: dict = field(default_factory=dict)
+    trl: bool = False  # TRL's DPOTrainer (bench/trl_dpo.py) on transformers + peft
+    padding_free: bool = False  # trl modes: DPOConfig(padding_free=True)
+
+    @property
+    def objective(self) -> str:
+        """What the mode trains: sft on packed documents, or a preference objective on the bench's pairs."""
+        return "dpo" if self.trl else (self.train or {}).get("objective", "sft")
 
     @property
     def patch(self) -> bool:
@@ -104,6 +113,17 @@ MODES: dict[str, Mode] = {
             "hybridtune train's step, generated per-class forwards compiled, static pack layout (train under "
             "compile: modules)",
             train={**HT_BASE, "compile": "modules", "pack_layout": "static"},
+        ),
+        Mode(
+            "trl-dpo",
+            "TRL's DPOTrainer (objective dpo) on transformers + peft, its own padding, gradient checkpointing",
+            trl=True,
+        ),
+        Mode(
+            "trl-dpo-pf",
+            "TRL's DPOTrainer with padding_free=True (recorded as not run where TRL does not do it)",
+            trl=True,
+            padding_free=True,
         ),
     ]
 }
@@ -187,6 +207,8 @@ def parse_mode(spec: str) -> Mode:
         if not mode.patch or mode.train["compile"] == "off":
             raise ConfigError(f"bench mode '{spec}': {key}= chooses the form of hybridtune's {key} in a compiled mode")
     train = {k: _canonical(k, v, spec) for k, v in options.items() if k not in FORMS}
+    if train.get("objective", "sft") not in TRAIN_KEYS["objective"]:
+        raise ConfigError(f"bench mode '{spec}': objective= takes {'|'.join(TRAIN_KEYS['objective'])} in a bench")
     options = {k: _word(train.get(k, v)) for k, v in options.items()}
     if mode.patch:
         return replace(mode, train={**mode.train, **train}, forms=forms, options=options)
@@ -194,7 +216,17 @@ def parse_mode(spec: str) -> Mode:
 
 
 def _baseline(mode: Mode, train: dict, options: dict, spec: str) -> Mode:
-    """An hf mode with its options: checkpointing, the pack layout, and CUDA graphs for the compiled one."""
+    """An hf mode with its options: checkpointing, the pack layout, and CUDA graphs for the compiled one; a trl mode
+    takes checkpointing and objective=dpo."""
+    if mode.trl:
+        if set(train) - {"gradient_checkpointing", "objective"} or train.get("objective", "dpo") != "dpo":
+            raise ConfigError(f"bench mode '{spec}': a trl mode takes gradient_checkpointing=true|false (it is dpo)")
+        if train.get("gradient_checkpointing") == "auto":
+            raise ConfigError(f"bench mode '{spec}': an hf mode takes explicit values (no auto)")
+        return replace(mode, options=options, gc=bool(train.get("gradient_checkpointing", True)))
+    if train.get("objective", "sft") != "sft":
+        raise ConfigError(f"bench mode '{spec}': an hf-* mode trains sft; trl-dpo is the dpo baseline")
+    train.pop("objective", None)
     unknown = sorted(set(train) - {"gradient_checkpointing", "pack_layout", "cuda_graphs"})
     if unknown:
         raise ConfigError(f"bench mode '{spec}': {', '.join(unknown)} is a hybridtune mode's (ht-*) key")

@@ -5,6 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 BASELINE = "hf-eager"
+DPO_BASELINE = "trl-dpo"  # the baseline of a run without hf-eager: TRL's DPOTrainer beside hybridtune's dpo
+
+
+def baseline(doc: dict) -> str:
+    """The mode the table's ratios are against: hf-eager, or trl-dpo in a run without it."""
+    return DPO_BASELINE if BASELINE not in doc["modes"] and DPO_BASELINE in doc["modes"] else BASELINE
 
 
 def _fmt(v, spec: str, missing: str = "-") -> str:
@@ -33,7 +39,8 @@ def _gemm_rate(g: dict | None) -> str:
 
 def markdown(doc: dict, title: str | None = None) -> str:
     s = doc["settings"]
-    base = doc["modes"].get(BASELINE, {})
+    versus = baseline(doc)
+    base = doc["modes"].get(versus, {})
     base_tps = base.get("tokens_per_s")
     base_mem = base.get("peak_alloc_gib")
     peak = doc.get("peak", {}).get("flops_per_s")
@@ -46,7 +53,7 @@ def markdown(doc: dict, title: str | None = None) -> str:
         f"**{head}** on {doc['device']} ({s['dtype']}; {s['steps']} timed steps after {s['warmup']} warm-up; "
         f"peak {_fmt(peak and peak / 1e12, '.3g')} TFLOP/s measured; commit {doc['git_commit'][:10]})",
         "",
-        "| mode | GC | tokens/s | vs hf-eager | step ms | first step s | peak alloc GiB | vs hf-eager | "
+        f"| mode | GC | tokens/s | vs {versus} | step ms | first step s | peak alloc GiB | vs {versus} | "
         "MFU | HFU | loss step 1 | loss last 10 | breaks | recompiles |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -103,6 +110,12 @@ def markdown(doc: dict, title: str | None = None) -> str:
             + _gemm_rate(r.get("expert_gemms"))
             for k, r in moe.items()
         ]
+    padded = {k: r for k, r in doc["modes"].items() if r.get("padded_tokens_per_pack") and r.get("step_tokens")}
+    for k, r in padded.items():  # (a trl mode: its collator pads each batch to its longest row)
+        real = sum(doc.get("pairs", {}).get("tokens_per_pack", [])) or None
+        pad = sum(r["padded_tokens_per_pack"])
+        share = f" ({100 * (1 - real / pad):.0f}% padding)" if real else ""
+        lines += ["", f"{k}: its padded batches hold {pad:,} token slots per pass over the packs{share}."]
     longer = {  # documents written before the warm-up was one per run (some modes warmed up longer)
         k: r["warmup_steps"] for k, r in doc["modes"].items() if r.get("warmup_steps", s["warmup"]) != s["warmup"]
     }
@@ -125,7 +138,7 @@ def chart(doc: dict, path: Path, title: str | None = None) -> None:
     ok = {k: r for k, r in doc["modes"].items() if "tokens_per_s" in r}
     labels = list(ok)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(labels) + 4), 4.2))
-    colors = ["#888888" if k.startswith("hf-") else "#2b6cb0" for k in labels]
+    colors = ["#888888" if k.startswith(("hf-", "trl-")) else "#2b6cb0" for k in labels]
     ax1.bar(labels, [ok[k]["tokens_per_s"] for k in labels], color=colors)
     ax1.set_ylabel("tokens/s")
     ax1.set_title("throughput (higher is better)")

@@ -23,9 +23,11 @@ from pathlib import Path
 import torch
 from torch._dynamo.utils import compile_times
 
-from hybridtune.batch import NUM_LOSS_TOKENS, NUM_TOKENS
+from hybridtune.batch import NUM_TOKENS
+from hybridtune.bench import pairs as bench_pairs
 from hybridtune.bench.data import make_batches, pack_layouts
 from hybridtune.bench.modes import parse_mode
+from hybridtune.bench.trl_dpo import NotRun, build_trl
 from hybridtune.config import TrainConfig, load_config
 from hybridtune.data.collator import StaticLayout
 from hybridtune.files import atomic_write_text
@@ -177,7 +179,13 @@ def build(spec: dict, mode, device: torch.device, result: dict):
     source = resolve_source(cfg.base_model)
     tokenizer = tokenizer_for(source)
     _kernels(mode, source.config_ref, device, result)
-    layouts = pack_layouts(spec["seq_len"], spec["layouts"], spec["seed"])
+    layouts, packs = pack_layouts(spec["seq_len"], spec["layouts"], spec["seed"]), None
+    if mode.objective != "sft":  # preference pairs (bench/pairs.py), the same for every mode that trains on them
+        packs = bench_pairs.make_pairs(spec["seq_len"], spec["layouts"], len(tokenizer), spec["seed"])
+        layouts = bench_pairs.doc_lens(packs)
+    if mode.trl:
+        c, batches = build_trl(cfg, mode, source, tokenizer, device, packs, result)
+        return cfg, c, None, batches
     if not mode.patch:
         c = _build_baseline(cfg, mode, source, tokenizer, device, result["compile_backend"], result)
         layout = StaticLayout.fit(layouts, max_filler=1.0) if mode.static else None
@@ -202,7 +210,10 @@ def build(spec: dict, mode, device: torch.device, result: dict):
         if cfg.adapter == "lora":
             _lora_result(c.model, cfg, result)
     vocab = text_config(c.run.loaded.model.config).vocab_size
-    batches = [to_device(b, device) for b in make_batches(layouts, vocab, spec["seed"], layout)]
+    if packs is not None:
+        batches = [to_device(b, device) for b in bench_pairs.pair_batches(packs, layout)]
+    else:
+        batches = [to_device(b, device) for b in make_batches(layouts, vocab, spec["seed"], layout)]
     return cfg, c, choices, batches
 
 
@@ -241,7 +252,8 @@ def run_mode(spec: dict) -> dict:
 
     def step(b: dict) -> torch.Tensor:
         """One optimizer step of one micro-batch, as `hybridtune train` runs it (runtime/compose.py)."""
-        (loss,) = compose_step.backward(c, [b], b[NUM_LOSS_TOKENS], params)
+        items = c.engine.objective.window_items([b])  # what the loss averages over: trained tokens, pairs
+        (loss,) = compose_step.backward(c, [b], items, params)
         compose_step.clip(params, cfg.max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -292,7 +304,8 @@ def run_mode(spec: dict) -> dict:
     else:
         result["peak_rss_gib"] = memory_gib(device)
     model_config = c.run.loaded.model.config
-    _flops(spec, checkpointing, keep, model_config, batches, timed, result)
+    result["step_tokens"] = timed_tokens
+    _flops(spec, checkpointing, keep, model_config, batches, timed, result, reference=mode.objective == "dpo")
     if spec.get("save_kernel_configs") and device.type == "cuda" and mode.patch:
         path = Path(spec["save_kernel_configs"])
         try:  # the timed steps are measured already: a table that cannot be written must not lose them
@@ -374,8 +387,9 @@ def find_syncs(run_step) -> dict:
     return {"count": sum(where.values()), "by_line": dict(sorted(where.items(), key=lambda kv: -kv[1])[:15])}
 
 
-def _flops(spec, checkpointing: bool, keep_mixer_cores: bool, cfg, batches, timed, result) -> None:
-    """FLOPs per step (models/flops.py) of the timed steps as this mode ran them; MFU and HFU against the peak."""
+def _flops(spec, checkpointing: bool, keep_mixer_cores: bool, cfg, batches, timed, result, reference=False) -> None:
+    """FLOPs per step (models/flops.py) of the timed steps as this mode ran them, with dpo's reference forward
+    (`reference`: bench/pairs.py's `reference_flops`); MFU and HFU against the peak."""
     n = len(batches)
     warmup = spec["warmup"]
     steps = [batches[i % n]["doc_lens"] for i in range(warmup, warmup + spec["steps"])]
@@ -392,6 +406,11 @@ def _flops(spec, checkpointing: bool, keep_mixer_cores: bool, cfg, batches, time
         )
         for lens in steps
     ]
+    if reference:
+        refs = [bench_pairs.reference_flops(cfg, lens) for lens in steps]
+        result["reference_flops_per_step"] = sum(refs) / len(refs)
+        for f, r in zip(per, refs):
+            f.model, f.hardware = f.model + r, f.hardware + r
     model_f, hw_f = sum(f.model for f in per), sum(f.hardware for f in per)
     result["model_flops_per_step"] = model_f / len(per)
     result["hardware_flops_per_step"] = hw_f / len(per)
@@ -415,7 +434,7 @@ def main(argv: list[str]) -> int:
             result = measure_peak(dev)
         else:
             result = run_mode(spec)
-    except ImportError as e:
+    except (ImportError, NotRun) as e:
         result = {"skipped": f"{e}"}
     except Exception as e:  # reported in the table, never a hang or a lost run
         result = {"error": f"{type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-6000:]}
