@@ -6,7 +6,7 @@ with its tokenizer and a model card (README.md), written atomically as safetenso
   `mtp.*` weights transformers never loads), the source's processor and chat-template files. An adapter's keys
   follow the original tree; `base_model_name_or_path` is the base as the user named it (a hub id, with its
   `revision`, or the checkpoint directory), for a preset the `base_model/` written beside `final/`, relative to the
-  adapter (run/adapter_base.py).
+  adapter (run/adapter_base.py). A QLoRA run's base_model/ holds its NF4 weights dequantised (runtime/quant.py).
 
 - Guarded (run/guarded.py): modes follow the umask (safetensors writes 0600); NaN or Inf weights are refused and
   the size (tensors plus tokenizer) checked against the free space before anything is written; a disk that fills
@@ -27,12 +27,12 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from hybridtune.files import atomic_write_text
 from hybridtune.models import source
-from hybridtune.models.anatomy import unwrap
+from hybridtune.models.anatomy import text_model, unwrap
 from hybridtune.models.loading import LoadedModel
 from hybridtune.models.patching import original_config
 from hybridtune.run import adapter_base, guarded, integrity, serving
 from hybridtune.run import checkpoint as ckpt
-from hybridtune.runtime import distributed
+from hybridtune.runtime import distributed, quant
 from hybridtune.runtime.lora import strip_base_layer
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 FINAL_DIR = ckpt.FINAL_DIR
 BASE_DIR = adapter_base.BASE_DIR
 INFO_FILE = ckpt.FINAL_META
+QUANT = quant.QUANTIZATION
 TOKENIZER_BYTES_PER_TOKEN = 96  # tokenizer.json (+ vocab/merges where written): about 75 bytes a token for Qwen's
 
 
@@ -171,16 +172,21 @@ def save_final(
         parts = []
         tok = tokenizer_bytes(tokenizer)
         base_dir = None
+        quantized = adapter == "lora" and quant.is_quantized(model)
         if adapter == "lora" and loaded.source_dir is None:
             # A preset's base weights exist only in memory: save them so the adapter can be loaded and merged.
             base_dir = out / BASE_DIR
             base = model.get_base_model()
             base_state = unwrapped_base_state(base, full)
+            if quantized:  # a QLoRA base: its NF4 weights dequantised into the dtype the rest of it is held in
+                base_state = quant.dequantized_state(base_state, text_model(base).embed_tokens.weight.dtype)
 
             def write_base(tmp: Path) -> None:
                 with original_config(base):
                     base.save_pretrained(tmp, state_dict=base_state, safe_serialization=True)
                 tokenizer.save_pretrained(tmp)
+                if quantized:  # what run/merge.py reads: these weights are the 4-bit base's values already
+                    atomic_write_text(tmp / quant.DEQUANTIZED_FILE, json.dumps({"dequantized_from": QUANT}))
 
             guarded.refuse_non_finite(base_state, "the base model", base_dir)
             parts.append((base_dir, tensor_bytes(base_state) + tok, write_base))
@@ -215,6 +221,8 @@ def save_final(
             tokenizer.save_pretrained(tmp)
             source.carry_files(tmp, loaded.source_dir)
             info = {"base_model": loaded.name, "revision": loaded.revision, "adapter": adapter, "steps": steps}
+            if quantized:  # the adapter trained on the NF4 base: `merge` folds it into that base's values
+                info["base_quantization"] = QUANT
             atomic_write_text(tmp / INFO_FILE, json.dumps(info, indent=2))
             if card is not None:
                 atomic_write_text(tmp / "README.md", card)

@@ -9,6 +9,7 @@ adapter's `base_model_name_or_path` (a directory, or a hub id at its `revision` 
 is written through the guarded layer (run/guarded.py): NaN or Inf weights refused and the size checked before anything
 is written, modes per the umask, a damaged base, a shape mismatch or a full disk one line, SIGTERM removes the
 temporary directory (`.tmp-<OUT>-*` beside OUT), and one a killed merge left is removed by the next merge to OUT.
+A QLoRA adapter is folded into its base's values through NF4 (the base it trained on), in the base's dtype.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from hybridtune.models.loading import model_class
 from hybridtune.models.trust import NO_CODE, refuse_custom_code
 from hybridtune.run import guarded, integrity
 from hybridtune.run.adapter_base import adapter_base
-from hybridtune.run.checkpoint import MARKER, is_ours
+from hybridtune.run.checkpoint import FINAL_META, MARKER, is_ours
 from hybridtune.run.export import BASE_DIR, tensor_bytes, tokenizer_bytes
+from hybridtune.runtime import quant
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +79,9 @@ def _merge(adapter_dir: Path, out_dir: Path, overwrite: bool) -> Path:
     refuse_custom_code(base_path)
     base = _load_base(base_path)
     dtype = text_model(base).embed_tokens.weight.dtype
+    if trained_on_nf4(adapter_dir, base_path):
+        n = quant.roundtrip_targets(base)
+        logger.info("QLoRA adapter: %d base weights through NF4 and back (the values it trained on), in %s", n, dtype)
     try:
         model = PeftModel.from_pretrained(base, str(adapter_dir))
     except (OSError, ValueError, KeyError, RuntimeError, TypeError, SafetensorError) as e:  # missing, mismatched
@@ -110,6 +115,18 @@ def _merge(adapter_dir: Path, out_dir: Path, overwrite: bool) -> Path:
     guarded.atomic_dir(out_dir, write, need, message)
     logger.info("merged %s into %s -> %s", adapter_dir, base_path, out_dir)
     return out_dir
+
+
+def trained_on_nf4(adapter_dir: Path, base_path: Path) -> bool:
+    """Whether the adapter trained on a 4-bit NF4 base (its final/hybridtune.json says so) that `base_path` holds
+    unquantised: a checkpoint, not the dequantised base_model/ a QLoRA run on a preset writes."""
+    info = adapter_dir / FINAL_META
+    try:
+        recorded = json.loads(info.read_text(encoding="utf-8")) if info.is_file() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ModelError(f"{info}: not the JSON training wrote; restore it or remove it") from None
+    nf4 = isinstance(recorded, dict) and recorded.get("base_quantization") == quant.QUANTIZATION
+    return nf4 and not (base_path / quant.DEQUANTIZED_FILE).is_file()
 
 
 def _first(e: BaseException) -> str:

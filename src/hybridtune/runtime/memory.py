@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from hybridtune.mixers import MIXERS, registry
 from hybridtune.mixers.registry import Activations
 from hybridtune.models.anatomy import decoder_layers
+from hybridtune.ops import nf4
 
 # Workspaces (cuBLAS, FLA's kernels), the fused loss's logits chunk (ops/loss.py: about 1 GiB in fp32) and the
 # allocator's slack: a fixed allowance on top of the per-token bytes.
@@ -185,7 +186,13 @@ def resident_bytes(params) -> int:
     params = list(params)
     if any(p.is_meta for p in params):
         return 0
-    return sum(p.numel() * p.element_size() for p in params)
+    return sum(nf4.nbytes(p) for p in params)  # a QLoRA base's NF4 weights as they are held (4 bits a value)
+
+
+def dequantized_bytes(params) -> int:
+    """The transient a QLoRA base adds to a step (ops/nf4.py): its largest NF4 weight dequantised to bf16 and cast
+    for the matmul, in the forward and again in the backward (one at a time); 0 without an NF4 weight."""
+    return 2 * max((p.numel() * 2 for p in params if nf4.is_nf4(p)), default=0)
 
 
 @dataclass(frozen=True)

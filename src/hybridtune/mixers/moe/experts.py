@@ -10,7 +10,7 @@ the CPU); other dtypes or unaligned sizes use transformers' `grouped_mm_fallback
 `route_lora(model)` gives each outermost peft `ParamWrapper` (LoRA through `target_parameters`) a forward computing,
 per expert e and routed row x, `x W_e^T + s (x A_e^T) B_e` as three grouped GEMMs (`lora_A` [E*r, in] read as A_e
 [r, in], `lora_B` [out, r*E] read as B_e [r, out], s = alpha/r), never forming the [E, out, in] delta; the adapter
-saved is peft's own. Other adapter states or layouts keep peft's forward.
+saved is peft's own. Other adapter states or layouts keep peft's forward. A QLoRA base holds the two weights in NF4.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import types
 import torch
 import torch.nn.functional as F
 from transformers.integrations import moe as hf_moe
+
+from hybridtune.ops import nf4
 
 try:  # pins an operand's layout inside a compiled graph (see _Dense)
     from torch._inductor.inductor_prims import force_stride_order as _force_stride_order
@@ -134,8 +136,12 @@ def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _project(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, factors) -> torch.Tensor:
-    """x [S, in] through each row's expert of `weight` [E, out, in], plus its LoRA `factors` (A, B, s) if any."""
-    y = grouped_mm(x, _cast(weight, x.dtype).transpose(1, 2), offs)
+    """x [S, in] through each row's expert of `weight` [E, out, in] (an NF4 one: ops/nf4.py, dequantised inside the
+    product and again in its backward), plus its LoRA `factors` (A, B, s) if any."""
+    if nf4.is_nf4(weight):
+        y = nf4.grouped(x, weight, offs, grouped_mm)
+    else:
+        y = grouped_mm(x, _cast(weight, x.dtype).transpose(1, 2), offs)
     if factors is None:
         return y
     a, b, scaling = factors
