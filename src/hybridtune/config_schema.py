@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
 from hybridtune.config_grpo import GRPOKeys, grpo_checks
+from hybridtune.config_vision import VisionKeys
 
 # Default LoRA targets: attention projections, the linear-attention mixers' projections and the MLP (dense and MoE
 # experts' shared MLP). Names that a model lacks are simply not matched; at least one must match.
@@ -92,7 +93,7 @@ class DatasetConfig:
 
 
 @dataclass
-class TrainConfig(GRPOKeys):
+class TrainConfig(GRPOKeys, VisionKeys):
     # model
     base_model: str = _f(
         "tiny-qwen3_5",

@@ -102,6 +102,11 @@ def run_trl(a, root: Path, data: Path) -> dict:
     from reward_digits import digits  # noqa: E402 - the file written beside the data
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    bypassed = []
+    if device.type == "cuda":  # plain transformers can only bypass FLA's Hopper guard (as the bench's hf modes do)
+        from hybridtune.mixers import registry
+
+        bypassed = [n for n in (s.bypass() for s in registry.selftests()) if n]
     cfg = load_config(None, {"base_model": a.base_model, "adapter": "lora", "lora_r": 16, "lora_dropout": 0.0,
                              "seed": 0})  # fmt: skip
     tok = tokenizer_for(a.base_model)
@@ -154,7 +159,7 @@ def run_trl(a, root: Path, data: Path) -> dict:
     trainer = trl.GRPOTrainer(model=model, reward_funcs=[digits], args=args, train_dataset=Dataset.from_list(rows),
                               processing_class=tok, callbacks=[Timer()])  # fmt: skip
     trainer.train()
-    return {"trl": trl.__version__, "steps": steps}
+    return {"trl": trl.__version__, "steps": steps, "kernel_guard": bypassed}
 
 
 def median_after(steps: list[dict], key: str, skip: int = 2) -> float | None:

@@ -23,6 +23,7 @@ from hybridtune.runtime.distributed import ONE, Dist
 from hybridtune.runtime.lora import hold_adapter, lora_from_config
 from hybridtune.runtime.masters import split
 from hybridtune.runtime.optim import model_dtype, uses_masters
+from hybridtune.runtime.vision_train import train_vision
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ def build_model(cfg: TrainConfig, source, tokenizer, device: torch.device, bf16:
     if cfg.adapter == "lora":
         model = lora_from_config(model, cfg)
         hold_adapter(loaded)
+    model = train_vision(model, cfg)  # (a vision tower or merger the run trains: runtime/vision_train.py)
     if loaded.reader is None:  # (a checkpoint the meta path cannot name loads whole: models.loading says so)
         model.to(device)
     if uses_masters(cfg, bf16, dist):  # bf16 weights; their fp32 tensors go to the optimizer (masters.py)

@@ -102,14 +102,16 @@ class Decoder:
         """Left-pad `prompts` (one per row) to their bucket, prefill, and return the last logits [rows, V] and each
         row's next position [rows, 1]."""
         self.cache.reset()
+        self.steps = 0
         width = _bucket(max(map(len, prompts)))
         ids = torch.full((self.rows, width), pad, dtype=torch.long)
         self.mask.zero_()
         mask = torch.zeros(self.rows, self.length, dtype=torch.long)
         for r, p in enumerate(prompts):
             ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[r, width - len(p) :] = 1  # the prompt, and every later slot (the causal mask hides the future)
+            mask[r, width - len(p) : width] = 1  # the prompt; each new token's slot is opened before its step
         self.mask.copy_(mask)
+        self.width = width
         ids = ids.to(self.device)
         pos = (self.mask[:, :width].cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=self.mask[:, :width], position_ids=pos,
@@ -119,6 +121,8 @@ class Decoder:
     def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """The next logits [rows, V] after `tok` [rows] at positions `pos` [rows, 1]."""
         tok = tok[:, None]
+        self.mask[:, self.width + self.steps] = 1  # this token's slot (the buffer keeps its address for the graphs)
+        self.steps += 1
         if self.compiled is None:
             self.compiled = self._compile(tok, pos)
         if self.compiled:

@@ -47,3 +47,33 @@ def test_packed_forward_under_autocast_matches_per_document():
             err = (packed[:, start : start + n] - alone).norm() / alone.norm()
             assert err < 2e-2, (n, float(err))  # bf16 kernels on both sides, different tilings
             start += n
+
+
+def test_two_d_padding_mask_over_a_static_cache_sees_only_written_past_keys():
+    """The SDPA fallback's flash-style 2-D mask [B, L] (the L tokens so far) over S >= L keys (a static cache's
+    unwritten slots at the end): each query sees the unpadded keys up to its own position and nothing after L,
+    equal to attention computed directly on the keys it may see (fp64), for a prefill (T = L) and a decode step
+    (T = 1), with left padding."""
+    import math
+    from types import SimpleNamespace
+
+    from hybridtune.mixers.attention.varlen import _sdpa_fallback
+
+    g = torch.Generator().manual_seed(0)
+    B, H, D, S = 3, 2, 8, 13
+    module = SimpleNamespace(is_causal=True, num_key_value_groups=1, training=False)
+    for L, T in ((7, 7), (9, 1)):
+        q = torch.randn(B, H, T, D, generator=g, dtype=torch.float64)
+        k = torch.randn(B, H, S, D, generator=g, dtype=torch.float64)
+        v = torch.randn(B, H, S, D, generator=g, dtype=torch.float64)
+        mask = torch.ones(B, L, dtype=torch.long)
+        mask[1, :2] = 0  # left padding
+        mask[2, :4] = 0
+        got, _ = _sdpa_fallback(module, q, k, v, mask, 1 / math.sqrt(D), 0.0)
+        for b in range(B):
+            for t in range(T):
+                pos = L - T + t
+                keep = [j for j in range(pos + 1) if mask[b, j]]
+                w = (torch.einsum("hd,hkd->hk", q[b, :, t], k[b, :, keep]) / math.sqrt(D)).softmax(-1)
+                want = torch.einsum("hk,hkd->hd", w, v[b, :, keep])
+                torch.testing.assert_close(got[b, t], want, rtol=1e-9, atol=1e-9)

@@ -71,10 +71,14 @@ def _sdpa_fallback(module, query, key, value, attention_mask, scaling, dropout, 
         causal = torch.ones(T, T, dtype=torch.bool, device=query.device).tril()
         attention_mask = (causal[None] & (doc[:, :, None] == doc[:, None, :]))[:, None]
     elif attention_mask is not None and attention_mask.dim() == 2:
-        # flash-style 2-D padding mask [B, T]: expand to a boolean causal & padding mask [B, 1, T, T].
-        T = query.shape[-2]
-        causal = torch.ones(T, T, dtype=torch.bool, device=query.device).tril()
-        attention_mask = causal[None, None] & attention_mask.bool()[:, None, None, :]
+        # flash-style 2-D padding mask [B, L] over the L tokens so far (past and these T): a boolean causal & padding
+        # mask [B, 1, T, S] over the S keys. A static cache's keys run past L (its unwritten slots: never seen).
+        T, S, L = query.shape[-2], key.shape[-2], attention_mask.shape[-1]
+        seen = attention_mask.bool()
+        seen = torch.nn.functional.pad(seen, (0, S - L), value=False) if L < S else seen[:, L - S :]
+        at = torch.arange(T, device=query.device) + (L - T)  # each query's position among the L tokens
+        causal = torch.arange(S, device=query.device)[None, :] <= at[:, None]
+        attention_mask = causal[None, None] & seen[:, None, None, :]
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
 
 
