@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"base_model": a.base_model, "adapter": a.adapter, "rows": a.rows, "new_tokens": a.new_tokens,
            "prompt_tokens": [low, high], "device": torch.cuda.get_device_name(0) if bf16 else "cpu", "decoders": {}}  # fmt: skip
     for name, fn in (("hf-generate", hf_generate), ("ht-rollout", ours)):
-        if a.only and not name.endswith(a.only) and not (a.only == "hf" and name == "hf-generate"):
+        if a.only and name != {"hf": "hf-generate", "ours": "ht-rollout"}[a.only]:
             continue
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
