@@ -1,7 +1,7 @@
 """Rollout generation speed: the in-process decoder of on-policy training (runtime/rollout.py) beside transformers'
 `generate` on the same model and prompts (issue 38's question), one process.
 
-    python -m hybridtune.bench.generation [--base_model qwen3_5-2b] [--adapter lora] [--rows 64] [--new_tokens 512]
+    python -m hybridtune.bench.generation [--base_model qwen3_5-2b] [--adapter lora] [--rows N] [--new_tokens N]
         [--prompt_tokens 64-512] [--output_dir DIR] [--results benchmarks/results.jsonl]
 
 Both sample (temperature 1, no top-p) exactly `new_tokens` tokens per row (no end-of-turn stops: random weights end

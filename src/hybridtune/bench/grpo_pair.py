@@ -1,19 +1,14 @@
-"""A GRPO step, hybridtune beside TRL's GRPOTrainer (no vLLM: generation in process, as both run on one GPU),
-on the same model, prompts and reward (issue 38's second question).
+"""A GRPO step, hybridtune beside TRL's GRPOTrainer (no vLLM), on the same model, prompts and reward.
 
     python -m hybridtune.bench.grpo_pair [--base_model qwen3_5-2b] [--steps 5] [--prompts 8] [--num_generations 8]
         [--max_completion_length 512] [--prompt_tokens 64-256] [--output_dir DIR] [--results T] [--only ht|trl]
 
-hybridtune runs as `hybridtune train --objective grpo` in its own process (its metrics.jsonl gives each step's wall
-seconds, `step_s`, and its generation seconds, `time/generation_s`); TRL runs GRPOTrainer in another process on the
-preset's same weights with the same LoRA (r=16, hybridtune's targets: the adapters are built by hybridtune's
-`lora_from_config` and handed to TRL), timed by a callback (each step synchronised) with transformers' `generate`
-timed inside it. Both: `prompts` prompts x `num_generations` completions per step, sampled at temperature 1 to
-`max_completion_length` tokens (random weights rarely end a turn: both do the full length), beta 0 (TRL's default:
-no reference model), loss_type dapo (TRL's default), bf16, gradient checkpointing, one optimizer step per batch of
-completions. The reward is one function both import from the same file (the share of digits in the completion).
-The figure is the median step time over the steps after the first two (the first compiles and autotunes).
-Writes DIR/grpo_pair.json and, with --results, one row per tool.
+hybridtune runs `hybridtune train --objective grpo` in its own process (metrics.jsonl's `step_s` and
+`time/generation_s`); TRL runs in another on the preset's same weights with hybridtune's LoRA (r=16), timed by a
+callback with transformers' `generate` timed inside. Both: prompts x num_generations completions per step at
+temperature 1, beta 0 and loss_type dapo (TRL's defaults), bf16, gradient checkpointing, one optimizer step per
+batch of completions, one reward both import from one file. The figure: the median step after the first two.
+Writes DIR/grpo_pair.json and, with --results, one row per tool (docs/CONFIG.md, objective grpo, has the method).
 """
 
 from __future__ import annotations
