@@ -43,8 +43,8 @@ def test_unknown_key_names_nearest(tmp_path):
 def test_ill_typed_and_out_of_range(tmp_path):
     with pytest.raises(ConfigError, match="key 'lora_r': expected int, got 'eight'"):
         load_config(None, parse_overrides(["--lora_r", "eight"]))
-    with pytest.raises(ConfigError, match="key 'adapter': expected 'lora' | 'full'"):
-        load_config(None, {"adapter": "qlora"})
+    with pytest.raises(ConfigError, match=r"key 'adapter': expected 'lora' \| 'qlora' \| 'full'"):
+        load_config(None, {"adapter": "prefix"})
     p = tmp_path / "c.yaml"
     p.write_text("micro_batch_size: 1\nsequence_len: many\n")
     with pytest.raises(ConfigError, match=r"c\.yaml:2: key 'sequence_len': expected 'auto' \| int"):

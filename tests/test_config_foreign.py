@@ -47,25 +47,22 @@ def test_an_axolotl_config_gives_all_its_errors_in_one_run(tmp_path, capsys):
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert "Traceback" not in err
-    assert lines[0] == "error: 4 problems in the config (each below; fix them all, nothing was run):", lines
+    # load_in_4bit: true with adapter: qlora is QLoRA (runtime/quant.py), as Axolotl means it
+    assert lines[0] == "error: 2 problems in the config (each below; fix them all, nothing was run):", lines
     problems = lines[1:]
-    assert len(problems) == 4, problems
-    assert problems[0].endswith(
-        "axolotl.yaml:2: unknown config key 'load_in_4bit': quantized base weights (QLoRA, "
-        "bitsandbytes) are not supported yet; use adapter: lora on the bf16 base"
-    )
-    assert "axolotl.yaml:3: key 'adapter': expected 'lora' | 'full', got 'qlora': quantized" in problems[1]
-    assert "axolotl.yaml:10: key 'datasets[0].type'" in problems[2] and "type: chat here" in problems[2]
-    assert "axolotl.yaml:17: unknown config key 'optimizer'; did you mean 'optim'?" in problems[3]
-    assert "tokenizer" not in problems[3]
+    assert len(problems) == 2, problems
+    assert "axolotl.yaml:10: key 'datasets[0].type'" in problems[0] and "type: chat here" in problems[0]
+    assert "axolotl.yaml:17: unknown config key 'optimizer'" in problems[1]
+    assert "tokenizer" not in problems[1]
     assert not (tmp_path / "out").exists()  # nothing ran
 
 
 def test_the_supported_part_of_an_axolotl_config_is_accepted(tmp_path):
     p = tmp_path / "axolotl.yaml"
     text = AXOLOTL.format(out=tmp_path / "out").replace("chat_template", "chat")
-    p.write_text("\n".join(line for line in text.splitlines() if not line.startswith(("load_in", "adapter", "optim"))))
-    cfg = load_config(p, {"adapter": "lora"})
+    p.write_text("\n".join(line for line in text.splitlines() if not line.startswith("optim")))
+    cfg = load_config(p)
+    assert (cfg.adapter, cfg.load_in_4bit) == ("lora", True)  # adapter: qlora + load_in_4bit: true
     assert cfg.lora_target_modules == ["all-linear"] and cfg.warmup_ratio == 0.03
     assert cfg.datasets[0].type == "chat" and cfg.lora_dropout == 0.05
 
@@ -96,8 +93,9 @@ def test_a_key_hybridtune_has_under_another_name(tmp_path, key, value, ours):
 @pytest.mark.parametrize(
     "key, says",
     [
-        ("load_in_8bit: true", "quantized base weights"),
-        ("quantization_bit: 4", "quantized base weights"),
+        ("load_in_8bit: true", "quantized base is NF4 (torchao; bf16 compute): set load_in_4bit: true"),
+        ("quantization_bit: 4", "set load_in_4bit: true"),
+        ("bnb_4bit_quant_type: nf4", "no bnb_* keys"),
         ("deepspeed: ds_z3.json", "run with --nproc N and set distributed"),
         ("fsdp: full_shard auto_wrap", "run with --nproc N and set distributed"),
         ("flash_attention: true", "picks its attention and linear-attention kernels itself"),

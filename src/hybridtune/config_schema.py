@@ -144,9 +144,13 @@ class TrainConfig(GRPOKeys, VisionKeys):
     excess_length_strategy: Literal["truncate", "drop"] = _f("truncate", "examples longer than sequence_len")
     train_on_inputs: bool = _f(False, "also train on prompt/user tokens (default: assistant/response only)")
     # adapter
-    adapter: Literal["lora", "full"] = _f(
-        "full", "full fine-tune (default, as in Axolotl when no adapter is set) or a LoRA adapter through peft"
-    )
+    adapter: Literal["lora", "qlora", "full"] = _f("full", "full (default), lora (through peft) or qlora: 4-bit base")
+    load_in_4bit: bool = _f(False, "QLoRA: the frozen base's linear and expert weights in 4-bit NF4 while loading")
+
+    def __post_init__(self) -> None:  # adapter: qlora is Axolotl's spelling of lora + load_in_4bit
+        if self.adapter == "qlora":
+            self.adapter, self.load_in_4bit = "lora", True
+
     lora_r: int = _f(16, "LoRA rank")
     lora_alpha: int = _f(32, "LoRA alpha (scale = alpha / r)")
     lora_dropout: float = _f(0.0, "LoRA dropout")
@@ -293,6 +297,7 @@ def range_checks(cfg: TrainConfig) -> list[tuple[bool, str, Any, str]]:
             "must be at least 1",
         ),
         (cfg.lora_r >= 1, "lora_r", cfg.lora_r, "must be at least 1"),
+        (not cfg.load_in_4bit or cfg.adapter == "lora", "load_in_4bit", True, "needs adapter: lora (a frozen base)"),
         (0.0 <= cfg.lora_dropout < 1.0, "lora_dropout", cfg.lora_dropout, "must be in [0, 1)"),
         (cfg.learning_rate == "auto" or cfg.learning_rate > 0, "learning_rate", cfg.learning_rate, "must be positive"),
         (
@@ -408,7 +413,7 @@ def config_help() -> str:
 
 # Keys of other fine-tuning tools (Axolotl, LLaMA-Factory, TRL / transformers' TrainingArguments) -> hybridtune's key
 # of the same meaning and values, or what to do instead, in words.
-_QUANTIZED = "quantized base weights (QLoRA, bitsandbytes) are not supported yet; use adapter: lora on the bf16 base"
+_QUANTIZED = "hybridtune's quantized base is NF4 (torchao; bf16 compute): set load_in_4bit: true, no bnb_* keys"
 _ENGINE = "hybridtune shards with its own DDP/FSDP2: run with --nproc N and set distributed (ddp | fsdp); remove it"
 _KERNELS = "hybridtune picks its attention and linear-attention kernels itself (see the kernels key); remove it"
 _UPLOAD = "hybridtune does not upload: the run's final/ (or an exported checkpoint) is the model to upload; remove it"
@@ -436,7 +441,6 @@ FOREIGN_KEYS: dict[str, str] = {
     "finetuning_type": "set adapter: lora or adapter: full",
     "use_peft": "set adapter: lora",
     "lora_target_linear": "write lora_target_modules: all-linear",
-    "load_in_4bit": _QUANTIZED,
     "load_in_8bit": _QUANTIZED,
     "quantization_bit": _QUANTIZED,
     "bnb_4bit_quant_type": _QUANTIZED,
@@ -488,7 +492,6 @@ FOREIGN_DATASET_KEYS: dict[str, str] = {
 }
 # Values of other tools for hybridtune keys: key -> value -> what to write instead.
 FOREIGN_VALUES: dict[str, dict[str, str]] = {
-    "adapter": {"qlora": _QUANTIZED},
     "type": {
         "chat_template": "Axolotl's chat_template is type: chat here (or auto; the tokenizer's template renders it)",
         "completion": "Axolotl's completion is type: text here",

@@ -40,6 +40,7 @@ from hybridtune.run.merge import read_adapter_config
 from hybridtune.run.outdir import RUN_FILE
 from hybridtune.runtime.defaults import recorded_values
 from hybridtune.runtime.lora import lora_from_config
+from hybridtune.runtime.quant import materialize_quantized
 
 logger = logging.getLogger(__name__)
 
@@ -261,7 +262,10 @@ def _open_checkpoint(path: Path, run: TrainConfig | None, patched: bool, dtype: 
     source = resolve_source(run.base_model, base_revision(run, path))
     tok = checkpoint_tokenizer(path, run, source)
     lora = run.adapter == "lora"
-    loaded = load_model(source, tok, seed=run.seed, dtype=(dtype or torch.float32) if lora else torch.float32)
+    held = (dtype or torch.float32) if lora else torch.float32
+    loaded = load_model(source, tok, seed=run.seed, dtype=held, meta=run.load_in_4bit)
+    if run.load_in_4bit:  # QLoRA: the NF4 base it trained on (runtime/quant.py)
+        materialize_quantized(loaded, torch.device("cpu"), held)
     model = loaded.model
     if patched:
         patch_model(model)

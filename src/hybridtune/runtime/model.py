@@ -23,6 +23,7 @@ from hybridtune.runtime.distributed import ONE, Dist
 from hybridtune.runtime.lora import hold_adapter, lora_from_config
 from hybridtune.runtime.masters import split
 from hybridtune.runtime.optim import model_dtype, uses_masters
+from hybridtune.runtime.quant import check_supported, materialize_quantized
 from hybridtune.runtime.vision_train import train_vision
 
 logger = logging.getLogger(__name__)
@@ -54,9 +55,13 @@ def build_model(cfg: TrainConfig, source, tokenizer, device: torch.device, bf16:
     shards after `fully_shard`, so no rank holds the whole model. Under LoRA the adapter alone has values before
     that: peft draws it on the host as over a plain base (`lora.apply_lora`), and `lora.hold_adapter` keeps it for
     the fill."""
-    meta = dist.engine == "fsdp"
+    if cfg.load_in_4bit:  # QLoRA: built on the meta device, each weight read then quantised (runtime/quant.py)
+        check_supported(dist.world, dist.engine)
+    meta = dist.engine == "fsdp" or cfg.load_in_4bit
     dtype = master_dtype(cfg.adapter, bf16, model_dtype(cfg, bf16))
     loaded = load_model(source, tokenizer, seed=cfg.seed, dtype=dtype, meta=meta)
+    if cfg.load_in_4bit:
+        materialize_quantized(loaded, device, dtype)
     model = loaded.model
     report = patch_model(model)
     logger.info("%s", report)
