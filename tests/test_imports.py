@@ -28,6 +28,7 @@ LEAVES = frozenset(
         "hybridtune.files",
         "hybridtune.models.anatomy",
         "hybridtune.config_grpo",
+        "hybridtune.config_vision",
     }
 )
 # `python -m hybridtune` runs __main__, whose one job is to call the CLI.

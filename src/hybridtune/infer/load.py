@@ -41,6 +41,7 @@ from hybridtune.run.outdir import RUN_FILE
 from hybridtune.runtime.defaults import recorded_values
 from hybridtune.runtime.lora import lora_from_config
 from hybridtune.runtime.quant import materialize_quantized
+from hybridtune.runtime.vision_train import train_vision
 
 logger = logging.getLogger(__name__)
 
@@ -271,6 +272,7 @@ def _open_checkpoint(path: Path, run: TrainConfig | None, patched: bool, dtype: 
         patch_model(model)
     if lora:
         model = lora_from_config(model, run)
+    model = train_vision(model, run)  # (its vision LoRA, or its trained tower's dtype, as the run had them)
     state = ckpt.load_weights(path, model, trainable_only=lora)
     if dtype is not None and not lora:
         model.to(dtype)
