@@ -89,6 +89,8 @@ def test_qlora_merge_onto_a_checkpoint_uses_the_nf4_base(tmp_path, small_data):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from hybridtune.infer.load import open_model
+
     src = make_checkpoint(tmp_path, "qwen3_next")
     cfg = make_cfg(tmp_path / "run", small_data, base_model=str(src), adapter="qlora", max_steps=2, lora_dropout=0.0)
     cfg.learning_rate, cfg.lora_target_parameters = 0.05, ["gate_up_proj", "down_proj"]
@@ -101,6 +103,8 @@ def test_qlora_merge_onto_a_checkpoint_uses_the_nf4_base(tmp_path, small_data):
     torch.testing.assert_close(_logits(merged, ids), adapted, rtol=1e-4, atol=1e-4)
     plain = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(src)), str(res.final_dir))
     assert (_logits(plain, ids) - adapted).abs().max() > 1e-3  # the unquantised base would not be it
+    opened = open_model(str(res.final_dir))  # what generate, chat and eval use: the NF4 values too
+    torch.testing.assert_close(_logits(opened.model, ids), adapted, rtol=1e-4, atol=1e-4)
 
 
 def test_compiled_loop_over_an_nf4_base_has_no_graph_break():

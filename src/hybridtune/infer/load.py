@@ -36,11 +36,11 @@ from hybridtune.run import checkpoint as ckpt
 from hybridtune.run.adapter_base import adapter_base as base_of_adapter
 from hybridtune.run.base import base_revision
 from hybridtune.run.export import FINAL_DIR, INFO_FILE
-from hybridtune.run.merge import read_adapter_config
+from hybridtune.run.merge import read_adapter_config, trained_on_nf4
 from hybridtune.run.outdir import RUN_FILE
 from hybridtune.runtime.defaults import recorded_values
 from hybridtune.runtime.lora import lora_from_config
-from hybridtune.runtime.quant import materialize_quantized
+from hybridtune.runtime.quant import materialize_quantized, roundtrip_targets
 from hybridtune.runtime.vision_train import train_vision
 
 logger = logging.getLogger(__name__)
@@ -211,6 +211,8 @@ def _open_adapter(path: Path, patched: bool, dtype: torch.dtype | None) -> Opene
     source = resolve_source(base_name, revision if isinstance(revision, str) else None)
     tok = load_tokenizer(str(path), None) if (path / "tokenizer_config.json").is_file() else tokenizer_for(source)
     loaded = load_model(source, tok, dtype=dtype)
+    if source.path is not None and trained_on_nf4(path, source.path):  # QLoRA: the NF4 values it trained on
+        roundtrip_targets(loaded.model)
     if patched:
         patch_model(loaded.model)
     try:

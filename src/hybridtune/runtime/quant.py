@@ -91,8 +91,8 @@ def materialize_quantized(loaded, device: torch.device, dtype: torch.dtype) -> d
                 block = reader(name, 0, p.shape[0] if p.dim() else 0)
             else:
                 block = p.detach()
-            if name in wanted:
-                t = nf4.quantize(block.to(device))
+            if name in wanted:  # (cast on the host: the device holds the bf16 tensor alone, then its NF4)
+                t = nf4.quantize(block.to(torch.bfloat16).to(device))
                 figures["nf4_bytes"] += nf4.nbytes(t)
                 figures["nf4_weights"] += 1
                 figures["bf16_bytes_of_targets"] += block.numel() * 2
