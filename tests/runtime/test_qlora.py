@@ -131,3 +131,16 @@ def test_qlora_and_load_in_4bit_in_config():
         load_config(None, {"load_in_4bit": True})  # a full fine-tune
     with pytest.raises(ConfigError, match="one process"):
         quant.check_supported(2, "ddp")
+
+
+def test_the_step_estimate_counts_the_dequantised_transient():
+    """`choices.state_bytes` (what the checkpointing choice weighs before the first step) adds the largest NF4
+    weight dequantised twice in bf16 to a QLoRA run's trainable state."""
+    from hybridtune.runtime.choices import state_bytes
+    from hybridtune.runtime.distributed import ONE
+
+    model, _ = qlora_model("tiny-qwen3_5_moe", experts=True, layers=["linear_attention"])
+    largest = max(p.numel() for p in model.parameters() if nf4.is_nf4(p))
+    with_nf4 = state_bytes(model, ONE, bf16=True)
+    dequantize_in_place(model)
+    assert with_nf4 - state_bytes(model, ONE, bf16=True) == 2 * largest * 2

@@ -31,6 +31,7 @@ from hybridtune.runtime.memory import (
     ActivationShapes,
     ShardedModel,
     decide_checkpointing,
+    dequantized_bytes,
     fsdp_group,
     optimizer_bytes,
     resident_bytes,
@@ -124,7 +125,8 @@ def state_bytes(model: torch.nn.Module, d: distributed.Dist, bf16: bool, cfg: Tr
     optim = optim_name(cfg) if cfg is not None else "adamw"
     masters = cfg is not None and uses_masters(cfg, bf16, d)
     held = sum(optimizer_bytes(optim, p.numel(), p.element_size(), masters) for p in trainable)
-    return held + (own if d.engine == "ddp" and d.enabled else 0) + copies
+    # A QLoRA base: its largest NF4 weight dequantised for its matmul, forward and backward (ops/nf4.py).
+    return held + (own if d.engine == "ddp" and d.enabled else 0) + copies + dequantized_bytes(model.parameters())
 
 
 def choose_bf16(cfg: TrainConfig, facts: Facts) -> Choice:
