@@ -113,7 +113,7 @@ def probe_padding_free(trl, datasets, cfg, mode) -> None:
     probe = resolve_source(PROBE)
     tokenizer = tokenizer_for(probe)
     model = load_model(probe, tokenizer, seed=0, dtype=torch.float32).model
-    model = lora_from_config(model, dataclasses.replace(cfg, lora_target_parameters=[]))
+    model = lora_from_config(model, dataclasses.replace(cfg, lora_r=4, lora_alpha=8, lora_target_parameters=[]))
     with tempfile.TemporaryDirectory(prefix="hybridtune-trl-") as out:
         trainer = _trainer(trl, datasets, model, tokenizer, dpo_config(trl, cfg, mode, torch.device("cpu"), out))
     if not getattr(trainer, "padding_free", False):
