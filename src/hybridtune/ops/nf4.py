@@ -113,6 +113,25 @@ def dequantize(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tenso
     return t if dtype is None else t.to(dtype)
 
 
+def dequantize_bounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`dequantize(t, dtype)` (the same values) holding at most `CHUNK` values' temporaries at once beside the
+    result: torchao's `get_original_weight` holds 16 bytes of indices a value, too much for a layer's fused experts
+    in eager mode. Under torch.compile the plain form is traced (inductor fuses it)."""
+    if torch.compiler.is_compiling() or not is_nf4(t):
+        return dequantize(t, dtype)
+    out = torch.empty(t.shape, dtype=dtype, device=t.device)
+    flat, data = out.view(-1), t.quantized_data
+    scalers = t.dequantize_scalers(t.quantized_scalers, t.quantization_factor, t.scaler_block_size)
+    step = CHUNK // 2  # bytes (two values each) per chunk: whole blocks
+    for start in range(0, data.numel(), step):
+        part = data[start : start + step]
+        codes = torch.stack([part >> 4, part & 0b1111], dim=-1).view(-1).long()
+        first = start * 2 // BLOCK
+        values = t.nf4[codes].view(-1, BLOCK) * scalers[first : first + codes.numel() // BLOCK, None]
+        flat[start * 2 : start * 2 + codes.numel()] = values.view(-1).to(dtype)
+    return out
+
+
 def roundtrip(t: torch.Tensor) -> torch.Tensor:
     """`t` through NF4 and back, in `t`'s dtype: the values a 4-bit base computes with."""
     return dequantize(quantize(t), t.dtype)
@@ -126,12 +145,12 @@ class _Grouped(torch.autograd.Function):
     def forward(ctx, x, weight, offs, mm):
         ctx.save_for_backward(weight, offs)
         ctx.mm = mm
-        return mm(x, weight.get_original_weight().to(x.dtype).transpose(1, 2), offs)
+        return mm(x, dequantize_bounded(weight, x.dtype).transpose(1, 2), offs)
 
     @staticmethod
     def backward(ctx, grad):
         weight, offs = ctx.saved_tensors
-        w = weight.get_original_weight().to(grad.dtype).contiguous()
+        w = dequantize_bounded(weight, grad.dtype)
         return ctx.mm(grad.contiguous(), w, offs), None, None, None
 
 
