@@ -144,7 +144,7 @@ class TrainConfig(GRPOKeys, VisionKeys):
     excess_length_strategy: Literal["truncate", "drop"] = _f("truncate", "examples longer than sequence_len")
     train_on_inputs: bool = _f(False, "also train on prompt/user tokens (default: assistant/response only)")
     # adapter
-    adapter: Literal["lora", "qlora", "full"] = _f("full", "full (default), lora (through peft) or qlora: 4-bit base")
+    adapter: Literal["lora", "qlora", "full"] = _f("full", "full fine-tune (default), lora (peft), qlora (4-bit base)")
     load_in_4bit: bool = _f(False, "QLoRA: the frozen base's linear and expert weights in 4-bit NF4 while loading")
 
     def __post_init__(self) -> None:  # adapter: qlora is Axolotl's spelling of lora + load_in_4bit

@@ -147,3 +147,17 @@ def test_the_step_estimate_counts_the_dequantised_transient():
     with_nf4 = state_bytes(model, ONE, bf16=True)
     dequantize_in_place(model)
     assert with_nf4 - state_bytes(model, ONE, bf16=True) == 2 * largest * 2
+
+
+def test_the_loop_inlines_every_layer_over_an_nf4_base():
+    """torch's compiled regions (invoke_subgraph) take no tensor subclass: under load_in_4bit the loop inlines."""
+    from hybridtune.config import load_config
+    from hybridtune.runtime.choices import choose_compile_regions
+    from hybridtune.runtime.facts import Facts
+
+    facts = Facts(device="cuda")
+    assert choose_compile_regions(load_config(None, {"adapter": "lora"}), facts, "loop").value is True
+    choice = choose_compile_regions(load_config(None, {"adapter": "qlora"}), facts, "loop")
+    assert choice.value is False and "NF4" in choice.reason and not choice.warnings
+    forced = choose_compile_regions(load_config(None, {"adapter": "qlora", "compile_regions": True}), facts, "loop")
+    assert forced.value is False and forced.warnings

@@ -128,3 +128,19 @@ def test_compiled_loop_over_an_nf4_base_has_no_graph_break():
         assert_close_step(train_step(model, b), want, "cpu")
     assert dict(counters["graph_break"]) == {}
     assert counters["stats"]["unique_graphs"] == 1 and handle.calls == 2 and handle.eager_calls == 0
+
+
+def test_trainer_compiled_loop_with_the_fused_loss_over_an_nf4_base(tmp_path, small_data, aot_eager):
+    """The trainer's own compiled loop (aot_eager: AOT autograd traces the backward too) with the fused loss over a
+    QLoRA base: no graph break, and the losses of the same run uncompiled."""
+    from torch._dynamo.utils import counters
+
+    from train_runs import run_static
+
+    _, plain = run_static(tmp_path / "off", small_data, max_steps=2, compile="off", adapter="qlora")
+    counters.clear()
+    t, looped = run_static(tmp_path / "loop", small_data, max_steps=2, compile="loop", adapter="qlora")
+    assert t.choices.fused_loss.value is True and aot_eager and any(nf4.is_nf4(p) for p in t.model.parameters())
+    assert t.choices.compile_regions.value is False  # torch's regions take no NF4 weight: every layer inlined
+    assert dict(counters["graph_break"]) == {}
+    assert looped.losses == pytest.approx(plain.losses, rel=1e-5, abs=0)

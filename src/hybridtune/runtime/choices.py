@@ -325,6 +325,9 @@ def choose_compile_regions(cfg: TrainConfig, facts: Facts, strategy: str) -> Cho
             warns.append(f"compile_regions: no effect under compile strategy '{strategy}' (regions are the loop's)")
         auto = "auto: " if cfg.compile_regions == "auto" else ""
         return Choice(False, f"{auto}no loop (compile {strategy})", tuple(warns))
+    if cfg.load_in_4bit:  # torch's regions (the invoke_subgraph HOP) take no tensor subclass such as NF4 weights
+        warns = ("compile_regions: true has no effect under load_in_4bit",) if cfg.compile_regions is True else ()
+        return Choice(False, "load_in_4bit: every layer inlined (torch's regions take no NF4 weight yet)", warns)
     if cfg.compile_regions != "auto":
         warns = []
         if cfg.compile_regions is True and facts.engine != "none":
