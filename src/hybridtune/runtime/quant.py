@@ -114,17 +114,20 @@ def materialize_quantized(loaded, device: torch.device, dtype: torch.dtype) -> d
         loaded.reader = None
     else:
         model.to(device)
-    gib = 2**30
     logger.info(
-        "QLoRA base: %d weights in NF4 (%.2f GiB; %.2f GiB in bf16), the rest %.2f GiB in %s (embeddings, lm_head, "
-        "norms, GDN conv/A_log/dt_bias, router, gates)",
+        "QLoRA base: %d weights in NF4 (%s; %s in bf16), the rest %s in %s (embeddings, lm_head, norms, GDN "
+        "conv/A_log/dt_bias, router, gates)",
         figures["nf4_weights"],
-        figures["nf4_bytes"] / gib,
-        figures["bf16_bytes_of_targets"] / gib,
-        figures["dense_bytes"] / gib,
+        _size(figures["nf4_bytes"]),
+        _size(figures["bf16_bytes_of_targets"]),
+        _size(figures["dense_bytes"]),
         str(dtype).removeprefix("torch."),
     )
     return figures
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
 
 
 def is_quantized(model: torch.nn.Module) -> bool:
