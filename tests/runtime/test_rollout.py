@@ -125,3 +125,28 @@ def test_compiled_decoder_equals_the_eager_one_on_cuda(caplog):
     object.__setattr__(model, "_hybridtune_decoder", eager)
     want = sample_groups(model, ps, 1, 40, [], temperature=0.0)
     assert got == want
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", PRESETS)
+def test_the_decode_step_traces_as_one_graph_and_equals_eager(preset):
+    """The decode step, with the decoder's own masks, traces whole under Dynamo on the CPU's ops (fullgraph: no
+    graph break, no data-dependent branch) and the traced step gives the eager step's logits on the same state.
+    (On the H200 the compiled step failed with "Data-dependent branching" in a GPU-only part not found yet: FLA's
+    recurrent kernel is the difference; benchmarks/reports/2026-12-04b-dpo-grpo-on-h200.md.)"""
+    from hybridtune.runtime.rollout import Decoder, _restore, _state
+
+    model = policy(preset, "lora")
+    model.eval()
+    ps = prompts(3, seed=9)
+    dec = Decoder(model, 3, 64 + 4, torch.device("cpu"))
+    with torch.no_grad():
+        logits, pos = dec.prefill(ps, pad=0)
+        tok = logits.argmax(-1)[:, None]
+        dec.mask[:, dec.width] = True
+        saved = _state(dec.cache)
+        want = dec._step(tok, pos)
+        _restore(dec.cache, saved)
+        torch._dynamo.reset()
+        got = torch.compile(dec._step, fullgraph=True, backend="eager")(tok, pos)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -80,12 +80,22 @@ class Decoder:
     def __init__(self, model: torch.nn.Module, rows: int, length: int, device: torch.device):
         self.model, self.rows, self.length, self.device = model, rows, length, device
         self.cache = StaticCache(config=text_config(model), max_batch_size=rows, max_cache_len=length)
-        self.mask = torch.zeros(rows, length, dtype=torch.long, device=device)  # 1: a real token (prompt or new)
+        self.mask = torch.zeros(rows, length, dtype=torch.bool, device=device)  # a written slot (prompt or new)
+        self.types = set(getattr(text_config(model), "layer_types", None) or ["full_attention"])
         self.compiled = None  # the graphed step; None: not tried yet; False: the eager step (failed or not a GPU)
         self.how = "eager"
 
+    def _masks(self, seen: torch.Tensor, recurrent: torch.Tensor | None) -> dict | torch.Tensor:
+        """The layers' masks, made here rather than by transformers (whose padding checks read the mask on the host,
+        which a CUDA graph cannot hold): attention's boolean [rows, 1, T, length] (`seen`: which slots each query
+        sees), the GDN layers' 2-D padding mask of this forward's tokens (None: no padding, a decode step)."""
+        if not self.types <= {"full_attention", "linear_attention"}:  # another model family: transformers' masks
+            return self.mask.long() if recurrent is None else recurrent.long()
+        return {"full_attention": seen, "linear_attention": recurrent}
+
     def _step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=tok, attention_mask=self.mask, position_ids=pos, past_key_values=self.cache,
+        masks = self._masks(self.mask[:, None, None, :], None)
+        out = self.model(input_ids=tok, attention_mask=masks, position_ids=pos, past_key_values=self.cache,
                          use_cache=True, logits_to_keep=1)  # fmt: skip
         return out.logits[:, -1].float()
 
@@ -97,22 +107,26 @@ class Decoder:
         width = _bucket(max(map(len, prompts)))
         ids = torch.full((self.rows, width), pad, dtype=torch.long)
         self.mask.zero_()
-        mask = torch.zeros(self.rows, self.length, dtype=torch.long)
+        mask = torch.zeros(self.rows, self.length, dtype=torch.bool)
         for r, p in enumerate(prompts):
             ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[r, width - len(p) : width] = 1  # the prompt; each new token's slot is opened before its step
+            mask[r, width - len(p) : width] = True  # the prompt; each new token's slot is opened before its step
         self.mask.copy_(mask)
         self.width = width
         ids = ids.to(self.device)
-        pos = (self.mask[:, :width].cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=self.mask[:, :width], position_ids=pos,
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)  # fmt: skip
+        pos = (self.mask[:, :width].long().cumsum(-1) - 1).clamp(min=0)
+        slots = torch.arange(self.length, device=self.device)
+        causal = slots[None, :] <= slots[:width, None]  # [width, length]: a query sees its own slot and before
+        seen = causal[None, None] & self.mask[:, None, None, :]
+        masks = self._masks(seen, self.mask[:, :width])
+        out = self.model(input_ids=ids, attention_mask=masks, position_ids=pos, past_key_values=self.cache,
+                         use_cache=True, logits_to_keep=1)  # fmt: skip
         return out.logits[:, -1].float(), pos[:, -1:] + 1
 
     def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """The next logits [rows, V] after `tok` [rows] at positions `pos` [rows, 1]."""
         tok = tok[:, None]
-        self.mask[:, self.width + self.steps] = 1  # this token's slot (the buffer keeps its address for the graphs)
+        self.mask[:, self.width + self.steps] = True  # this token's slot (the buffer keeps its address for the graphs)
         self.steps += 1
         if self.compiled is None:
             self.compiled = self._compile(tok, pos)
@@ -135,8 +149,13 @@ class Decoder:
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001 - any failure: the next way, said once
                 _restore(self.cache, saved)
-                why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-                logger.warning("rollout decoder: the %s step failed (%s)", how, why)
+                lines = str(e).splitlines()
+                why = lines[0][:200] if lines else type(e).__name__
+                where = [x.strip() for x in lines if x.strip().startswith("File ")][-1:]  # Dynamo's user frame
+                logger.warning(
+                    "rollout decoder: the %s step failed (%s%s)", how, why, f"; at {where[0]}" if where else ""
+                )
+                logger.debug("rollout decoder: the %s step's failure", how, exc_info=True)
                 continue
             _restore(self.cache, saved)
             err = (got.float() - want).abs().max().item()
