@@ -4,8 +4,10 @@ checkpointing, LoRA, on the device, in the dtypes training holds it in.
 A full fine-tune loads fp32 master weights whatever dtype the checkpoint was saved in. Under bf16 with `optim: adamw`
 in one process or DDP the masters move into the optimizer's state and the model computes on bf16 weights
 (runtime/masters.py); under FSDP2 they stay fp32 shards (bf16 autocast computes); `adamw_bf16_sr` holds bf16.
-Under LoRA the frozen base is held in bf16 when bf16 computes (half the memory, no per-step casts), fp32 otherwise, and peft keeps the adapters in fp32. Parameters outside the
-text model (a vision tower) are frozen and stay as saved.
+Under LoRA the frozen base is held in bf16 when bf16 computes (half the memory, no per-step casts), fp32 otherwise,
+and peft keeps the adapters in fp32 (QLoRA: the base's linears in NF4, runtime/quant.py). Parameters outside the text
+model (the vision tower, the merger) stay frozen as saved unless `freeze_vision_tower` / `freeze_multi_modal_projector`
+are false (config_vision.py: then they train as the language model does).
 """
 
 from __future__ import annotations
