@@ -49,6 +49,13 @@ def write_data(root: Path, n: int, low: int, high: int, seed: int) -> Path:
     return path
 
 
+def last_error(text: str, default: str) -> str:
+    """The last line of a log that names an error (a progress bar's line is not one), else its last line."""
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    named = [x for x in lines if "Error" in x or x.lower().startswith("error")]
+    return ((named or lines or [default])[-1])[:300]
+
+
 def run_ht(a, root: Path, data: Path) -> dict:
     out = root / "ht"
     cmd = [sys.executable, "-m", "hybridtune", "train", "--base_model", a.base_model, "--adapter", "lora",
@@ -68,7 +75,7 @@ def run_ht(a, root: Path, data: Path) -> dict:
     rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
     rows = [r for r in rows if r.get("type") == "train"]
     if proc.returncode or not rows:
-        res["error"] = (proc.stderr.strip().splitlines() or ["no metrics"])[-1][:300]
+        res["error"] = last_error(proc.stderr, "no metrics")
         return res
     res["steps"] = [{"step": r["step"], "step_s": r.get("step_s"), "generation_s": r.get("time/generation_s"),
                      "loss": r.get("step_loss", r.get("loss")), "mem_gib": r.get("mem_gib"),
@@ -197,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         (root / "trl.log").write_text(proc.stdout + proc.stderr)
         got = json.loads((root / "trl.json").read_text()) if (root / "trl.json").is_file() else {}
         if proc.returncode or not got.get("steps"):
-            got["error"] = (proc.stderr.strip().splitlines() or ["no steps"])[-1][:300]
+            got["error"] = last_error(proc.stderr, "no steps")
         doc["tools"]["trl"] = got
     for name, r in doc["tools"].items():
         if r.get("steps"):
