@@ -59,11 +59,16 @@ def test_a_full_fine_tune_of_a_bf16_checkpoint_keeps_fp32_masters(tmp_path, data
     # a bf16 step there is 1.2e-4), so a bf16 parameter would round every update away.
     t = _train(tmp_path / "out", data, ckpt, bf16=True, learning_rate=1e-5, max_grad_norm=0.0, max_steps=2)
     assert t.loaded.source_dtype == torch.bfloat16
+    # The model computed on bf16 weights; the fp32 masters lived in the optimizer's state (runtime/masters.py) with
+    # fp32 moments and gradients, and the end of the run put them back into the model (what final/ was written from).
     trainable = {n: p for n, p in t.model.named_parameters() if p.requires_grad}
     assert trainable and {p.dtype for p in trainable.values()} == {torch.float32}
-    state = [v for s in t.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    assert len(state) == 3 * len(trainable) and {v.dtype for v in state} == {torch.float32}  # step, exp_avg, exp_avg_sq
-    assert all(p.grad is None or p.grad.dtype == torch.float32 for p in trainable.values())
+    states = [t.optimizer.state[p] for p in trainable.values()]
+    assert all(set(s) == {"step", "exp_avg", "exp_avg_sq", "master"} for s in states)
+    assert {v.dtype for s in states for v in s.values()} == {torch.float32}
+    assert all(s["master"].grad is None or s["master"].grad.dtype == torch.float32 for s in states)
+    for p, s in zip(trainable.values(), states):
+        assert torch.equal(p.detach(), s["master"])  # the final weights are the masters, not their bf16 copies
     # The updates landed: nearly every weight of the decoder layers moved, by less than bf16 could have held.
     moved = kept_in_bf16 = total = 0
     for n, p in trainable.items():
