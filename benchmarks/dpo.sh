@@ -5,8 +5,9 @@
 #
 # One `hybridtune bench` per shape (SHAPES, default "qwen3_5-2b:6:20 qwen3_5-9b:3:12": preset:warm-up:timed
 # steps), LoRA r=16 (alpha 32, train's targets), packs of SEQ (8192) tokens of preference pairs (prompt 200-1,000
-# tokens, replies 100-800: bench/pairs.py), modes MODES (default trl-dpo,trl-dpo-pf,ht-loop:objective=dpo: the baseline first, so its row exists
-# whatever hybridtune's cold compile takes: on 2026-12-04 it outlasted both shapes' budgets, report 2026-12-04b):
+# tokens, replies 100-800: bench/pairs.py), modes MODES (default trl-dpo, trl-dpo-pf, then hybridtune's dpo step with
+# train's own GPU defaults (regions, CUDA graphs, kept cores: `auto`), the baseline first so its row exists whatever
+# hybridtune's cold compile takes: on 2026-12-04 ht-loop with every layer inlined outlasted both shapes' budgets):
 #   ht-loop:objective=dpo  hybridtune train's dpo step, the decoder loop compiled (first step over 190 s cold at 2B)
 #   trl-dpo                TRL 1.16's DPOTrainer on transformers + peft, its own padding, gradient checkpointing
 #   trl-dpo-pf             the same with padding_free=True: TRL 1.16 turns it off, so this is a row saying so
@@ -33,7 +34,7 @@ mkdir -p "$OUT"
 LOG=$OUT/dpo.log
 T0=${T0:-570} NINE=${NINE:-270} STARTUP=${STARTUP:-240} SEQ=${SEQ:-8192} LAYOUTS=${LAYOUTS:-8}
 SHAPES=${SHAPES:-"qwen3_5-2b:6:20 qwen3_5-9b:3:12"}
-MODES=${MODES:-trl-dpo,trl-dpo-pf,ht-loop:objective=dpo}
+MODES=${MODES:-trl-dpo,trl-dpo-pf,ht-loop:objective=dpo,cuda_graphs=auto,compile_regions=auto,keep_mixer_cores=auto}
 EXTRA=${EXTRA:-}
 R=${R:-/tmp/dpo}
 . benchmarks/env.sh  # wheels into /tmp/site, PYTHONPATH, caches, R, HT, RESULTS, finish
