@@ -147,7 +147,7 @@ def _store(fingerprint: str, verdict: Verdict) -> None:
         logger.warning("could not write the self-test cache %s: %s", path, e)
 
 
-def fingerprint(kernel: str, layout: Any, device_index: int = 0) -> str:
+def fingerprint(kernel: str, layout: Any, device_index: int = 0, variant: str | None = None) -> str:
     import torch  # why here: `python -m hybridtune.kernels.selftest --help` and doctor load no torch for this
 
     suite = suite_of(layout)
@@ -157,8 +157,11 @@ def fingerprint(kernel: str, layout: Any, device_index: int = 0) -> str:
         [f"torch {torch.__version__}", *(f"{k} {dist_version(d) or 'none'}" for k, d in suite.versions)]
     )
     # The shipped autotuning table picks the kernels' configs: a verdict holds for the table it ran under.
+    # A backend that is not FLA's Triton (FlashQLA) holds for its own version instead, and is keyed by its name.
     shape = suite.shape(kernel, layout)
-    return f"v{SELFTEST_VERSION}|{name}|sm{cap}|{versions}|{kernel}|{shape}|bf16|configs {tuned.digest(name)}"
+    own = getattr(suite, "variant_versions", lambda _v: None)(variant)
+    configs = f"configs {tuned.digest(name)}" if own is None else f"{variant}|{own}"
+    return f"v{SELFTEST_VERSION}|{name}|sm{cap}|{versions}|{kernel}|{shape}|bf16|{configs}"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -200,46 +203,60 @@ def _verify_suite(suite: SelfTestSuite, layouts: list, use_cache: bool, device_i
     for kernel in suite.kernels:
         guarded = suite.guarded(kernel)
         for lay in layouts:
-            v = Verdict(kernel, lay, None, backend=backend, device=dev_name, guard_active=guard and guarded)
             if backend != suite.package:
+                v = Verdict(kernel, lay, None, backend=backend, device=dev_name, guard_active=guard and guarded)
                 v.reason = f"the ops run the torch reference here ({why}); nothing fast to verify"
                 out.append(v)
                 continue
-            v.fingerprint = fingerprint(kernel, lay, device_index)
-            hit = cache.get(v.fingerprint)
-            if hit is not None:
-                v.passed, v.errors, v.reason, v.cached = (
-                    hit.get("passed"),
-                    hit.get("errors", {}),
-                    hit.get("reason", ""),
-                    True,
-                )
-            else:
-                if guarded:  # the trial itself needs the guard lifted for this layout
-                    suite.grant(lay, f"kernels.selftest: trial on {dev_name}")
-                _run(suite, v, device)
-                if v.errors or v.passed is not None:
-                    _store(v.fingerprint, v)
-            if guarded:
-                if v.passed:
-                    worst = max(v.errors.values(), default=0.0)
-                    suite.grant(lay, f"kernels.selftest: max rel err {worst:.4f} on {dev_name}")
-                    v.granted = True
-                else:
-                    suite.revoke(lay)
-            if v.passed is False:
-                logger.error(
-                    "kernel self-test FAILED: %s %s on %s: %s. Fix: %s", kernel, lay, dev_name, v.reason, v.fix
-                )
-            out.append(v)
+            # A suite may test a kernel on several backends (the GDN chunk: the one FLA would use, then its fallback)
+            for variant, label in getattr(suite, "variants", lambda *_: [(None, backend)])(kernel, lay, device):
+                out.append(_verify_one(suite, kernel, lay, variant, label, device, device_index, cache, guard))
     return out
 
 
-def _run(suite: SelfTestSuite, v: Verdict, device) -> None:
-    """One check, timed, its errors and pass or fail into `v`."""
+def _verify_one(suite, kernel, lay, variant, label, device, device_index, cache, guard) -> Verdict:
+    """One kernel of one layout on one backend (`variant`, None: the suite's only one): cached or run; a guarded
+    kernel's grant kept on a pass and revoked on a failure, for that backend only."""
+    import torch  # why here: see fingerprint
+
+    guarded = suite.guarded(kernel)
+    dev_name = torch.cuda.get_device_name(device_index)
+    keyed = {} if variant is None else {"backend": variant}
+    v = Verdict(kernel, lay, None, backend=label, device=dev_name, guard_active=guard and guarded)
+    v.fingerprint = fingerprint(kernel, lay, device_index, variant)
+    hit = cache.get(v.fingerprint)
+    if hit is not None:
+        v.passed, v.errors, v.reason, v.cached = (
+            hit.get("passed"),
+            hit.get("errors", {}),
+            hit.get("reason", ""),
+            True,
+        )
+    else:
+        if guarded:  # the trial itself needs the guard lifted for this layout
+            suite.grant(lay, f"kernels.selftest: trial on {dev_name}", **keyed)
+        _run(suite, v, device, variant)
+        if v.errors or v.passed is not None:
+            _store(v.fingerprint, v)
+    if guarded:
+        if v.passed:
+            worst = max(v.errors.values(), default=0.0)
+            suite.grant(lay, f"kernels.selftest: max rel err {worst:.4f} on {dev_name}", **keyed)
+            v.granted = True
+        else:
+            suite.revoke(lay, **keyed)
+    if v.passed is False:
+        logger.error(
+            "kernel self-test FAILED: %s %s (%s) on %s: %s. Fix: %s", kernel, lay, label, dev_name, v.reason, v.fix
+        )
+    return v
+
+
+def _run(suite: SelfTestSuite, v: Verdict, device, variant: str | None = None) -> None:
+    """One check (on backend `variant` when the suite has several), timed, its errors and pass or fail into `v`."""
     t0 = time.perf_counter()
     try:
-        v.errors = suite.check(v.kernel, v.layout, device)
+        v.errors = suite.check(v.kernel, v.layout, device, **({} if variant is None else {"variant": variant}))
         bad = {n: e for n, e in v.errors.items() if not e <= TOLERANCE}
         v.passed = not bad
         v.reason = "" if v.passed else "rel err over tolerance: " + ", ".join(f"{n} {e:.4g}" for n, e in bad.items())

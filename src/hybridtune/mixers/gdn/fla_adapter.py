@@ -93,6 +93,15 @@ def load() -> FLA:
     )
 
 
+def flash_qla():
+    """The `flash_qla` module (its raw `chunk_gated_delta_rule_fwd` / `_bwd`), imported on first use: the ops call
+    it only where `backend.for_op` chose FlashQLA, which needs it findable. FLAUnavailable when it does not import."""
+    try:
+        return importlib.import_module("flash_qla")
+    except Exception as e:
+        raise FLAUnavailable(f"flash-qla was chosen for the GDN chunk but does not import: {e}") from e
+
+
 _TURNED_OFF: str | None = None
 
 

@@ -10,7 +10,9 @@ explicitly and says so in its output. Nothing here changes FLA globally: `lifted
 module-level `IS_NVIDIA_HOPPER` that the guard reads to False for the duration of one backward call
 and restores it after.
 
-Key: (H, HV, K, V) = (key heads, value heads, key head dim, value head dim).
+Key: (H, HV, K, V) = (key heads, value heads, key head dim, value head dim), per backend of the GDN chunk
+(`backend.TRITON` or `backend.FLASH_QLA`): a grant for FLA's Triton kernels does not cover FlashQLA's, nor the
+reverse. The ops take FlashQLA for a layout only while it holds a FlashQLA grant (`backend.for_op`).
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ from __future__ import annotations
 import contextlib
 import threading
 
-_GRANTS: dict[tuple, str] = {}
+_GRANTS: dict[tuple, str] = {}  # (backend, H, HV, K, V) -> source
 _LOCK = threading.RLock()
 
 GUARD_MODULE = "fla.ops.common.chunk_o"
 # The one name the guard reads at call time in both 0.5.x (`IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0`)
 # and 0.6.x (`... and not TRITON_ABOVE_3_7_1`); elsewhere in that module it is only read at import.
 GUARD_FLAG = "IS_NVIDIA_HOPPER"
+TRITON = "fla-triton"  # = backend.TRITON (the default backend of a grant)
+BACKENDS = (TRITON, "flash-qla")
 
 
 def _key(key) -> tuple:
@@ -34,28 +38,35 @@ def _key(key) -> tuple:
     return key
 
 
-def grant(key: tuple, source: str) -> None:
-    """Allow the GDN backward for head layout `key` = (H, HV, K, V); `source` says who verified it
+def _backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"FLA guard backend must be one of {BACKENDS}, got {backend!r}")
+    return backend
+
+
+def grant(key: tuple, source: str, backend: str = TRITON) -> None:
+    """Allow the GDN chunk of head layout `key` = (H, HV, K, V) on `backend` (FLA's Triton backward: past FLA's
+    Hopper guard; FlashQLA: at all); `source` says who verified it
     (e.g. "kernels.selftest: max rel err <error> on <device>" or "bench: explicit grant")."""
     if not source:
         raise ValueError("fla_guard.grant needs a source naming who verified this head layout")
     with _LOCK:
-        _GRANTS[_key(key)] = str(source)
+        _GRANTS[(_backend(backend), *_key(key))] = str(source)
 
 
-def revoke(key: tuple) -> None:
-    """Withdraw a grant (tests)."""
+def revoke(key: tuple, backend: str = TRITON) -> None:
+    """Withdraw a grant (a failed self-test; tests)."""
     with _LOCK:
-        _GRANTS.pop(_key(key), None)
+        _GRANTS.pop((_backend(backend), *_key(key)), None)
 
 
-def is_granted(key) -> bool:
-    return _key(key) in _GRANTS
+def is_granted(key, backend: str = TRITON) -> bool:
+    return (_backend(backend), *_key(key)) in _GRANTS
 
 
-def granted() -> dict:
-    """{(H, HV, K, V): source} of every grant so far."""
-    return dict(_GRANTS)
+def granted(backend: str = TRITON) -> dict:
+    """{(H, HV, K, V): source} of every grant to `backend` so far."""
+    return {k[1:]: v for k, v in dict(_GRANTS).items() if k[0] == backend}
 
 
 def guard_active() -> bool:
@@ -81,7 +92,7 @@ def lifted(key):
 
     key = _key(key)
     mod = importlib.import_module(GUARD_MODULE)
-    if key in _GRANTS and hasattr(mod, GUARD_FLAG):
+    if (TRITON, *key) in _GRANTS and hasattr(mod, GUARD_FLAG):
         with _LOCK:
             old = getattr(mod, GUARD_FLAG)
             setattr(mod, GUARD_FLAG, False)
@@ -100,5 +111,5 @@ def lifted(key):
             f"for head layout (H, HV, K, V) = {key}. hybridtune lifts that guard only for head layouts "
             "verified on this device: run the kernel self-test (`hybridtune doctor`), which calls "
             f"hybridtune.mixers.gdn.fla_guard.grant({key}, source), or upgrade Triton to >= 3.7.1. "
-            f"Granted so far: {sorted(_GRANTS) or 'none'}."
+            f"Granted so far: {sorted(granted()) or 'none'}."
         ) from e

@@ -10,7 +10,9 @@ as well. Packing metadata comes from the collator, computed once per batch:
 so nothing inside the compiled graph calls `nonzero`, `.item()` or `.tolist()`.
 
 Backends, chosen per call from the input device:
-    CUDA + flash-linear-attention 0.5.x/0.6.x: FLA's raw Triton forward/backward (`fla_adapter`).
+    CUDA + flash-linear-attention 0.5.x/0.6.x: FLA's raw Triton forward/backward (`fla_adapter`); for the delta
+    rule, FlashQLA's raw forward/backward instead where FLA itself would dispatch to it and the self-test granted
+    it for the head layout (`backend.for_op`).
     anything else: the pure-torch reference (`reference.py`); its backward recomputes the reference
     under autograd. On CUDA without FLA this is slow, and says so once.
 """
@@ -22,6 +24,7 @@ import logging
 
 import torch
 
+from hybridtune.mixers.gdn import backend as chunk_backend
 from hybridtune.mixers.gdn import fla_adapter, fla_guard
 from hybridtune.mixers.gdn.reference import (
     CHUNK_SIZE,
@@ -218,6 +221,20 @@ def gdn_chunk_op(
         if use_qk_l2norm:
             qc, _ = f.l2norm_fwd(qc)
             kc, _ = f.l2norm_fwd(kc)
+        if chunk_backend.for_op((H, HV, K, v.shape[3])).name == chunk_backend.FLASH_QLA:
+            g_cum, A, o, *_ = fla_adapter.flash_qla().chunk_gated_delta_rule_fwd(
+                q=qc,
+                k=kc,
+                v=v.contiguous(),
+                g=g.float().contiguous(),
+                beta=beta.contiguous(),
+                scale=scale,
+                initial_state=None,
+                cu_seqlens=cu,
+                output_final_state=False,
+                is_train=True,  # the intra-card split must match the backward's (which decides with is_train=True)
+            )
+            return o.to(v.dtype).contiguous(), g_cum.float().contiguous(), A.to(k.dtype).contiguous()
         g_cum, o, A, *_ = fla_adapter.keywords(
             f.gdn_fwd,
             q=qc,
@@ -272,22 +289,37 @@ def gdn_chunk_bwd_op(
         if use_qk_l2norm:
             qc, q_rstd = f.l2norm_fwd(qc)
             kc, k_rstd = f.l2norm_fwd(kc)
-        with fla_guard.lifted((H, HV, K, V)):
-            dq, dk, dv, db, dg, *_ = fla_adapter.keywords(
-                f.gdn_bwd,
+        if chunk_backend.for_op((H, HV, K, V)).name == chunk_backend.FLASH_QLA:
+            dq, dk, dv, db, dg, *_ = fla_adapter.flash_qla().chunk_gated_delta_rule_bwd(
                 q=qc,
                 k=kc,
                 v=v.contiguous(),
                 g=g_cum,
                 beta=beta.contiguous(),
                 A=A,
-                scale=scale,
-                initial_state=None,
                 do=do.contiguous(),
                 dht=None,
+                scale=scale,
+                initial_state=None,
                 cu_seqlens=cu,
-                chunk_indices=ci,
             )
+        else:
+            with fla_guard.lifted((H, HV, K, V)):
+                dq, dk, dv, db, dg, *_ = fla_adapter.keywords(
+                    f.gdn_bwd,
+                    q=qc,
+                    k=kc,
+                    v=v.contiguous(),
+                    g=g_cum,
+                    beta=beta.contiguous(),
+                    A=A,
+                    scale=scale,
+                    initial_state=None,
+                    do=do.contiguous(),
+                    dht=None,
+                    cu_seqlens=cu,
+                    chunk_indices=ci,
+                )
         if use_qk_l2norm:
             dq = f.l2norm_bwd(qc, q_rstd, dq)
             dk = f.l2norm_bwd(kc, k_rstd, dk)

@@ -13,6 +13,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from hybridtune.mixers.gdn import backend as chunk_backend
 from hybridtune.mixers.gdn import fla_adapter, fla_guard
 from hybridtune.models.anatomy import text_config
 
@@ -172,8 +173,25 @@ class Suite:
         """What of the layout a kernel's verdict depends on (part of its cache key)."""
         return f"{layout.key}" if kernel == CHUNK else f"D={layout.conv_dim} W={layout.conv_kernel}"
 
-    def check(self, kernel: str, layout: Layout, device) -> dict[str, float]:
-        return (_check_gdn if kernel == CHUNK else _check_conv)(layout, device)
+    def variants(self, kernel: str, layout: Layout, device) -> list[tuple[str | None, str]]:
+        """[(backend, label)] to test for a kernel, preferred first: the delta rule on the backend FLA would use
+        (`backend.decide_cached`) and, when that is FlashQLA, FLA's Triton kernels too (the loud fallback's
+        kernels must be verified as well); the conv has one (None)."""
+        if kernel != CHUNK:
+            return [(None, "fla-triton")]
+        choice = chunk_backend.decide_cached(layout.key)
+        triton = (chunk_backend.TRITON, chunk_backend.TRITON)
+        return [(chunk_backend.FLASH_QLA, choice.label), triton] if choice.name == chunk_backend.FLASH_QLA else [triton]
+
+    def variant_versions(self, variant: str | None) -> str | None:
+        """What a verdict of `variant` holds for instead of the Triton autotuning table (None: the table)."""
+        if variant == chunk_backend.FLASH_QLA:
+            return f"flash-qla {chunk_backend.version() or 'none'}"
+        return None
+
+    def check(self, kernel: str, layout: Layout, device, variant: str | None = None) -> dict[str, float]:
+        with chunk_backend.forced(variant):
+            return (_check_gdn if kernel == CHUNK else _check_conv)(layout, device)
 
     def guarded(self, kernel: str) -> bool:
         """Whether the kernel runs behind FLA's Hopper guard (a trial needs a grant; a verdict grants or revokes)."""
@@ -182,14 +200,16 @@ class Suite:
     def guard_active(self) -> bool:
         return fla_guard.guard_active()
 
-    def grant(self, layout: Layout, source: str) -> None:
-        fla_guard.grant(layout.key, source)
+    def grant(self, layout: Layout, source: str, backend: str = fla_guard.TRITON) -> None:
+        fla_guard.grant(layout.key, source, backend)
 
-    def revoke(self, layout: Layout) -> None:
-        fla_guard.revoke(layout.key)
+    def revoke(self, layout: Layout, backend: str = fla_guard.TRITON) -> None:
+        fla_guard.revoke(layout.key, backend)
 
     def granted(self) -> dict[str, str]:
-        return {str(k): v for k, v in fla_guard.granted().items()}
+        out = {str(k): v for k, v in fla_guard.granted().items()}
+        out.update({f"{k} {chunk_backend.FLASH_QLA}": v for k, v in fla_guard.granted(chunk_backend.FLASH_QLA).items()})
+        return out
 
     def bypass(self) -> str | None:
         """For plain transformers (no per-shape hook): switch the guard off for the whole process; the note, or
