@@ -36,6 +36,7 @@ from hybridtune.run import integrity
 from hybridtune.run.integrity import CheckpointError, DiskFullError
 from hybridtune.runtime import distributed
 from hybridtune.runtime.distributed import ONE, Dist
+from hybridtune.runtime.memory import optimizer_state
 
 __all__ = ["CheckpointError", "DiskFullError"]  # re-exported: the trainer and CLI catch them from here
 
@@ -173,16 +174,24 @@ def _options(trainable_only: bool, load: bool = False):
     return StateDictOptions(ignore_frozen_params=trainable_only, strict=not (trainable_only and load))
 
 
-def state_estimate(model: torch.nn.Module, params: list, d: Dist = ONE, trainable_only: bool = False) -> int:
-    """The bytes of the state `save_checkpoint` writes for `model` and an AdamW over `params`, before the optimizer
-    has allocated its state (it does at the first step): two moments per parameter, shaped and typed as it, and a
-    step count. A collective under torchrun (`integrity.state_bytes`)."""
+def state_estimate(
+    model: torch.nn.Module,
+    params: list,
+    d: Dist = ONE,
+    trainable_only: bool = False,
+    optim: str = "adamw",
+    masters: bool = False,
+) -> int:
+    """The bytes of the state `save_checkpoint` writes for `model` and the optimizer `optim` over `params`, before
+    the optimizer has allocated its state (torch's and torchao's do at the first step): what it holds per
+    parameter once it has stepped (`memory.optimizer_state`: moments typed as the parameter, or fp32 with the fp32
+    masters of MasterAdamW under `masters`, or torchao's 8-bit codes and scales). A collective under torchrun
+    (`integrity.state_bytes`)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     msd = get_model_state_dict(model, options=_options(trainable_only))
-    step = torch.zeros((), dtype=torch.float32)
-    moments = [{"step": step, "exp_avg": p, "exp_avg_sq": p} for p in params]
-    return integrity.state_bytes(msd, moments, d=d)
+    held = [optimizer_state(optim, p, masters) for p in params]
+    return integrity.state_bytes(msd, held, d=d)
 
 
 def _before_save(target: Path, need: int, previous: Path | None) -> None:

@@ -1,8 +1,9 @@
 """What a run will write, estimated before it trains and set against the free space of output_dir's disk.
 
 - Sizes. A resume checkpoint is what `checkpoint.save_checkpoint` writes (`checkpoint.state_estimate`: the weights
-  DCP saves and AdamW's two moments per trainable parameter) plus its tokenizer; the final model is what
-  `export.save_final` writes, sized by export's own functions (the source's dtype, an adapter, a preset's base).
+  DCP saves and what the optimizer holds per trainable parameter: two moments, MasterAdamW's fp32 masters, torchao's
+  8-bit codes and scales) plus its tokenizer; the final model is what `export.save_final` writes, sized by
+  export's own functions (the source's dtype, an adapter, a preset's base).
 - Count. `save_total_limit` checkpoints are kept, and one more exists while the next is written (pruning follows a
   save). A resumed run's own checkpoints are on the disk already; the earlier run's, which a fresh run removes
   before training (`outdir.tidy`), give their room back.
@@ -32,6 +33,7 @@ from hybridtune.run import export, guarded
 from hybridtune.run.integrity import DiskFullError, gib
 from hybridtune.runtime import distributed
 from hybridtune.runtime.distributed import Dist
+from hybridtune.runtime.optim import optim_name, uses_masters
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +175,11 @@ def fit_run(
     final model fits. Every rank calls it (the sizes are collectives under torchrun); rank 0 decides for all."""
     params = [p for p in engine.parameters() if p.requires_grad]
     lora = cfg.adapter == "lora"
-    checkpoint = ckpt.state_estimate(engine, params, d, trainable_only=lora) + export.tokenizer_bytes(tokenizer)
+    # MasterAdamW's fp32 masters are made for the weights computed in bf16 (masters.split: a full fine-tune's
+    # trainable weights are fp32 otherwise), as `uses_masters` decides under bf16.
+    masters = uses_masters(cfg, any(p.dtype == torch.bfloat16 for p in params), d)
+    state = ckpt.state_estimate(engine, params, d, trainable_only=lora, optim=optim_name(cfg), masters=masters)
+    checkpoint = state + export.tokenizer_bytes(tokenizer)
     final = final_bytes(built.model, cfg.adapter, built.loaded, tokenizer, d)
 
     def decide() -> tuple[int, int]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from hybridtune.mixers import MIXERS, registry
 from hybridtune.mixers.registry import Activations
 from hybridtune.models.anatomy import decoder_layers
@@ -235,6 +237,9 @@ def fsdp_group(
 # under 4096 values, or not a multiple of 256, keep fp32 moments), torchao's bf16 AdamW (4, its moments bf16).
 OPTIM_STATE_BYTES = {"adamw": 8, "adamw_8bit": 2, "adamw_bf16_sr": 4}
 MASTER_BYTES = 4  # MasterAdamW's fp32 master of a bf16 weight (runtime/masters.py), and its fp32 gradient
+# torchao's 8-bit states (`torchao.optim.AdamW8bit`): uint8 codes, a fp32 scale per block and a 256-entry fp32 map,
+# for tensors of at least QUANT_MIN values that are a multiple of the block (bitsandbytes' rule); others plain.
+QUANT_BLOCK, QUANT_MIN = 256, 4096
 
 
 def optimizer_bytes(optim: str, n: int, param_bytes: int, masters: bool) -> int:
@@ -244,3 +249,32 @@ def optimizer_bytes(optim: str, n: int, param_bytes: int, masters: bool) -> int:
         return n * (2 * MASTER_BYTES + OPTIM_STATE_BYTES["adamw"])
     moments = OPTIM_STATE_BYTES[optim] * param_bytes // 4 if optim == "adamw" else OPTIM_STATE_BYTES[optim]
     return n * (param_bytes + moments)
+
+
+def optimizer_state(optim: str, p, masters: bool) -> dict:
+    """What the optimizer `optim` holds for parameter `p` once it has stepped, as meta tensors of its shapes and
+    dtypes (what a checkpoint saves of it; `integrity.state_bytes` sizes them): a step count and two moments, typed
+    as `p` (torch's AdamW; torchao's bf16 AdamW over bf16 weights), fp32 with a fp32 master for a weight that is
+    not fp32 under `masters` (MasterAdamW), or 8-bit codes with their block scales and map (`adamw_8bit`, for
+    tensors it quantises). Under FSDP2, the rank's shard of `p` (a DTensor's local tensor)."""
+    p = p.to_local() if hasattr(p, "to_local") else p
+
+    def like(dtype, numel=None):
+        return torch.empty(p.shape if numel is None else (numel,), dtype=dtype, device="meta")
+
+    state = {"step": torch.empty((), dtype=torch.float32, device="meta")}
+    n = p.numel()
+    if optim == "adamw_8bit" and n >= QUANT_MIN and n % QUANT_BLOCK == 0:
+        for key in ("exp_avg", "exp_avg_sq"):
+            state[key] = {
+                "codes": like(torch.uint8),
+                "scale": like(torch.float32, n // QUANT_BLOCK),
+                "qmap": like(torch.float32, 256),
+            }
+        return state
+    lifted = masters and optim == "adamw" and p.dtype != torch.float32
+    dtype = torch.float32 if lifted else p.dtype
+    state["exp_avg"], state["exp_avg_sq"] = like(dtype), like(dtype)
+    if lifted:
+        state["master"] = like(torch.float32)
+    return state
