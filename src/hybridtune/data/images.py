@@ -22,6 +22,7 @@ DATA_URI = "data:"
 EMBEDDED = "data:image;base64,"  # the source of an image whose bytes the data holds (`embedded`)
 REMOTE = ("http://", "https://", "ftp://", "s3://", "gs://", "hf://")
 IMAGE_PART_TYPES = ("image", "image_url")
+MAX_ASPECT = 200  # transformers' smart_resize (Qwen2-VL to Qwen3-VL processors) raises a ValueError beyond it
 
 
 def is_image_part(part: Any) -> bool:
@@ -161,9 +162,14 @@ def load_image(source: str, where: str, what: str):
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as im:
-                im.load()
                 if im.width == 0 or im.height == 0:
                     raise DataError(f"{where}: {what}: image {describe(source)} has no pixels ({im.width}x{im.height})")
+                if max(im.size) > MAX_ASPECT * min(im.size):  # (the header's size: refused before decoding)
+                    raise DataError(
+                        f"{where}: {what}: image {describe(source)} is {im.width}x{im.height}, a side more than "
+                        f"{MAX_ASPECT} times the other (Qwen's vision processors refuse it); crop or pad it"
+                    )
+                im.load()
                 return im.convert("RGB")
     except DataError:
         raise

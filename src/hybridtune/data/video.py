@@ -14,18 +14,20 @@ docs/CONFIG.md (vision).
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
 from typing import Any
 
-from hybridtune.data.images import image_source, load_image
+from hybridtune.data.images import image_bytes, image_source, load_image
 from hybridtune.errors import DataError, ModelError
 
 VIDEO_PART_TYPE = "video"
 VIDEO_KEY = "video:"  # an ImageRef.source that is a video: "video:" + JSON {"frames": [...], "fps": N}
 DEFAULT_FPS = 2.0
 FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+VIDEO_PIXEL_FRAMES = 4  # a video holds at most this many times the pixels PIL allows one image (`video_pixel_limit`)
 SHAPE = '{"type": "video", "video": FOLDER or [frame paths], "fps": N}'
 
 
@@ -81,14 +83,44 @@ def load_frames(source: str, where: str, what: str, temporal: int) -> list:
             f"{where}: {what}: a video needs at least {temporal} frames (the vision tower's temporal patch), got "
             f"{len(frames)}; give more frames or make it an image part"
         )
-    images = [load_image(f, where, f"{what}, frame {k}") for k, f in enumerate(frames)]
-    for k, im in enumerate(images):
-        if im.size != images[0].size:
+    sizes = [_header_size(f, where, f"{what}, frame {k}") for k, f in enumerate(frames)]
+    for k, size in enumerate(sizes):  # (from the headers: nothing is decoded before the whole video is checked)
+        if size is not None and sizes[0] is not None and size != sizes[0]:
             raise DataError(
-                f"{where}: {what}: frame {k} ('{frames[k]}') is {im.width}x{im.height} but frame 0 is "
-                f"{images[0].width}x{images[0].height}; a video's frames must share one size"
+                f"{where}: {what}: frame {k} ('{frames[k]}') is {size[0]}x{size[1]} but frame 0 is "
+                f"{sizes[0][0]}x{sizes[0][1]}; a video's frames must share one size"
             )
-    return images
+    limit = video_pixel_limit()
+    pixels = sum(w * h for w, h in (s for s in sizes if s is not None))
+    if limit is not None and pixels > limit:
+        w, h = next(s for s in sizes if s is not None)
+        raise DataError(
+            f"{where}: {what}: the video's {len(frames)} frames of {w}x{h} are {pixels} pixels, held decoded together; "
+            f"over {VIDEO_PIXEL_FRAMES} x PIL's MAX_IMAGE_PIXELS ({limit} pixels), the decompression-bomb guard for a "
+            "video; give fewer or smaller frames"
+        )
+    return [load_image(f, where, f"{what}, frame {k}") for k, f in enumerate(frames)]
+
+
+def video_pixel_limit() -> int | None:
+    """The most pixels a video's frames may hold together: `VIDEO_PIXEL_FRAMES` x PIL's MAX_IMAGE_PIXELS (each frame
+    under it alone, many frames a bomb together); None where the user turned PIL's guard off."""
+    from PIL import Image
+
+    return None if Image.MAX_IMAGE_PIXELS is None else VIDEO_PIXEL_FRAMES * int(Image.MAX_IMAGE_PIXELS)
+
+
+def _header_size(source: str, where: str, what: str) -> tuple[int, int] | None:
+    """A frame's (width, height) from its header, not decoded; None when PIL cannot read it (`load_image` says why)."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(image_bytes(source, where, what))) as im:
+            return im.size
+    except DataError:
+        raise
+    except Exception:  # (a damaged or foreign file: load_image names its fault, with its frame)
+        return None
 
 
 def timestamps(n_frames: int, fps: float, temporal: int) -> list[float]:
