@@ -29,6 +29,7 @@ LEAVES = frozenset(
         "hybridtune.models.anatomy",
         "hybridtune.config_grpo",
         "hybridtune.config_vision",
+        "hybridtune.config_kernels",
     }
 )
 # `python -m hybridtune` runs __main__, whose one job is to call the CLI.

@@ -1,7 +1,6 @@
-"""The run configuration's keys: `TrainConfig` and `DatasetConfig` (dataclasses with defaults and one sentence of
-help per key), the limits their values are checked against (`range_checks`), their help (`config_help`), and the
-keys of other fine-tuning tools with what hybridtune takes instead (`FOREIGN_KEYS`). Loading and checking are
-`hybridtune.config`'s, which re-exports these names."""
+"""The run configuration's keys: `TrainConfig` and `DatasetConfig` (dataclasses with defaults and one sentence of help
+per key), the limits their values are checked against (`range_checks`), their help (`config_help`), and the keys of
+other fine-tuning tools with what hybridtune takes instead (`FOREIGN_KEYS`). Loading and checking: `hybridtune.config`."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
 from hybridtune.config_grpo import GRPOKeys, grpo_checks
+from hybridtune.config_kernels import KernelKeys
 from hybridtune.config_vision import VisionKeys
 
 # Default LoRA targets: attention projections, the linear-attention mixers' projections and the MLP (dense and MoE
@@ -93,7 +93,7 @@ class DatasetConfig:
 
 
 @dataclass
-class TrainConfig(GRPOKeys, VisionKeys):
+class TrainConfig(GRPOKeys, VisionKeys, KernelKeys):
     # model
     base_model: str = _f(
         "tiny-qwen3_5",

@@ -35,7 +35,9 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Fake H200")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(gdn, "backend", lambda device: ("fla", "flash-linear-attention 0.6.0 (fake)"))
-    monkeypatch.setattr(selftest, "fingerprint", lambda kernel, lay, i=0, variant=None: f"fake|{kernel}|{lay.key}|{variant}")
+    monkeypatch.setattr(
+        selftest, "fingerprint", lambda kernel, lay, i=0, variant=None: f"fake|{kernel}|{lay.key}|{variant}"
+    )
     monkeypatch.setattr(fla_guard, "guard_active", lambda: True)
     calls = {"gdn": 0, "conv": 0}
     errors = {"gdn": 0.004}

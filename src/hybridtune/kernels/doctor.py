@@ -30,7 +30,7 @@ from hybridtune.kernels import gates
 from hybridtune.kernels.environment import dist_version, environment
 from hybridtune.kernels.needs import kernel_spec, read_config
 from hybridtune.kernels.paths import report
-from hybridtune.kernels.provision import ENV_POLICY, ENV_REQUIRE, provision_kernels
+from hybridtune.kernels.provision import ENV_POLICY, ENV_REQUIRE, backend_lines, provision_kernels
 from hybridtune.kernels.selftest import suites
 from hybridtune.mixers import MIXERS
 from hybridtune.models.hub import looks_like_hub_id, resolve_source
@@ -146,6 +146,7 @@ def diagnose(model: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"environment": environment(), "attention": attention_backend()}
     for suite in suites():  # e.g. fla_hopper_guard_active
         out[suite.guard_key] = suite.guard_active()
+    out["kernel_backends"] = backend_lines(None, suites())  # the pin and what is installed; per layout below
     out["presets"] = preset_table()
     out["bundled_configs"] = {name: str(path) for name, path in bundled_configs().items()}
     if model is None:
@@ -155,6 +156,7 @@ def diagnose(model: str | None = None) -> dict[str, Any]:
     prov = provision_kernels("check", False, config, env=env, log=False)  # doctor checks; it never installs
     out["model"] = {"spec": model, "source": label, "model_type": getattr(config, "model_type", None)}
     out["provision"] = prov.to_dict()
+    out["kernel_backends"] = backend_lines(config, suites())  # what FLA dispatches to, what the ops run, per layout
     for spec in MIXERS.values():  # each mixer's self-test layouts, as `<kind>_layouts`
         if spec.selftest is not None:
             out["model"][f"{spec.kind}_layouts"] = [str(lay) for lay in spec.selftest().layouts(config)]
@@ -196,6 +198,7 @@ def render(d: dict[str, Any]) -> str:
         lines.append(f"  gpu: none ({gpu['reason']})")
     lines += [f"  {s.guard_note}" for s in suites() if d.get(s.guard_key)]
     lines.append(f"packed attention: {d['attention']['packed_path']}")
+    lines += d.get("kernel_backends", [])
     if "model" not in d:
         lines.append(
             "presets (base_model: NAME; random weights, built here, never downloaded: demos, tests, benchmarks):"

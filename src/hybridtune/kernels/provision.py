@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 POLICIES = ("auto", "check", "off")
 ENV_POLICY = "HYBRIDTUNE_KERNELS"
 ENV_REQUIRE = "HYBRIDTUNE_REQUIRE_FAST_PATH"
+ENV_GDN_BACKEND = "HYBRIDTUNE_GDN_BACKEND"  # overrides the config's gdn_backend (auto | fla-triton | flash-qla)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -112,6 +113,7 @@ class ProvisionReport:
     hooks: dict[str, Any] | None = None
     selftest: list[dict[str, Any]] = field(default_factory=list)
     kernel_configs: str = ""  # the shipped autotuning table's line (kernels.tuned.seed), when the self-test ran
+    backends: list[str] = field(default_factory=list)  # each mixer's kernel backends (the GDN chunk's), one line each
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -158,6 +160,7 @@ class ProvisionReport:
             "gate_hooks": self.hooks,
             "selftest": self.selftest,
             "kernel_configs": self.kernel_configs,
+            "backends": self.backends,
             "fast_path": self.fast_path,
             "gaps": self.gaps,
             "fixes": self.fixes(),
@@ -175,8 +178,10 @@ class ProvisionReport:
             lines.append(f"  {st.name}: {st.state}{' ' + st.version if st.version else ''}{via}. {st.detail}".rstrip())
         if self.kernel_configs:
             lines.append(f"  {self.kernel_configs}")
+        lines += [f"  {b}" for b in self.backends]
         for v in self.selftest:
-            lines.append(f"  self-test {v.get('kernel')} {v.get('layout')}: {v.get('verdict')}")
+            on = f" on {v['backend']}" if v.get("backend") else ""
+            lines.append(f"  self-test {v.get('kernel')} {v.get('layout')}{on}: {v.get('verdict')}")
         if self.gaps:
             lines.append("  slow path: " + "; ".join(self.gaps))
             lines += [f"  fix: {f}" for f in self.fixes()]
@@ -279,14 +284,20 @@ def provision_kernels(
     selftest: bool = True,
     env: Mapping[str, str] | None = None,
     log: bool = True,
+    gdn_backend: str | None = None,
 ) -> ProvisionReport:
     """Resolve, provision and verify the kernels of one architecture. Call before importing its modeling module.
 
     `model_type_or_config`: a transformers config, a preset name or a local checkpoint directory (these carry
     head dims, which the device self-test needs), or a bare model_type. Raises `KernelUnavailableError` when `require_fast_path` and a gap remains,
-    `ConfigError` for a bad policy. Everything else (an installer crash, no network) ends up in the report.
+    `ConfigError` for a bad policy or kernel backend (`gdn_backend`, overridden by `HYBRIDTUNE_GDN_BACKEND`; pinned
+    here, before FLA's import). Everything else (an installer crash, no network) ends up in the report.
     """
     policy, source, require = resolve_policy(policy, require_fast_path, env)
+    from_env = (os.environ if env is None else env).get(ENV_GDN_BACKEND)
+    for suite in selftest_mod.suites():  # before anything imports FLA: its switches are environment variables
+        if hasattr(suite, "pin"):
+            suite.pin(from_env or gdn_backend, ENV_GDN_BACKEND if from_env else "gdn_backend")
     # `off`: the mixers' ops run their torch reference even where their package is installed (said once, as a slow
     # path).
     for package in kernels().values():
@@ -340,6 +351,8 @@ def provision_kernels(
     if selftest and policy != "off" and accel is not None and ready:
         report.kernel_configs = _seed_kernel_configs(ready)
         report.selftest = _run_selftest(model_type_or_config, ready)
+    if policy != "off" and accel is not None:
+        report.backends = backend_lines(model_type_or_config, ready)
 
     if log:
         for line in report.summary().splitlines():
@@ -394,6 +407,23 @@ def _seed_kernel_configs(ready: list[SelfTestSuite]) -> str:
     except Exception as e:
         logger.info("kernel configs not seeded (%s: %s): FLA autotunes its kernels", type(e).__name__, e)
         return f"kernel configs: not seeded ({type(e).__name__}); FLA autotunes its kernels"
+
+
+def backend_lines(model_type_or_config: Any, among: list[SelfTestSuite]) -> list[str]:
+    """Each suite's kernel backends for the config's layouts (the GDN chunk: fla-triton or flash-qla via fla)."""
+    out: list[str] = []
+    for suite in among:
+        if hasattr(suite, "backend_lines"):
+            try:
+                lays = (
+                    []
+                    if model_type_or_config is None
+                    else selftest_mod.layouts_from_config(model_type_or_config, [suite])
+                )
+                out += suite.backend_lines(lays)
+            except Exception as e:  # a report line must not take provisioning down
+                out.append(f"{suite.package} backends: not resolved ({type(e).__name__}: {e})")
+    return out
 
 
 def _run_selftest(model_type_or_config: Any, ready: list[SelfTestSuite]) -> list[dict[str, Any]]:

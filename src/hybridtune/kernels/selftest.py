@@ -66,6 +66,7 @@ class Verdict:
     guard_active: bool = False
     seconds: float = 0.0
     reason: str = ""
+    fallback: str = ""  # what runs instead when this backend fails, for a suite with several (its `variant_fix`)
 
     @property
     def verdict(self) -> str:
@@ -79,6 +80,8 @@ class Verdict:
     def fix(self) -> str | None:
         if self.passed is not False:
             return None
+        if self.fallback:
+            return self.fallback
         if self.guard_active:
             return suite_of(self.layout).guard_fix
         return "report the failing layout; the torch reference path stays in use"
@@ -222,7 +225,9 @@ def _verify_one(suite, kernel, lay, variant, label, device, device_index, cache,
     guarded = suite.guarded(kernel)
     dev_name = torch.cuda.get_device_name(device_index)
     keyed = {} if variant is None else {"backend": variant}
-    v = Verdict(kernel, lay, None, backend=label, device=dev_name, guard_active=guard and guarded)
+    fallback = getattr(suite, "variant_fix", lambda _v: "")(variant)  # a non-default backend: what runs instead
+    v = Verdict(kernel, lay, None, backend=label, device=dev_name, guard_active=guard and guarded and not fallback)
+    v.fallback = fallback
     v.fingerprint = fingerprint(kernel, lay, device_index, variant)
     hit = cache.get(v.fingerprint)
     if hit is not None:

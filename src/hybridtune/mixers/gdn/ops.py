@@ -1,8 +1,7 @@
 """GatedDeltaNet as opaque `torch.library` custom ops: `hybridtune::causal_conv1d` and `hybridtune::gdn_chunk`.
 
-Each op has a fake (meta) implementation and a registered autograd formula whose backward is its own
-op (`*_bwd`), so dynamo traces straight through a GDN layer and AOT autograd traces the backward graph
-as well. Packing metadata comes from the collator, computed once per batch:
+Each op has a fake (meta) implementation and a registered autograd formula whose backward is its own op (`*_bwd`),
+so dynamo traces through a GDN layer and AOT autograd traces the backward. Packing metadata (collator, per batch):
 
     cu_seqlens     int32 [N + 1]  document boundaries in the one packed row (batch size 1)
     chunk_indices  int32 [C, 2]   (document, chunk within document) of every 64-token chunk
@@ -10,11 +9,9 @@ as well. Packing metadata comes from the collator, computed once per batch:
 so nothing inside the compiled graph calls `nonzero`, `.item()` or `.tolist()`.
 
 Backends, chosen per call from the input device:
-    CUDA + flash-linear-attention 0.5.x/0.6.x: FLA's raw Triton forward/backward (`fla_adapter`); for the delta
-    rule, FlashQLA's raw forward/backward instead where FLA itself would dispatch to it and the self-test granted
-    it for the head layout (`backend.for_op`).
-    anything else: the pure-torch reference (`reference.py`); its backward recomputes the reference
-    under autograd. On CUDA without FLA this is slow, and says so once.
+    CUDA + flash-linear-attention 0.5.x/0.6.x: FLA's raw Triton forward/backward (`fla_adapter`), or FlashQLA's
+    for the delta rule where FLA would dispatch to it and the self-test granted it (`backend.for_op`).
+    anything else: the pure-torch reference (`reference.py`), backward by autograd; slow on CUDA, said once.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ when a check runs.
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,6 +190,15 @@ class Suite:
             return f"flash-qla {chunk_backend.version() or 'none'}"
         return None
 
+    def variant_fix(self, variant: str | None) -> str:
+        """What runs when `variant` fails ("" for FLA's Triton kernels: the guard's fix applies)."""
+        if variant != chunk_backend.FLASH_QLA:
+            return ""
+        return (
+            "FLA's Triton kernels run this head layout instead (gdn_backend: fla-triton pins them and silences this); "
+            "report the layout and errors to FlashQLA (github.com/QwenLM/FlashQLA)"
+        )
+
     def check(self, kernel: str, layout: Layout, device, variant: str | None = None) -> dict[str, float]:
         with chunk_backend.forced(variant):
             return (_check_gdn if kernel == CHUNK else _check_conv)(layout, device)
@@ -218,6 +228,27 @@ class Suite:
             return None
         setattr(importlib.import_module(fla_guard.GUARD_MODULE), fla_guard.GUARD_FLAG, False)
         return HF_GUARD_NOTE
+
+    def pin(self, choice: str | None, where: str = "gdn_backend") -> str:
+        """Pin the delta rule's backend (`backend.pin`: FLA's switch set before FLA's import; ConfigError if bad)."""
+        return chunk_backend.pin(choice, where)
+
+    def backend_lines(self, layouts: list[Layout]) -> list[str]:
+        """The report's lines: the pin and flash-qla's presence, then per layout what FLA dispatches to and what
+        the ops run (FlashQLA only once the self-test granted it)."""
+        ver = chunk_backend.version()
+        lines = [
+            f"GDN chunk backend: gdn_backend {chunk_backend.pinned()}, flash-qla "
+            f"{ver + ' installed' if ver else 'not installed'}, {chunk_backend.ENV}="
+            f"{os.environ.get(chunk_backend.ENV, 'unset')}"
+        ]
+        for lay in layouts:
+            fla_choice, ops = chunk_backend.decide_cached(lay.key), chunk_backend.for_op(lay.key)
+            lines.append(
+                f"  {lay}: FLA dispatches to {fla_choice.label} ({fla_choice.why}); hybridtune's ops run "
+                f"{ops.label}" + ("" if ops.name == fla_choice.name else f" ({ops.why})")
+            )
+        return lines
 
     def prepare(self) -> None:
         """Import FLA's kernel modules (their autotuners exist then, for kernels.tuned to seed)."""
