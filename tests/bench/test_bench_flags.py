@@ -17,7 +17,7 @@ TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainConfig)}
 # Bench settings with no train key of the same meaning (train's warmup_steps is the learning-rate warm-up,
 # max_steps counts every step; the bench times `steps` after `warmup` untimed ones).
 BENCH_ONLY = {"modes", "steps", "warmup", "layouts", "startup_timeout", "mode_timeout", "compile_backend", "profile"}
-BENCH_ONLY |= {"title", "results", "save_kernel_configs"}
+BENCH_ONLY |= {"title", "results", "save_kernel_configs", "vision"}
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -27,7 +27,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hybridtune.bench import pairs, report, results
+from hybridtune.bench import pairs, report, results, vl_data
 from hybridtune.bench.data import pack_layouts
 from hybridtune.bench.modes import OPTION_KEYS, cudagraph_warmup, parse_mode, split_modes
 from hybridtune.bench.worker import FIRST_STEP_MARKER
@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 GPU_MODES = "hf-eager,hf-compile,hf-liger,ht-eager,ht-loop,ht-modules"
 CPU_MODES = "hf-eager,ht-eager,ht-loop"
+VISION_GPU_MODES = "hf-eager,hf-pf,ht-eager,ht-loop"
+VISION_CPU_MODES = "hf-eager,hf-pf,ht-eager"
 
 
 # Spellings of earlier releases (recorded in benchmarks/results.jsonl's commands), still accepted and not listed.
@@ -87,6 +89,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="comma-separated MODE[:key=value,...], keys "
         + ", ".join(f"{k}={'|'.join(v)}" for k, v in OPTION_KEYS.items())
         + f" (default GPU: {GPU_MODES}; CPU: {CPU_MODES})",
+    )
+    _flag(
+        ap,
+        "vision",
+        action="store_true",
+        help="vision-language: a random-weight Qwen3.5 VL checkpoint of the preset's text shape and synthetic "
+        "image-text documents (1-4 images of 256-1,280 visual tokens each; bench/vl_data.py); hf-eager then runs "
+        f"padded batches, hf-pf transformers' padding-free path (default modes GPU: {VISION_GPU_MODES}; CPU: "
+        f"{VISION_CPU_MODES}; sequence_len 8192 on a GPU, 512 on the CPU)",
     )
     _flag(ap, "sequence_len", type=int, default=None, help="tokens per pack (default 4096 on a GPU, 256 on the CPU)")
     _flag(ap, "steps", type=int, default=None, help="timed steps after the warm-up (default 20 on a GPU, 3 on the CPU)")
@@ -271,13 +282,16 @@ def main(argv: list[str]) -> int:
             f"{did_you_mean(preset, PRESETS)} Presets: {', '.join(PRESETS)}."
         )
     PRESETS[preset]  # a bad NAME@layers=N is said now, before any mode runs
-    modes = [parse_mode(s) for s in split_modes(args.modes or (GPU_MODES if gpu else CPU_MODES))]
+    default_modes = (
+        (VISION_GPU_MODES if gpu else VISION_CPU_MODES) if args.vision else (GPU_MODES if gpu else CPU_MODES)
+    )
+    modes = [parse_mode(s) for s in split_modes(args.modes or default_modes)]
     labels = [m.label for m in modes]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"--modes names a mode twice: {','.join(labels)}")
     settings = {
         "preset": preset,
-        "seq_len": args.sequence_len or (4096 if gpu else 256),
+        "seq_len": args.sequence_len or ((8192 if gpu else 512) if args.vision else (4096 if gpu else 256)),
         "steps": args.steps if args.steps is not None else (20 if gpu else 3),
         "warmup": args.warmup if args.warmup is not None else (3 if gpu else 1),
         "layouts": args.layouts,
@@ -298,7 +312,8 @@ def main(argv: list[str]) -> int:
         settings.update(warmup_asked=settings["warmup"], warmup=stretched)
     out = Path(args.output_dir)
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    lay = pack_layouts(settings["seq_len"], settings["layouts"], settings["seed"])
+    vision = _vision(settings, out, gpu) if args.vision else None
+    lay = vl_data_layouts(out) if vision else pack_layouts(settings["seq_len"], settings["layouts"], settings["seed"])
     env = environment()
     doc = {
         "what": "hybridtune bench: training step per mode, same model, data and seeds, each mode in a fresh process",
@@ -315,6 +330,9 @@ def main(argv: list[str]) -> int:
         },
         "modes": {},
     }
+    if vision:
+        doc["data"]["distribution"] = vision.pop("distribution")
+        doc["vision"] = vision
     if any(m.objective != "sft" for m in modes):  # (the pairs' lengths do not depend on the vocabulary)
         doc["pairs"] = pairs.describe(
             pairs.make_pairs(settings["seq_len"], settings["layouts"], 2, args.seed), settings["seq_len"]
@@ -381,6 +399,28 @@ def _run_modes(doc: dict, modes: list, settings: dict, out: Path, args) -> bool:
             )
             return True
     return False
+
+
+def _vision(settings: dict, out: Path, gpu: bool) -> dict:
+    """--vision: the VL checkpoint and the image-text packs written under `out` (bench/vl_data.py) in a process of
+    their own (the model's random draw on the GPU there, none held here); the settings name them for the workers."""
+    cmd = [sys.executable, "-m", "hybridtune.bench.vl_data", str(out), settings["preset"]]
+    cmd += ["--sequence_len", str(settings["seq_len"]), "--layouts", str(settings["layouts"])]
+    cmd += ["--seed", str(settings["seed"]), "--dtype", "bfloat16" if gpu else "float32"]
+    logger.info("bench: writing the vision-language checkpoint and documents under %s", out)
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise ConfigError(f"--vision: the bench's VL model or data could not be written ({tail[0]})")
+    settings.update(vision=True, vision_dir=str(out), model_dir=str(out / vl_data.MODEL_DIR))
+    info = json.loads((out / vl_data.DATA_DIR / "describe.json").read_text())
+    info["prepare_s"] = round(time.monotonic() - t0, 1)
+    return info
+
+
+def vl_data_layouts(out: Path) -> list[list[int]]:
+    return [[len(d["ids"]) for d in p] for p in vl_data.load_packs(out)]
 
 
 def _write_json(path: Path, doc: dict) -> None:

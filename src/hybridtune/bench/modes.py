@@ -65,6 +65,7 @@ class Mode:
     options: dict = field(default_factory=dict)
     trl: bool = False  # TRL's DPOTrainer (bench/trl_dpo.py) on transformers + peft
     padding_free: bool = False  # trl modes: DPOConfig(padding_free=True)
+    flatten: bool = False  # hf-pf (vision bench): transformers' DataCollatorWithFlattening (bench/vl_modes.py)
 
     @property
     def objective(self) -> str:
@@ -100,6 +101,12 @@ MODES: dict[str, Mode] = {
             "hf-liger",
             "transformers + peft with liger-kernel's Qwen3.5 patches (fused linear cross-entropy)",
             liger=True,
+        ),
+        Mode(
+            "hf-pf",
+            "transformers + peft on transformers' padding-free path (DataCollatorWithFlattening: one row, position_ids,"
+            " cu_seq_lens); the vision bench's (--vision)",
+            flatten=True,
         ),
         Mode("ht-eager", "hybridtune train's step, eager", train={**HT_BASE, "compile": "off"}),
         Mode(

@@ -125,7 +125,7 @@ def bench_rows(doc: dict, source: str, note: str = "") -> list[dict]:
             "command": doc["command"],
             "tool": "bench",
             "run": run,
-            "shape": s["preset"],
+            "shape": s["preset"] + (" vision-language" if s.get("vision") else ""),  # (bench --vision)
             "seq_len": s["seq_len"],
             "mode": label,
             "adapter": s["adapter"]

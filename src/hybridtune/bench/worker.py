@@ -25,6 +25,7 @@ from torch._dynamo.utils import compile_times
 
 from hybridtune.batch import NUM_TOKENS
 from hybridtune.bench import pairs as bench_pairs
+from hybridtune.bench import vl_modes
 from hybridtune.bench.data import make_batches, pack_layouts
 from hybridtune.bench.modes import parse_mode
 from hybridtune.bench.trl_dpo import NotRun, build_trl
@@ -120,7 +121,7 @@ def train_config(spec: dict, mode) -> TrainConfig:
     """`hybridtune train`'s config for this run: the bench's shape, adapter, learning rate and seed, and a hybridtune
     mode's keys (`mode.train`) over train's defaults; one micro-batch per step, LoRA alpha twice the rank."""
     keys = {
-        "base_model": spec["preset"],
+        "base_model": spec.get("model_dir") or spec["preset"],  # (--vision: the bench's VL checkpoint)
         "adapter": spec["adapter"],
         "lora_r": spec["lora_r"],
         "lora_alpha": 2 * spec["lora_r"],
@@ -183,11 +184,16 @@ def build(spec: dict, mode, device: torch.device, result: dict):
     if mode.objective != "sft":  # preference pairs (bench/pairs.py), the same for every mode that trains on them
         packs = bench_pairs.make_pairs(spec["seq_len"], spec["layouts"], len(tokenizer), spec["seed"])
         layouts = bench_pairs.doc_lens(packs)
+    if spec.get("vision"):  # image-text documents (bench/vl_data.py), the same packs for every mode
+        layouts = vl_modes.doc_layouts(spec)
+    elif mode.flatten:
+        raise NotRun("hf-pf is the vision bench's mode (--vision): the text hf modes train on packed rows already")
     if mode.trl:
         c, batches = build_trl(cfg, mode, source, tokenizer, device, packs, result)
         return cfg, c, None, batches
     if not mode.patch:
         c = _build_baseline(cfg, mode, source, tokenizer, device, result["compile_backend"], result)
+        c = vl_modes.hf_engine(c) if spec.get("vision") else c
         layout = StaticLayout.fit(layouts, max_filler=1.0) if mode.static else None
         choices = None
     else:
@@ -210,7 +216,10 @@ def build(spec: dict, mode, device: torch.device, result: dict):
         if cfg.adapter == "lora":
             _lora_result(c.model, cfg, result)
     vocab = text_config(c.run.loaded.model.config).vocab_size
-    if packs is not None:
+    if spec.get("vision"):
+        vcfg = c.run.loaded.model.config.vision_config
+        batches = [vl_modes.to_device(b, device) for b in vl_modes.batches(spec, mode, source, tokenizer, layout, vcfg)]
+    elif packs is not None:
         batches = [to_device(b, device) for b in bench_pairs.pair_batches(packs, layout)]
     else:
         batches = [to_device(b, device) for b in make_batches(layouts, vocab, spec["seed"], layout)]
@@ -406,6 +415,9 @@ def _flops(spec, checkpointing: bool, keep_mixer_cores: bool, cfg, batches, time
         )
         for lens in steps
     ]
+    for f, i in zip(per, range(warmup, warmup + spec["steps"])):  # a vision bench's tower (bench/vl_modes.py)
+        tower = batches[i % n].get(vl_modes.VISION_FLOPS, 0.0)
+        f.model, f.hardware = f.model + tower, f.hardware + tower
     if reference:
         refs = [bench_pairs.reference_flops(cfg, lens) for lens in steps]
         result["reference_flops_per_step"] = sum(refs) / len(refs)
