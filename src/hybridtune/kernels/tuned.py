@@ -8,7 +8,8 @@
 The file is JSON, read as data: an entry is taken only when its config equals one of the kernel's own candidates, for
 the device and versions it was made with, and never over a choice the process already made; it stands over Triton's
 on-disk autotuning cache. With `FLA_CACHE_MODE` set, FLA's own config files choose and the table is not used; a kernel
-the table does not cover autotunes as before. The self-test's verdicts are keyed by the table's digest.
+the table does not cover autotunes as before. The self-test's verdicts are keyed by the table's digest; the choices
+are FLA's Triton kernels' only, so a verdict of the GDN chunk on FlashQLA is keyed by flash-qla's version instead.
 """
 
 from __future__ import annotations
