@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch.optim.adamw import adamw
 
+from hybridtune.errors import ModelError
+
 MASTER = "master"
 _HELD = "_hybridtune_master"  # a split parameter's fp32 tensor, until the optimizer takes it
 
@@ -134,13 +136,32 @@ class MasterAdamW(torch.optim.Optimizer):
         ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         if len(ids) != len(params):
             raise ValueError(f"the saved optimizer state has {len(ids)} parameters, this one {len(params)}")
+        for k, (p, i) in enumerate(zip(params, ids)):
+            saved = state_dict["state"].get(i, {})
+            for key, mine in self.state[p].items():
+                _check_saved(saved.get(key), mine, key, k)
         for p, i in zip(params, ids):
             saved = state_dict["state"].get(i, {})
             for key, mine in self.state[p].items():
-                if key in saved:
-                    mine.copy_(saved[key].to(mine.device))
+                mine.copy_(saved[key].to(mine.device))
         for g, saved in zip(self.param_groups, state_dict["param_groups"]):
             g.update({k: v for k, v in saved.items() if k != "params"})
         for p, m in self.masters():  # the weights the model computes with, from the restored masters
             if m is not p:
                 p.data.copy_(m)
+
+
+def _check_saved(saved, mine: torch.Tensor, key: str, k: int) -> None:
+    """A saved state tensor must be there, of this optimizer's shape (never broadcast), a float, and finite: else a
+    resume would go on silently from the wrong weights (a missing master kept this run's initial weights) or NaN."""
+    where = f"the checkpoint's optimizer state of parameter {k}"
+    fix = "resume from a checkpoint a run with the same optim and bf16 wrote, or start the run again"
+    if not isinstance(saved, torch.Tensor):
+        raise ModelError(f"{where} has no '{key}' (a run with another optim or precision wrote it?); {fix}")
+    if saved.shape != mine.shape or not (saved.is_floating_point() or key == "step"):
+        raise ModelError(
+            f"{where}: '{key}' is {saved.dtype} {tuple(saved.shape)}, this optimizer's {mine.dtype} "
+            f"{tuple(mine.shape)}; {fix}"
+        )
+    if not bool(torch.isfinite(saved).all()) or (key == "exp_avg_sq" and bool((saved < 0).any())):
+        raise ModelError(f"{where}: '{key}' holds NaN, Inf or (a second moment) a negative value; {fix}")
