@@ -23,7 +23,8 @@ from hybridtune.data.collator import StaticLayout
 from hybridtune.errors import ConfigError
 from hybridtune.mixers import MIXERS, registry
 from hybridtune.models.anatomy import param_count, router_loss, text_config
-from hybridtune.runtime import distributed
+from hybridtune.ops import nf4
+from hybridtune.runtime import distributed, quant
 from hybridtune.runtime.facts import Choice, Choices, Facts
 from hybridtune.runtime.memory import (
     FIT_SHARE,
@@ -33,10 +34,12 @@ from hybridtune.runtime.memory import (
     decide_checkpointing,
     dequantized_bytes,
     fsdp_group,
+    nf4_bytes,
     optimizer_bytes,
     resident_bytes,
     step_bytes,
 )
+from hybridtune.runtime.memory_fit import choose_memory
 from hybridtune.runtime.optim import optim_name, uses_masters
 from hybridtune.runtime.step import fused_loss_blocker
 
@@ -74,9 +77,8 @@ def measure(
     packs: list[tuple[int, ...]] = (),
 ) -> Facts:
     """The facts of this run; without a model, those known before it loads (device and processes). Under FSDP2 on
-    a GPU with `fsdp_units: auto`, a collective (the whole-model unit's share of the tightest GPU); on a GPU with
-    `gradient_checkpointing: auto` or FSDP2's `fsdp_units: auto` under torchrun, another (the least free memory over
-    ranks)."""
+    a GPU with `fsdp_units: auto`, a collective (the whole-model unit's share of the tightest GPU); on a GPU,
+    another (the least free memory over ranks, which the `memory` line always reads)."""
     cuda = device.type == "cuda"
     base = Facts(
         device=device.type,
@@ -89,10 +91,7 @@ def measure(
     share = distributed.whole_model_share(model, d, device, bf16) if cfg.fsdp_units == "auto" else None
     free = None
     fsdp = d.enabled and d.engine == "fsdp"
-    # (keep_mixer_cores: auto reads it only under checkpointing in one process: `choose_keep_mixer_cores`)
-    cores = cfg.gradient_checkpointing is True and cfg.keep_mixer_cores == "auto" and not d.enabled
-    planned = cfg.gradient_checkpointing == "auto" or cores
-    if cuda and (planned or (fsdp and cfg.fsdp_units == "auto")):
+    if cuda:  # (every choice that plans memory reads it; the `memory` line always does)
         # The driver's free memory, and what torch's allocator holds reserved but unused (the self-test's, say).
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         free = int(-distributed.all_max(-float(torch.cuda.mem_get_info(device)[0] + cached), d))
@@ -107,6 +106,7 @@ def measure(
         state_bytes=state_bytes(model, d, bf16, cfg),
         shapes=ActivationShapes.of(text_config(model)),
         sharded=ShardedModel.of(model, d.world, bf16) if fsdp else None,
+        **weights_facts(cfg, model),
     )
 
 
@@ -127,6 +127,29 @@ def state_bytes(model: torch.nn.Module, d: distributed.Dist, bf16: bool, cfg: Tr
     held = sum(optimizer_bytes(optim, p.numel(), p.element_size(), masters) for p in trainable)
     # A QLoRA base: its largest NF4 weight dequantised for its matmul, forward and backward (ops/nf4.py).
     return held + (own if d.engine == "ddp" and d.enabled else 0) + copies + dequantized_bytes(model.parameters())
+
+
+def weights_facts(cfg: TrainConfig, model: torch.nn.Module) -> dict:
+    """What the `memory` choice reads of the model (runtime/memory_fit.py): its bytes as loaded, its trainable values
+    and their bytes, and for LoRA on a bf16 base the bytes a NF4 base would save over QLoRA's targets
+    (`quant.targets`) and its largest target dequantised per step (`memory.dequantized_bytes`)."""
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    out = dict(
+        resident_bytes=resident_bytes(params),
+        trainable=sum(p.numel() for p in trainable),
+        trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
+    )
+    if cfg.adapter == "lora" and not cfg.load_in_4bit:
+        named = dict(model.named_parameters())
+        try:
+            found = quant.targets(model)
+        except (AttributeError, StopIteration):  # no decoder layers where QLoRA looks: no NF4 setup to weigh
+            found = {}
+        wanted = [named[n] for n in found if n in named and not nf4.is_nf4(named[n])]
+        out["nf4_saving"] = sum(p.numel() * p.element_size() - nf4_bytes(p.numel()) for p in wanted)
+        out["nf4_transient"] = 2 * max((p.numel() * 2 for p in wanted), default=0)  # as `dequantized_bytes`
+    return out
 
 
 def choose_bf16(cfg: TrainConfig, facts: Facts) -> Choice:
@@ -449,4 +472,7 @@ def resolve(cfg: TrainConfig, facts: Facts) -> Choices:
         fused_loss=fused,
         checkpointing=checkpointing,
         keep_mixer_cores=cores,
+        memory=choose_memory(
+            cfg, facts, _largest_tokens(cfg, facts, layout.value), bf16.value, fused.value, checkpointing.value
+        ),
     )

@@ -41,6 +41,13 @@ class Facts:
     state_bytes: int = 0  # what the run allocates beside the resident model: gradients, AdamW state, DDP's buckets
     shapes: ActivationShapes | None = None  # the model's widths, for the activation estimate
     sharded: ShardedModel | None = None  # under FSDP2: the model's bytes per GPU with its layers as units
+    # The weights and the optimizer (runtime/memory_fit.py): the model's bytes as loaded, its trainable values and
+    # their bytes, and for LoRA on a bf16 base what a NF4 base (load_in_4bit) would save and add per step.
+    resident_bytes: int = 0
+    trainable: int = 0
+    trainable_bytes: int = 0
+    nf4_saving: int = 0
+    nf4_transient: int = 0
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,7 @@ class Choices:
     compile_regions: Choice  # bool: compile_loop(regional=...)
     keep_mixer_cores: Choice = Choice(False, "no checkpointing")  # bool: compile_loop(keep_cores=...)
     cuda_graphs: Choice = Choice(False, "cuda_graphs: off")  # bool
+    memory: Choice = Choice(None, "not estimated")  # str: the weights and optimizer as configured (never switched)
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -88,6 +96,7 @@ ORDER = (
     "fused_loss",
     "checkpointing",
     "keep_mixer_cores",
+    "memory",
 )
 NONE = {"threads": "torch's default", "pack_layout": "dynamic"}  # what a None value means, per choice
 

@@ -278,3 +278,9 @@ def optimizer_state(optim: str, p, masters: bool) -> dict:
     if lifted:
         state["master"] = like(torch.float32)
     return state
+
+
+def nf4_bytes(numel: int) -> int:
+    """The bytes a weight of `numel` values takes in NF4 (ops/nf4.py): 4-bit codes, an 8-bit scaler per block of
+    64, a fp32 factor per group of scalers, the 16-value table; the estimate of a base not yet quantised."""
+    return numel // 2 + numel // nf4.BLOCK + 4 * max(1, numel // (nf4.BLOCK * nf4.SCALER_BLOCK)) + 68
