@@ -286,14 +286,14 @@ def test_ops_call_flash_qla_raw_forward_and_backward_in_its_order(flash_qla, mon
 
     seen = {}
 
-    def fwd(*, q, k, v, g, beta, scale, cu_seqlens, is_train, **_):
-        seen["fwd"] = is_train
+    def fwd(*, q, k, v, g, beta, scale, cu_seqlens, is_train, auto_cp, **_):
+        seen["fwd"] = (is_train, auto_cp)
         o = chunk_gated_delta_rule_ref(q, k, v, g, beta, scale=scale, cu_seqlens=cu_seqlens, use_qk_l2norm=False)
         A = torch.full((*beta.shape, 64), 7.0)
         return g * 2, A, o, None, None, None  # g_cum stands for g (x2), to check the backward gets it back
 
-    def bwd(*, q, k, v, g, beta, A, do, scale, cu_seqlens, **_):
-        assert bool((A == 7.0).all())
+    def bwd(*, q, k, v, g, beta, A, do, scale, cu_seqlens, auto_cp, **_):
+        assert bool((A == 7.0).all()) and auto_cp  # the split is FlashQLA's own choice outside graph capture
         with gdn._autograd_inside_op():  # the fake differentiates the reference below the autograd key
             ins = [t.detach().requires_grad_() for t in (q, k, v, g / 2, beta)]
             o = chunk_gated_delta_rule_ref(*ins, scale=scale, cu_seqlens=cu_seqlens, use_qk_l2norm=False)
@@ -318,7 +318,7 @@ def test_ops_call_flash_qla_raw_forward_and_backward_in_its_order(flash_qla, mon
     ref = [t.clone().double().requires_grad_() for t in (q, k, v, g, beta)]
     o_ref = chunk_gated_delta_rule_ref(*ref, scale=K**-0.5, cu_seqlens=cu, use_qk_l2norm=False)
     grads_ref = torch.autograd.grad(o_ref, ref, do.double())
-    assert seen["fwd"] is True  # the intra-card split decided as the backward decides it
+    assert seen["fwd"] == (True, True)  # the intra-card split decided as the backward decides it
     torch.testing.assert_close(o.double(), o_ref, rtol=1e-4, atol=1e-5)
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), grads, grads_ref):
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5, msg=name)

@@ -76,6 +76,12 @@ def _autograd_inside_op():
         yield
 
 
+def _flash_qla_auto_cp(t: torch.Tensor) -> bool:
+    """FlashQLA's intra-card split, except under CUDA graph capture: deciding it reads `cu_seqlens` on the host
+    (`tolist`), which capture forbids. Forward and backward decide alike (both captured, or neither)."""
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def _varlen(cu_seqlens: torch.Tensor | None, chunk_indices: torch.Tensor | None, device: torch.device):
     """Metadata for FLA. Without collator chunk indices they are derived here (one host sync),
     dropping zero-length documents first: FLA gives NaN or faults on empty segments (fla #103)."""
@@ -230,6 +236,7 @@ def gdn_chunk_op(
                 cu_seqlens=cu,
                 output_final_state=False,
                 is_train=True,  # the intra-card split must match the backward's (which decides with is_train=True)
+                auto_cp=_flash_qla_auto_cp(q),
             )
             return o.to(v.dtype).contiguous(), g_cum.float().contiguous(), A.to(k.dtype).contiguous()
         g_cum, o, A, *_ = fla_adapter.keywords(
@@ -299,6 +306,7 @@ def gdn_chunk_bwd_op(
                 scale=scale,
                 initial_state=None,
                 cu_seqlens=cu,
+                auto_cp=_flash_qla_auto_cp(q),
             )
         else:
             with fla_guard.lifted((H, HV, K, V)):
