@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from hybridtune.files import atomic_write_text
+
 logger = logging.getLogger(__name__)
 
 
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"speedup: {doc['speedup']:.2f}x", flush=True)
     out = Path(a.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "generation.json").write_text(json.dumps(doc, indent=1) + "\n")
+    atomic_write_text(out / "generation.json", json.dumps(doc, indent=1) + "\n")
     if a.results:
         prov = results.provenance_here(doc["device"])
         command = "python -m hybridtune.bench.generation " + " ".join(argv if argv is not None else sys.argv[1:])

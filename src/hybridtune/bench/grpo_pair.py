@@ -16,11 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+from hybridtune.files import atomic_write_text
 
 REWARD = '''def digits(completions, **kwargs):
     """The share of digits in each completion (text, or chat messages)."""
@@ -44,8 +48,8 @@ def write_data(root: Path, n: int, low: int, high: int, seed: int) -> Path:
         rows.append({"prompt": " ".join(rng.choice(words) if rng.random() < 0.5 else str(rng.randrange(1000))
                                         for _ in range(k))})  # fmt: skip
     path = root / "prompts.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (root / "reward_digits.py").write_text(REWARD)
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+    atomic_write_text(root / "reward_digits.py", REWARD)
     return path
 
 
@@ -56,20 +60,21 @@ def last_error(text: str, default: str) -> str:
     return ((named or lines or [default])[-1])[:300]
 
 
-def run_ht(a, root: Path, data: Path) -> dict:
-    out = root / "ht"
+def run_ht(a, root: Path, work: Path, data: Path) -> dict:
+    """`hybridtune train` in its own process; its run (and the final model it saves) in the private `work`."""
+    out = work / "ht"
     cmd = [sys.executable, "-m", "hybridtune", "train", "--base_model", a.base_model, "--adapter", "lora",
            "--lora_r", "16", "--lora_dropout", "0", "--objective", "grpo", "--dataset", str(data),
            "--num_generations", str(a.num_generations), "--max_completion_length", str(a.max_completion_length),
            "--max_prompt_length", "1024", "--micro_batch_size", str(a.prompts), "--gradient_accumulation_steps", "1",
            "--beta", "0", "--loss_type", "dapo", "--temperature", "1.0", "--max_steps", str(a.steps),
            "--logging_steps", "1", "--eval_steps", "0", "--val_set_size", "0", "--warmup_steps", "0",
-           "--reward_funcs", f"{root / 'reward_digits.py'}:digits", "--output_dir", str(out), "--seed", "0",
+           "--reward_funcs", f"{work / 'reward_digits.py'}:digits", "--output_dir", str(out), "--seed", "0",
            "--sequence_len", str(1024 + a.max_completion_length)]  # fmt: skip
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
-    (root / "ht.log").write_text(proc.stdout + proc.stderr)
+    atomic_write_text(root / "ht.log", proc.stdout + proc.stderr)
     res = {"command": " ".join(cmd[1:]), "rc": proc.returncode, "wall_s": wall}
     metrics = out / "metrics.jsonl"
     rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
@@ -100,7 +105,7 @@ def run_trl(a, root: Path, data: Path) -> dict:
     from hybridtune.models.loading import load_model, tokenizer_for
     from hybridtune.runtime.lora import lora_from_config
 
-    sys.path.insert(0, str(root))
+    sys.path.insert(0, str(root))  # (the private work folder the parent made: its reward file)
     from reward_digits import digits  # noqa: E402 - the file written beside the data
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -152,7 +157,7 @@ def run_trl(a, root: Path, data: Path) -> dict:
 
     rows = [json.loads(x) for x in data.read_text().splitlines()]
     args = trl.GRPOConfig(
-        output_dir=str(root / "trl"), per_device_train_batch_size=a.prompts * a.num_generations,
+        output_dir=str(root / "trl-out"), per_device_train_batch_size=a.prompts * a.num_generations,
         gradient_accumulation_steps=1, num_generations=a.num_generations, max_completion_length=a.max_completion_length,
         temperature=1.0, beta=0.0, loss_type="dapo", learning_rate=1e-5, max_steps=a.steps, logging_steps=1,
         bf16=device.type == "cuda", gradient_checkpointing=True, report_to="none", save_strategy="no", seed=0,
@@ -180,29 +185,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output_dir", default="outputs/bench-grpo")
     ap.add_argument("--results", default=None)
     ap.add_argument("--only", choices=["ht", "trl"], default=None)
+    ap.add_argument("--work", default=None, help=argparse.SUPPRESS)  # (the TRL child: the parent's work folder)
     a = ap.parse_args(argv)
+    if a.only == "trl" and a.work:  # the child: data, reward and its result in the parent's private folder
+        work = Path(a.work)
+        res = run_trl(a, work, work / "prompts.jsonl")
+        atomic_write_text(work / "trl.json", json.dumps(res, indent=1) + "\n")
+        return 0
     root = Path(a.output_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
     low, high = (int(x) for x in a.prompt_tokens.split("-"))
-    data = write_data(root, a.prompts * max(a.steps, 1), low, high, seed=1)
-    if a.only == "trl":
-        res = run_trl(a, root, data)
-        (root / "trl.json").write_text(json.dumps(res, indent=1) + "\n")
-        return 0
+    # The data, the reward file both tools import, the runs and TRL's result live in a private folder made now
+    # (0700): nothing a previous run or another user left can be read as this run's, and none of it is a path
+    # someone could plant a link at; the figures and logs go to output_dir through atomic writes.
+    work = Path(tempfile.mkdtemp(prefix="hybridtune-grpo-pair-"))
+    try:
+        return _pair(a, argv, root, work, low, high)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _pair(a, argv, root: Path, work: Path, low: int, high: int) -> int:
+    data = write_data(work, a.prompts * max(a.steps, 1), low, high, seed=1)
     doc = {"base_model": a.base_model, "prompts": a.prompts, "num_generations": a.num_generations,
            "max_completion_length": a.max_completion_length, "steps": a.steps, "tools": {}}  # fmt: skip
     if a.only in (None, "ht"):
-        doc["tools"]["hybridtune"] = run_ht(a, root, data)
-    if a.only is None:  # TRL in a fresh process (its own CUDA memory, nothing of hybridtune's patches)
-        cmd = [sys.executable, "-m", "hybridtune.bench.grpo_pair", "--only", "trl"] + [
-            x for x in (argv if argv is not None else sys.argv[1:]) if x != "--results"
-        ]
-        if a.results:  # (drop the --results value too)
-            i = cmd.index(a.results) if a.results in cmd else None
-            cmd = cmd[:i] + cmd[i + 1 :] if i is not None else cmd
+        doc["tools"]["hybridtune"] = run_ht(a, root, work, data)
+    if a.only in (None, "trl"):  # TRL in a fresh process (its own CUDA memory, nothing of hybridtune's patches)
+        cmd = [sys.executable, "-m", "hybridtune.bench.grpo_pair", "--only", "trl", "--work", str(work),
+               "--base_model", a.base_model, "--steps", str(a.steps), "--prompts", str(a.prompts),
+               "--num_generations", str(a.num_generations), "--max_completion_length", str(a.max_completion_length)]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
-        (root / "trl.log").write_text(proc.stdout + proc.stderr)
-        got = json.loads((root / "trl.json").read_text()) if (root / "trl.json").is_file() else {}
+        atomic_write_text(root / "trl.log", proc.stdout + proc.stderr)
+        result = work / "trl.json"
+        got = json.loads(result.read_text()) if result.is_file() else {}
         if proc.returncode or not got.get("steps"):
             got["error"] = last_error(proc.stderr, "no steps")
         doc["tools"]["trl"] = got
@@ -220,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     if all(t.get(k, {}).get("median_step_s") for k in ("hybridtune", "trl")):
         doc["speedup"] = t["trl"]["median_step_s"] / t["hybridtune"]["median_step_s"]
         print(f"speedup: {doc['speedup']:.2f}x per step", flush=True)
-    (root / "grpo_pair.json").write_text(json.dumps(doc, indent=1) + "\n")
+    atomic_write_text(root / "grpo_pair.json", json.dumps(doc, indent=1) + "\n")
     if a.results:
         from hybridtune.bench import results
 
