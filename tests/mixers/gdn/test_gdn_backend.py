@@ -198,9 +198,14 @@ def test_suite_variants_test_the_chosen_backend_then_its_fallback(fla, flash_qla
     monkeypatch.setenv("FLA_FLASH_QLA", "0")
     assert suite.variants(gdn_selftest.CHUNK, lay, dev) == [(cb.TRITON, cb.TRITON)]
     assert suite.variant_versions(cb.FLASH_QLA) == "flash-qla 0.1.3" and suite.variant_versions(cb.TRITON) is None
+    from hybridtune.mixers.gdn import fla_adapter
+
+    assert "ops run the torch reference" in suite.backend_lines([lay])[1]  # no FLA here: the ops' own path
+    monkeypatch.setattr(fla_adapter, "available", lambda: (True, "flash-linear-attention 0.6.0 (fake)"))
     lines = suite.backend_lines([lay])
     assert "flash-qla 0.1.3 installed" in lines[0] and "FLA_FLASH_QLA=0" in lines[0]
     assert "FLA dispatches to fla-triton" in lines[1] and "turned off by FLA_FLASH_QLA=0" in lines[1]
+    assert lines[1].endswith("hybridtune's ops run fla-triton")
 
 
 def _fake_verify_device(monkeypatch, errors):

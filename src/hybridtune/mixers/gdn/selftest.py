@@ -242,8 +242,13 @@ class Suite:
             f"{ver + ' installed' if ver else 'not installed'}, {chunk_backend.ENV}="
             f"{os.environ.get(chunk_backend.ENV, 'unset')}"
         ]
+        fla_ok, fla_why = fla_adapter.available()
         for lay in layouts:
             fla_choice, ops = chunk_backend.decide_cached(lay.key), chunk_backend.for_op(lay.key)
+            if not fla_ok:
+                lines.append(f"  {lay}: FLA dispatches to {fla_choice.label}; hybridtune's ops run the torch reference")
+                lines[-1] += f" ({fla_why})"
+                continue
             lines.append(
                 f"  {lay}: FLA dispatches to {fla_choice.label} ({fla_choice.why}); hybridtune's ops run "
                 f"{ops.label}" + ("" if ops.name == fla_choice.name else f" ({ops.why})")
