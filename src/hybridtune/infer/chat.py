@@ -2,7 +2,8 @@
 turn); on a terminal the reply streams token by token. `/reset` starts over, `/exit` or Ctrl-D ends.
 
 A vision-language model takes images: `--image PATH` (repeatable) goes with the first message, `/image PATH` with
-the next one; the images stay in the conversation."""
+the next one; the images stay in the conversation. `--video PATH` (a folder of frames or frame paths joined by
+commas, `--fps`) goes with the first message too (infer/video_prompts.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,16 @@ import sys
 from typing import TextIO
 
 from hybridtune.errors import DataError, UserError
-from hybridtune.infer.generate import add_model_args, image_arg, open_for_generation, sampling_of, utf8_text, vision_of
+from hybridtune.infer import video_prompts
+from hybridtune.infer.generate import (
+    add_model_args,
+    add_video_args,
+    image_arg,
+    open_for_generation,
+    sampling_of,
+    utf8_text,
+    vision_of,
+)
 from hybridtune.runtime.generation import Sampling, complete, not_vision, render, with_image_text
 
 HELP = "commands: /reset (forget the conversation), /exit (or Ctrl-D)"
@@ -63,15 +73,21 @@ def chat_loop(
         if text.strip().split(maxsplit=1)[0] == IMAGE_COMMAND:
             pending += _image_command(text.strip()[len(IMAGE_COMMAND) :].strip(), n, vision, name, stdout)
             continue
-        parts = [{"type": "image", "image": s} for s in pending]
+        parts = [{"type": "image", "image": s} if isinstance(s, str) else s for s in pending]  # (a dict: a video)
         messages.append({"role": "user", "content": [*parts, {"type": "text", "text": text}] if parts else text})
         pending = []
-        conversation, sources = with_image_text(messages, vision, f"stdin line {n}", name)
+        held, videos = video_prompts.as_placeholders(messages, vision, f"stdin line {n}") if vision else (messages, [])
+        conversation, sources = with_image_text(held, vision, f"stdin line {n}", name)
         prompt = render(tokenizer, conversation, chat, template_kwargs)
         streamer = _Streamer(tokenizer, stdout) if stream else None
-        [(ids, _)] = complete(
-            model, tokenizer, [prompt], sampling, chat, 1, streamer=streamer, images=[sources], vision=vision
-        )
+        if videos:  # (a conversation with videos: their inputs go with the generate call)
+            [(ids, _)] = video_prompts.complete_videos(
+                model, tokenizer, [prompt], [videos], sampling, chat, 1, [sources], vision, streamer
+            )
+        else:
+            [(ids, _)] = complete(
+                model, tokenizer, [prompt], sampling, chat, 1, streamer=streamer, images=[sources], vision=vision
+            )
         reply = tokenizer.decode(ids, skip_special_tokens=True)
         if streamer is None:
             print(reply, file=stdout, flush=True)
@@ -146,8 +162,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--image", action="append", default=[], metavar="PATH", help="an image for the first message (repeatable)"
     )
+    add_video_args(parser, "for the first message, after its images")
     args = parser.parse_args(argv)
     images = [image_arg(x, f"--image {i}") for i, x in enumerate(args.image, 1)]
+    images += [video_prompts.video_arg(x, args.fps, f"--video {i}") for i, x in enumerate(args.video, 1)]
     sampling = sampling_of(args)
     system = utf8_text(args.system, "--system") if args.system else None
     if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach utf8_text, which says which line

@@ -8,7 +8,8 @@ of its turn: any end-of-sequence id of the model's generation config or the toke
 A vision-language model takes images: `--image PATH` (repeatable, relative to the working directory) goes with each
 `--prompt`, before its text; a prompts file's messages may hold image parts (`{"type": "image", "image": PATH}`,
 relative to the file). Each image is read and checked (as training data's) before the model loads, then goes
-through the checkpoint's own image processor.
+through the checkpoint's own image processor. Videos: `--video PATH` (a folder of frames, or frame paths joined by
+commas; `--fps`) and a prompts file's video parts, as training data's (infer/video_prompts.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import torch
 
 from hybridtune.data.chat import check_template_kwargs
 from hybridtune.data.images import image_source, is_image_part, load_image, part_reference
+from hybridtune.data.video import is_video_part
 from hybridtune.errors import ConfigError, DataError
+from hybridtune.infer import video_prompts
 from hybridtune.runtime.generation import Sampling, generate, not_vision
 from hybridtune.textfile import read_utf8
 
@@ -88,14 +91,15 @@ def conversation(value: list, where: str, key: str, base: Path | None = None) ->
             )
         content = m.get("content")
         texts = isinstance(content, list) and all(
-            isinstance(c, dict) and (c.get("type") == "text" and isinstance(c.get("text"), str) or is_image_part(c))
+            isinstance(c, dict)
+            and (c.get("type") == "text" and isinstance(c.get("text"), str) or is_image_part(c) or is_video_part(c))
             for c in content
         )
-        if texts and not any(is_image_part(c) for c in content):
+        if texts and not any(is_image_part(c) or is_video_part(c) for c in content):
             content = "".join(c["text"] for c in content)
         elif texts:
-            content = [_resolved(c, where, f"message {j} of {key!r}, content part {k}", base)
-                       for k, c in enumerate(content)]  # fmt: skip
+            content = [(video_prompts.resolved if is_video_part(c) else _resolved)(
+                c, where, f"message {j} of {key!r}, content part {k}", base) for k, c in enumerate(content)]  # fmt: skip
         elif content is None and m.get("tool_calls"):
             content = ""  # an assistant turn that only calls tools (OpenAI writes null)
         if not isinstance(content, (str, list)):
@@ -118,12 +122,13 @@ def _resolved(part: dict, where: str, what: str, base: Path | None) -> dict:
     return {"type": "image", "image": source}
 
 
-def with_images(prompts: list, images: list[str]) -> list:
+def with_images(prompts: list, images: list[str], videos: tuple = (), fps: float = video_prompts.DEFAULT_FPS) -> list:
     """The --prompt texts, each a user turn of the `images` (paths from the working directory, or data: URIs;
-    each read and checked) then its text."""
-    if not images:
+    each read and checked), the `videos` (--video: folders of frames or frame lists at `fps`), then its text."""
+    if not images and not videos:
         return prompts
     parts = [{"type": "image", "image": image_arg(x, f"--image {i}")} for i, x in enumerate(images, 1)]
+    parts += [video_prompts.video_arg(x, fps, f"--video {i}") for i, x in enumerate(videos, 1)]
     return [[{"role": "user", "content": [*parts, {"type": "text", "text": p}]}] for p in prompts]
 
 
@@ -195,6 +200,20 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_video_args(parser: argparse.ArgumentParser, where: str) -> None:
+    parser.add_argument(
+        "--video",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help=f"a video {where}: a folder of frames (its image files by name) or frame paths joined by commas "
+        "(repeatable; a vision-language model)",
+    )
+    parser.add_argument(
+        "--fps", type=float, default=video_prompts.DEFAULT_FPS, help="the --video frames' rate (timestamps; 2)"
+    )
+
+
 def template_kwargs(text: str) -> dict:
     """`--chat_template_kwargs` (an argparse type): a JSON object of the template's variables."""
     try:
@@ -250,13 +269,18 @@ def main(argv: list[str]) -> int:
         metavar="PATH",
         help="an image for each --prompt, before its text (repeat for several; a vision-language model)",
     )
+    add_video_args(parser, "for each --prompt, after its images")
     parser.add_argument("--batch_size", type=int, default=8, help="prompts per generate() call (8)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of completions")
     args = parser.parse_args(argv)
     given = [utf8_text(text, f"--prompt {i}") for i, text in enumerate(args.prompt, 1)]
-    if args.image and not given:
-        raise ConfigError("--image goes with --prompt TEXT; in a prompts file, give image parts in the messages")
-    prompts: list = with_images(given, args.image) + (read_prompts(args.prompts) if args.prompts else [])
+    for flag, parts in (("--image", args.image), ("--video", args.video)):
+        if parts and not given:
+            raise ConfigError(
+                f"{flag} goes with --prompt TEXT; in a prompts file, give {flag[2:]} parts in the messages"
+            )
+    prompts: list = with_images(given, args.image, args.video, args.fps)
+    prompts += read_prompts(args.prompts) if args.prompts else []
     if not prompts:
         raise ConfigError("no prompt: give --prompt TEXT (repeatable) or --prompts FILE")
 
@@ -264,11 +288,11 @@ def main(argv: list[str]) -> int:
         raise ConfigError(f"--batch_size {args.batch_size}: give at least 1")
     sampling = sampling_of(args)
     opened = open_for_generation(args)
-    vision = vision_of(opened, needed=has_images(prompts))
+    videos = video_prompts.has_videos(prompts)
+    vision = vision_of(opened, needed=has_images(prompts) or videos)
     chat, kwargs = not args.no_chat_template, args.chat_template_kwargs
-    done = generate(
-        opened.model, opened.tokenizer, prompts, sampling, chat, args.batch_size, kwargs, vision, args.model
-    )
+    run = video_prompts.generate if videos else generate
+    done = run(opened.model, opened.tokenizer, prompts, sampling, chat, args.batch_size, kwargs, vision, args.model)
     if args.json:
         print(json.dumps([asdict(c) for c in done], indent=2, ensure_ascii=False))
     elif len(done) == 1:
