@@ -49,6 +49,15 @@ def test_hf_pf_is_the_vision_bench_mode():
         parse_mode("hf-pf:objective=dpo")
 
 
+def test_vision_refuses_other_shapes_and_objectives(tmp_path, capsys):
+    from hybridtune.cli import main
+
+    for args in (["--base_model", "tiny-qwen3_5_moe"], ["--modes", "ht-eager:objective=dpo"]):
+        assert main(["bench", "--vision", *args, "--output_dir", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert "--vision benches sft on a dense Qwen3.5 preset" in err
+
+
 def _spec(tmp, mode: str) -> dict:
     return {
         "kind": "mode",

@@ -287,6 +287,11 @@ def main(argv: list[str]) -> int:
     )
     modes = [parse_mode(s) for s in split_modes(args.modes or default_modes)]
     labels = [m.label for m in modes]
+    if args.vision and (PRESETS[preset].model_type != "qwen3_5_text" or any(m.objective != "sft" for m in modes)):
+        raise ConfigError(
+            "--vision benches sft on a dense Qwen3.5 preset (qwen3_5-0.8b, qwen3_5-2b, qwen3_5-9b, tiny-qwen3_5) with "
+            f"the hf-* and ht-* modes; got {preset} and {','.join(labels)}"
+        )
     if len(set(labels)) != len(labels):
         raise ConfigError(f"--modes names a mode twice: {','.join(labels)}")
     settings = {
