@@ -91,3 +91,21 @@ def test_a_frame_linked_to_a_file_that_is_no_image_is_one_line(tmp_path):
     with pytest.raises(DataError) as e:
         load_frames(_key(frames), "d:1", "p", 2)
     assert "is not an image PIL can read" in str(e.value) and "hunter2" not in str(e.value)
+
+
+def test_a_video_of_more_frames_than_qwen_samples_is_one_line_before_any_is_read(tmp_path):
+    """A folder of thousands of frames (the red team's 100,000 decoded for minutes) is refused from its listing."""
+    from hybridtune.data.video import MAX_VIDEO_FRAMES, video_key
+    from hybridtune.errors import DataError
+
+    folder = tmp_path / "clip"
+    folder.mkdir()
+    for k in range(MAX_VIDEO_FRAMES + 1):
+        (folder / f"{k:05d}.png").write_bytes(b"")  # never opened: the count refuses first
+    part = {"type": "video", "video": "clip"}
+    with pytest.raises(DataError) as e:
+        video_key(part, tmp_path, "data.jsonl:3", "message 1, part 2")
+    said = str(e.value)
+    assert "data.jsonl:3" in said and f"{MAX_VIDEO_FRAMES + 1} frames" in said and "\n" not in said
+    (folder / f"{MAX_VIDEO_FRAMES:05d}.png").unlink()
+    assert video_key(part, tmp_path, "data.jsonl:3", "message 1, part 2").startswith("video:")

@@ -27,6 +27,7 @@ VIDEO_PART_TYPE = "video"
 VIDEO_KEY = "video:"  # an ImageRef.source that is a video: "video:" + JSON {"frames": [...], "fps": N}
 DEFAULT_FPS = 2.0
 FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+MAX_VIDEO_FRAMES = 768  # qwen-vl-utils' FPS_MAX_FRAMES, the most frames Qwen's own video reader samples
 VIDEO_PIXEL_FRAMES = 4  # a video holds at most this many times the pixels PIL allows one image (`video_pixel_limit`)
 SHAPE = '{"type": "video", "video": FOLDER or [frame paths], "fps": N}'
 
@@ -58,6 +59,11 @@ def video_key(part: dict, base: Path | None, where: str, what: str) -> str:
     else:
         got = "nothing" if ref is None else f"{type(ref).__name__} {str(ref)[:40]!r}"
         raise DataError(f"{where}: {what}: a video part names no frames (got {got}); write it as {SHAPE}")
+    if len(frames) > MAX_VIDEO_FRAMES:  # (before any is read: a folder of 100k frames decoded for minutes)
+        raise DataError(
+            f"{where}: {what}: the video has {len(frames)} frames, more than {MAX_VIDEO_FRAMES} (Qwen's video reader "
+            f"samples at most that many); sample the frames you train on (e.g. 2 per second) into the folder or list"
+        )
     return VIDEO_KEY + json.dumps({"frames": frames, "fps": float(fps)})
 
 
