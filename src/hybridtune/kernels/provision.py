@@ -436,3 +436,10 @@ def _run_selftest(model_type_or_config: Any, ready: list[SelfTestSuite]) -> list
         logger.exception("kernel self-test crashed")
         return [{"kernel": s.kernels[0], "layout": "all", "passed": False, "verdict": f"crashed: {e}"} for s in ready]
     return [v.to_dict() for v in verdicts]
+
+
+def provision_for(cfg, model_type_or_config, **kwargs):
+    """`provision_kernels` for a run: its config's `kernels`, `require_fast_path` and `gdn_backend` keys."""
+    return provision_kernels(
+        cfg.kernels, cfg.require_fast_path, model_type_or_config, gdn_backend=cfg.gdn_backend, **kwargs
+    )

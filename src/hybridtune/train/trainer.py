@@ -35,7 +35,7 @@ from hybridtune.data.report import to_jsonl
 from hybridtune.errors import TrainingDiverged
 from hybridtune.files import atomic_write_text
 from hybridtune.kernels.environment import use_compile_caches
-from hybridtune.kernels.provision import provision_kernels
+from hybridtune.kernels.provision import provision_for
 from hybridtune.models.flops import measure_peak
 from hybridtune.models.hub import resolve_source
 from hybridtune.models.loading import tokenizer_for
@@ -169,7 +169,7 @@ class Trainer:
     def _setup_kernels(self) -> None:
         if self.device.type == "cuda" or self.cfg.compile in ("loop", "modules"):  # before the self-test compiles
             logger.info("%s", use_compile_caches())
-        self.kernel_report = provision_kernels(self.cfg.kernels, self.cfg.require_fast_path, self.source.config_ref)
+        self.kernel_report = provision_for(self.cfg, self.source.config_ref)
 
     def _facts(self, model: torch.nn.Module | None = None) -> Facts:
         """What the choices depend on (`choices.measure`); without a model, what is known before it loads."""

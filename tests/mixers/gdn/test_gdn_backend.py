@@ -274,6 +274,16 @@ def test_provision_pins_from_config_or_env_before_fla(fla, flash_qla, monkeypatc
         provision_kernels("check", False, "qwen3_5", env={**env, "HYBRIDTUNE_GDN_BACKEND": "flash-qla"}, log=False)
 
 
+def test_a_runs_gdn_backend_key_reaches_provisioning(fla, flash_qla):
+    """`hybridtune train` provisions through `provision_for`: the config's gdn_backend pins FLA's choice."""
+    from hybridtune.config import load_config
+    from hybridtune.kernels.provision import provision_for
+
+    cfg = load_config(None, {"gdn_backend": "flash-qla", "kernels": "check"})
+    provision_for(cfg, "qwen3_5", env={"HYBRIDTUNE_OFFLINE": "1"}, accelerator=None, log=False)
+    assert cb.pinned() == "flash-qla"
+
+
 def test_config_key_default_and_choices():
     from hybridtune.config_schema import TrainConfig
 
