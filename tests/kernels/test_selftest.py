@@ -134,7 +134,8 @@ def test_the_shipped_kernel_configs_are_seeded_before_the_selftest_and_said(fake
     real_verify = selftest.verify
     monkeypatch.setattr(selftest, "verify", lambda *a, **k: order.append("verify") or real_verify(*a, **k))
     rep = provision.provision_kernels("check", False, preset_config("qwen3_5-2b"), accelerator="cuda (x)", env={})
-    assert order == ["load", "seed Fake H200", "verify"]
+    # The backend lines after the self-test ask FLA's availability again (a cached load): only loads may follow.
+    assert order[:3] == ["load", "seed Fake H200", "verify"] and set(order[3:]) <= {"load"}
     assert (
         rep.kernel_configs == "kernel configs: for Fake H200" and rep.to_dict()["kernel_configs"] == rep.kernel_configs
     )

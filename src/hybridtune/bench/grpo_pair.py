@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -198,11 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     # The data, the reward file both tools import, the runs and TRL's result live in a private folder made now
     # (0700): nothing a previous run or another user left can be read as this run's, and none of it is a path
     # someone could plant a link at; the figures and logs go to output_dir through atomic writes.
-    work = Path(tempfile.mkdtemp(prefix="hybridtune-grpo-pair-"))
-    try:
-        return _pair(a, argv, root, work, low, high)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="hybridtune-grpo-pair-", ignore_cleanup_errors=True) as work:
+        return _pair(a, argv, root, Path(work), low, high)
 
 
 def _pair(a, argv, root: Path, work: Path, low: int, high: int) -> int:
