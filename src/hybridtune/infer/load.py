@@ -211,7 +211,7 @@ def _open_adapter(path: Path, patched: bool, dtype: torch.dtype | None) -> Opene
     source = resolve_source(base_name, revision if isinstance(revision, str) else None)
     tok = load_tokenizer(str(path), None) if (path / "tokenizer_config.json").is_file() else tokenizer_for(source)
     loaded = load_model(source, tok, dtype=dtype)
-    if source.path is not None and trained_on_nf4(path, source.path):  # QLoRA: the NF4 values it trained on
+    if source.path is not None and trained_on_nf4(path):  # QLoRA: the NF4 values it trained on
         roundtrip_targets(loaded.model)
     if patched:
         patch_model(loaded.model)

@@ -185,8 +185,6 @@ def save_final(
                 with original_config(base):
                     base.save_pretrained(tmp, state_dict=base_state, safe_serialization=True)
                 tokenizer.save_pretrained(tmp)
-                if quantized:  # what run/merge.py reads: these weights are the 4-bit base's values already
-                    atomic_write_text(tmp / quant.DEQUANTIZED_FILE, json.dumps({"dequantized_from": QUANT}))
 
             guarded.refuse_non_finite(base_state, "the base model", base_dir)
             parts.append((base_dir, tensor_bytes(base_state) + tok, write_base))

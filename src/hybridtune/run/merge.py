@@ -79,9 +79,10 @@ def _merge(adapter_dir: Path, out_dir: Path, overwrite: bool) -> Path:
     refuse_custom_code(base_path)
     base = _load_base(base_path)
     dtype = text_model(base).embed_tokens.weight.dtype
-    if trained_on_nf4(adapter_dir, base_path):
-        n = quant.roundtrip_targets(base)
-        logger.info("QLoRA adapter: %d base weights through NF4 and back (the values it trained on), in %s", n, dtype)
+    if trained_on_nf4(adapter_dir):
+        n, kept = quant.roundtrip_targets(base)
+        logger.info("QLoRA adapter: %d base weights through NF4 and back (the values it trained on), in %s%s", n,
+                    dtype, f"; {kept} held NF4's values already" if kept else "")  # fmt: skip
     try:
         model = PeftModel.from_pretrained(base, str(adapter_dir))
     except (OSError, ValueError, KeyError, RuntimeError, TypeError, SafetensorError) as e:  # missing, mismatched
@@ -117,16 +118,17 @@ def _merge(adapter_dir: Path, out_dir: Path, overwrite: bool) -> Path:
     return out_dir
 
 
-def trained_on_nf4(adapter_dir: Path, base_path: Path) -> bool:
-    """Whether the adapter trained on a 4-bit NF4 base (its final/hybridtune.json says so) that `base_path` holds
-    unquantised: a checkpoint, not the dequantised base_model/ a QLoRA run on a preset writes."""
+def trained_on_nf4(adapter_dir: Path) -> bool:
+    """Whether the adapter trained on a 4-bit NF4 base: its final/hybridtune.json's `base_quantization`, the adapter's
+    own record (whoever can write it can write the adapter's weights too, so it is trusted as the adapter is).
+    Whether the base already holds NF4's values is read from its weights (`quant.roundtrip_targets`)."""
     info = adapter_dir / FINAL_META
     try:
         recorded = json.loads(info.read_text(encoding="utf-8")) if info.is_file() else {}
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise ModelError(f"{info}: not the JSON training wrote; restore it or remove it") from None
     nf4 = isinstance(recorded, dict) and recorded.get("base_quantization") == quant.QUANTIZATION
-    return nf4 and not (base_path / quant.DEQUANTIZED_FILE).is_file()
+    return nf4
 
 
 def _first(e: BaseException) -> str:

@@ -28,7 +28,10 @@ from hybridtune.ops import nf4
 logger = logging.getLogger(__name__)
 
 QUANTIZATION = "nf4"  # what final/hybridtune.json records as `base_quantization`
-DEQUANTIZED_FILE = "dequantized.json"  # in a base_model/ written from a QLoRA base: its values are NF4's already
+# A weight "holds NF4's values" when its round trip through NF4 moves no value by more than this, relative: NF4's
+# codes times a block's scale come back within the double-quantised scale's drift and a bf16 rounding (measured
+# <= 0.6%), while a weight not yet quantised moves by up to 14% of its block's largest value.
+NF4_VALUES_RTOL = 2**-6
 
 
 def targets(model: torch.nn.Module) -> dict[str, str]:
@@ -140,15 +143,28 @@ def dequantized_state(state: dict, dtype: torch.dtype) -> dict:
     return {k: nf4.dequantize(v, dtype) if nf4.is_nf4(v) else v for k, v in state.items()}
 
 
+def holds_nf4_values(weight: torch.Tensor, rounded: torch.Tensor) -> bool:
+    """Whether `weight` already holds NF4's values (a QLoRA base written dequantised), given its round trip."""
+    scale = float(weight.abs().max()) if weight.numel() else 0.0
+    return bool(torch.isclose(rounded.float(), weight.float(), rtol=NF4_VALUES_RTOL, atol=1e-6 * scale).all())
+
+
 @torch.no_grad()
-def roundtrip_targets(model: torch.nn.Module) -> int:
-    """Every NF4 target of a plain (unquantised) model replaced by its values through NF4 and back, in its own dtype:
-    the base a QLoRA adapter trained on, for merging it (run/merge.py). Returns how many weights."""
+def roundtrip_targets(model: torch.nn.Module) -> tuple[int, int]:
+    """Every NF4 target of a plain (unquantised) model given its values through NF4 and back, in its own dtype: the
+    base a QLoRA adapter trained on, for merging or loading it (run/merge.py, infer/load.py). A weight that already
+    holds NF4's values (the dequantised base_model/ a QLoRA run on a preset writes) is kept as it is: it is read
+    from the weights themselves, never from a file beside them that anyone could place in a base's folder.
+    Returns (weights rounded, weights kept)."""
     if not nf4.available():
         raise ConfigError(nf4.MISSING)
     params = dict(model.named_parameters())
-    names = targets(model)
-    for name in names:
+    rounded = kept = 0
+    for name in targets(model):
         p = params[name]
-        p.data = nf4.roundtrip(p.data)
-    return len(names)
+        r = nf4.roundtrip(p.data)
+        if holds_nf4_values(p.data, r):
+            kept += 1
+        else:
+            p.data, rounded = r, rounded + 1
+    return rounded, kept
