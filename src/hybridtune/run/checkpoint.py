@@ -37,6 +37,7 @@ from hybridtune.run.integrity import CheckpointError, DiskFullError
 from hybridtune.runtime import distributed
 from hybridtune.runtime.distributed import ONE, Dist
 from hybridtune.runtime.memory import optimizer_state
+from hybridtune.runtime.optim import hyperparameters, reapply_config
 
 __all__ = ["CheckpointError", "DiskFullError"]  # re-exported: the trainer and CLI catch them from here
 
@@ -327,6 +328,7 @@ def load_checkpoint(
             raise CheckpointError(f"checkpoint '{path}' cannot be resumed: {why}")
     msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
     state = {"model": msd, "optim": osd}
+    fresh = hyperparameters(optimizer, scheduler)  # the config's, before the checkpoint's are loaded over them
     try:
         with _quiet_single_process():
             integrity.safe_dcp_load(state, path / STATE_DIR)
@@ -343,6 +345,9 @@ def load_checkpoint(
         options=_options(trainable_only, load=True),
     )
     scheduler.load_state_dict(trainer["scheduler"])
+    _check_schedule(path, optimizer, scheduler, fresh, trainer["step"])
+    for line in reapply_config(optimizer, scheduler, fresh, trainer["step"]):
+        logger.warning("resumed with the config's %s", line)
     if rng_saved is not None:
         set_rng_state(rng_saved)
     else:
@@ -352,6 +357,22 @@ def load_checkpoint(
         random.seed(seed)
         torch.manual_seed(seed)
     return trainer
+
+
+def _check_schedule(path: Path, optimizer, scheduler, fresh: dict, step) -> None:
+    """The loaded schedule and groups agree with the checkpoint and the run (before the config's values go back)."""
+    last = getattr(scheduler, "last_epoch", None)
+    if type(step) is not int or type(last) is not int or last != step:
+        raise CheckpointError(
+            f"checkpoint '{path}' cannot be resumed: its learning-rate schedule is at step {last!r} but the "
+            f"checkpoint at step {step!r}: its files disagree; resume from another checkpoint"
+        )
+    if len(fresh["groups"]) != len(optimizer.param_groups) or len(scheduler.base_lrs) != len(fresh["base_lrs"]):
+        raise CheckpointError(
+            f"checkpoint '{path}' cannot be resumed: it holds {len(optimizer.param_groups)} optimizer groups and "
+            f"{len(scheduler.base_lrs)} scheduled rates, this run {len(fresh['groups'])}; resume from a checkpoint "
+            "of this run"
+        )
 
 
 def load_weights(path: Path, model: torch.nn.Module, trainable_only: bool) -> dict:

@@ -133,3 +133,54 @@ class _Schedule(torch.optim.lr_scheduler.LambdaLR):
 def masters_into_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """At the end of training: `MasterAdamW`'s fp32 masters become the model's weights (what the export writes)."""
     merged(model, optimizer)
+
+
+def hyperparameters(optimizer: torch.optim.Optimizer, scheduler) -> dict:
+    """The optimizer's groups' hyperparameters and the schedule's base rates as the run's config built them: taken
+    before a resume loads a checkpoint over them (`reapply_config`)."""
+    groups = [{k: v.clone() if torch.is_tensor(v) else v for k, v in g.items() if k != "params"}
+              for g in optimizer.param_groups]  # fmt: skip
+    return {"groups": groups, "base_lrs": list(scheduler.base_lrs)}
+
+
+def _same(a, b) -> bool:
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        a, b = (x.tolist() if torch.is_tensor(x) else x for x in (a, b))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        return type(a) is type(b) and a == b
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
+
+
+def _set(group: dict, key: str, value) -> None:
+    if torch.is_tensor(group.get(key)) and not torch.is_tensor(value):
+        group[key].fill_(value)  # torchao's tensor lr: its compiled step reads the same tensor
+    else:
+        group[key] = value.clone() if torch.is_tensor(value) else value
+
+
+def reapply_config(optimizer: torch.optim.Optimizer, scheduler, fresh: dict, step: int) -> list[str]:
+    """After a checkpoint's optimizer and schedule are loaded: the run's config is what trains, not what the files
+    say. Every hyperparameter of every group and the schedule's base rates are set back to `fresh` (the config's,
+    from `hyperparameters`) and the rate recomputed for `step`; each saved value that differed is returned as a line
+    (a changed config, or a checkpoint edited by hand: either way the config's value is the one used, said once).
+    The caller has checked that the groups match in number and the schedule's step is the checkpoint's
+    (run/checkpoint.py)."""
+    said = []
+    for i, (group, want) in enumerate(zip(optimizer.param_groups, fresh["groups"])):
+        for key, value in want.items():
+            if key == "lr":
+                continue  # the schedule's: recomputed below
+            if key not in group or not _same(group[key], value):
+                said.append(f"{key} {value} (the checkpoint held {group.get(key, 'none')!r}, group {i})")
+            _set(group, key, value)
+    for i, (saved, want) in enumerate(zip(scheduler.base_lrs, fresh["base_lrs"])):
+        if not _same(saved, want):
+            said.append(f"learning rate {want:g} (the checkpoint's schedule held {saved!r}, group {i})")
+    scheduler.base_lrs = list(fresh["base_lrs"])
+    rates = [base * f(step) for base, f in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, rate in zip(optimizer.param_groups, rates):
+        _set(group, "lr", rate)
+    scheduler._last_lr = rates
+    return said
