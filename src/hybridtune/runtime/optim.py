@@ -154,8 +154,9 @@ def _same(a, b) -> bool:
 
 
 def _set(group: dict, key: str, value) -> None:
-    if torch.is_tensor(group.get(key)) and not torch.is_tensor(value):
-        group[key].fill_(value)  # torchao's tensor lr: its compiled step reads the same tensor
+    held = group.get(key)
+    if torch.is_tensor(held) and held.numel() == 1 and not isinstance(value, (tuple, list)):
+        held.fill_(float(value))  # torchao's tensor lr: its compiled step reads the same tensor
     else:
         group[key] = value.clone() if torch.is_tensor(value) else value
 
@@ -182,5 +183,5 @@ def reapply_config(optimizer: torch.optim.Optimizer, scheduler, fresh: dict, ste
     rates = [base * f(step) for base, f in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
     for group, rate in zip(optimizer.param_groups, rates):
         _set(group, "lr", rate)
-    scheduler._last_lr = rates
+    scheduler._last_lr = [float(r) for r in rates]
     return said
