@@ -27,6 +27,10 @@ VIDEO_PART_TYPE = "video"
 VIDEO_KEY = "video:"  # an ImageRef.source that is a video: "video:" + JSON {"frames": [...], "fps": N}
 DEFAULT_FPS = 2.0
 FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+# The rates a video's frames may be given at: the processor writes each temporal group's time as "<t seconds>" text
+# (one decimal), so a rate of 1e-300 wrote a 300-digit number per group and 5e-324 "inf seconds", and beyond a few
+# hundred frames a second every group reads "0.0 seconds". One frame an hour to 240 a second (high-speed capture).
+FPS_RANGE = (1 / 3600, 240.0)
 MAX_VIDEO_FRAMES = 768  # qwen-vl-utils' FPS_MAX_FRAMES, the most frames Qwen's own video reader samples
 VIDEO_PIXEL_FRAMES = 4  # a video holds at most this many times the pixels PIL allows one image (`video_pixel_limit`)
 SHAPE = '{"type": "video", "video": FOLDER or [frame paths], "fps": N}'
@@ -42,6 +46,12 @@ def video_key(part: dict, base: Path | None, where: str, what: str) -> str:
     fps = part.get("fps", DEFAULT_FPS)
     if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or fps <= 0:
         raise DataError(f"{where}: {what}: fps must be a positive number, got {fps!r}; write the part as {SHAPE}")
+    if not FPS_RANGE[0] <= fps <= FPS_RANGE[1]:
+        raise DataError(
+            f"{where}: {what}: fps {fps!r} is outside {FPS_RANGE[0]:.6g}-{FPS_RANGE[1]:g} (one frame an hour to "
+            f"{FPS_RANGE[1]:g} a second; the frames' times are written as text); give the rate the frames were "
+            "sampled at"
+        )
     if isinstance(ref, str) and ref.strip():
         folder = Path(image_source(ref.strip(), base, where, what))
         if not folder.is_dir():
