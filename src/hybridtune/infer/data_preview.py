@@ -1,5 +1,6 @@
 """`hybridtune data [CONFIG] [--key value ...] [--rows N]`: the configured data as training will see it, without
-loading the model's weights (its tokenizer only).
+loading the model's weights (its tokenizer only; a vision-language checkpoint's processor too, for the rows' images
+and videos, whose runs of visual tokens are shown as one token and its count).
 
 Renders the first N rows of each data source with the chat template, the trained tokens marked (green on a
 terminal; between [[ and ]] elsewhere), with each row's token counts and what sequence_len does to it; then the
@@ -10,6 +11,7 @@ source's tokenisation cache key.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from typing import TextIO
 
@@ -35,6 +37,7 @@ loads the tokenizer only, never the model's weights."""
 # A hub model's files the tokenizer needs (no weights are downloaded).
 TOKENIZER_FILES = ["*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
 OPEN, CLOSE = "[[", "]]"
+PAD_RUN = re.compile(r"(<\|[a-z_]+_pad\|>)\1{2,}")  # an image's or video's visual tokens: one and the count
 GREEN, RESET = "\x1b[32m", "\x1b[0m"
 
 
@@ -46,6 +49,7 @@ def marked(tokenizer, input_ids: list[int], loss_mask: list[int], color: bool) -
     for i in range(1, len(input_ids) + 1):
         if i == len(input_ids) or mask[i] != mask[start]:
             text = tokenizer.decode(input_ids[start:i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            text = PAD_RUN.sub(lambda m: f"{m.group(1)} x{len(m.group(0)) // len(m.group(1))}", text)
             if mask[start]:
                 text = f"{GREEN}{text}{RESET}" if color else f"{OPEN}{text}{CLOSE}"
             out.append(text)
@@ -83,7 +87,10 @@ def preview(cfg: TrainConfig, rows: int, out: TextIO, color: bool = False) -> Pr
     """Print the preview of `cfg`'s data to `out`; returns the prepared data."""
     source = resolve_source(cfg.base_model, cfg.revision, files=TOKENIZER_FILES)
     tokenizer = with_chat_template(tokenizer_for(source, cfg.tokenizer), cfg.chat_template)
-    loaded = load_data(cfg, tokenizer)
+    from hybridtune.runtime.vision import vision_for  # why here: torch-bound, past argument parsing
+
+    vision = vision_for(source, tokenizer, cfg.min_pixels, cfg.max_pixels)  # None: a text model
+    loaded = load_data(cfg, tokenizer, vision)
     defaults = resolve_defaults(cfg, source, loaded.train_lengths())  # sequence_len: auto, as training decides it
     defaults.log(logger)
     cfg = defaults.apply(cfg)
