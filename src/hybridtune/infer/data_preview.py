@@ -90,6 +90,8 @@ def preview(cfg: TrainConfig, rows: int, out: TextIO, color: bool = False) -> Pr
     from hybridtune.runtime.vision import vision_for  # why here: torch-bound, past argument parsing
 
     vision = vision_for(source, tokenizer, cfg.min_pixels, cfg.max_pixels)  # None: a text model
+    if cfg.objective == "grpo":  # prompts, not trained text: their completions are sampled during training
+        return _preview_prompts(cfg, tokenizer, vision, rows, out)
     loaded = load_data(cfg, tokenizer, vision)
     defaults = resolve_defaults(cfg, source, loaded.train_lengths())  # sequence_len: auto, as training decides it
     defaults.log(logger)
@@ -104,6 +106,26 @@ def preview(cfg: TrainConfig, rows: int, out: TextIO, color: bool = False) -> Pr
         for i in range(shown):
             print("\n".join(row_lines(src, i, tokenizer, notes, color)), file=out)
     print("", *summary(data, cfg), sep="\n", file=out)
+    return data
+
+
+def _preview_prompts(cfg: TrainConfig, tokenizer, vision, rows: int, out: TextIO) -> PreparedData:
+    """objective grpo: each prompt as the model is given it (the chat template's generation prompt), its tokens and
+    the columns its rewards read; then what a step samples (train's own prompt loading)."""
+    from hybridtune.train.objectives.grpo_rollouts import load_prompts, prepare_prompts
+
+    loaded = load_prompts(cfg, tokenizer, vision)
+    data = prepare_prompts(cfg, tokenizer, loaded)
+    print(f"prompts for {cfg.base_model}'s tokenizer (objective grpo: nothing here is trained; the completions are "
+          f"sampled), max_prompt_length {cfg.max_prompt_length}", file=out)  # fmt: skip
+    for doc in loaded.prompts[:rows]:
+        columns = ", ".join(f"{k}={str(v)[:60]!r}" for k, v in doc.columns.items()) or "none"
+        print(f"\n--- {doc.where} (prompt): {len(doc)} tokens; columns for the rewards: {columns}", file=out)
+        print(tokenizer.decode(doc.input_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False), file=out)
+    batch = cfg.micro_batch_size * cfg.gradient_accumulation_steps
+    print(f"\nprompts: {len(loaded.prompts)}; each step samples {cfg.num_generations} completions of up to "
+          f"{cfg.max_completion_length} tokens for each of its {batch} prompt{'s' * (batch != 1)}, scored by "
+          f"{', '.join(cfg.reward_funcs) or '(no reward_funcs: train refuses)'}", file=out)  # fmt: skip
     return data
 
 
