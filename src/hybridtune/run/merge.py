@@ -9,7 +9,8 @@ adapter's `base_model_name_or_path` (a directory, or a hub id at its `revision` 
 is written through the guarded layer (run/guarded.py): NaN or Inf weights refused and the size checked before anything
 is written, modes per the umask, a damaged base, a shape mismatch or a full disk one line, SIGTERM removes the
 temporary directory (`.tmp-<OUT>-*` beside OUT), and one a killed merge left is removed by the next merge to OUT.
-A QLoRA adapter is folded into its base's values through NF4 (the base it trained on), in the base's dtype.
+A QLoRA adapter is folded into its base's values through NF4 (the base it trained on), in the base's dtype; a
+base weight that already holds NF4's values (a QLoRA run's base_model/) is kept, as read from the weights alone.
 """
 
 from __future__ import annotations
@@ -83,6 +84,13 @@ def _merge(adapter_dir: Path, out_dir: Path, overwrite: bool) -> Path:
         n, kept = quant.roundtrip_targets(base)
         logger.info("QLoRA adapter: %d base weights through NF4 and back (the values it trained on), in %s%s", n,
                     dtype, f"; {kept} held NF4's values already" if kept else "")  # fmt: skip
+        if n and (base_path / quant.LEGACY_MARKER).is_file():
+            logger.warning(
+                "%s says this base holds NF4's values already, but %d of its %d quantised weights do not: they went "
+                "through NF4 as training did (the file is ignored: whether a base holds NF4's values is read from "
+                "its weights alone)",
+                base_path / quant.LEGACY_MARKER, n, n + kept,
+            )  # fmt: skip
     try:
         model = PeftModel.from_pretrained(base, str(adapter_dir))
     except (OSError, ValueError, KeyError, RuntimeError, TypeError, SafetensorError) as e:  # missing, mismatched
