@@ -1,7 +1,8 @@
 """Videos as lists of frames: a content part `{"type": "video", "video": FOLDER or [frame paths], "fps": N}` (paths
-relative to the data file). Every frame given is used, in order (a folder's image files by name); `fps` (default 2)
-sets the frames' timestamps. Processed as Qwen3.5's processor does (transformers' Qwen3VLProcessor and
-Qwen3VLVideoProcessor): frames resized together, padded to the temporal patch, patchified; in the text, per temporal
+relative to the data file). Every frame given is used, in order (a folder's image files by name); `fps` (default 2,
+within `FPS_RANGE`: one frame an hour to 240 a second) sets the frames' timestamps. Processed as Qwen3.5's processor
+does (transformers' Qwen3VLProcessor and Qwen3VLVideoProcessor): frames resized together, padded to the temporal
+patch, patchified (a refusal of its resize is one line: `refused`); in the text, per temporal
 group, `<{t:.1f} seconds>`, vision start, h*w/merge^2 video tokens, vision end. `get_rope_index` positions each group
 as an image of grid (1, h, w) and the tower attends within each group alone, so a video is one `ImageRef` per group
 (`group` >= 0, `source` its `video_key`).
@@ -44,12 +45,13 @@ def video_key(part: dict, base: Path | None, where: str, what: str) -> str:
     """The video a part names, as `ImageRef.source` holds it: its frames' resolved paths and its fps."""
     ref = part.get("video", part.get("frames", part.get("path")))
     fps = part.get("fps", DEFAULT_FPS)
-    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or fps <= 0:
-        raise DataError(f"{where}: {what}: fps must be a positive number, got {fps!r}; write the part as {SHAPE}")
+    # (compared, never converted: math.isfinite of a JSON integer of 400 digits raised OverflowError, a traceback)
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps < math.inf:
+        raise DataError(f"{where}: {what}: fps must be a positive number, got {_shown(fps)}; write the part as {SHAPE}")
     if not FPS_RANGE[0] <= fps <= FPS_RANGE[1]:
         raise DataError(
-            f"{where}: {what}: fps {fps!r} is outside {FPS_RANGE[0]:.6g}-{FPS_RANGE[1]:g} (one frame an hour to "
-            f"{FPS_RANGE[1]:g} a second; the frames' times are written as text); give the rate the frames were "
+            f"{where}: {what}: fps {_shown(fps)} is outside {FPS_RANGE[0]:.6g}-{FPS_RANGE[1]:g} (one frame an hour "
+            f"to {FPS_RANGE[1]:g} a second; the frames' times are written as text); give the rate the frames were "
             "sampled at"
         )
     if isinstance(ref, str) and ref.strip():
@@ -75,6 +77,15 @@ def video_key(part: dict, base: Path | None, where: str, what: str) -> str:
             f"samples at most that many); sample the frames you train on (e.g. 2 per second) into the folder or list"
         )
     return VIDEO_KEY + json.dumps({"frames": frames, "fps": float(fps)})
+
+
+def _shown(value: Any) -> str:
+    """A part's value for a message: a huge integer as its magnitude (`~1e400`: its digits are no help, and past
+    4300 of them Python refuses to print it), anything else as its repr, cut to 40 characters."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**64:
+        return f"~{'-' if value < 0 else ''}1e{int(math.log10(abs(value)))}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def is_video_key(source: str) -> bool:
@@ -115,7 +126,30 @@ def load_frames(source: str, where: str, what: str, temporal: int) -> list:
             f"over {VIDEO_PIXEL_FRAMES} x PIL's MAX_IMAGE_PIXELS ({limit} pixels), the decompression-bomb guard for a "
             "video; give fewer or smaller frames"
         )
-    return [load_image(f, where, f"{what}, frame {k}") for k, f in enumerate(frames)]
+    out = Frames(load_image(f, where, f"{what}, frame {k}") for k, f in enumerate(frames))
+    out.where, out.what = where, what
+    return out
+
+
+class Frames(list):
+    """A video's decoded frames (`load_frames`) with the row (`where`) and part (`what`) they came from, so that the
+    video processor's refusal of them is one line naming both (`refused`)."""
+
+    where = what = ""
+
+
+def refused(frames: list, error: Exception) -> DataError:
+    """The video processor's ValueError on `frames` as one line. Its resize scales a frame with a side under patch x
+    merge so that side reaches it, truncating to integers, then refuses a ratio over 200: under some patch sizes
+    (patch 5, merge 3: frames of 2090x11, 190:1 as given, become 2850x14, 203.6:1) frames that `load_image` lets
+    through are refused there (none under Qwen3.5's patch 16, merge 2)."""
+    at = f"{frames.where}: {frames.what}: " if getattr(frames, "where", "") else ""
+    why = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    w, h = frames[0].width, frames[0].height
+    return DataError(
+        f"{at}the checkpoint's video processor refuses the video's {len(frames)} frames of {w}x{h} ({why}); crop or "
+        "pad the frames nearer to square"
+    )
 
 
 def video_pixel_limit() -> int | None:
@@ -172,7 +206,10 @@ class FrameProcessor:
             hi = per_frame * n
         h, w = frames[0].height, frames[0].width
         if p.do_resize:
-            h, w = smart_resize(n, h, w, self.temporal, factor, lo, hi)
+            try:
+                h, w = smart_resize(n, h, w, self.temporal, factor, lo, hi)
+            except ValueError as e:
+                raise refused(frames, e) from None
             frames = [f.resize((w, h), Image.Resampling.BICUBIC) for f in frames]
         video = torch.from_numpy(np.stack([np.asarray(f.convert("RGB")) for f in frames])).permute(0, 3, 1, 2)
         video = video.to(torch.float32)
@@ -213,5 +250,8 @@ class _Loaded:
         self.temporal = int(processor.temporal_patch_size)
 
     def __call__(self, frames: list):
-        out = self.processor(videos=[frames], do_sample_frames=False, return_tensors="pt")
+        try:
+            out = self.processor(videos=[list(frames)], do_sample_frames=False, return_tensors="pt")
+        except ValueError as e:  # (its resize: see `refused`)
+            raise refused(frames, e) from None
         return out["pixel_values_videos"], out["video_grid_thw"]
