@@ -18,7 +18,8 @@ from hybridtune.errors import ConfigError
 
 def video_arg(value: str, fps: float, where: str) -> dict:
     """`--video VALUE` as a video part (resolved from the working directory, checked now): a folder of frames, or
-    frame paths joined by commas."""
+    frame paths joined by commas; `--fps` within data/video.py's FPS_RANGE (one frame an hour to 240 a second), else
+    one line before the model loads."""
     if not value.strip():
         raise ConfigError(f"{where}: give a folder of frames or frame paths joined by commas")
     ref = value if "," not in value else [v.strip() for v in value.split(",") if v.strip()]
@@ -28,9 +29,9 @@ def video_arg(value: str, fps: float, where: str) -> dict:
 
 def resolved(part: dict, where: str, what: str, base: Path | None) -> dict:
     """A prompts file's video part with its frames resolved (relative to the file) and checked: {"type": "video",
-    "video": its `video_key`}."""
-    if isinstance(part.get("video"), str) and part["video"].startswith("video:"):
-        return part
+    "video": its `video_key`}. Every part is checked, one that holds a key already too: passed through, a written
+    `"video:{...}"` skipped the fps range (1e-300 generated with a 300-digit time per frame group) and the frame
+    count, and a malformed one was a traceback after the model loaded; as a path it is a folder that does not exist."""
     return {"type": "video", "video": video_key(part, base, where, what)}
 
 
