@@ -16,6 +16,7 @@ from checkpoints import make_checkpoint
 from hybridtune.ops import nf4
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run.merge import merge
+from hybridtune.runtime import quant
 from hybridtune.train.trainer import Trainer
 from train_runs import make_cfg
 
@@ -65,6 +66,8 @@ def test_qlora_trains_resumes_merges_and_exports(tmp_path, small_data):
     name = next(n for n in live if n.endswith("linear_attn.in_proj_z.base_layer.weight"))
     saved = dict(base.named_parameters())[name.removeprefix("base_model.model.").replace(".base_layer", "")]
     assert torch.equal(saved, nf4.dequantize(live[name], saved.dtype))  # base_model/ holds the NF4 values
+    n = len(quant.targets(base))  # which merge reads from the weights alone (no file says so) and keeps as they are
+    assert quant.roundtrip_targets(base) == (0, n) and n > 0
     ids = torch.randint(0, base.config.vocab_size, (1, 41), generator=torch.Generator().manual_seed(0))
     adapted = _logits(t.model, ids)  # the live QLoRA model: NF4 base + LoRA
     assert (adapted - _logits(base, ids)).abs().max() > 1e-3  # the adapter does something
