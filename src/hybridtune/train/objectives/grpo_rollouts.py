@@ -23,6 +23,7 @@ import torch
 from hybridtune.config import TrainConfig
 from hybridtune.data.build import PreparedData
 from hybridtune.data.chat import render
+from hybridtune.data.formats import field_text, parse_messages
 from hybridtune.data.packing import Example, PackStats
 from hybridtune.data.rows import decode_json_cells
 from hybridtune.data.sources import open_source
@@ -61,8 +62,17 @@ class PromptData:
 def _prompt_of(row: dict, ds, where: str) -> tuple[Any, dict]:
     """(the prompt as the row gives it, the other columns); see the module doc."""
     if ds.field_prompt in row:
-        return row[ds.field_prompt], {k: v for k, v in row.items() if k != ds.field_prompt}
+        prompt = row[ds.field_prompt]
+        columns = {k: v for k, v in row.items() if k != ds.field_prompt}
+        if isinstance(prompt, list):  # messages: each checked as training data's are (one line naming the row)
+            return parse_messages(prompt, "chat", ds, where, ds.field_prompt), columns
+        text = field_text(prompt, where, f"field '{ds.field_prompt}' (text or a list of messages)")
+        if not text.strip():
+            raise DataError(f"{where}: field '{ds.field_prompt}' is empty; give the prompt or drop the row")
+        return text, columns
     messages = row.get(ds.field_messages)
+    if ds.field_messages in row:
+        messages = parse_messages(messages, "chat", ds, where, ds.field_messages)
     if isinstance(messages, list) and messages:
         last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
         columns = {k: v for k, v in row.items() if k != ds.field_messages}
