@@ -210,7 +210,10 @@ def add_video_args(parser: argparse.ArgumentParser, where: str) -> None:
         "(repeatable; a vision-language model)",
     )
     parser.add_argument(
-        "--fps", type=float, default=video_prompts.DEFAULT_FPS, help="the --video frames' rate (timestamps; 2)"
+        "--fps",
+        type=float,
+        default=video_prompts.DEFAULT_FPS,
+        help="the --video frames' rate (timestamps; 2; one frame an hour to 240 a second)",
     )
 
 
