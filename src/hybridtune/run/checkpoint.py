@@ -35,9 +35,9 @@ from hybridtune.files import honour_umask
 from hybridtune.run import integrity
 from hybridtune.run.integrity import CheckpointError, DiskFullError
 from hybridtune.runtime import distributed
+from hybridtune.runtime import optim as optimizers
 from hybridtune.runtime.distributed import ONE, Dist
 from hybridtune.runtime.memory import optimizer_state
-from hybridtune.runtime.optim import hyperparameters, reapply_config
 
 __all__ = ["CheckpointError", "DiskFullError"]  # re-exported: the trainer and CLI catch them from here
 
@@ -318,6 +318,13 @@ def load_checkpoint(
 
     The checkpoint is verified first unless `verified` (it came from `find_resume`); nothing in it is unpickled
     beyond tensors, plain values and DCP's metadata classes. Raises CheckpointError naming the file.
+
+    The run's config is the truth for the hyperparameters, not the files (checksums prove a file is the one its
+    checkpoint.json lists, not who wrote both: an edited lr with its checksums redone passed them). A loaded rate or
+    weight decay that the checkpoint's run record also gives is a config changed since (--overwrite): one warning
+    line. Any other difference (an edited lr, base rate, betas, eps) is refused in one line rather than put back
+    quietly: files changed after the save leave nothing in the checkpoint to trust, weights included. Then every
+    group key and base rate is the config's, the step's rate its schedule's (`optim.resumed_differences`).
     """
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -328,13 +335,22 @@ def load_checkpoint(
             raise CheckpointError(f"checkpoint '{path}' cannot be resumed: {why}")
     msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
     state = {"model": msd, "optim": osd}
-    fresh = hyperparameters(optimizer, scheduler)  # the config's, before the checkpoint's are loaded over them
+    # The config's hyperparameters, before the checkpoint's are loaded over them.
+    fresh = optimizers.hyperparameters(optimizer, scheduler)
+    meta = meta_of(path)
     try:
         with _quiet_single_process():
             integrity.safe_dcp_load(state, path / STATE_DIR)
         trainer = load_trainer_state(path)
         rng = path / RNG_FILE.format(rank=d.rank)
         rng_saved = integrity.load_plain(rng) if rng.is_file() else None
+        if not isinstance(trainer, dict) or not {"scheduler", "step", "data_position"} <= trainer.keys():
+            raise CheckpointError(f"{STATE_FILE} holds no step, data position and schedule")
+        why = optimizers.schedule_problem(trainer["scheduler"], scheduler, trainer["step"])
+        if "step" in meta and meta["step"] != trainer["step"]:
+            why = f"its {META_FILE} is at step {meta['step']!r} but its {STATE_FILE} at {trainer['step']!r}"
+        if why:
+            raise CheckpointError(f"{why}: its files disagree; resume from another checkpoint")
     except CheckpointError as e:
         raise CheckpointError(f"checkpoint '{path}' cannot be resumed: {e}") from None
     set_state_dict(
@@ -345,9 +361,18 @@ def load_checkpoint(
         options=_options(trainable_only, load=True),
     )
     scheduler.load_state_dict(trainer["scheduler"])
-    _check_schedule(path, optimizer, scheduler, fresh, trainer["step"])
-    for line in reapply_config(optimizer, scheduler, fresh, trainer["step"]):
-        logger.warning("resumed with the config's %s", line)
+    recorded = optimizers.recorded_hyperparameters(meta.get("run"))
+    unexplained, changed = optimizers.resumed_differences(optimizer, scheduler, fresh, recorded)
+    if unexplained:
+        raise CheckpointError(
+            f"checkpoint '{path}' cannot be resumed: it holds {'; '.join(unexplained)}, which neither this run's "
+            f"config nor the run its {META_FILE} records gives: its files were changed after the save (checksums "
+            "redone), so its weights cannot be trusted either; resume from a checkpoint you trust, or start the run "
+            "again with --overwrite"
+        )
+    if changed:
+        logger.warning("resuming %s with this run's config, changed since it was written: %s", path, "; ".join(changed))
+    optimizers.reapply_config(optimizer, scheduler, fresh, trainer["step"])
     if rng_saved is not None:
         set_rng_state(rng_saved)
     else:
@@ -357,22 +382,6 @@ def load_checkpoint(
         random.seed(seed)
         torch.manual_seed(seed)
     return trainer
-
-
-def _check_schedule(path: Path, optimizer, scheduler, fresh: dict, step) -> None:
-    """The loaded schedule and groups agree with the checkpoint and the run (before the config's values go back)."""
-    last = getattr(scheduler, "last_epoch", None)
-    if type(step) is not int or type(last) is not int or last != step:
-        raise CheckpointError(
-            f"checkpoint '{path}' cannot be resumed: its learning-rate schedule is at step {last!r} but the "
-            f"checkpoint at step {step!r}: its files disagree; resume from another checkpoint"
-        )
-    if len(fresh["groups"]) != len(optimizer.param_groups) or len(scheduler.base_lrs) != len(fresh["base_lrs"]):
-        raise CheckpointError(
-            f"checkpoint '{path}' cannot be resumed: it holds {len(optimizer.param_groups)} optimizer groups and "
-            f"{len(scheduler.base_lrs)} scheduled rates, this run {len(fresh['groups'])}; resume from a checkpoint "
-            "of this run"
-        )
 
 
 def load_weights(path: Path, model: torch.nn.Module, trainable_only: bool) -> dict:

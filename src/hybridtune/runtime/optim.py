@@ -16,6 +16,7 @@ import torch
 
 from hybridtune.config import TrainConfig
 from hybridtune.errors import ConfigError
+from hybridtune.runtime.defaults import recorded_values
 from hybridtune.runtime.distributed import ONE, Dist
 from hybridtune.runtime.masters import MasterAdamW, merged
 
@@ -135,12 +136,113 @@ def masters_into_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer)
     merged(model, optimizer)
 
 
+# A resume trains with the run's config (docs/RUNS.md): `hyperparameters` before the checkpoint loads,
+# `schedule_problem` and `resumed_differences` on what it loaded (run/checkpoint.py refuses or warns), then
+# `reapply_config`.
+MACHINE_KEYS = frozenset({"fused", "foreach", "capturable", "differentiable"})  # how this machine runs the update
+CONFIG_KEYS = {"weight_decay": "weight_decay"}  # a group key the config sets (the rates: the schedule's)
+TOLERANCE = 1e-6  # relative: a float32 tensor's rate (torchao's) against the float it was made from
+
+
 def hyperparameters(optimizer: torch.optim.Optimizer, scheduler) -> dict:
     """The optimizer's groups' hyperparameters and the schedule's base rates as the run's config built them: taken
     before a resume loads a checkpoint over them (`reapply_config`)."""
     groups = [{k: v.clone() if torch.is_tensor(v) else v for k, v in g.items() if k != "params"}
               for g in optimizer.param_groups]  # fmt: skip
-    return {"groups": groups, "base_lrs": list(scheduler.base_lrs)}
+    return {"groups": groups, "base_lrs": [v.clone() if torch.is_tensor(v) else v for v in scheduler.base_lrs]}
+
+
+def recorded_hyperparameters(run) -> dict:
+    """What a checkpoint's run record (checkpoint.json's `run`) says its run trained with, by config key:
+    `learning_rate` (what its `auto` took) and `weight_decay`, each only where it records a number."""
+    config = run.get("config") if isinstance(run, dict) else None
+    out = {"learning_rate": recorded_values(run).get("learning_rate")}
+    out["weight_decay"] = config.get("weight_decay") if isinstance(config, dict) else None
+    return {k: v for k, v in out.items() if _number(v)}
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _rate(v) -> bool:
+    return _number(v) or (torch.is_tensor(v) and v.numel() == 1 and v.is_floating_point() and bool(v.isfinite()))
+
+
+def _show(v) -> str:
+    if torch.is_tensor(v) and v.numel() == 1:
+        v = v.item()
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (tuple, list)) and v and all(isinstance(x, float) or torch.is_tensor(x) for x in v):
+        inner = ", ".join(map(_show, v))
+        return f"[{inner}]" if isinstance(v, list) else f"({inner})"
+    return repr(v)[:80]
+
+
+def schedule_problem(state, scheduler, step) -> str | None:
+    """Why a checkpoint's saved schedule must not be loaded into `scheduler` (this run's, not yet loaded), or None.
+    torch's load sets every saved key as an attribute: a key naming a method or the optimizer would replace it (a
+    traceback mid-run, or another thing stepped), a counter of another type fails at the next step, and a saved
+    rate function's state is copied onto ours. Its step must be the checkpoint's; its base and last rates (what
+    `resumed_differences` compares) finite numbers, one a group."""
+    fresh = scheduler.state_dict()
+    if not isinstance(state, dict):
+        return f"its learning-rate schedule is a {type(state).__name__}, not a saved schedule"
+    for key, value in state.items():
+        attr = getattr(type(scheduler), key, None) if isinstance(key, str) else None
+        named = isinstance(key, str) and not key.startswith("__") and key != "optimizer"
+        if not named or callable(attr) or isinstance(attr, property):
+            return f"its learning-rate schedule sets {str(key)[:80]!r}, which is not a saved value"
+        if isinstance(fresh.get(key), (bool, int)) and type(value) is not type(fresh[key]):
+            kind = "a bool" if isinstance(fresh[key], bool) else "an int"
+            return f"its learning-rate schedule's {key} is {_show(value)}, where {kind} belongs"
+    if any(f is not None for f in state.get("lr_lambdas") or ()):
+        return "its learning-rate schedule carries state for rate functions, which hybridtune's have none of"
+    n = len(fresh["base_lrs"])
+    for key in ("base_lrs", "_last_lr"):
+        rates = state.get(key)
+        if not isinstance(rates, list) or len(rates) != n or not all(map(_rate, rates)):
+            return f"its learning-rate schedule's {key} is {_show(rates)}, not {n} finite rate(s)"
+    if state.get("last_epoch") != step or type(step) is not int:
+        return (
+            f"its learning-rate schedule is at step {_show(state.get('last_epoch'))} but the checkpoint is at {step!r}"
+        )
+    return None
+
+
+def resumed_differences(optimizer: torch.optim.Optimizer, scheduler, fresh: dict, recorded: dict):
+    """What the optimizer's groups and the schedule loaded from a checkpoint hold that the run's config (`fresh`,
+    from `hyperparameters`) does not, as `(unexplained, changed)` lines (`key saved where the config gives value`).
+
+    `changed`: a learning rate or weight decay that the checkpoint's own run record gives (`recorded`, from
+    `recorded_hyperparameters`; or that it records nothing of): the config was changed since that run, which the
+    output directory's rules accept only under --overwrite, and the config's value is right. `unexplained`: anything
+    else, which only a change to the files after the save makes: a constant of the optimizer (betas, eps, amsgrad,
+    ...), a rate or weight decay its record does not give, or the optimizer's rates (`initial_lr`, `lr`) other than
+    its own schedule's. How this machine runs the update (`MACHINE_KEYS`: fused on a GPU) is no difference."""
+    unexplained, changed = [], []
+    if len(fresh["groups"]) != len(optimizer.param_groups) or len(scheduler.base_lrs) != len(fresh["base_lrs"]):
+        counts = f"{len(optimizer.param_groups)} optimizer groups and {len(scheduler.base_lrs)} scheduled rates"
+        return [f"{counts}, this run {len(fresh['groups'])}"], []
+    many = len(fresh["groups"]) > 1
+
+    def compare(name: str, i: int, saved, want, config_key: str | None = None, whose: str = "the config") -> None:
+        if not _same(saved, want):
+            said = recorded.get(config_key) if config_key else None
+            ok = config_key is not None and (said is None or _same(saved, said))
+            group = f" (group {i})" if many else ""
+            (changed if ok else unexplained).append(f"{name}{group} {_show(saved)} where {whose} gives {_show(want)}")
+
+    bases = zip(scheduler.base_lrs, fresh["base_lrs"], scheduler._last_lr)  # (`schedule_problem` checked them)
+    for i, (group, want, (base, config_base, rate)) in enumerate(zip(optimizer.param_groups, fresh["groups"], bases)):
+        compare("learning_rate", i, base, config_base, "learning_rate")
+        compare("initial_lr", i, group.get("initial_lr", base), base, whose="its schedule")
+        compare("lr", i, group["lr"], rate, whose="its schedule")
+        for key, value in want.items():
+            if key not in MACHINE_KEYS and key not in ("lr", "initial_lr"):
+                compare(key, i, group.get(key, "none"), value, CONFIG_KEYS.get(key))
+    return unexplained, changed
 
 
 def _same(a, b) -> bool:
@@ -150,7 +252,7 @@ def _same(a, b) -> bool:
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
         return type(a) is type(b) and a == b
-    return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
+    return math.isclose(a, b, rel_tol=TOLERANCE, abs_tol=0.0)
 
 
 def _set(group: dict, key: str, value) -> None:
@@ -161,27 +263,16 @@ def _set(group: dict, key: str, value) -> None:
         group[key] = value.clone() if torch.is_tensor(value) else value
 
 
-def reapply_config(optimizer: torch.optim.Optimizer, scheduler, fresh: dict, step: int) -> list[str]:
-    """After a checkpoint's optimizer and schedule are loaded: the run's config is what trains, not what the files
-    say. Every hyperparameter of every group and the schedule's base rates are set back to `fresh` (the config's,
-    from `hyperparameters`) and the rate recomputed for `step`; each saved value that differed is returned as a line
-    (a changed config, or a checkpoint edited by hand: either way the config's value is the one used, said once).
-    The caller has checked that the groups match in number and the schedule's step is the checkpoint's
-    (run/checkpoint.py)."""
-    said = []
-    for i, (group, want) in enumerate(zip(optimizer.param_groups, fresh["groups"])):
+def reapply_config(optimizer: torch.optim.Optimizer, scheduler, fresh: dict, step: int) -> None:
+    """After a checkpoint's optimizer and schedule are loaded and checked (`resumed_differences`): the run's config
+    is what trains, not what the files say. Every key of every group and the schedule's base rates are set back to
+    `fresh` (the config's, from `hyperparameters`) and the rate recomputed for `step` by the config's schedule."""
+    for group, want in zip(optimizer.param_groups, fresh["groups"]):
         for key, value in want.items():
-            if key == "lr":
-                continue  # the schedule's: recomputed below
-            if key not in group or not _same(group[key], value):
-                said.append(f"{key} {value} (the checkpoint held {group.get(key, 'none')!r}, group {i})")
-            _set(group, key, value)
-    for i, (saved, want) in enumerate(zip(scheduler.base_lrs, fresh["base_lrs"])):
-        if not _same(saved, want):
-            said.append(f"learning rate {want:g} (the checkpoint's schedule held {saved!r}, group {i})")
+            if key != "lr":  # the schedule's: recomputed below
+                _set(group, key, value)
     scheduler.base_lrs = list(fresh["base_lrs"])
     rates = [base * f(step) for base, f in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
     for group, rate in zip(optimizer.param_groups, rates):
         _set(group, "lr", rate)
     scheduler._last_lr = [float(r) for r in rates]
-    return said
