@@ -30,11 +30,13 @@ else:
     model = nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-for n in (2, 4):
+for n in range(1, 5):  # the schedule steps with the optimizer: a checkpoint's step is its schedule's (resume checks)
     model(torch.randn(8, 32)).pow(2).mean().backward()
     opt.step()
+    sched.step()
     opt.zero_grad()
-    ckpt.save_checkpoint(out / f"checkpoint-{n}", model, opt, sched, n, {"index": n}, d=d)
+    if n % 2 == 0:
+        ckpt.save_checkpoint(out / f"checkpoint-{n}", model, opt, sched, n, {"index": n}, d=d)
 intact = ckpt.verify_checkpoint(out / "checkpoint-4", d)
 distributed.barrier(d)
 if d.is_main:  # damage a file the other rank wrote
