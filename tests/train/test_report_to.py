@@ -93,6 +93,7 @@ def wandb_history(run_dir: Path) -> tuple[list[dict], bool]:
     """The history rows of an offline W&B run (one per step: the records logged at one step are merged), read from
     its .wandb file (a LevelDB-style log of protobuf records after a 7-byte header; 32 KiB blocks, each record
     chunk: crc32, length, type, data), and whether the run's exit record is there yet."""
+    from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2 as pb
 
     (path,) = glob.glob(str(run_dir / "run-*.wandb"))
@@ -104,13 +105,16 @@ def wandb_history(run_dir: Path) -> tuple[list[dict], bool]:
             pos += block - pos % block
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
-        if kind == 0:
+        if kind == 0 or pos + 7 + length > len(data):  # zero fill, or a chunk the writer has not finished yet
             break
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         pending = chunk if kind in (1, 2) else pending + chunk
         if kind in (1, 4):  # FULL or LAST: a whole record
             record = pb.Record()
-            record.ParseFromString(pending)
+            try:
+                record.ParseFromString(pending)
+            except DecodeError:  # the service process is mid-write (seen in CI): not complete yet, read again
+                return out, False
             if record.WhichOneof("record_type") == "exit":
                 exited = True
             if record.WhichOneof("record_type") == "history":
