@@ -325,6 +325,14 @@ def load_config(
     fields = _fields(TrainConfig, data, where, node, problems)  # a file's problems name its file and line
     problems += _env_vars(fields, where, node)
     fields.update(_fields(TrainConfig, cli, "command line", None, problems))
+    if fields.get("adapter") == "qlora" and fields.get("load_in_4bit") is False:  # qlora would train 4-bit anyway
+        lines = {
+            k.value: k.start_mark.line + 1 for k, _ in getattr(node, "value", ()) if isinstance(k, yaml.ScalarNode)
+        }
+        at = {"command line" if k in cli else f"{where}:{lines.get(k, '?')}": k for k in ("adapter", "load_in_4bit")}
+        what = "QLoRA is LoRA over a 4-bit base (use adapter: lora for a bf16 base, or drop load_in_4bit: false)"
+        keys = "config keys 'adapter' = 'qlora' and 'load_in_4bit' = false conflict"
+        problems.append(ConfigError(f"{' and '.join(at)}: {keys}: {what}"))  # each place said once
     if problems:
         raise together(problems)
     cfg = TrainConfig(**fields)
