@@ -110,6 +110,33 @@ def _shared_prompt(chosen, rejected, ds: DatasetConfig, where: str):
     )
 
 
+def _check_reply_roles(reply, key: str, ds: DatasetConfig, where: str, fork: int | None) -> None:
+    """A reply of messages holds the model's turns only: assistant turns, and tool results answering a tool call the
+    reply made before them. Every reply message is trained, so a user or system turn there would be trained as if
+    the model had said it. `fork`: where the replies start in their fields when the prompt is their shared prefix."""
+    if not isinstance(reply, list):
+        return
+    called = False
+    for j, m in enumerate(reply):
+        role = m.get(ds.message_field_role) if isinstance(m, dict) else None
+        if not isinstance(role, str) or role == "assistant" or (role == "tool" and called):
+            called = called or bool(isinstance(m, dict) and m.get("tool_calls"))
+            continue  # (a message without a role is parse_messages' to refuse)
+        what = "answers no tool call made earlier in the reply" if role == "tool" else "is not the model's"
+        if fork is None:
+            fix = f"move it into '{ds.field_prompt}'"
+        else:
+            fix = (
+                f"with no '{ds.field_prompt}' field the replies start where '{ds.field_chosen}' and "
+                f"'{ds.field_rejected}' differ at message {fork}; give a '{ds.field_prompt}' field, or conversations "
+                "that differ only in the model's turns"
+            )
+        raise DataError(
+            f"{where}: message {j + (fork or 0)} of '{key}' has role '{role}', which {what}: a reply holds only the "
+            f"model's turns (assistant, and tool results of its own tool calls), every one of them trained; {fix}"
+        )
+
+
 def row_examples(row: dict, tokenizer, ds: DatasetConfig, where: str, template_kwargs: dict | None = None):
     """A preference row -> (chosen document, rejected document); each is `to_example` of (prompt, reply) with
     only the reply trained. An empty reply's document has no trained token (the row is then dropped, counted)."""
@@ -121,11 +148,13 @@ def row_examples(row: dict, tokenizer, ds: DatasetConfig, where: str, template_k
         if row.get(key) is None:
             raise DataError(f"{where}: preference row has no value in field '{key}' (fields: {sorted(row)})")
     chosen, rejected = row[ds.field_chosen], row[ds.field_rejected]
-    prompt = row.get(ds.field_prompt)
+    prompt, fork = row.get(ds.field_prompt), None
     if prompt is None:
         prompt, chosen, rejected = _shared_prompt(chosen, rejected, ds, where)
+        fork = len(prompt) if isinstance(prompt, list) else None
     docs = []
     for key, reply in ((ds.field_chosen, chosen), (ds.field_rejected, rejected)):
+        _check_reply_roles(reply, key, ds, where, fork)
         if reply == []:  # rendered as one empty reply, then untrained
             reply = [{"role": "assistant", "content": ""}]
         one = {ds.field_prompt: prompt, key: reply, "tools": row.get("tools")}
