@@ -39,6 +39,12 @@ class GRPOKeys:
     reward_weights: list[float] | None = _k(None, "grpo: one weight per reward function (null = all 1)")
 
 
+def reward_file(spec: str) -> str | None:
+    """The file of a `reward_funcs` entry 'path/to/file.py:function' as written, or None (a built-in, a bad entry)."""
+    path, sep, name = spec.rpartition(":")
+    return path if spec not in REWARD_BUILTINS and sep and path.endswith(".py") and name.isidentifier() else None
+
+
 def grpo_checks(cfg) -> list[tuple[bool, str, Any, str]]:
     """(ok, key, value, what it must be) for the grpo keys, as `config_schema.range_checks` lists them."""
     n = len(cfg.reward_funcs)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import hybridtune
 from hybridtune.config import TrainConfig, to_dict
+from hybridtune.config_grpo import reward_file
 from hybridtune.data.digests import data_digest, local_files
 from hybridtune.errors import OutputDirError
 from hybridtune.files import atomic_write_text
@@ -57,7 +58,8 @@ RESUME_FREE_KEYS = (
 
 def data_fingerprint(cfg: TrainConfig) -> dict[str, str]:
     """sha256 of the local data each source reads (a file; a directory's or a glob's files, with their names under
-    it), its test_datasets too, and of a chat_template file: data edited in place is another run's data."""
+    it), its test_datasets too, of a chat_template file and of grpo's reward_funcs files: data (or rewards) edited
+    in place is another run's data."""
     out = {}
     for ds in [*cfg.resolved_datasets(), *cfg.test_datasets]:
         files, root = local_files(ds.path)
@@ -67,7 +69,15 @@ def data_fingerprint(cfg: TrainConfig) -> dict[str, str]:
     template = Path(cfg.chat_template).expanduser() if cfg.chat_template else None
     if template is not None and template.is_file():
         out[cfg.chat_template] = integrity.file_sha256(template)
+    for path in reward_files(cfg):
+        out[path] = integrity.file_sha256(Path(path).expanduser())
     return out
+
+
+def reward_files(cfg: TrainConfig) -> list[str]:
+    """grpo's reward_funcs files that exist, as written (relative to the working directory, as data paths are)."""
+    files = dict.fromkeys(reward_file(spec) for spec in cfg.reward_funcs) if cfg.objective == "grpo" else {}
+    return [p for p in files if p and Path(p).expanduser().is_file()]
 
 
 def run_record(cfg: TrainConfig) -> dict:
@@ -128,7 +138,13 @@ def changes(held: dict, cfg: TrainConfig, free: tuple[str, ...], data: dict[str,
     free = (*free, *(k for k in AUTO_KEYS if now.get(k) == "auto" and old.get(k) != "auto"))
     diff = [f"{k}: {old[k]!r} -> {now[k]!r}" for k in sorted(now) if k not in free and old[k] != now[k]]
     if "data" in held and not same_data:
-        diff += [f"data file {p} changed since that run" for p in sorted(data) if held["data"].get(p) != data[p]]
+        rewards = reward_files(cfg)  # (a run recorded before reward files were: not compared)
+        changed = [p for p in sorted(data) if held["data"].get(p) != data[p]]
+        diff += [
+            f"{'reward' if p in rewards else 'data'} file {p} changed since that run"
+            for p in changed
+            if p not in rewards or p in held["data"]
+        ]
     return diff
 
 
