@@ -32,7 +32,7 @@ from hybridtune.runtime.generation import eos_ids
 from hybridtune.runtime.rollout import sample_groups
 from hybridtune.runtime.stream import to_device
 from hybridtune.train.objectives.grpo import Completion, CompletionCollator, group_advantages, pack_completions
-from hybridtune.train.objectives.rewards import load_reward_funcs, reward_metrics, score, weighted
+from hybridtune.train.objectives.rewards import load_reward_funcs, reward_metrics, score, total_rewards
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class Rollouts:
         columns = {k: [p.columns.get(k) for p in rows] for k in {k for p in prompts for k in p.columns}}
         rewards = score(self.funcs, [p.prompt for p in rows], texts, [r.ids for r in rolls], columns,
                         [p.where for p in rows])  # fmt: skip
-        total = weighted(rewards, cfg.reward_weights)
+        total = total_rewards(self.funcs, rewards, cfg.reward_weights, G, [p.where for p in rows], cfg.scale_rewards)
         adv = group_advantages(total, G, cfg.scale_rewards).tolist()
         comps = []
         for p, r, a in zip(rows, rolls, adv):

@@ -1,9 +1,11 @@
-"""GRPO's rewards as plain Python: `reward_funcs` entries are `path/to/file.py:function` (the user's own file, loaded
-with importlib from the path the config names, relative to the working directory) or a built-in, weighted by
-`reward_weights`. A function is called as TRL calls it: `fn(prompts=[...], completions=[...], completion_ids=[...],
-**columns)`, one entry per completion (completions as decoded text; columns: the row's other fields, e.g. `answer`),
-and returns one number per completion (None: TRL's "no reward", counted as 0). One that raises or returns anything
-else is one line naming it and the row (exit 2).
+"""GRPO's rewards as plain Python: `reward_funcs` entries are `path/to/file.py:function` (the user's own file, read
+once from the path the config names, relative to the working directory as every config path is; its sha256 is in
+the run record, so a resume with an edited file is refused) or a built-in, weighted by `reward_weights`. A function
+is called as TRL calls it: `fn(prompts=[...], completions=[...], completion_ids=[...], **columns)`, one entry per
+completion (completions as decoded text; columns: the row's other fields, e.g. `answer`), and returns one number
+per completion (a Python or numpy number or a 0-d tensor; None: TRL's "no reward", counted as 0). One that raises,
+calls sys.exit, returns anything else, or rewards that overflow once weighted and normalised, is one line naming it
+and the row (exit 2).
 
 Built-ins: exact_answer (1 when the completion's answer, its last \\boxed{...}, else the text after its last
 "answer:" or "####", else its last number, equals the row's `answer`; numbers compare as numbers), boxed_answer (the
@@ -13,8 +15,10 @@ length_penalty (-completion tokens / max_completion_length).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import math
+import numbers
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -23,13 +27,16 @@ from pathlib import Path
 
 import torch
 
+from hybridtune.config_grpo import reward_file
 from hybridtune.errors import ConfigError, UserError, did_you_mean
 
 
 class RewardError(UserError):
-    """A reward function raised or returned a non-number: one line naming it and the row (exit 2)."""
+    """A reward function raised, called sys.exit, returned a non-number or rewards that overflow: one line naming it
+    and the row (exit 2)."""
 
 
+BIG = 1e150  # a reward past this overflows the squares of its group's std
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 _ANSWER_LINE = re.compile(r"(?:answer\s*(?:is)?\s*[:=]?|####)\s*(.+)", re.IGNORECASE)
 
@@ -108,28 +115,30 @@ def load_reward_funcs(specs: Sequence[str], max_completion_length: int) -> list[
         if spec in builtins:
             out.append(RewardFunc(spec, builtins[spec]))
             continue
-        path, sep, name = spec.rpartition(":")
-        if not sep or not path.endswith(".py") or not name.isidentifier():
+        path = reward_file(spec)
+        if path is None:
             raise ConfigError(
                 f"config key 'reward_funcs' entry '{spec}' is neither a built-in ({', '.join(builtins)}) nor "
                 f"'file.py:function'{did_you_mean(spec, builtins)}"
             )
-        out.append(RewardFunc(spec, _user_function(Path(path), name, spec)))
+        out.append(RewardFunc(spec, _user_function(Path(path).expanduser(), spec.rpartition(":")[2], spec)))
     return out
 
 
 def _user_function(path: Path, name: str, spec: str) -> Callable:
+    """`name` of the file at `path`, read once: the module runs the bytes read (one module per path and content)."""
     if not path.is_file():
         raise ConfigError(f"config key 'reward_funcs' entry '{spec}': no file {path} (relative to {Path.cwd()})")
-    module_name = f"hybridtune_rewards_{abs(hash(str(path.resolve())))}"
+    source = path.read_bytes()
+    digest = hashlib.sha256(f"{path.resolve()}\0".encode() + source).hexdigest()[:24]
+    module_name = f"hybridtune_rewards_{digest}"
     module = sys.modules.get(module_name)
     if module is None:
-        loader_spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(loader_spec)
+        module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(module_name, path))
         try:
-            loader_spec.loader.exec_module(module)
-        except Exception as e:  # the user's file: what it raised, in one line
-            raise ConfigError(f"config key 'reward_funcs': importing {path} raised {type(e).__name__}: {e}") from e
+            exec(compile(source, str(path), "exec"), vars(module))  # (the user's own reward code, as named)
+        except (Exception, SystemExit) as e:  # the user's file: what it raised, in one line
+            raise ConfigError(f"config key 'reward_funcs': importing {path} raised {_raised(e)}") from e
         sys.modules[module_name] = module
     fn = getattr(module, name, None)
     if not callable(fn):
@@ -153,11 +162,11 @@ def score(
     for f, rf in enumerate(funcs):
         try:
             got = rf.fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-        except Exception as e:  # the user's code: named, with the row it fails on, in one line
+        except (Exception, SystemExit) as e:  # the user's code: named, with the row it fails on, in one line
+            # (sys.exit in a reward would end the run as if it had finished; Ctrl-C's KeyboardInterrupt passes)
             i = _failing_row(rf, prompts, completions, completion_ids, columns)
             row = f"row {where[i]} (completion {i})" if i is not None else f"the rows of {where[0]} onwards"
-            first = (str(e).splitlines() or [""])[0]
-            raise RewardError(f"reward function '{rf.name}' raised {type(e).__name__}: {first} on {row}") from e
+            raise RewardError(f"reward function '{rf.name}' raised {_raised(e)} on {row}") from e
         if not isinstance(got, (list, tuple)) or len(got) != len(completions):
             raise RewardError(
                 f"reward function '{rf.name}' returned {type(got).__name__} "
@@ -167,13 +176,77 @@ def score(
         for i, v in enumerate(got):
             if v is None:
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            try:
+                x, why = _as_float(v), ""
+            except OverflowError:  # an int (or Fraction) past float's range
+                x, why = math.inf, " (too large for a float)"
+            if x is None or not math.isfinite(x):
                 raise RewardError(
-                    f"reward function '{rf.name}' returned {v!r} for completion {i} of row {where[i]}; it must "
-                    "return a finite number (or None for no reward)"
+                    f"reward function '{rf.name}' returned {_shown(v)}{why} for completion {i} of row {where[i]}; it "
+                    "must return a finite number (a Python or numpy number, a 0-d tensor) or None for no reward"
                 )
-            out[i, f] = float(v)
+            out[i, f] = x
     return out
+
+
+def _as_float(v) -> float | None:
+    """A reward as a float: a real number (Python's, numpy's, a 0-d tensor or array), else None. OverflowError: an
+    int past float's range."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, torch.Tensor):
+        return float(v) if v.ndim == 0 and v.dtype != torch.bool and not v.is_complex() else None
+    if isinstance(v, numbers.Real):  # int, float, Fraction, numpy's ints and floats (not numpy's bool)
+        return float(v)
+    if getattr(v, "shape", None) == () and getattr(getattr(v, "dtype", None), "kind", "") in ("i", "u", "f"):
+        return float(v)  # a 0-d numpy array
+    return None
+
+
+def _shown(v) -> str:
+    """`repr(v)`, cut to one short line."""
+    try:
+        text = repr(v)
+    except ValueError:  # an int with more digits than Python will print
+        text = f"an integer of {v.bit_length()} bits"
+    text = " ".join(text.split())
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def _raised(e: BaseException) -> str:
+    """`Type: first line` of an exception; sys.exit(code) as itself."""
+    if isinstance(e, SystemExit):
+        return f"SystemExit (sys.exit({e.code!r}) would end the run as if it had finished)"
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+
+
+def total_rewards(
+    funcs: Sequence[RewardFunc],
+    rewards: torch.Tensor,
+    weights: Sequence[float] | None,
+    G: int,
+    where: list[str],
+    scale: str = "group",
+) -> torch.Tensor:
+    """Each completion's reward `[B]` (`weighted`), checked finite with its group's mean and std (and the step's
+    std under scale_rewards: batch): rewards that overflow are one line naming the functions and the row."""
+    total = weighted(rewards, weights)
+    grouped = total.view(-1, G)
+    group_ok = torch.isfinite(grouped.mean(1)) & torch.isfinite(grouped.std(1))
+    bad = ~torch.isfinite(total) | ~group_ok.repeat_interleave(G)
+    if not bad.any() and scale == "batch" and total.numel() > 1 and not math.isfinite(float(total.std())):
+        bad = total.abs() == total.abs().max()
+    if not bad.any():
+        return total
+    i = int(bad.nonzero()[0])
+    w = torch.tensor([1.0] * len(funcs) if weights is None else list(weights), dtype=rewards.dtype)
+    terms = (rewards[i - i % G : i - i % G + G] * w).abs().amax(0)  # each function's largest in the group
+    names = [rf.name for rf, t in zip(funcs, terms.tolist()) if not t < BIG] or [funcs[int(terms.argmax())].name]
+    raise RewardError(
+        f"reward function{'s' if len(names) > 1 else ''} {', '.join(repr(n) for n in names)} returned rewards that "
+        f"overflow (largest weighted {float(terms.max()):.3g}): weighted, summed and normalised (mean, std), those "
+        f"of row {where[i]} (completion {i}) are not finite; return rewards of an ordinary size (e.g. within +-1e6)"
+    )
 
 
 def _failing_row(rf: RewardFunc, prompts, completions, completion_ids, columns) -> int | None:
@@ -187,7 +260,7 @@ def _failing_row(rf: RewardFunc, prompts, completions, completion_ids, columns) 
                 completion_ids=completion_ids[i : i + 1],
                 **one,
             )
-        except Exception:
+        except (Exception, SystemExit):
             return i
     return None
 
