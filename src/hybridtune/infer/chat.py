@@ -17,6 +17,7 @@ from hybridtune.infer.generate import (
     add_model_args,
     add_video_args,
     image_arg,
+    media_given,
     open_for_generation,
     sampling_of,
     utf8_text,
@@ -102,7 +103,7 @@ def _image_command(path: str, n: int, vision, name: str, stdout: TextIO) -> list
         if not path:
             raise DataError(f"stdin line {n}: {IMAGE_COMMAND} needs a path: {IMAGE_COMMAND} PATH")
         if vision is None:
-            raise not_vision(name)
+            raise not_vision(name, IMAGE_COMMAND)
         source = image_arg(path, f"stdin line {n}")
     except UserError as e:
         print(f"error: {e}", file=stdout, flush=True)
@@ -171,7 +172,7 @@ def main(argv: list[str]) -> int:
     if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach utf8_text, which says which line
         sys.stdin.reconfigure(errors="surrogateescape")
     opened = open_for_generation(args)
-    vision = vision_of(opened, needed=bool(images))
+    vision = vision_of(opened, needed=media_given(args, [], []))  # (the flags given)
     chat, kwargs = not args.no_chat_template, args.chat_template_kwargs
     chat_loop(
         opened.model,

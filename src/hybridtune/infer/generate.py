@@ -40,10 +40,10 @@ MODEL_HELP = (
 )
 
 
-def read_prompts(path: str) -> list:
+def read_prompts(path: str, wheres: list[str] | None = None) -> list:
     """Prompts from a file: JSONL rows with "prompt" (text or a conversation) or "messages" (a conversation),
     else one per line. Each conversation is checked here, before any model loads: a list of objects with a "role"
-    and a "content" (text, or a list of text parts, joined)."""
+    and a "content" (text, or a list of text parts, joined). `wheres` gets each prompt's file:line."""
     p = Path(path).expanduser()
     if p.is_dir():
         raise DataError(f"--prompts '{path}' is a directory; give a file: one prompt per line, or JSONL rows")
@@ -51,6 +51,8 @@ def read_prompts(path: str) -> list:
         raise DataError(f"prompts file '{path}' does not exist")
     text = read_utf8(p, "a prompts file", DataError)
     lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if wheres is not None:  # (each line one prompt, or an error)
+        wheres += [f"{p}:{i}" for i, _ in lines]
     if p.suffix.lower() not in (".jsonl", ".ndjson"):
         return [line for _, line in lines]
     prompts: list = []
@@ -151,10 +153,21 @@ def has_images(prompts: list) -> bool:
     )
 
 
-def vision_of(opened, needed: bool, run=None):
+def media_given(args, rows: list, wheres: list[str]) -> str:
+    """What put images or videos into the prompts, as a text model's error names it to drop: the flags given, and
+    the first row of the prompts file (`rows`, each at its `wheres` file:line) holding each kind of part."""
+    named = [flag for flag, values in (("--image", args.image), ("--video", args.video)) if values]
+    for kind, holds in (("image", has_images), ("video", video_prompts.has_videos)):
+        at = [where for row, where in zip(rows, wheres) if holds([row])]
+        more = f" (and of {len(at) - 1} more row{'s' * (len(at) > 2)})" if len(at) > 1 else ""
+        named += [f"the {kind} parts of {at[0]}{more}"] if at else []
+    return " and ".join(named)
+
+
+def vision_of(opened, needed: str | bool, run=None):
     """The opened model's image side (runtime.vision.vision_for: its processor, the min/max_pixels of `run`, else
-    of the run it comes from), or None for a text model; when `needed` (the prompts hold images), a text model is
-    one ModelError line."""
+    of the run it comes from), or None for a text model; when `needed` (the prompts hold images or videos; a text:
+    what put them there, to name), a text model is one ModelError line."""
     from hybridtune.runtime.vision import vision_for  # why here: torch-bound, past argument parsing
 
     loaded = opened.loaded
@@ -162,7 +175,7 @@ def vision_of(opened, needed: bool, run=None):
     run = run if run is not None else opened.run
     vision = vision_for(source, opened.tokenizer, getattr(run, "min_pixels", None), getattr(run, "max_pixels", None))
     if vision is None and needed:
-        raise not_vision(opened.name)
+        raise not_vision(opened.name, *([needed] if isinstance(needed, str) else []))
     return vision
 
 
@@ -283,7 +296,9 @@ def main(argv: list[str]) -> int:
                 f"{flag} goes with --prompt TEXT; in a prompts file, give {flag[2:]} parts in the messages"
             )
     prompts: list = with_images(given, args.image, args.video, args.fps)
-    prompts += read_prompts(args.prompts) if args.prompts else []
+    wheres: list[str] = []
+    from_file = read_prompts(args.prompts, wheres) if args.prompts else []
+    prompts += from_file
     if not prompts:
         raise ConfigError("no prompt: give --prompt TEXT (repeatable) or --prompts FILE")
 
@@ -292,7 +307,7 @@ def main(argv: list[str]) -> int:
     sampling = sampling_of(args)
     opened = open_for_generation(args)
     videos = video_prompts.has_videos(prompts)
-    vision = vision_of(opened, needed=has_images(prompts) or videos)
+    vision = vision_of(opened, needed=media_given(args, from_file, wheres))
     chat, kwargs = not args.no_chat_template, args.chat_template_kwargs
     run = video_prompts.generate if videos else generate
     done = run(opened.model, opened.tokenizer, prompts, sampling, chat, args.batch_size, kwargs, vision, args.model)

@@ -78,10 +78,11 @@ def render(tokenizer, conversation: list[dict] | str, chat: bool, template_kwarg
         ) from None
 
 
-def not_vision(name: str) -> ModelError:
+def not_vision(name: str, given: str = "--image and the prompts' image parts") -> ModelError:
+    """A text model given images or videos; `given`: what put them there (the flag, the prompts file's row)."""
     return ModelError(
         f"model '{name}' is not a vision-language model (its config has no vision_config and image_token_id), so "
-        "it takes no image; drop --image and the prompts' image parts, or give a vision-language checkpoint"
+        f"it takes no image or video; drop {given}, or give a vision-language checkpoint"
     )
 
 
