@@ -26,16 +26,6 @@ LLAVA = datasets.Features(
 )
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return vl_tiny.tokenizer()
-
-
-@pytest.fixture(scope="module")
-def vision(tok):
-    return vl_tiny.vision_of(tok)
-
-
 @pytest.fixture()
 def img(tmp_path):
     (tmp_path / "img").mkdir()

@@ -21,16 +21,6 @@ from hybridtune.data.vision import ImageRef
 from hybridtune.errors import DataError
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return vl_tiny.tokenizer()
-
-
-@pytest.fixture(scope="module")
-def vision(tok):
-    return vl_tiny.vision_of(tok)
-
-
 @pytest.fixture()
 def data(tmp_path):
     (tmp_path / "img").mkdir()

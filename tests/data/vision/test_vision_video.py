@@ -20,16 +20,6 @@ from hybridtune.data.vision import rope_positions
 from hybridtune.errors import DataError
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return vl_tiny.tokenizer()
-
-
-@pytest.fixture(scope="module")
-def vision(tok):
-    return vl_tiny.vision_of(tok)
-
-
 @pytest.fixture()
 def data(tmp_path):
     vl_tiny.write_frames(tmp_path / "clip", 5, 23, 37, seed=1)  # 5 frames (odd: the last is repeated), odd size

@@ -28,16 +28,6 @@ HUGE = "1" + "0" * 400  # a JSON integer: json.loads keeps it exact, float() of 
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return vl_tiny.tokenizer()
-
-
-@pytest.fixture(scope="module")
-def vision(tok):
-    return vl_tiny.vision_of(tok)
-
-
-@pytest.fixture(scope="module")
 def tower(tok):
     """The tiny checkpoint's vision tower alone (random weights)."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
