@@ -34,7 +34,7 @@ from hybridtune.errors import OutputDirError
 from hybridtune.files import honour_umask
 from hybridtune.run import integrity
 from hybridtune.run.integrity import CheckpointError, DiskFullError
-from hybridtune.runtime import distributed
+from hybridtune.runtime import distributed, optim_state
 from hybridtune.runtime import optim as optimizers
 from hybridtune.runtime.distributed import ONE, Dist
 from hybridtune.runtime.memory import optimizer_state
@@ -351,6 +351,8 @@ def load_checkpoint(
             why = f"its {META_FILE} is at step {meta['step']!r} but its {STATE_FILE} at {trainer['step']!r}"
         if why:
             raise CheckpointError(f"{why}: its files disagree; resume from another checkpoint")
+        if why := optim_state.state_problem(state["optim"], state["model"], trainer["step"], d):
+            raise CheckpointError(why)  # (NaN, a negative second moment, a wrong shape or step: before training)
     except CheckpointError as e:
         raise CheckpointError(f"checkpoint '{path}' cannot be resumed: {e}") from None
     set_state_dict(

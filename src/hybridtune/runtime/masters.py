@@ -16,6 +16,7 @@ import torch
 from torch.optim.adamw import adamw
 
 from hybridtune.errors import ModelError
+from hybridtune.runtime.optim_state import tensor_problem
 
 MASTER = "master"
 _HELD = "_hybridtune_master"  # a split parameter's fp32 tensor, until the optimizer takes it
@@ -163,5 +164,5 @@ def _check_saved(saved, mine: torch.Tensor, key: str, k: int) -> None:
             f"{where}: '{key}' is {saved.dtype} {tuple(saved.shape)}, this optimizer's {mine.dtype} "
             f"{tuple(mine.shape)}; {fix}"
         )
-    if not bool(torch.isfinite(saved).all()) or (key == "exp_avg_sq" and bool((saved < 0).any())):
-        raise ModelError(f"{where}: '{key}' holds NaN, Inf or (a second moment) a negative value; {fix}")
+    if why := tensor_problem(key, saved):  # NaN, Inf, a negative second moment, a step that is no count
+        raise ModelError(f"{where}: {why}; {fix}")

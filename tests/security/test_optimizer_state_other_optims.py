@@ -1,0 +1,313 @@
+"""A resumed optimizer state is checked for every optim, not only MasterAdamW's (test_optimizer_state.py). A checkpoint
+of torch's AdamW or torchao's 8-bit / bf16 AdamW whose state held a negative or NaN second moment, a NaN or Inf first
+moment, or a `step` that is negative, NaN, fractional or past the checkpoint's, edited with its checksums redone, was
+loaded and trained on: `hybridtune train` stopped at the next step with "the trained weights are not finite; lower
+learning_rate", or a negative step a traceback (a complex square root). Each is now one CheckpointError line (exit 2)
+naming the checkpoint, the parameter, the state key and what is wrong, before training. A checkpoint another optim
+wrote (resumed under --overwrite with the optim changed) failed in one line quoting DCP's internal keys ("Missing key
+in checkpoint state_dict: optim.param_groups.0.amsgrad"); it now says which optim saved it, which the config asks for
+and what to do. torchao's cases are slow (its step compiles on the CPU)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+
+from hybridtune.config import load_config
+from hybridtune.run import checkpoint as ckpt
+from hybridtune.run import integrity
+from hybridtune.run.checkpoint import CheckpointError
+from hybridtune.runtime.masters import MasterAdamW, split
+from hybridtune.runtime.optim import _Schedule, lr_lambda, torchao_optim
+from hybridtune.runtime.optim_state import state_problem
+from train_runs import metrics_rows, run
+
+NAN, INF = float("nan"), float("inf")
+
+
+def tamper(path, edit) -> None:
+    """Edit checkpoint `path`'s optimizer state as someone with write access would: `edit(state)` on DCP's state by
+    parameter name, then every checksum redone (the checkpoint verifies)."""
+    flat = path.parent / "flat.pt"
+    dcp_to_torch_save(str(path / ckpt.STATE_DIR), str(flat))
+    state = torch.load(flat, weights_only=False)
+    edit(state["optim"]["state"])
+    torch.save(state, flat)
+    shutil.rmtree(path / ckpt.STATE_DIR)
+    torch_save_to_dcp(str(flat), str(path / ckpt.STATE_DIR))
+    flat.unlink()
+    record = json.loads((path / ckpt.META_FILE).read_text())
+    record["files"] = integrity.hash_files(path, [f for f in integrity._walk(path)[0] if f != ckpt.META_FILE])
+    (path / ckpt.META_FILE).write_text(json.dumps(record))
+    assert ckpt.verify_checkpoint(path) is None
+
+
+def setter(name: str, key: str, value):
+    """An edit that fills parameter `name`'s state `key` with `value`."""
+
+    def edit(state):
+        state[name][key] = torch.full_like(state[name][key], value)
+
+    return edit
+
+
+# -- the checkpoint alone: a small model, each optim, its cosine schedule, checkpoint-3 ---------------------------
+
+
+def build(optim: str, seed: int):
+    """(model, optimizer, schedule) of `optim`: torch's AdamW (fp32), MasterAdamW (bf16 weights, fp32 masters) or
+    torchao's on bf16 weights (0.weight, 64 x 128, is the one large enough for 8-bit state)."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(128, 64), nn.Tanh(), nn.Linear(64, 7))
+    if optim == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    elif optim == "masters":
+        split(model)
+        opt = MasterAdamW(list(model.parameters()), lr=1e-3, weight_decay=0.01)
+    else:
+        model.to(torch.bfloat16)
+        ao = torchao_optim()
+        opt = ao.AdamW8bit(model.parameters(), lr=1e-3) if optim == "adamw_8bit" else None
+        opt = opt or ao._AdamW(model.parameters(), lr=1e-3, bf16_stochastic_round=True)
+    return model, opt, _Schedule(opt, lr_lambda("cosine", 2, 10))
+
+
+def steps(model, opt, sched, n: int, only_first: bool = False) -> None:
+    dtype = next(model.parameters()).dtype
+    for _ in range(n):
+        x = torch.randn(5, 128, dtype=dtype)
+        # `only_first`: the last layer has no gradient (as a vision tower under text rows): its state lags
+        loss = model[:2](x).float().pow(2).mean() if only_first else model(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+
+
+def saved(out, optim: str = "adamw", lagging: bool = False):
+    """checkpoint-3 of a 3-step run of `optim` in `out`, recording its optim as the trainer does. `lagging`: the last
+    layer has a gradient in the first step only."""
+    out.mkdir(parents=True, exist_ok=True)
+    model, opt, sched = build(optim, 0)
+    steps(model, opt, sched, 1)
+    steps(model, opt, sched, 2, only_first=lagging)
+    extra = {"run": {"config": {"optim": "adamw" if optim == "masters" else optim}}}
+    return ckpt.save_checkpoint(out / "checkpoint-3", model, opt, sched, 3, {"epoch": 0, "index": 3}, extra=extra)
+
+
+def refused(path, optim: str = "adamw") -> str:
+    model, opt, sched = build(optim, 1)
+    with pytest.raises(CheckpointError) as e:
+        ckpt.load_checkpoint(path, model, opt, sched)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"checkpoint '{path}' cannot be resumed: "), msg
+    return msg
+
+
+STATES = {  # what is edited -> (the edit, what the line must say after "its optimizer state of parameter ")
+    "negative second moment": (setter("0.weight", "exp_avg_sq", -1.0), r"'0\.weight': 'exp_avg_sq' holds a negative"),
+    "NaN second moment": (setter("2.weight", "exp_avg_sq", NAN), r"'2\.weight': 'exp_avg_sq' holds NaN"),
+    "NaN first moment": (setter("0.bias", "exp_avg", NAN), r"'0\.bias': 'exp_avg' holds NaN"),
+    "Inf first moment": (setter("0.weight", "exp_avg", -INF), r"'0\.weight': 'exp_avg' holds Inf"),
+    "negative step": (setter("2.bias", "step", -1.0), r"'2\.bias': 'step' is -1, not a count of steps"),
+    "NaN step": (setter("0.weight", "step", NAN), r"'0\.weight': 'step' holds NaN"),
+    "fractional step": (setter("0.weight", "step", 2.5), r"'0\.weight': 'step' is 2\.5, not a count of steps"),
+    "a step past the checkpoint's": (
+        setter("2.weight", "step", 7.0),
+        r"'2\.weight': 'step' is 7 but the checkpoint is at step 3",
+    ),
+    "every step behind the checkpoint's": (
+        lambda s: [v.__setitem__("step", torch.zeros(())) for v in s.values()],
+        r"every parameter: 'step' is at most 0 but the checkpoint is at step 3",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(STATES))
+def test_torch_adamw_state_that_cannot_train_is_one_line(tmp_path, case):
+    edit, said = STATES[case]
+    path = saved(tmp_path)
+    tamper(path, edit)
+    msg = refused(path)
+    whose = "" if said.startswith("every") else "parameter "
+    assert re.search(f"its optimizer state of {whose}{said}", msg), msg
+    assert msg.endswith("resume from a checkpoint you trust, or start the run again with --overwrite"), msg
+
+
+def test_a_state_of_another_shape_is_one_line(tmp_path):
+    """DCP refuses a saved tensor of another shape than the state it loads into (which is shaped as its parameter);
+    `state_problem` refuses one that reached it, by parameter and key."""
+    path = saved(tmp_path)
+    tamper(path, lambda s: s["0.weight"].__setitem__("exp_avg_sq", torch.zeros(3)))
+    assert "Size mismatch" in refused(path) and "0.weight.exp_avg_sq" in refused(path)
+    params = {"w": torch.zeros(2, 3)}
+    osd = {"state": {"w": {"step": torch.tensor(1.0), "exp_avg": torch.zeros(3, 2), "exp_avg_sq": torch.zeros(2, 3)}}}
+    said = state_problem(osd, params, 1)
+    assert said.startswith("its optimizer state of parameter 'w': 'exp_avg' has shape (3, 2) where the parameter's"), (
+        said
+    )
+    osd["state"]["w"]["step"] = torch.ones(2)
+    assert "'step' has shape (2,), not one number" in state_problem(osd, params, 1)
+
+
+def test_masteradamw_state_is_checked_the_same_way(tmp_path):
+    """MasterAdamW's own load refuses NaN and negative moments; a bad step, which it took, is now refused too."""
+    path = saved(tmp_path, "masters")
+    tamper(path, setter("0.weight", "step", -2.0))
+    assert "parameter '0.weight': 'step' is -2, not a count of steps" in refused(path, "masters")
+
+
+def test_an_untouched_state_resumes_exactly_and_a_lagging_step_is_no_error(tmp_path):
+    """A parameter without a gradient in some steps has a smaller step than its checkpoint (torch skips it): legal."""
+    path = saved(tmp_path, lagging=True)
+    model, opt, sched = build("adamw", 1)
+    ckpt.load_checkpoint(path, model, opt, sched)
+    held = {k: v for k, v in zip(("0.weight", "0.bias", "2.weight", "2.bias"), opt.state.values())}
+    assert [float(v["step"]) for v in held.values()] == [3.0, 3.0, 1.0, 1.0]
+    ref_model, ref_opt, ref_sched = build("adamw", 0)
+    steps(ref_model, ref_opt, ref_sched, 1)
+    steps(ref_model, ref_opt, ref_sched, 2, only_first=True)
+    for want, got in zip(ref_opt.state.values(), opt.state.values()):
+        assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_a_checkpoint_saved_before_the_first_step_resumes(tmp_path):
+    """Ctrl-C in the first step saves checkpoint-0, whose state torch's get_state_dict makes with one step at lr 0."""
+    tmp_path.mkdir(exist_ok=True)
+    model, opt, sched = build("adamw", 0)
+    path = ckpt.save_checkpoint(tmp_path / "checkpoint-0", model, opt, sched, 0, {"epoch": 0, "index": 0})
+    model, opt, sched = build("adamw", 1)
+    assert ckpt.load_checkpoint(path, model, opt, sched)["step"] == 0
+    assert {float(v["step"]) for v in opt.state.values()} == {1.0}
+
+
+TORCHAO = pytest.mark.slow  # (torchao's step compiles on the CPU)
+
+AO_STATES = {  # 0.weight's state is 8-bit under adamw_8bit: its NaN and Inf show in its block scales
+    "adamw_8bit NaN first moment": (
+        "adamw_8bit",
+        setter("0.weight", "exp_avg", NAN),
+        r"'0\.weight': 'exp_avg' holds NaN",
+    ),
+    "adamw_8bit Inf second moment": (
+        "adamw_8bit",
+        setter("0.weight", "exp_avg_sq", INF),
+        r"'0\.weight': 'exp_avg_sq' holds Inf",
+    ),
+    "adamw_8bit negative step": (
+        "adamw_8bit",
+        setter("0.weight", "step", -3.0),
+        r"'0\.weight': 'step' is -3, not a count",
+    ),
+    "adamw_bf16_sr negative second moment": (
+        "adamw_bf16_sr",
+        setter("0.weight", "exp_avg_sq", -1.0),
+        r"'0\.weight': 'exp_avg_sq' holds a negative value \(-1\)",
+    ),
+    "adamw_bf16_sr step past the checkpoint's": (
+        "adamw_bf16_sr",
+        setter("2.bias", "step", 4.0),
+        r"'2\.bias': 'step' is 4 but the checkpoint is at step 3",
+    ),
+}
+
+
+@TORCHAO
+@pytest.mark.parametrize("case", list(AO_STATES))
+def test_torchao_state_that_cannot_train_is_one_line(tmp_path, case):
+    pytest.importorskip("torchao.optim")
+    optim, edit, said = AO_STATES[case]
+    path = saved(tmp_path, optim)
+    tamper(path, edit)
+    msg = refused(path, optim)
+    assert re.search(f"its optimizer state of parameter {said}", msg), msg
+
+
+@TORCHAO
+def test_torchao_8bit_state_resumes_quantised_and_exact(tmp_path):
+    pytest.importorskip("torchao.optim")
+    path = saved(tmp_path, "adamw_8bit")
+    model, opt, sched = build("adamw_8bit", 1)
+    ckpt.load_checkpoint(path, model, opt, sched)
+    big = opt.state[model[0].weight]["exp_avg_sq"]
+    assert hasattr(big, "codes") and big.codes.dtype == torch.uint8  # still 8-bit, not a dequantised copy
+    ref_model, ref_opt, ref_sched = build("adamw_8bit", 0)
+    steps(ref_model, ref_opt, ref_sched, 3)
+    want = ref_opt.state[ref_model[0].weight]
+    assert (
+        torch.equal(big.dequantize(), want["exp_avg_sq"].dequantize())
+        and float(opt.state[model[0].weight]["step"]) == 3
+    )
+
+
+# -- the trainer: the tiny preset, stopped after its first step, resumed through `hybridtune train` --------------
+
+KEYS = dict(
+    sequence_len=64,
+    max_steps=2,
+    eval_steps=0,
+    logging_steps=1,
+    val_set_size=8,
+    warmup_steps=2,
+    gradient_accumulation_steps=1,
+    save_steps=1,
+    adapter="full",
+)
+EMBED = "model.model.embed_tokens.weight"  # (its name in the checkpoint: under the trainer's LossModule)
+
+
+def keys(out, data, **kw) -> dict:
+    return {**KEYS, **kw, "dataset": data, "output_dir": str(out)}
+
+
+def argv(given: dict, *more: str) -> list[str]:
+    flags = [a for k, v in given.items() for a in (f"--{k}", str(v).lower() if isinstance(v, bool) else str(v))]
+    return ["train", *flags, "--resume_from_checkpoint", "latest", *more]
+
+
+def interrupted(out, data, **kw) -> dict:
+    """`out` holds a tiny-preset full fine-tune of `kw` stopped after step 1; its keys."""
+    given = keys(out, data, **kw)
+    run(load_config(None, given), stop_after=1)
+    assert (out / "checkpoint-1" / ckpt.META_FILE).is_file() and not (out / "checkpoint-2").exists()
+    return given
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory, small_data):
+    """A full fine-tune of the tiny preset with torch's AdamW (fp32 on the CPU), stopped after step 1."""
+    out = tmp_path_factory.mktemp("stopped") / "run"
+    interrupted(out, small_data)
+    return out, small_data
+
+
+@pytest.fixture
+def copied(stopped, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(stopped[0], out)
+    return out, keys(out, stopped[1])
+
+
+TRAINER = {
+    "negative second moment": (setter(EMBED, "exp_avg_sq", -1.0), "'exp_avg_sq' holds a negative value (-1)"),
+    "negative step": (setter(EMBED, "step", -5.0), "'step' is -5, not a count of steps"),
+}
+
+
+@pytest.mark.parametrize("case", list(TRAINER))
+def test_train_refuses_a_tampered_state_in_one_line(copied, error_line, case):
+    """Was: trained on, then "step 2: the trained weights are not finite ... lower learning_rate" (exit 3), or for
+    the negative step a traceback from torch's AdamW (a complex square root)."""
+    out, given = copied
+    edit, said = TRAINER[case]
+    tamper(out / "checkpoint-1", edit)
+    line = error_line(argv(given))
+    assert f"checkpoint '{out / 'checkpoint-1'}' cannot be resumed: its optimizer state of parameter '{EMBED}'" in line
+    assert said in line, line
+    assert not (out / "checkpoint-2").exists() and len(metrics_rows(out, "train")) == 1
