@@ -187,6 +187,16 @@ def test_a_checkpoint_saved_before_the_first_step_resumes(tmp_path):
     assert {float(v["step"]) for v in opt.state.values()} == {1.0}
 
 
+def test_a_checkpoint_another_optim_wrote_names_both_optims(tmp_path):
+    """MasterAdamW's checkpoint (bf16) into torch's AdamW (fp32): DCP said "Missing key ... optim.param_groups.0.amsgrad"."""
+    path = saved(tmp_path, "masters")
+    msg = refused(path)
+    assert "it was saved with optim adamw (fp32 masters) and this run's config asks for adamw:" in msg, msg
+    assert "'master', which this run's has not" in msg and "optim.param_groups" not in msg, msg
+    assert "keep the bf16, adapter and distributed settings it was written with to resume it" in msg, msg
+    assert "or start the run afresh (--overwrite without resume_from_checkpoint)" in msg, msg
+
+
 TORCHAO = pytest.mark.slow  # (torchao's step compiles on the CPU)
 
 AO_STATES = {  # 0.weight's state is 8-bit under adamw_8bit: its NaN and Inf show in its block scales
@@ -244,6 +254,16 @@ def test_torchao_8bit_state_resumes_quantised_and_exact(tmp_path):
         torch.equal(big.dequantize(), want["exp_avg_sq"].dequantize())
         and float(opt.state[model[0].weight]["step"]) == 3
     )
+
+
+@TORCHAO
+def test_torchao_checkpoint_into_torch_adamw_names_both_optims(tmp_path):
+    """torchao's groups have none of torch's `foreach`, `fused`, ...: DCP said "Missing key ... param_groups.0.foreach"."""
+    pytest.importorskip("torchao.optim")
+    path = saved(tmp_path, "adamw_bf16_sr")
+    msg = refused(path)
+    assert "it was saved with optim adamw_bf16_sr and this run's config asks for adamw:" in msg, msg
+    assert "group 0 lacks 'capturable'" in msg and "keep optim: adamw_bf16_sr to resume it" in msg, msg
 
 
 # -- the trainer: the tiny preset, stopped after its first step, resumed through `hybridtune train` --------------
@@ -311,3 +331,22 @@ def test_train_refuses_a_tampered_state_in_one_line(copied, error_line, case):
     assert f"checkpoint '{out / 'checkpoint-1'}' cannot be resumed: its optimizer state of parameter '{EMBED}'" in line
     assert said in line, line
     assert not (out / "checkpoint-2").exists() and len(metrics_rows(out, "train")) == 1
+
+
+def test_train_under_another_optim_setup_says_which_in_one_line(tmp_path, small_data, error_line):
+    """bf16 (MasterAdamW's fp32 masters in its state) resumed with bf16 off under --overwrite (torch's AdamW)."""
+    given = interrupted(tmp_path / "run", small_data, bf16=True)
+    line = error_line(argv({**given, "bf16": False}, "--overwrite"))
+    assert "it was saved with optim adamw (fp32 masters) and this run's config asks for adamw:" in line, line
+    assert "Missing key" not in line and "optim.param_groups" not in line, line
+
+
+@TORCHAO
+def test_train_with_another_optim_says_which_in_one_line(tmp_path, small_data, error_line):
+    """The red team's case: adamw_bf16_sr's checkpoint resumed under optim: adamw and --overwrite."""
+    pytest.importorskip("torchao.optim")
+    given = interrupted(tmp_path / "run", small_data, bf16=True, optim="adamw_bf16_sr")
+    line = error_line(argv({**given, "optim": "adamw"}, "--overwrite"))
+    assert "it was saved with optim adamw_bf16_sr and this run's config asks for adamw (fp32 masters):" in line, line
+    assert "lacks 'master'" in line and "keep optim: adamw_bf16_sr to resume it" in line, line
+    assert "Missing key" not in line, line

@@ -339,6 +339,9 @@ def load_checkpoint(
     fresh = optimizers.hyperparameters(optimizer, scheduler)
     meta = meta_of(path)
     try:
+        saved = integrity.read_dcp_metadata((path / STATE_DIR / ".metadata").read_bytes()).state_dict_metadata
+        if why := optimizers.layout_problem(state["optim"], optimizer, saved, meta.get("run"), not trainable_only):
+            raise CheckpointError(why)  # (another optim wrote it: said before DCP names its keys)
         with _quiet_single_process():
             integrity.safe_dcp_load(state, path / STATE_DIR)
         trainer = load_trainer_state(path)

@@ -18,7 +18,7 @@ from hybridtune.config import TrainConfig
 from hybridtune.errors import ConfigError
 from hybridtune.runtime.defaults import recorded_values
 from hybridtune.runtime.distributed import ONE, Dist
-from hybridtune.runtime.masters import MasterAdamW, merged
+from hybridtune.runtime.masters import MASTER, MasterAdamW, merged
 
 logger = logging.getLogger(__name__)
 
@@ -276,3 +276,59 @@ def reapply_config(optimizer: torch.optim.Optimizer, scheduler, fresh: dict, ste
     for group, rate in zip(optimizer.param_groups, rates):
         _set(group, "lr", rate)
     scheduler._last_lr = [float(r) for r in rates]
+
+
+def optim_label(optimizer: torch.optim.Optimizer) -> str:
+    """The `optim` that built `optimizer`, as a message names it (MasterAdamW: `adamw (fp32 masters)`)."""
+    if isinstance(optimizer, MasterAdamW):
+        return "adamw (fp32 masters)"
+    if type(optimizer).__module__.startswith("torchao"):
+        return "adamw_8bit" if type(optimizer).__name__ == "AdamW8bit" else "adamw_bf16_sr"
+    return "adamw" if isinstance(optimizer, torch.optim.AdamW) else type(optimizer).__name__
+
+
+def layout_problem(osd: dict, optimizer: torch.optim.Optimizer, saved, run, strict: bool = True) -> str | None:
+    """Why a checkpoint whose DCP keys are `saved` cannot load into `optimizer`'s state `osd` (this run's, by
+    parameter name, before the load) because another optimizer wrote it, or None: a parameter's state with other
+    keys (MasterAdamW's `master`) or a group key it lacks (torchao's groups have no `foreach`), which DCP's strict
+    load would refuse naming its own keys. Says the optim the checkpoint's run record `run` names and this run's."""
+    groups: dict[str, set] = {}
+    states: dict[str, set] = {}
+    for k in saved:
+        if k.startswith("optim.param_groups."):
+            i, _, key = k.removeprefix("optim.param_groups.").partition(".")
+            groups.setdefault(i, set()).add(key)
+        elif k.startswith("optim.state."):
+            name, _, key = k.removeprefix("optim.state.").rpartition(".")
+            states.setdefault(name, set()).add(key)
+    detail = None
+    for name, held in (osd.get("state") or {}).items() if strict else ():
+        if name in states and states[name] != set(held):
+            there, here = sorted(states[name] - set(held)), sorted(set(held) - states[name])
+            said = [f"holds {', '.join(map(repr, there))}, which this run's has not"] if there else []
+            said += [f"lacks {', '.join(map(repr, here))}"] if here else []
+            detail = f"its state of parameter '{name}' {' and '.join(said)}"
+            break
+    for i, group in enumerate(osd.get("param_groups") or ()) if strict and detail is None else ():
+        if lacks := sorted(set(group) - groups.get(str(i), set(group))):
+            detail = f"its optimizer's group {i} lacks {', '.join(map(repr, lacks))}"
+            break
+    if detail is None:
+        return None
+    config = run.get("config") if isinstance(run, dict) else None
+    name = config.get("optim") if isinstance(config, dict) else None
+    mine = optim_label(optimizer)
+    if not isinstance(name, str):
+        return (
+            f"its optimizer state was written by another optimizer than this run's {mine} ({detail}); resume it with "
+            "the optim it was written with, or start the run afresh (--overwrite without resume_from_checkpoint)"
+        )
+    masters = any(MASTER in keys for keys in states.values())
+    theirs = ALIASES.get(name, name) + (" (fp32 masters)" if masters else "")
+    same = theirs.split()[0] == mine.split()[0]
+    keep = "the bf16, adapter and distributed settings it was written with" if same else f"optim: {theirs.split()[0]}"
+    return (
+        f"it was saved with optim {theirs} and this run's config asks for {mine}: its optimizer state does not carry "
+        f"over ({detail}); keep {keep} to resume it, or start the run afresh (--overwrite without "
+        "resume_from_checkpoint)"
+    )
