@@ -26,9 +26,18 @@ def test_qlora_with_load_in_4bit_false_in_a_file_names_its_lines(tmp_path):
     p.write_text("adapter: qlora\nlora_r: 8\nload_in_4bit: false\n")
     with pytest.raises(ConfigError, match=rf"c\.yaml:1 and .*c\.yaml:3: {WHAT}"):
         load_config(p)
-    p.write_text("load_in_4bit: false\n")  # the file turns 4-bit off, the command line asks for qlora
-    with pytest.raises(ConfigError, match=rf"^command line and .*c\.yaml:1: {WHAT}"):
-        load_config(p, parse_overrides(["--adapter", "qlora"]))
+    p.write_text("adapter: qlora\n")  # the file asks for qlora, the command line turns 4-bit off: which one?
+    with pytest.raises(ConfigError, match=rf"c\.yaml:1 and command line: {WHAT}"):
+        load_config(p, parse_overrides(["--load_in_4bit", "false"]))
+
+
+def test_qlora_on_the_command_line_over_a_file_turning_4bit_off_is_qlora(tmp_path):
+    """The command line wins over the file everywhere: `--adapter qlora` over a file's `load_in_4bit: false` (a
+    shared LoRA config, say) is the 4-bit QLoRA the command line asks for, as before the conflict check."""
+    p = tmp_path / "c.yaml"
+    p.write_text("load_in_4bit: false\n")
+    cfg = load_config(p, parse_overrides(["--adapter", "qlora"]))
+    assert cfg.adapter == "lora" and cfg.load_in_4bit is True
 
 
 def test_qlora_alone_or_with_load_in_4bit_true_is_lora_on_nf4():

@@ -30,6 +30,7 @@ LEAVES = frozenset(
         "hybridtune.config_grpo",
         "hybridtune.config_vision",
         "hybridtune.config_kernels",
+        "hybridtune.config_checks",
     }
 )
 # `python -m hybridtune` runs __main__, whose one job is to call the CLI.

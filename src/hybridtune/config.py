@@ -13,7 +13,6 @@ import importlib.util
 import logging
 import math
 import os
-import re
 import reprlib
 import types
 import typing
@@ -22,6 +21,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from hybridtune.config_checks import env_vars, qlora_4bit
 from hybridtune.config_schema import (  # re-exported: hybridtune.config is where users look for them
     ALL_LINEAR,
     BUNDLED_DATASET,
@@ -66,8 +66,6 @@ MAX_CONFIG_VALUES = 100_000
 _SHOW = reprlib.Repr()
 _SHOW.maxstring, _SHOW.maxother, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxlevel = 80, 80, 6, 6, 3
 # Keys whose value names a file or directory; `$HOME` or `${VAR}` in one from a file is refused (see _env_vars).
-PATH_KEYS = ("base_model", "tokenizer", "chat_template", "dataset", "output_dir", "resume_from_checkpoint")
-_ENV_VAR = re.compile(r"\$(?:\{\w+\}|[A-Za-z_]\w*)")
 
 # ---------------------------------------------------------------------------------------------------
 # parsing and validation
@@ -323,16 +321,9 @@ def load_config(
     cli = overrides or {}
     problems: list[ConfigError] = []  # every problem of the file and the command line, said at once
     fields = _fields(TrainConfig, data, where, node, problems)  # a file's problems name its file and line
-    problems += _env_vars(fields, where, node)
+    problems += env_vars(fields, where, node)
     fields.update(_fields(TrainConfig, cli, "command line", None, problems))
-    if fields.get("adapter") == "qlora" and fields.get("load_in_4bit") is False:  # qlora would train 4-bit anyway
-        lines = {
-            k.value: k.start_mark.line + 1 for k, _ in getattr(node, "value", ()) if isinstance(k, yaml.ScalarNode)
-        }
-        at = {"command line" if k in cli else f"{where}:{lines.get(k, '?')}": k for k in ("adapter", "load_in_4bit")}
-        what = "QLoRA is LoRA over a 4-bit base (use adapter: lora for a bf16 base, or drop load_in_4bit: false)"
-        keys = "config keys 'adapter' = 'qlora' and 'load_in_4bit' = false conflict"
-        problems.append(ConfigError(f"{' and '.join(at)}: {keys}: {what}"))  # each place said once
+    problems += qlora_4bit(fields, cli, where, node)
     if problems:
         raise together(problems)
     cfg = TrainConfig(**fields)
@@ -342,28 +333,6 @@ def load_config(
         for warning in config_warnings(cfg, set(data) | set(cli)):
             logger.warning(warning)
     return cfg
-
-
-def _env_vars(fields: dict[str, Any], where: str, node: yaml.Node | None) -> list[ConfigError]:
-    """A path in a file holding `$VAR` or `${VAR}`: hybridtune does not expand environment variables (a config
-    means the same under any environment), and a directory named `${HOME}` is never what was meant."""
-    keys = node.value if isinstance(node, yaml.MappingNode) else []
-    lines = {k.value: k.start_mark.line + 1 for k, _ in keys if isinstance(k, yaml.ScalarNode)}
-    paths = [(k, k, fields[k]) for k in PATH_KEYS if isinstance(fields.get(k), str)]
-    for key in ("datasets", "test_datasets"):
-        paths += [(key, f"{key}[{i}].path", ds.path) for i, ds in enumerate(fields.get(key) or []) if ds]
-    out = []
-    for key, label, value in paths:
-        if found := _ENV_VAR.search(value):
-            expanded = os.path.expandvars(value)
-            eg = f" (here: '{expanded}')" if expanded != value else ""
-            out.append(
-                ConfigError(
-                    f"{where}:{lines.get(key, '?')}: key '{label}' = '{value}' holds the environment variable "
-                    f"{found.group()}, which hybridtune does not expand; write the path itself{eg}"
-                )
-            )
-    return out
 
 
 # Example configs shipped in the wheel, named on the command line as `hybridtune:configs/<name>.yaml`.
