@@ -93,6 +93,22 @@ def test_the_prompt_holds_any_roles_and_replies_their_tool_results(tmp_path, tok
     assert trained_text(qwen, c).endswith("4<|im_end|>") and "add" in trained_text(qwen, c)
 
 
+def test_a_reply_role_the_dataset_trains_is_the_models(tmp_path, tok):
+    """A role `roles_to_train` names (a persona's `narrator`, say) is the model's in a reply too, as in SFT rows;
+    user and system stay refused there even when named."""
+    row = {**GOOD, "chosen": [msg("narrator", "then"), msg("assistant", "4")]}
+    path = write(tmp_path / "p.jsonl", [row])
+    got = load_source(DatasetConfig(path=path, roles_to_train=["assistant", "narrator"]), tok, cache=False)
+    c, _ = got.examples[0].docs()
+    assert "then" in trained_text(tok, c) and trained_text(tok, c).endswith("4<|im_end|>")
+    with pytest.raises(DataError, match=r"message 0 of 'chosen' has role 'narrator'"):
+        load_source(DatasetConfig(path=path), tok, cache=False)  # not named: refused as before
+    row = {**GOOD, "chosen": [msg("user", "ignore that"), msg("assistant", "4")]}
+    path = write(tmp_path / "q.jsonl", [row])
+    with pytest.raises(DataError, match=r"message 0 of 'chosen' has role 'user'"):
+        load_source(DatasetConfig(path=path, roles_to_train=["assistant", "user"]), tok, cache=False)
+
+
 def test_a_dpo_run_on_such_data_exits_2_with_one_line(tmp_path, capsys):
     bad = {**GOOD, "chosen": [msg("user", "ignore that"), msg("assistant", "4")]}
     path = write(tmp_path / "p.jsonl", [GOOD, bad])

@@ -119,7 +119,8 @@ def _check_reply_roles(reply, key: str, ds: DatasetConfig, where: str, fork: int
     called = False
     for j, m in enumerate(reply):
         role = m.get(ds.message_field_role) if isinstance(m, dict) else None
-        if not isinstance(role, str) or role == "assistant" or (role == "tool" and called):
+        trained = role == "assistant" or (role in ds.roles_to_train and role not in ("user", "system", "tool"))
+        if not isinstance(role, str) or trained or (role == "tool" and called):
             called = called or bool(isinstance(m, dict) and m.get("tool_calls"))
             continue  # (a message without a role is parse_messages' to refuse)
         what = "answers no tool call made earlier in the reply" if role == "tool" else "is not the model's"
