@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 import textwrap
 
 import pytest
@@ -184,6 +185,54 @@ def test_an_edited_reward_file_in_the_same_process_is_the_new_code(tmp_path, mon
     assert call(load_reward_funcs(["rw.py:r"], 8), ["a"]).tolist() == [[1.0]]
     (tmp_path / "rw.py").write_text("def r(completions, **kw):\n    return [2.0] * len(completions)\n")
     assert call(load_reward_funcs(["rw.py:r"], 8), ["a"]).tolist() == [[2.0]]
+
+
+EAGER = textwrap.dedent(
+    """
+    import sys
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+
+    @dataclass
+    class Scale:
+        unit: ClassVar[float] = 1.0
+        bonus: float = 0.5
+
+
+    def typed(x: Scale) -> float:
+        return x.bonus
+
+
+    def r(completions, **kwargs):
+        assert typed.__annotations__["x"] is Scale, typed.__annotations__  # evaluated, not the string 'Scale'
+        return [Scale.unit + Scale().bonus for _ in completions]
+
+
+    MODULE = sys.modules[__name__]
+    """
+)
+
+
+def test_a_reward_file_runs_as_its_own_module_not_under_rewards_py_future_imports(tmp_path, monkeypatch):
+    """A dataclass with a ClassVar field and annotations read as classes: the file is compiled with its own future
+    flags only (not rewards.py's `from __future__ import annotations`) and is in sys.modules while it runs, as an
+    import would have it; a file that fails to import (or is stopped by Ctrl-C) leaves no module behind."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "eager.py").write_text(EAGER)
+    (fn,) = load_reward_funcs(["eager.py:r"], 8)
+    assert call([fn], ["a", "b"]).tolist() == [[1.5], [1.5]]
+    module = sys.modules[fn.fn.__module__]
+    assert module.MODULE is module and module.typed.__annotations__ == {"x": module.Scale, "return": float}
+    (tmp_path / "broken.py").write_text("import sys\nSEEN = sys.modules[__name__]\nraise ValueError('no')\n")
+    before = set(sys.modules)
+    with pytest.raises(ConfigError, match=r"importing broken.py raised ValueError: no$"):
+        load_reward_funcs(["broken.py:r"], 8)
+    assert set(sys.modules) == before
+    (tmp_path / "stopped.py").write_text("raise KeyboardInterrupt\n")  # Ctrl-C while it imports: passes, no module
+    with pytest.raises(KeyboardInterrupt):
+        load_reward_funcs(["stopped.py:r"], 8)
+    assert set(sys.modules) == before
 
 
 # -- through `hybridtune train` on the tiny preset ------------------------------------------------------------------

@@ -135,11 +135,17 @@ def _user_function(path: Path, name: str, spec: str) -> Callable:
     module = sys.modules.get(module_name)
     if module is None:
         module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(module_name, path))
-        try:
-            exec(compile(source, str(path), "exec"), vars(module))  # (the user's own reward code, as named)
-        except (Exception, SystemExit) as e:  # the user's file: what it raised, in one line
-            raise ConfigError(f"config key 'reward_funcs': importing {path} raised {_raised(e)}") from e
+        # As an import runs it: in sys.modules while it runs (dataclasses, pickling and typing look it up there),
+        # compiled with its own __future__ flags only, not this module's (string annotations break a ClassVar).
         sys.modules[module_name] = module
+        try:
+            code = compile(source, str(path), "exec", dont_inherit=True)
+            exec(code, vars(module))  # (the user's own reward code, as named)
+        except BaseException as e:  # no half-run module stays; what the user's file raised, in one line
+            sys.modules.pop(module_name, None)
+            if isinstance(e, (Exception, SystemExit)):  # (Ctrl-C's KeyboardInterrupt passes)
+                raise ConfigError(f"config key 'reward_funcs': importing {path} raised {_raised(e)}") from e
+            raise
     fn = getattr(module, name, None)
     if not callable(fn):
         have = [k for k, v in vars(module).items() if callable(v) and not k.startswith("_")]
