@@ -124,6 +124,9 @@ def changes(held: dict, cfg: TrainConfig, free: tuple[str, ...], data: dict[str,
     hash to `data`, `data_fingerprint`), bar `free`. Data files count by content: the same files under other paths
     (relative, absolute, moved) are the same data. A key the held run predates counts at its default."""
     now, old = to_dict(cfg), held["config"]
+    rewards = reward_files(cfg)
+    if "data" in held and not _records_rewards(held):  # recorded before reward files were: not compared on them
+        data = {p: h for p, h in data.items() if p not in rewards}
     same_data = "data" in held and bool(data) and sorted(held["data"].values()) == sorted(data.values())
     if same_data:
         now, old = _without_data_paths(now), _without_data_paths(old)
@@ -138,7 +141,6 @@ def changes(held: dict, cfg: TrainConfig, free: tuple[str, ...], data: dict[str,
     free = (*free, *(k for k in AUTO_KEYS if now.get(k) == "auto" and old.get(k) != "auto"))
     diff = [f"{k}: {old[k]!r} -> {now[k]!r}" for k in sorted(now) if k not in free and old[k] != now[k]]
     if "data" in held and not same_data:
-        rewards = reward_files(cfg)  # (a run recorded before reward files were: not compared)
         changed = [p for p in sorted(data) if held["data"].get(p) != data[p]]
         diff += [
             f"{'reward' if p in rewards else 'data'} file {p} changed since that run"
@@ -146,6 +148,13 @@ def changes(held: dict, cfg: TrainConfig, free: tuple[str, ...], data: dict[str,
             if p not in rewards or p in held["data"]
         ]
     return diff
+
+
+def _records_rewards(held: dict) -> bool:
+    """Whether a held run's data checksums include its reward files (recorded since they are part of a run)."""
+    specs = held["config"].get("reward_funcs")
+    files = {reward_file(s) for s in specs if isinstance(s, str)} if isinstance(specs, list) else set()
+    return isinstance(held["data"], dict) and any(p in held["data"] for p in files if p)
 
 
 def _foreign(out: Path) -> list[str]:

@@ -179,6 +179,32 @@ def test_the_reward_file_is_part_of_the_runs_identity(tmp_path, monkeypatch):
     assert outdir.check_output_dir(resume) is False
 
 
+def test_a_run_recorded_before_reward_files_were_keeps_the_same_data_under_another_path(tmp_path, monkeypatch):
+    """A record without the reward file's hash (from before they were recorded) of data named by an absolute path,
+    resumed with the same file named relatively: the same data, as for any run (no 'dataset' change, no false
+    'data file changed'); data really changed is still named; a reward file named by another path in a record that
+    has reward hashes stays the same data (only reward_funcs differs)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    (tmp_path / "rw.py").write_text("def r(completions, **kw):\n    return [1.0] * len(completions)\n")
+    out = tmp_path / "run"
+    held = outdir.run_record(_grpo_cfg(out, dataset=str(tmp_path / "prompts.jsonl")))
+    old = {**held, "data": {k: v for k, v in held["data"].items() if k != "rw.py"}}
+    assert list(old["data"]) == [str(tmp_path / "prompts.jsonl")]
+    cfg = _grpo_cfg(out)
+    assert outdir.changes(old, cfg, (), outdir.data_fingerprint(cfg)) == []
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "2+2=", "answer": "4"}) + "\n")
+    assert outdir.changes(old, cfg, (), outdir.data_fingerprint(cfg)) == [
+        f"dataset: '{tmp_path / 'prompts.jsonl'}' -> 'prompts.jsonl'",
+        "data file prompts.jsonl changed since that run",
+    ]
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    moved = _grpo_cfg(out, reward_funcs=[f"{tmp_path / 'rw.py'}:r", "exact_answer"])
+    assert outdir.changes(held, moved, (), outdir.data_fingerprint(moved)) == [
+        f"reward_funcs: ['rw.py:r', 'exact_answer'] -> ['{tmp_path / 'rw.py'}:r', 'exact_answer']"
+    ]
+
+
 def test_an_edited_reward_file_in_the_same_process_is_the_new_code(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "rw.py").write_text("def r(completions, **kw):\n    return [1.0] * len(completions)\n")
