@@ -28,10 +28,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from hybridtune.bench import pairs, report, results, vl_data
-from hybridtune.bench.data import pack_layouts
+from hybridtune.bench.data import MIN_DOC, pack_layouts
+from hybridtune.bench.flags import OneLineParser, file_path, folder, number, seconds, whole
 from hybridtune.bench.modes import OPTION_KEYS, cudagraph_warmup, parse_mode, split_modes
 from hybridtune.bench.worker import FIRST_STEP_MARKER
 from hybridtune.config import DEFAULT_LORA_TARGETS
+from hybridtune.config_schema import MAX_LEARNING_RATE, MAX_SEED
 from hybridtune.errors import ConfigError, did_you_mean
 from hybridtune.files import atomic_write_text
 from hybridtune.kernels.environment import environment
@@ -44,6 +46,10 @@ GPU_MODES = "hf-eager,hf-compile,hf-liger,ht-eager,ht-loop,ht-modules"
 CPU_MODES = "hf-eager,ht-eager,ht-loop"
 VISION_GPU_MODES = "hf-eager,hf-pf,ht-eager,ht-loop"
 VISION_CPU_MODES = "hf-eager,hf-pf,ht-eager"
+# The flags' ranges (bench/flags.py says a value outside one in a line). Below MIN_DOC tokens a pack holds no document
+# of the bench's; a pack, a rank or a count past these is a typo, not a bench.
+TOKENS, STEP, LAYOUTS, RANK = whole(MIN_DOC, 2**20), whole(1, 10_000), whole(1, 256), whole(1, 65_536)
+LR, SEED = number(0, MAX_LEARNING_RATE), whole(0, MAX_SEED)
 
 
 # Spellings of earlier releases (recorded in benchmarks/results.jsonl's commands), still accepted and not listed.
@@ -68,7 +74,7 @@ def _flag(ap: argparse.ArgumentParser, key: str, **kw) -> None:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
+    ap = OneLineParser(
         prog="hybridtune bench",
         description=__doc__.split("\n\n")[0],
         epilog="Flags are spelled as `hybridtune train`'s config keys where they mean the same; the dashed "
@@ -99,10 +105,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         f"padded batches, hf-pf transformers' padding-free path (default modes GPU: {VISION_GPU_MODES}; CPU: "
         f"{VISION_CPU_MODES}; sequence_len 8192 on a GPU, 512 on the CPU)",
     )
-    _flag(ap, "sequence_len", type=int, default=None, help="tokens per pack (default 4096 on a GPU, 256 on the CPU)")
-    _flag(ap, "steps", type=int, default=None, help="timed steps after the warm-up (default 20 on a GPU, 3 on the CPU)")
-    _flag(ap, "warmup", type=int, default=None, help="warm-up steps, not timed (default 3 on a GPU, 1 on the CPU)")
-    _flag(ap, "layouts", type=int, default=8, help="distinct pack layouts, cycled through the steps (default 8)")
+    _flag(ap, "sequence_len", type=TOKENS, default=None, help="tokens per pack (default 4096 on a GPU, 256 on the CPU)")
+    _flag(
+        ap, "steps", type=STEP, default=None, help="timed steps after the warm-up (default 20 on a GPU, 3 on the CPU)"
+    )
+    _flag(ap, "warmup", type=STEP, default=None, help="warm-up steps, not timed (default 3 on a GPU, 1 on the CPU)")
+    _flag(ap, "layouts", type=LAYOUTS, default=8, help="distinct pack layouts, cycled through the steps (default 8)")
     _flag(
         ap,
         "adapter",
@@ -110,7 +118,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="lora",
         help="lora (default here, as in the published tables; `hybridtune train` defaults to full) or full",
     )
-    _flag(ap, "lora_r", type=int, default=16, help="LoRA rank (alpha is twice the rank) (default 16)")
+    _flag(ap, "lora_r", type=RANK, default=16, help="LoRA rank (alpha is twice the rank) (default 16)")
     _flag(
         ap,
         "lora_target_modules",
@@ -124,16 +132,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="comma-separated MoE expert parameters that get LoRA (peft target_parameters), e.g. "
         "gate_up_proj,down_proj (default: none)",
     )
-    _flag(ap, "learning_rate", type=float, default=1e-4, help="AdamW learning rate, constant (default 1e-4)")
-    _flag(ap, "seed", type=int, default=0, help="seed of the weights, the packs and the adapters (default 0)")
+    _flag(ap, "learning_rate", type=LR, default=1e-4, help="AdamW learning rate, constant (default 1e-4)")
+    _flag(ap, "seed", type=SEED, default=0, help="seed of the weights, the packs and the adapters (default 0)")
     _flag(
         ap,
         "startup_timeout",
-        type=float,
+        type=seconds,
         default=600.0,
         help="seconds a mode may take to its first step before it is stopped (default 600)",
     )
-    _flag(ap, "mode_timeout", type=float, default=1800.0, help="seconds a whole mode may take (default 1800)")
+    _flag(ap, "mode_timeout", type=seconds, default=1800.0, help="seconds a whole mode may take (default 1800)")
     _flag(
         ap,
         "compile_backend",
@@ -144,21 +152,49 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     _flag(
         ap,
         "save_kernel_configs",
-        type=Path,
+        type=file_path,
         default=None,
         help="GPU: after each hybridtune mode, add FLA's autotuning choices to this table (JSON; ship it as "
         "src/hybridtune/kernels/tuned/<GPU>.json so that a fresh machine of that kind skips FLA's cold autotuning)",
     )
-    _flag(ap, "output_dir", default="outputs/bench", help="where bench.json, bench.md, bench.png and logs/ go")
+    _flag(
+        ap,
+        "output_dir",
+        type=folder,
+        default="outputs/bench",
+        help="where bench.json, bench.md, bench.png and logs/ go",
+    )
     _flag(ap, "title", default=None, help="title of the markdown table and the chart (default: from the settings)")
     _flag(
         ap,
         "results",
-        type=Path,
+        type=file_path,
         default=None,
         help="append one row per mode to this results table (e.g. benchmarks/results.jsonl)",
     )
     return ap.parse_args(argv)
+
+
+def _check(args: argparse.Namespace, settings: dict) -> None:
+    """What the flags' types cannot say alone: --vision's pack length, LoRA's targets, the compile backend."""
+    import torch._dynamo  # why here: main has imported torch; its backends are what a worker can compile with
+
+    if args.vision and settings["seq_len"] > vl_data.MAX_SEQUENCE_LEN:
+        raise ConfigError(
+            f"--sequence_len {settings['seq_len']}: --vision draws its documents as images; give {MIN_DOC} to "
+            f"{vl_data.MAX_SEQUENCE_LEN}"
+        )
+    if args.adapter == "lora" and not settings["lora_targets"] + settings["lora_parameters"]:
+        raise ConfigError(
+            f"--lora_target_modules {args.lora_target_modules!r} names no module; give at least one (e.g. q_proj)"
+        )
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if args.compile_backend not in known:
+        raise ConfigError(
+            f"--compile_backend {args.compile_backend!r} is not a torch.compile backend."
+            f"{did_you_mean(args.compile_backend, known)} Give inductor (the default), aot_eager or eager, or "
+            "another of torch._dynamo.list_backends()."
+        )
 
 
 def versions(env: dict) -> dict:
@@ -310,8 +346,7 @@ def main(argv: list[str]) -> int:
         "dtype": "bf16 weights + bf16 autocast" if gpu else "fp32",
         "profile": args.profile,
     }
-    if settings["steps"] < 1 or settings["warmup"] < 1:
-        raise ConfigError("--steps and --warmup must be at least 1")
+    _check(args, settings)
     stretched = cudagraph_warmup(settings["warmup"], settings["layouts"], modes)
     if stretched != settings["warmup"]:
         settings.update(warmup_asked=settings["warmup"], warmup=stretched)

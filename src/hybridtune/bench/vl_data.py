@@ -24,6 +24,10 @@ VISUAL = (256, 1280)
 PROMPT = (8, 64)
 ANSWER = (32, 512)
 LONGEST = IMAGES[1] * (VISUAL[1] + PROMPT[1] + 2) + ANSWER[1]  # a document at its longest
+SHORTEST = 1 + 1 + 1 + 1 + 2  # the smallest scale's shortest: a prompt token, start, one visual token, end, 2
+# Every document is drawn as images and read back through the processor: past this many tokens a pack, the
+# drawing takes longer than any bench (hybridtune bench --vision refuses more).
+MAX_SEQUENCE_LEN = 131_072
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 MODEL_DIR, DATA_DIR, DOCS_FILE = "vl-model", "vl-data", "documents.json"
 
@@ -138,6 +142,8 @@ def make_documents(directory: Path, vision, vocab_size: int, seq_len: int, layou
 
     from hybridtune.data.packing import pack
 
+    if not SHORTEST <= seq_len <= MAX_SEQUENCE_LEN or layouts < 1:  # (shorter: no document fits, drawn forever)
+        raise ValueError(f"sequence_len {seq_len}, layouts {layouts}: give {SHORTEST}-{MAX_SEQUENCE_LEN} and 1 or more")
     s = scale(seq_len)
     visual, prompt, answer = _range(VISUAL, s), _range(PROMPT, s), _range(ANSWER, s, 2)
     lengths, ids_rng, pixels = random.Random(seed), random.Random(seed + 1), np.random.default_rng(seed + 2)
