@@ -13,7 +13,6 @@ Writes DIR/generation.json and, with --results, one row per decoder to the resul
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -22,9 +21,11 @@ from pathlib import Path
 
 import torch
 
+from hybridtune.bench.flags import OneLineParser, file_path, folder, run_script, span, whole
 from hybridtune.files import atomic_write_text
 
 logger = logging.getLogger(__name__)
+MAX_ROWS, MAX_TOKENS = 4096, 65_536  # the flags' ranges: past them a typo, not a bench
 
 
 def _prompts(rows: int, low: int, high: int, vocab: int, seed: int) -> list[list[int]]:
@@ -71,14 +72,16 @@ def ours(model, prompts: list[list[int]], new_tokens: int, pad: int, device: tor
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hybridtune.bench.generation", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="python -m hybridtune.bench.generation", description=__doc__.split("\n\n")[0])
     ap.add_argument("--base_model", default="qwen3_5-2b")
     ap.add_argument("--adapter", default="lora", choices=["lora", "full"])
-    ap.add_argument("--rows", type=int, default=64)
-    ap.add_argument("--new_tokens", type=int, default=512)
-    ap.add_argument("--prompt_tokens", default="64-512", help="LOW-HIGH: each prompt's length, uniform")
-    ap.add_argument("--output_dir", default="outputs/bench-generation")
-    ap.add_argument("--results", default=None, help="append one row per decoder to this results table")
+    ap.add_argument("--rows", type=whole(1, MAX_ROWS), default=64)
+    ap.add_argument("--new_tokens", type=whole(1, MAX_TOKENS), default=512)
+    ap.add_argument(
+        "--prompt_tokens", type=span(1, MAX_TOKENS), default="64-512", help="LOW-HIGH: each prompt's length, uniform"
+    )
+    ap.add_argument("--output_dir", type=folder, default="outputs/bench-generation")
+    ap.add_argument("--results", type=file_path, default=None, help="append one row per decoder to this results table")
     ap.add_argument("--only", choices=["hf", "ours"], default=None, help="run one decoder")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -89,12 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     from hybridtune.models.loading import tokenizer_for
     from hybridtune.runtime.model import build_model
 
-    low, high = (int(x) for x in a.prompt_tokens.split("-"))
+    if a.results:
+        results.read(a.results)  # a damaged table is said now, not after the run
+    low, high = a.prompt_tokens
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     bf16 = device.type == "cuda"
     cfg = load_config(None, {"base_model": a.base_model, "adapter": a.adapter, "lora_r": 16, "seed": 0})
+    source = resolve_source(a.base_model)  # (a name that is no model: one line, before the tokenizer)
     tok = tokenizer_for(a.base_model)
-    model = build_model(cfg, resolve_source(a.base_model), tok, device, bf16=bf16).model
+    model = build_model(cfg, source, tok, device, bf16=bf16).model
     model.eval()
     vocab = min(len(tok), model.get_input_embeddings().weight.shape[0])
     prompts = _prompts(a.rows, low, high, vocab, seed=1)
@@ -136,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
                 "source": str(out / "generation.json"),
                 "note": f"{a.rows} rows x {a.new_tokens} new tokens sampled, prompts {low}-{high} tokens; {r['how']}",
             })  # fmt: skip
-        results.append(rows, Path(a.results))
+        results.append(rows, a.results)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))
