@@ -23,7 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from hybridtune.bench.flags import OneLineParser, file_path, folder, run_script, span, whole
 from hybridtune.files import atomic_write_text
+
+# The flags' ranges: past them a typo, not a bench. The hybridtune side's prompts get 1,024 tokens (a word is one or
+# more), and grpo needs a group of two completions or more.
+MAX_STEPS, MAX_PROMPTS, MAX_GENERATIONS, MAX_COMPLETION, MAX_PROMPT_WORDS = 10_000, 4096, 1024, 65_536, 1024
 
 REWARD = '''def digits(completions, **kwargs):
     """The share of digits in each completion (text, or chat messages)."""
@@ -59,10 +64,9 @@ def last_error(text: str, default: str) -> str:
     return ((named or lines or [default])[-1])[:300]
 
 
-def run_ht(a, root: Path, work: Path, data: Path) -> dict:
-    """`hybridtune train` in its own process; its run (and the final model it saves) in the private `work`."""
-    out = work / "ht"
-    cmd = [sys.executable, "-m", "hybridtune", "train", "--base_model", a.base_model, "--adapter", "lora",
+def ht_command(a, work: Path, data: Path, out: Path) -> list[str]:
+    """The hybridtune side's `hybridtune train --objective grpo`, its run in `out`."""
+    return [sys.executable, "-m", "hybridtune", "train", "--base_model", a.base_model, "--adapter", "lora",
            "--lora_r", "16", "--lora_dropout", "0", "--objective", "grpo", "--dataset", str(data),
            "--num_generations", str(a.num_generations), "--max_completion_length", str(a.max_completion_length),
            "--max_prompt_length", "1024", "--micro_batch_size", str(a.prompts), "--gradient_accumulation_steps", "1",
@@ -70,6 +74,19 @@ def run_ht(a, root: Path, work: Path, data: Path) -> dict:
            "--logging_steps", "1", "--eval_steps", "0", "--val_set_size", "0", "--warmup_steps", "0",
            "--reward_funcs", f"{work / 'reward_digits.py'}:digits", "--output_dir", str(out), "--seed", "0",
            "--sequence_len", str(1024 + a.max_completion_length)]  # fmt: skip
+
+
+def trl_command(a, work: Path) -> list[str]:
+    """The TRL side: this module again, `--only trl` in `work` (run_trl in a fresh process)."""
+    return [sys.executable, "-m", "hybridtune.bench.grpo_pair", "--only", "trl", "--work", str(work),
+            "--base_model", a.base_model, "--steps", str(a.steps), "--prompts", str(a.prompts),
+            "--num_generations", str(a.num_generations), "--max_completion_length", str(a.max_completion_length)]  # fmt: skip
+
+
+def run_ht(a, root: Path, work: Path, data: Path) -> dict:
+    """`hybridtune train` in its own process; its run (and the final model it saves) in the private `work`."""
+    out = work / "ht"
+    cmd = ht_command(a, work, data, out)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -174,15 +191,17 @@ def median_after(steps: list[dict], key: str, skip: int = 2) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hybridtune.bench.grpo_pair", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="python -m hybridtune.bench.grpo_pair", description=__doc__.split("\n\n")[0])
     ap.add_argument("--base_model", default="qwen3_5-2b")
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--num_generations", type=int, default=8)
-    ap.add_argument("--max_completion_length", type=int, default=512)
-    ap.add_argument("--prompt_tokens", default="64-256", help="LOW-HIGH words per prompt")
-    ap.add_argument("--output_dir", default="outputs/bench-grpo")
-    ap.add_argument("--results", default=None)
+    ap.add_argument("--steps", type=whole(1, MAX_STEPS), default=5)
+    ap.add_argument("--prompts", type=whole(1, MAX_PROMPTS), default=8)
+    ap.add_argument("--num_generations", type=whole(2, MAX_GENERATIONS), default=8)
+    ap.add_argument("--max_completion_length", type=whole(1, MAX_COMPLETION), default=512)
+    ap.add_argument(
+        "--prompt_tokens", type=span(1, MAX_PROMPT_WORDS), default="64-256", help="LOW-HIGH words per prompt"
+    )
+    ap.add_argument("--output_dir", type=folder, default="outputs/bench-grpo")
+    ap.add_argument("--results", type=file_path, default=None)
     ap.add_argument("--only", choices=["ht", "trl"], default=None)
     ap.add_argument("--work", default=None, help=argparse.SUPPRESS)  # (the TRL child: the parent's work folder)
     a = ap.parse_args(argv)
@@ -191,14 +210,31 @@ def main(argv: list[str] | None = None) -> int:
         res = run_trl(a, work, work / "prompts.jsonl")
         atomic_write_text(work / "trl.json", json.dumps(res, indent=1) + "\n")
         return 0
+    _check_model(a.base_model)
+    if a.results:
+        from hybridtune.bench import results
+
+        results.read(a.results)  # a damaged table is said now, not after both runs
     root = Path(a.output_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    low, high = (int(x) for x in a.prompt_tokens.split("-"))
+    low, high = a.prompt_tokens
     # The data, the reward file both tools import, the runs and TRL's result live in a private folder made now
     # (0700): nothing a previous run or another user left can be read as this run's, and none of it is a path
     # someone could plant a link at; the figures and logs go to output_dir through atomic writes.
     with tempfile.TemporaryDirectory(prefix="hybridtune-grpo-pair-", ignore_cleanup_errors=True) as work:
         return _pair(a, argv, root, Path(work), low, high)
+
+
+def _check_model(name: str) -> None:
+    """--base_model is a preset, a checkpoint folder or a hub id (each side downloads one itself), said here in one
+    line rather than as both sides' failures."""
+    from hybridtune.models.hub import looks_like_hub_id, resolve_source
+    from hybridtune.models.presets import PRESETS
+
+    if name in PRESETS:
+        PRESETS[name]  # a bad NAME@layers=N is said now
+    elif Path(name).expanduser().exists() or not looks_like_hub_id(name):
+        resolve_source(name)  # (its ModelError names base_model and what it is not)
 
 
 def _pair(a, argv, root: Path, work: Path, low: int, high: int) -> int:
@@ -208,15 +244,13 @@ def _pair(a, argv, root: Path, work: Path, low: int, high: int) -> int:
     if a.only in (None, "ht"):
         doc["tools"]["hybridtune"] = run_ht(a, root, work, data)
     if a.only in (None, "trl"):  # TRL in a fresh process (its own CUDA memory, nothing of hybridtune's patches)
-        cmd = [sys.executable, "-m", "hybridtune.bench.grpo_pair", "--only", "trl", "--work", str(work),
-               "--base_model", a.base_model, "--steps", str(a.steps), "--prompts", str(a.prompts),
-               "--num_generations", str(a.num_generations), "--max_completion_length", str(a.max_completion_length)]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
+        proc = subprocess.run(trl_command(a, work), capture_output=True, text=True, env=os.environ)
         atomic_write_text(root / "trl.log", proc.stdout + proc.stderr)
         result = work / "trl.json"
         got = json.loads(result.read_text()) if result.is_file() else {}
         if proc.returncode or not got.get("steps"):
-            got["error"] = last_error(proc.stderr, "no steps")
+            got.setdefault("error", last_error(proc.stderr, "no steps"))
+            got["rc"] = proc.returncode
         doc["tools"]["trl"] = got
     for name, r in doc["tools"].items():
         if r.get("steps"):
@@ -255,9 +289,26 @@ def _pair(a, argv, root: Path, work: Path, low: int, high: int) -> int:
                 f"tokens per step; generation {r.get('median_generation_s')} s of the median step; tokens_per_s "
                 "counts the completions' token budget per second",
             })  # fmt: skip
-        results.append(rows, Path(a.results))
-    return 0
+        results.append(rows, a.results)
+    return _failed(doc["tools"], root)
+
+
+LOGS = {"hybridtune": "ht.log", "trl": "trl.log"}
+
+
+def _failed(tools: dict, root: Path) -> int:
+    """0 when every side ran its steps; else 1, and one line on stderr naming each side that failed and its log."""
+    failed = []
+    for name, r in tools.items():
+        if r.get("error") or not r.get("steps"):
+            code = f"exit {r['rc']}: " if r.get("rc") else ""
+            failed.append(
+                f"the {name} side failed ({code}{r.get('error') or 'no steps'}); its log: {root / LOGS[name]}"
+            )
+    if failed:
+        print(f"error: grpo_pair: {'; '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))
