@@ -21,7 +21,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from hybridtune.config_checks import env_vars, qlora_4bit
+from hybridtune.config_checks import as_text, env_vars, qlora_4bit, value_checks
 from hybridtune.config_schema import (  # re-exported: hybridtune.config is where users look for them
     ALL_LINEAR,
     BUNDLED_DATASET,
@@ -29,6 +29,7 @@ from hybridtune.config_schema import (  # re-exported: hybridtune.config is wher
     FOREIGN_DATASET_KEYS,
     FOREIGN_KEYS,
     FOREIGN_VALUES,
+    PRESET_LEARNING_RATE,
     DatasetConfig,
     TrainConfig,
     config_help,
@@ -131,18 +132,17 @@ def _coerce(value: Any, tp: Any, where: str, node: yaml.Node | None = None, nest
             return value
         raise bad()
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value)
-        elif isinstance(value, str):
-            # YAML 1.1 reads `1e-3` (no dot) as a string; users mean the number.
-            try:
-                number = float(value)
-            except ValueError:
-                raise bad() from None
-        else:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise bad()
+        try:  # YAML 1.1 reads `1e-3` (no dot) as a string; users mean the number
+            number = float(value)
+        except ValueError:
+            raise bad() from None
+        except OverflowError:  # an int past float's range (10**400)
+            number = math.inf
         if not math.isfinite(number):
-            raise ConfigError(f"{where}: expected a finite float, got {number}; give a number")
+            shown = number if isinstance(value, float) or len(str(value)) < 10 else _SHOW.repr(value)
+            raise ConfigError(f"{where}: expected a finite float, got {shown}; give a number")
         return number
     if tp is str:
         if isinstance(node, yaml.ScalarNode) and value is not None:
@@ -236,7 +236,11 @@ def load_yaml(text: str, where: str) -> tuple[Any, yaml.Node | None]:
         if node is None:
             return None, None
         _expanded(node, where, {}, set())
-        return loader.construct_document(node), node
+        try:
+            return loader.construct_document(node), node
+        except ValueError:  # a scalar its type cannot build, such as the date of a 13th month: taken as its text
+            as_text(node)
+            return yaml.SafeLoader("").construct_document(node), node
     except RecursionError:
         raise ConfigError(f"{where}: the YAML is nested too deeply; write a flat mapping of config keys") from None
     finally:
@@ -266,6 +270,7 @@ def _expanded(node: yaml.Node, where: str, sizes: dict[int, int], open_: set[int
 
 # Keys typed str (or str | None): their values are text, as written.
 _TEXT_KEYS = {k for k, tp in typing.get_type_hints(TrainConfig).items() if str in typing.get_args(tp) or tp is str}
+_LISTS = {k for k, tp in typing.get_type_hints(TrainConfig).items() if typing.get_origin(tp) is list}
 
 
 def parse_overrides(argv: list[str]) -> dict[str, Any]:
@@ -289,8 +294,8 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
         except yaml.YAMLError:
             out[key] = raw
         # Paths and names stay strings as typed even when they look like numbers or dates (`--run_name 1.10`).
-        if key in _TEXT_KEYS and out[key] is not None:
-            out[key] = str(raw)
+        if key in _TEXT_KEYS and out[key] is not None and not (key in _LISTS and isinstance(out[key], list)):
+            out[key] = str(raw)  # (a list key's `[a, b]` is its list, not the text '[a, b]' split at the comma)
         i += 1
     return out
 
@@ -370,6 +375,11 @@ def read_config_text(p: Path) -> str:
 def check_output_dir(output_dir: str) -> None:
     """Refuse an output_dir that cannot become a directory we write in, before any model is loaded."""
     target = Path(output_dir).expanduser()
+    try:
+        target.exists()  # a name past the system's limits raises here (File name too long)
+    except (OSError, ValueError) as e:
+        why = getattr(e, "strerror", None) or str(e)
+        raise ConfigError(f"config key 'output_dir' = {_SHOW.repr(output_dir)}: {why}; give another path") from None
     if target.exists() and not target.is_dir():
         raise ConfigError(f"config key 'output_dir' = '{output_dir}' is a file; give a directory path")
     probe = target
@@ -421,8 +431,11 @@ def warmup_warning(cfg: TrainConfig, total_steps: int) -> str | None:
 
 def validate(cfg: TrainConfig) -> None:
     """Range checks that types cannot express."""
-    checks = range_checks(cfg)
-    failed = [ConfigError(f"config key '{key}' = {value!r} {what}") for ok, key, value, what in checks if not ok]
+    failed = {}  # the first bound a key fails
+    for ok, key, value, what in range_checks(cfg) + value_checks(cfg, PRESET_LEARNING_RATE):
+        if not ok and key not in failed:
+            failed[key] = ConfigError(f"config key '{key}' = {_SHOW.repr(value)} {what}")
+    failed = list(failed.values())
     if failed:
         raise together(failed)
     for item in cfg.compile_overrides:

@@ -1,5 +1,6 @@
 """Checks across a config's keys once the file and the command line are merged, each naming the file line (or the
-command line) of the keys involved: a path holding an environment variable, QLoRA with 4-bit turned off."""
+command line) of the keys involved: a path holding an environment variable, QLoRA with 4-bit turned off; the value
+bounds `config_schema.range_checks` leaves open (`value_checks`, in its form); YAML scalars no type can build."""
 
 from __future__ import annotations
 
@@ -56,3 +57,74 @@ def env_vars(fields: dict[str, Any], where: str, node: yaml.Node | None) -> list
                 )
             )
     return out
+
+
+# torch, numpy and the run's JSON files hold an int key's value in 64 bits; past that (a count typed with a few hundred
+# digits) a run failed deep inside with an OverflowError.
+MAX_INT = 2**63 - 1
+# The preference objectives' strengths and margin (TRL's values run from about 0.01 to 10): far past them the
+# gradient overflows, and the run stopped saying the model's numbers overflow on this data (try bf16: false).
+MAX_PREFERENCE = {"beta": 1e3, "rpo_alpha": 1e3, "simpo_gamma": 1e3}
+# Text keys whose empty value means nothing: the empty dataset silently trained on the bundled sample (`datasets`'
+# default), the empty output_dir was the working directory.
+NOT_EMPTY = {
+    "base_model": "give a preset, a hub id or a checkpoint directory",
+    "dataset": "give a data file, directory or dataset id, or leave it out (null) to use datasets",
+    "output_dir": "give a directory",
+    "revision": "give a branch, tag or commit, or leave it out (null) for main",
+    "tokenizer": "give a tokenizer directory, or leave it out (null) for the model's own",
+    "chat_template": "give a .jinja/.txt file or a template's name, or leave it out (null) for the tokenizer's own",
+    "run_name": "give a name, or leave it out (null) for output_dir's name",
+    "resume_from_checkpoint": "give a checkpoint directory or 'latest', or leave it out (null) to start afresh",
+}
+
+
+def value_checks(cfg: Any, auto_lr: float) -> list[tuple[bool, str, Any, str]]:
+    """(ok, key, value, what it must be) for bounds `config_schema.range_checks` leaves open, in its form: each int
+    within 64 bits; no NUL in a text (the OS refuses it in a path: a ValueError deep in the run); no empty text where
+    empty means nothing; a whole val_set_size count; a weight decay AdamW can apply (each step multiplies the weights
+    by 1 - lr x weight_decay: from 1 on that zeroes or flips them, and the run stopped as diverged telling to lower
+    learning_rate); preference strengths that keep the gradient finite. `auto_lr`: the largest `learning_rate: auto`."""
+    items = [(k, v) for k, v in vars(cfg).items()]
+    for key in ("datasets", "test_datasets"):
+        items += [(f"{key}[{i}].{k}", v) for i, ds in enumerate(getattr(cfg, key)) for k, v in vars(ds).items()]
+    nul = [
+        (k, v) for k, v in items if any(isinstance(x, str) and "\0" in x for x in (v if isinstance(v, list) else [v]))
+    ]
+    ints = [(k, v) for k, v in items if isinstance(v, int) and not isinstance(v, bool)]
+    size, lr = cfg.val_set_size, auto_lr if cfg.learning_rate == "auto" else cfg.learning_rate
+    auto = " (the largest auto learning_rate)" if cfg.learning_rate == "auto" else ""
+    decay = (
+        f"times learning_rate {lr:g}{auto} must stay below 1 (AdamW multiplies each weight by 1 - lr x weight_decay "
+    )
+    preference = [(k, getattr(cfg, k), top) for k, top in MAX_PREFERENCE.items()]
+    return [
+        (lr * cfg.weight_decay < 1, "weight_decay", cfg.weight_decay, decay + "every step); fine-tunes use 0 to 0.1"),
+        *[
+            (abs(v or 0) <= top, k, v, f"must be at most {top:g} (TRL's values are 0.01 to 10)")
+            for k, v, top in preference
+        ],
+        *[(abs(v) <= MAX_INT, k, v, "must be at most 2**63 - 1 in size (a 64-bit int)") for k, v in ints],
+        *[(False, k, v, "holds a NUL character (\\0), which no path or name can hold") for k, v in nul],
+        *[(getattr(cfg, k) != "", k, "", f"is empty; {what}") for k, what in NOT_EMPTY.items()],
+        (size < 1 or size == int(size), "val_set_size", size, "must be a share below 1 or a whole count of examples"),
+    ]
+
+
+def as_text(node: yaml.Node) -> None:
+    """Retag as text each scalar that YAML resolves to a type and then cannot build (a date of a 13th month, an int of
+    more than 4,300 digits), which escaped as a bare ValueError: a text key takes it as written, any other key's type
+    names it with its key and line."""
+    loader, stack = yaml.SafeLoader(""), [node]
+    while stack:  # (aliases are already bounded by load_yaml's count)
+        n = stack.pop()
+        if isinstance(n, yaml.SequenceNode):
+            stack += n.value
+        elif isinstance(n, yaml.MappingNode):
+            stack += [x for pair in n.value for x in pair]
+        else:
+            try:
+                loader.construct_object(n)
+            except ValueError:
+                n.tag = "tag:yaml.org,2002:str"
+    loader.dispose()
