@@ -177,14 +177,47 @@ def test_an_untouched_state_resumes_exactly_and_a_lagging_step_is_no_error(tmp_p
         assert all(torch.equal(want[k], got[k]) for k in want)
 
 
-def test_a_checkpoint_saved_before_the_first_step_resumes(tmp_path):
-    """Ctrl-C in the first step saves checkpoint-0, whose state torch's get_state_dict makes with one step at lr 0."""
-    tmp_path.mkdir(exist_ok=True)
-    model, opt, sched = build("adamw", 0)
-    path = ckpt.save_checkpoint(tmp_path / "checkpoint-0", model, opt, sched, 0, {"epoch": 0, "index": 0})
-    model, opt, sched = build("adamw", 1)
-    assert ckpt.load_checkpoint(path, model, opt, sched)["step"] == 0
+TORCHAO = pytest.mark.slow  # (torchao's step compiles on the CPU)
+OPTIMS = ["adamw", "masters", *(pytest.param(o, marks=TORCHAO) for o in ("adamw_8bit", "adamw_bf16_sr"))]
+
+
+@pytest.mark.parametrize("optim", OPTIMS)
+def test_a_checkpoint_saved_before_the_first_step_resumes_as_never_stepped(tmp_path, optim):
+    """Ctrl-C in the first step saves checkpoint-0. torch's get_state_dict made torch's and torchao's state for it by
+    a step at lr 0 (every `step` 1); resumed, the optimizer's count ran one ahead of the trainer's (Adam's bias
+    correction with it) and the next checkpoint was refused: "'step' is 2 but the checkpoint is at step 1". Now the
+    chain checkpoint-0, one step, checkpoint-1, one step is the uninterrupted run, state and weights."""
+    if optim.startswith("adamw_"):
+        pytest.importorskip("torchao.optim")
+    model, opt, sched = build(optim, 0)
+    zero = ckpt.save_checkpoint(tmp_path / "checkpoint-0", model, opt, sched, 0, {"epoch": 0, "index": 0})
+    model, opt, sched = build(optim, 1)
+    assert ckpt.load_checkpoint(zero, model, opt, sched)["step"] == 0
+    assert {float(v["step"]) for v in opt.state.values()} <= {0.0}  # none yet, or MasterAdamW's at 0
+    steps(model, opt, sched, 1)  # (checkpoint-0's RNG: the uninterrupted run's batch)
+    one = ckpt.save_checkpoint(tmp_path / "checkpoint-1", model, opt, sched, 1, {"epoch": 0, "index": 1})
+    model, opt, sched = build(optim, 2)
+    assert ckpt.load_checkpoint(one, model, opt, sched)["step"] == 1
     assert {float(v["step"]) for v in opt.state.values()} == {1.0}
+    steps(model, opt, sched, 1)
+    ref_model, ref_opt, ref_sched = build(optim, 0)
+    steps(ref_model, ref_opt, ref_sched, 2)
+    for want, got in zip(ref_model.parameters(), model.parameters()):
+        assert torch.equal(want, got)
+    for want, got in zip(ref_opt.state.values(), opt.state.values()):
+        assert want.keys() == got.keys() and float(got["step"]) == 2
+        for k in want:
+            a, b = (x.dequantize() if hasattr(x, "dequantize") else x for x in (want[k], got[k]))
+            assert torch.equal(a, b), k
+
+
+def test_a_step_past_a_first_step_checkpoint_is_refused():
+    """No step is allowed past checkpoint-0's (its fake step's state is dropped before the check, never let by)."""
+    params = {"w": torch.zeros(2)}
+    osd = {"state": {"w": {"step": torch.tensor(1.0), "exp_avg": torch.zeros(2), "exp_avg_sq": torch.zeros(2)}}}
+    assert "'step' is 1 but the checkpoint is at step 0" in state_problem(osd, params, 0)
+    osd["state"]["w"]["step"] = torch.tensor(0.0)
+    assert state_problem(osd, params, 0) is None
 
 
 def test_a_checkpoint_another_optim_wrote_names_both_optims(tmp_path):
@@ -196,8 +229,6 @@ def test_a_checkpoint_another_optim_wrote_names_both_optims(tmp_path):
     assert "keep the bf16, adapter and distributed settings it was written with to resume it" in msg, msg
     assert "or start the run afresh (--overwrite without resume_from_checkpoint)" in msg, msg
 
-
-TORCHAO = pytest.mark.slow  # (torchao's step compiles on the CPU)
 
 AO_STATES = {  # 0.weight's state is 8-bit under adamw_8bit: its NaN and Inf show in its block scales
     "adamw_8bit NaN first moment": (

@@ -228,6 +228,7 @@ def save_checkpoint(
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     target = Path(target)
+    rng = rng_state()  # (first: get_state_dict's fake step of an unstepped adamw_bf16_sr draws its rounding from it)
     msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
     need = integrity.state_bytes(msd, osd, d=d)
     done = [p for p in list_checkpoints(target.parent) if p != target]
@@ -243,7 +244,7 @@ def save_checkpoint(
     def write_all(tmp: Path) -> None:
         with _quiet_single_process():
             dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / STATE_DIR))
-        torch.save(rng_state(), tmp / RNG_FILE.format(rank=d.rank))
+        torch.save(rng, tmp / RNG_FILE.format(rank=d.rank))
         distributed.barrier(d)  # every rank's files are complete: hash them, each rank its share
         files.update(integrity.manifest(tmp, {META_FILE, STATE_FILE}, d))
 
@@ -329,10 +330,9 @@ def load_checkpoint(
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     path = Path(path)
-    if not verified:
-        why = verify_checkpoint(path, d)
-        if why:
-            raise CheckpointError(f"checkpoint '{path}' cannot be resumed: {why}")
+    if not verified and (why := verify_checkpoint(path, d)):
+        raise CheckpointError(f"checkpoint '{path}' cannot be resumed: {why}")
+    unstepped = not optimizer.state  # (no state yet: torch's and torchao's get_state_dict below fakes a step for it)
     msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
     state = {"model": msd, "optim": osd}
     # The config's hyperparameters, before the checkpoint's are loaded over them.
@@ -354,6 +354,7 @@ def load_checkpoint(
             why = f"its {META_FILE} is at step {meta['step']!r} but its {STATE_FILE} at {trainer['step']!r}"
         if why:
             raise CheckpointError(f"{why}: its files disagree; resume from another checkpoint")
+        optim_state.drop_fake_step(state["optim"], trainer["step"], unstepped)  # (saved before the first step)
         if why := optim_state.state_problem(state["optim"], state["model"], trainer["step"], d):
             raise CheckpointError(why)  # (NaN, a negative second moment, a wrong shape or step: before training)
     except CheckpointError as e:

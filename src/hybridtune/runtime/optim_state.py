@@ -1,9 +1,10 @@
 """A resumed optimizer's state, checked before it trains: every state tensor of its parameter's shape and finite, a
 second moment never negative (its square root is the update's divisor), `step` a whole count no greater than its
-checkpoint's step. A tampered or damaged state otherwise trained on: NaN weights blamed on the learning rate, or a
-traceback from the square root of a negative number. For every optim: torch's AdamW, `MasterAdamW` (masters.py, which
-checks its own load with `tensor_problem` too) and torchao's; torchao's 8-bit state (a code table times a scale per
-block) is read through its scales and table, never dequantised. Each finding is a phrase for the caller's one line.
+checkpoint's step (a checkpoint saved before the first step: `drop_fake_step`). A tampered or damaged state otherwise
+trained on: NaN weights blamed on the learning rate, or a traceback from the square root of a negative number. For
+every optim: torch's AdamW, `MasterAdamW` (masters.py, which checks its own load with `tensor_problem` too) and
+torchao's; torchao's 8-bit state (a code table times a scale per block) is read through its scales and table, never
+dequantised. Each finding is a phrase for the caller's one line.
 """
 
 from __future__ import annotations
@@ -75,6 +76,17 @@ def _form_problem(key: str, t, param) -> str | None:
     return None
 
 
+def drop_fake_step(osd: dict, step: int, unstepped: bool) -> None:
+    """A checkpoint saved before the first step (Ctrl-C in it: `step` 0) of an optimizer that makes its state at its
+    first step (torch's and torchao's AdamW; `unstepped`: it held none before the load's `get_state_dict`) holds the
+    state torch's `get_state_dict` made for it by a step at lr 0 with zero gradients: every `step` 1, the moments 0.
+    Kept, the optimizer's count ran one ahead of the trainer's (Adam's bias correction with it) and the next
+    checkpoint was refused ('step' 2 at step 1). Dropped from the loaded `osd`: the optimizer starts as one never
+    stepped, as the interrupted run's did. (MasterAdamW makes its state when built: no fake step, its `step` is 0.)"""
+    if unstepped and step == 0:
+        osd["state"] = {}
+
+
 def state_problem(osd: dict, params: dict, step: int | None, d: Dist = ONE) -> str | None:
     """Why the optimizer state `osd` (torch's `get_state_dict` form, as a checkpoint loaded it: by parameter name)
     must not train the parameters `params` (the model state dict beside it) on from step `step`, or None.
@@ -108,14 +120,12 @@ def _values_problem(entries: list, step: int | None) -> str | None:
     for idx in by_device.values():
         for i, v in zip(idx, torch.stack([entries[i][2] for i in idx]).tolist()):  # one wait per device
             values[i] = v
-    # A save before the first step (Ctrl-C in it) holds step 1: torch's get_state_dict makes an empty optimizer's
-    # state with one step at lr 0.
-    most, largest = max(step or 0, 1), None
+    largest = None
     for (name, key, _), (lo, hi) in zip(entries, values):
         if why := value_problem(key, lo, hi):
             return f"parameter '{name}': {why}"
         if key == STEP and step is not None:
-            if hi > most:
+            if hi > step:
                 return f"parameter '{name}': 'step' is {hi:g} but the checkpoint is at step {step}"
             largest = hi if largest is None else max(largest, hi)
     if largest is not None and step and largest != step:
