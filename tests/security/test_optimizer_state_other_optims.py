@@ -31,13 +31,14 @@ from train_runs import metrics_rows, run
 NAN, INF = float("nan"), float("inf")
 
 
-def tamper(path, edit) -> None:
+def tamper(path, edit, part: str | None = "state") -> None:
     """Edit checkpoint `path`'s optimizer state as someone with write access would: `edit(state)` on DCP's state by
-    parameter name, then every checksum redone (the checkpoint verifies)."""
+    parameter name (`part` None: on the whole optimizer state, groups too), then every checksum redone (the checkpoint
+    verifies)."""
     flat = path.parent / "flat.pt"
     dcp_to_torch_save(str(path / ckpt.STATE_DIR), str(flat))
     state = torch.load(flat, weights_only=False)
-    edit(state["optim"]["state"])
+    edit(state["optim"][part] if part else state["optim"])
     torch.save(state, flat)
     shutil.rmtree(path / ckpt.STATE_DIR)
     torch_save_to_dcp(str(flat), str(path / ckpt.STATE_DIR))
@@ -177,6 +178,24 @@ def test_an_untouched_state_resumes_exactly_and_a_lagging_step_is_no_error(tmp_p
         assert all(torch.equal(want[k], got[k]) for k in want)
 
 
+def test_a_group_key_the_checkpoint_lacks_resumes_as_the_configs(tmp_path):
+    """A checkpoint of an older torch, whose AdamW groups had no `decoupled_weight_decay`, was refused as another
+    optim's: "it was saved with optim adamw and this run's config asks for adamw ... group 0 lacks
+    'decoupled_weight_decay'". Group keys are the config's after the load: it resumes, exactly, with this run's."""
+    path = saved(tmp_path)
+    tamper(path, lambda optim: optim["param_groups"][0].pop("decoupled_weight_decay"), part=None)
+    model, opt, sched = build("adamw", 1)
+    assert ckpt.load_checkpoint(path, model, opt, sched)["step"] == 3
+    assert opt.param_groups[0]["decoupled_weight_decay"] is True
+    ref_model, ref_opt, ref_sched = build("adamw", 0)
+    steps(ref_model, ref_opt, ref_sched, 3)
+    torch.manual_seed(3)
+    steps(model, opt, sched, 1)
+    torch.manual_seed(3)
+    steps(ref_model, ref_opt, ref_sched, 1)
+    assert all(torch.equal(a, b) for a, b in zip(ref_model.parameters(), model.parameters()))
+
+
 TORCHAO = pytest.mark.slow  # (torchao's step compiles on the CPU)
 OPTIMS = ["adamw", "masters", *(pytest.param(o, marks=TORCHAO) for o in ("adamw_8bit", "adamw_bf16_sr"))]
 
@@ -289,12 +308,14 @@ def test_torchao_8bit_state_resumes_quantised_and_exact(tmp_path):
 
 @TORCHAO
 def test_torchao_checkpoint_into_torch_adamw_names_both_optims(tmp_path):
-    """torchao's groups have none of torch's `foreach`, `fused`, ...: DCP said "Missing key ... param_groups.0.foreach"."""
+    """torchao's groups hold the rates as tensors, torch's as numbers: DCP said "Missing key ... param_groups.0.foreach"
+    (the group keys torchao's lack: now this run's), then "Invalid checkpoint metadata for optim.param_groups.0.lr"."""
     pytest.importorskip("torchao.optim")
     path = saved(tmp_path, "adamw_bf16_sr")
     msg = refused(path)
     assert "it was saved with optim adamw_bf16_sr and this run's config asks for adamw:" in msg, msg
-    assert "group 0 lacks 'capturable'" in msg and "keep optim: adamw_bf16_sr to resume it" in msg, msg
+    assert "group 0 holds 'lr', 'initial_lr' as a tensor, this run's as a number" in msg, msg
+    assert "keep optim: adamw_bf16_sr to resume it" in msg and "metadata" not in msg, msg
 
 
 # -- the trainer: the tiny preset, stopped after its first step, resumed through `hybridtune train` --------------

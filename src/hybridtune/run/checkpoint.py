@@ -342,7 +342,7 @@ def load_checkpoint(
         saved = integrity.read_dcp_metadata((path / STATE_DIR / ".metadata").read_bytes()).state_dict_metadata
         if why := optimizers.layout_problem(state["optim"], optimizer, saved, meta.get("run"), not trainable_only):
             raise CheckpointError(why)  # (another optim wrote it: said before DCP names its keys)
-        with _quiet_single_process():
+        with _quiet_single_process(), optimizers.saved_group_keys_only(state["optim"], saved):
             integrity.safe_dcp_load(state, path / STATE_DIR)
         trainer = load_trainer_state(path)
         rng = path / RNG_FILE.format(rank=d.rank)

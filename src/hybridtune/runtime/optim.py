@@ -11,6 +11,7 @@ import logging
 import math
 import warnings
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import torch
 
@@ -287,11 +288,9 @@ def optim_label(optimizer: torch.optim.Optimizer) -> str:
     return "adamw" if isinstance(optimizer, torch.optim.AdamW) else type(optimizer).__name__
 
 
-def layout_problem(osd: dict, optimizer: torch.optim.Optimizer, saved, run, strict: bool = True) -> str | None:
-    """Why a checkpoint whose DCP keys are `saved` cannot load into `optimizer`'s state `osd` (this run's, by
-    parameter name, before the load) because another optimizer wrote it, or None: a parameter's state with other
-    keys (MasterAdamW's `master`) or a group key it lacks (torchao's groups have no `foreach`), which DCP's strict
-    load would refuse naming its own keys. Says the optim the checkpoint's run record `run` names and this run's."""
+def _saved_keys(saved) -> tuple[dict[str, set], dict[str, set]]:
+    """The keys of a checkpoint's optimizer groups (by group index) and per-parameter state (by parameter name), from
+    its DCP keys `saved`."""
     groups: dict[str, set] = {}
     states: dict[str, set] = {}
     for k in saved:
@@ -301,6 +300,40 @@ def layout_problem(osd: dict, optimizer: torch.optim.Optimizer, saved, run, stri
         elif k.startswith("optim.state."):
             name, _, key = k.removeprefix("optim.state.").rpartition(".")
             states.setdefault(name, set()).add(key)
+    return groups, states
+
+
+def _tensor(saved, key: str) -> bool:
+    return hasattr(saved.get(key), "chunks")  # (DCP's TensorStorageMetadata; a plain value's is BytesStorageMetadata)
+
+
+@contextmanager
+def saved_group_keys_only(osd: dict, saved):
+    """While DCP loads a checkpoint whose DCP keys are `saved` into `osd` (this run's optimizer state, by parameter
+    name): the keys of `osd`'s groups that the checkpoint's lack are taken out (DCP's strict load refused them in its
+    own words: "Missing key in checkpoint state_dict"), then put back with this run's values. A checkpoint of an older
+    torch (whose AdamW groups had no `decoupled_weight_decay`) resumes: every group key is the config's after the
+    load anyway (`reapply_config`)."""
+    groups, _ = _saved_keys(saved)
+    taken = []
+    for i, group in enumerate(osd.get("param_groups") or ()):
+        for key in sorted(set(group) - groups.get(str(i), set(group))):
+            taken.append((group, key, group.pop(key)))
+    try:
+        yield
+    finally:
+        for group, key, value in taken:
+            group[key] = value
+
+
+def layout_problem(osd: dict, optimizer: torch.optim.Optimizer, saved, run, strict: bool = True) -> str | None:
+    """Why a checkpoint whose DCP keys are `saved` (with their storage metadata) cannot load into `optimizer`'s state
+    `osd` (this run's, by parameter name, before the load) because another optimizer wrote it, or None: a parameter's
+    state with other keys (MasterAdamW's `master`), or a group key it holds as a tensor where this run's is a number
+    (torchao's lr), which DCP's strict load would refuse naming its own keys. A group key it lacks names no optimizer
+    (an older torch's AdamW has no `decoupled_weight_decay`): group keys are the config's (`saved_group_keys_only`,
+    `reapply_config`). Says the optim the checkpoint's run record `run` names and this run's."""
+    _, states = _saved_keys(saved)
     detail = None
     for name, held in (osd.get("state") or {}).items() if strict else ():
         if name in states and states[name] != set(held):
@@ -309,9 +342,10 @@ def layout_problem(osd: dict, optimizer: torch.optim.Optimizer, saved, run, stri
             said += [f"lacks {', '.join(map(repr, here))}"] if here else []
             detail = f"its state of parameter '{name}' {' and '.join(said)}"
             break
-    for i, group in enumerate(osd.get("param_groups") or ()) if strict and detail is None else ():
-        if lacks := sorted(set(group) - groups.get(str(i), set(group))):
-            detail = f"its optimizer's group {i} lacks {', '.join(map(repr, lacks))}"
+    for i, group in enumerate(osd.get("param_groups") or ()) if detail is None else ():
+        held = [k for k, v in group.items() if not torch.is_tensor(v) and _tensor(saved, f"optim.param_groups.{i}.{k}")]
+        if held:
+            detail = f"its optimizer's group {i} holds {', '.join(map(repr, held))} as a tensor, this run's as a number"
             break
     if detail is None:
         return None
