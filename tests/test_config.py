@@ -162,7 +162,7 @@ def test_cli_turns_config_errors_into_one_line(capsys):
 
     assert main(["train", "--seed", str(2**70)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: config key 'seed'"), err
+    assert len(err) == 1 and err[0].startswith("error: command line: config key 'seed'"), err
 
 
 def test_config_file_with_invalid_utf8_names_line_and_column(tmp_path):
@@ -261,7 +261,7 @@ def test_cli_huge_num_threads_is_one_line(tmp_path):
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert len(err) == 1 and err[0].startswith("error: config key 'num_threads' = 100000 must be at most"), err
+    assert len(err) == 1 and err[0].startswith("error: command line: config key 'num_threads' = 100000 must be at most"), err
 
 
 def test_learning_rate_is_bounded():

@@ -88,12 +88,16 @@ def test_a_float_key_given_an_int_past_floats_range_is_refused(key, tmp_path):
 @pytest.mark.parametrize("key", ["micro_batch_size", "sequence_len", "gradient_accumulation_steps", "lora_r"])
 def test_an_int_key_past_64_bits_is_refused(key, tmp_path):
     # was accepted; the step's memory estimate then failed with OverflowError (or the run never ended)
-    _refused([f"--{key}", HUGE], rf"^config key '{key}' = 1000.*000 must be at most 2\*\*63 - 1", tmp_path)
+    _refused(
+        [f"--{key}", HUGE], rf"^command line: config key '{key}' = 1000.*000 must be at most 2\*\*63 - 1", tmp_path
+    )
     assert load_config(None, {key: 2**63 - 1, "output_dir": str(tmp_path / "o")}, warn=False)
 
 
 def test_a_key_past_two_bounds_is_named_once(tmp_path):
-    text = _refused(["--seed", HUGE], r"^config key 'seed' = 1000.*000 must be between 0 and 2\*\*63 - 1", tmp_path)
+    text = _refused(
+        ["--seed", HUGE], r"^command line: config key 'seed' = 1000.*000 must be between 0 and 2\*\*63 - 1", tmp_path
+    )
     assert "problems" not in text and len(text) < 200  # the value shortened, one bound
 
 
@@ -146,7 +150,7 @@ def test_a_list_key_in_brackets_on_the_command_line_is_its_list(tmp_path):
 def test_an_empty_text_that_means_nothing_is_refused(key, tmp_path):
     # was taken: dataset '' trained on the bundled sample, output_dir '' was the working directory, the others
     # stood for their defaults
-    _refused([f"--{key}", ""], rf"^config key '{key}' = '' is empty; give ", tmp_path)
+    _refused([f"--{key}", ""], rf"^command line: config key '{key}' = '' is empty; give ", tmp_path)
 
 
 def test_val_set_size_is_a_share_or_a_whole_count(tmp_path):
@@ -159,9 +163,15 @@ def test_val_set_size_is_a_share_or_a_whole_count(tmp_path):
 def test_a_nul_in_a_path_or_name_is_refused(tmp_path):
     # was taken; the first open() then raised ValueError: embedded null byte
     for key in ("output_dir", "dataset", "base_model"):
-        _refused([f"--{key}", "a\0b"], rf"^config key '{key}' = 'a\\x00b' holds a NUL character", tmp_path)
+        _refused(
+            [f"--{key}", "a\0b"], rf"^command line: config key '{key}' = 'a\\x00b' holds a NUL character", tmp_path
+        )
     entry = '[{path: "a\\0b.jsonl"}]'
-    _refused(["--datasets", entry], r"^config key 'datasets\[0\]\.path' = 'a\\x00b\.jsonl' holds a NUL", tmp_path)
+    _refused(
+        ["--datasets", entry],
+        r"^command line: config key 'datasets\[0\]\.path' = 'a\\x00b\.jsonl' holds a NUL",
+        tmp_path,
+    )
 
 
 def test_a_weight_decay_adamw_cannot_apply_is_refused(tmp_path):
@@ -184,5 +194,20 @@ def test_a_weight_decay_adamw_cannot_apply_is_refused(tmp_path):
 def test_a_preference_strength_past_what_trains_is_refused(key, tmp_path):
     # was taken: dpo's beta or rpo_alpha 1e30 stopped at step 1 saying the model's numbers overflow (try bf16: false);
     # simpo_gamma 1e30 trained at a loss of 1e30
-    _refused([f"--{key}", "1e30"], rf"^config key '{key}' = 1e\+30 must be at most 1000", tmp_path)
+    _refused([f"--{key}", "1e30"], rf"^command line: config key '{key}' = 1e\+30 must be at most 1000", tmp_path)
     assert load_config(None, parse_overrides([f"--{key}", "10", "--output_dir", str(tmp_path / "o")]), warn=False)
+
+
+def test_a_bound_names_the_file_line_or_the_command_line_of_its_key(tmp_path):
+    # was: "config key 'lora_r' = 0 must be at least 1", with no place, whichever file or line held it
+    p = tmp_path / "c.yaml"
+    p.write_text(f"output_dir: {tmp_path / 'o'}\nlora_r: 0\ndatasets: [{{path: a.jsonl, split: x}}]\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p, parse_overrides(["--micro_batch_size", "0", "--dataset", "a\0b"]), warn=False)
+    lines = str(e.value).splitlines()[1:]
+    assert lines[0].startswith("  command line: config key 'micro_batch_size' = 0 must be at least 1"), lines
+    assert lines[1].startswith(f"  {p}:2: config key 'lora_r' = 0 must be at least 1"), lines
+    assert lines[2].startswith("  command line: config key 'dataset' = 'a\\x00b' holds a NUL"), lines
+    p.write_text(f'output_dir: {tmp_path / "o"}\ndatasets: [{{path: a.jsonl}}, {{path: "b\\0"}}]\n')
+    with pytest.raises(ConfigError, match=rf"^{p}:2: config key 'datasets\[1\]\.path' = 'b\\x00' holds a NUL"):
+        load_config(p, warn=False)

@@ -16,12 +16,13 @@ import os
 import reprlib
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
 
-from hybridtune.config_checks import as_text, env_vars, qlora_4bit, value_checks
+from hybridtune.config_checks import as_text, env_vars, place, qlora_4bit, value_checks
 from hybridtune.config_schema import (  # re-exported: hybridtune.config is where users look for them
     ALL_LINEAR,
     BUNDLED_DATASET,
@@ -332,7 +333,7 @@ def load_config(
     if problems:
         raise together(problems)
     cfg = TrainConfig(**fields)
-    validate(cfg)
+    validate(cfg, place(cli, where, node))
     check_output_dir(cfg.output_dir)
     if warn and os.environ.get("RANK", "0") == "0":  # under torchrun every rank reads the config: one voice says it
         for warning in config_warnings(cfg, set(data) | set(cli)):
@@ -429,12 +430,12 @@ def warmup_warning(cfg: TrainConfig, total_steps: int) -> str | None:
     )
 
 
-def validate(cfg: TrainConfig) -> None:
-    """Range checks that types cannot express."""
+def validate(cfg: TrainConfig, at: Callable[[str], str] = lambda key: "") -> None:
+    """Range checks that types cannot express; `at`: a key's place as a prefix (file and line, or command line)."""
     failed = {}  # the first bound a key fails
     for ok, key, value, what in range_checks(cfg) + value_checks(cfg, PRESET_LEARNING_RATE):
         if not ok and key not in failed:
-            failed[key] = ConfigError(f"config key '{key}' = {_SHOW.repr(value)} {what}")
+            failed[key] = ConfigError(f"{at(key)}config key '{key}' = {_SHOW.repr(value)} {what}")
     failed = list(failed.values())
     if failed:
         raise together(failed)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -20,6 +21,18 @@ def _key_lines(node: yaml.Node | None) -> dict[str, int]:
     """The line of each top-level key of a YAML mapping node (none without one)."""
     keys = node.value if isinstance(node, yaml.MappingNode) else []
     return {k.value: k.start_mark.line + 1 for k, _ in keys if isinstance(k, yaml.ScalarNode)}
+
+
+def place(cli: dict, where: str, node: yaml.Node | None) -> Callable[[str], str]:
+    """key -> where it was given, as an error's prefix ('command line: ', 'c.yaml:3: '), '' for a default; a key
+    such as 'datasets[0].path' by its top-level key."""
+    lines = _key_lines(node)
+
+    def at(key: str) -> str:
+        top = re.split(r"[\[.]", key, maxsplit=1)[0]
+        return "command line: " if top in cli else f"{where}:{lines[top]}: " if top in lines else ""
+
+    return at
 
 
 def qlora_4bit(fields: dict, cli: dict, where: str, node: yaml.Node | None) -> list[ConfigError]:
