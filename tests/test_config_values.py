@@ -117,9 +117,9 @@ def test_a_value_yaml_cannot_build_is_text_for_a_text_key_and_refused_for_anothe
 
 
 def test_an_output_dir_name_past_the_systems_limit_is_refused(tmp_path):
-    # was: OSError: [Errno 36] File name too long (a traceback)
+    # was: OSError: [Errno 36] File name too long (a traceback) from the config's own output_dir check
     _refused(
-        ["--output_dir", "x" * 5000], r"^config key 'output_dir' = 'xxx.*': File name too long; give another", tmp_path
+        ["--output_dir", "x" * 5000], r"^command line: config key 'output_dir' = 'xxx.*' is too long a path", tmp_path
     )
 
 
@@ -211,3 +211,15 @@ def test_a_bound_names_the_file_line_or_the_command_line_of_its_key(tmp_path):
     p.write_text(f'output_dir: {tmp_path / "o"}\ndatasets: [{{path: a.jsonl}}, {{path: "b\\0"}}]\n')
     with pytest.raises(ConfigError, match=rf"^{p}:2: config key 'datasets\[1\]\.path' = 'b\\x00' holds a NUL"):
         load_config(p, warn=False)
+
+
+@pytest.mark.parametrize("key", ["base_model", "dataset", "tokenizer", "chat_template", "resume_from_checkpoint"])
+def test_a_path_past_the_systems_limits_is_refused(key, tmp_path):
+    # was taken; the first stat() of it was an OSError traceback (File name too long)
+    _refused([f"--{key}", "x" * 5000], rf"^command line: config key '{key}' = 'xxx.*' is too long a path", tmp_path)
+    _refused([f"--{key}", "a/" * 2100], rf"'{key}' = 'a/a/.*' is too long a path \(at most 255 bytes a name", tmp_path)
+    entry = "[{path: " + "y" * 300 + ".jsonl}]"
+    _refused(["--test_datasets", entry], r"'test_datasets\[0\]\.path' = 'yyy.*' is too long a path", tmp_path)
+    _refused(
+        ["--objective", "grpo", "--reward_funcs", "z" * 300 + ".py:f"], r"'reward_funcs' = \['zzz.*too long", tmp_path
+    )

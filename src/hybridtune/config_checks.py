@@ -75,6 +75,9 @@ def env_vars(fields: dict[str, Any], where: str, node: yaml.Node | None) -> list
 # torch, numpy and the run's JSON files hold an int key's value in 64 bits; past that (a count typed with a few hundred
 # digits) a run failed deep inside with an OverflowError.
 MAX_INT = 2**63 - 1
+# The longest file name and path the file systems hybridtune runs on take (ext4, XFS, APFS: 255 bytes a name; Linux:
+# 4096 a path); past them the first stat() of the path was an OSError traceback (File name too long).
+MAX_NAME, MAX_PATH = 255, 4096
 # The preference objectives' strengths and margin (TRL's values run from about 0.01 to 10): far past them the
 # gradient overflows, and the run stopped saying the model's numbers overflow on this data (try bf16: false).
 MAX_PREFERENCE = {"beta": 1e3, "rpo_alpha": 1e3, "simpo_gamma": 1e3}
@@ -95,9 +98,10 @@ NOT_EMPTY = {
 def value_checks(cfg: Any, auto_lr: float) -> list[tuple[bool, str, Any, str]]:
     """(ok, key, value, what it must be) for bounds `config_schema.range_checks` leaves open, in its form: each int
     within 64 bits; no NUL in a text (the OS refuses it in a path: a ValueError deep in the run); no empty text where
-    empty means nothing; a whole val_set_size count; a weight decay AdamW can apply (each step multiplies the weights
-    by 1 - lr x weight_decay: from 1 on that zeroes or flips them, and the run stopped as diverged telling to lower
-    learning_rate); preference strengths that keep the gradient finite. `auto_lr`: the largest `learning_rate: auto`."""
+    empty means nothing; no path past the system's limits; a whole val_set_size count; a weight decay AdamW can apply
+    (each step multiplies the weights by 1 - lr x weight_decay: from 1 on that zeroes or flips them, and the run
+    stopped as diverged telling to lower learning_rate); preference strengths that keep the gradient finite.
+    `auto_lr`: the largest rate `learning_rate: auto` picks."""
     items = [(k, v) for k, v in vars(cfg).items()]
     for key in ("datasets", "test_datasets"):
         items += [(f"{key}[{i}].{k}", v) for i, ds in enumerate(getattr(cfg, key)) for k, v in vars(ds).items()]
@@ -105,6 +109,8 @@ def value_checks(cfg: Any, auto_lr: float) -> list[tuple[bool, str, Any, str]]:
         (k, v) for k, v in items if any(isinstance(x, str) and "\0" in x for x in (v if isinstance(v, list) else [v]))
     ]
     ints = [(k, v) for k, v in items if isinstance(v, int) and not isinstance(v, bool)]
+    paths = [(k, v) for k, v in items if k in (*PATH_KEYS, "reward_funcs") or k.endswith("].path")]
+    long = [(k, v) for k, v in paths if any(_too_long(x) for x in (v if isinstance(v, list) else [v]))]
     size, lr = cfg.val_set_size, auto_lr if cfg.learning_rate == "auto" else cfg.learning_rate
     auto = " (the largest auto learning_rate)" if cfg.learning_rate == "auto" else ""
     decay = (
@@ -118,10 +124,20 @@ def value_checks(cfg: Any, auto_lr: float) -> list[tuple[bool, str, Any, str]]:
             for k, v, top in preference
         ],
         *[(abs(v) <= MAX_INT, k, v, "must be at most 2**63 - 1 in size (a 64-bit int)") for k, v in ints],
+        *[
+            (False, k, v, f"is too long a path (at most {MAX_NAME} bytes a name, {MAX_PATH} the whole)")
+            for k, v in long
+        ],
         *[(False, k, v, "holds a NUL character (\\0), which no path or name can hold") for k, v in nul],
         *[(getattr(cfg, k) != "", k, "", f"is empty; {what}") for k, what in NOT_EMPTY.items()],
         (size < 1 or size == int(size), "val_set_size", size, "must be a share below 1 or a whole count of examples"),
     ]
+
+
+def _too_long(path: Any) -> bool:
+    if not isinstance(path, str):
+        return False
+    return len(path.encode()) > MAX_PATH or any(len(part.encode()) > MAX_NAME for part in path.split("/"))
 
 
 def as_text(node: yaml.Node) -> None:
