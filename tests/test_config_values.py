@@ -223,3 +223,15 @@ def test_a_path_past_the_systems_limits_is_refused(key, tmp_path):
     _refused(
         ["--objective", "grpo", "--reward_funcs", "z" * 300 + ".py:f"], r"'reward_funcs' = \['zzz.*too long", tmp_path
     )
+
+
+def test_pixel_limits_for_a_text_only_model_are_refused(tmp_path):
+    # was: ignored without a word (freeze_vision_tower: false on the same model is refused)
+    from hybridtune.runtime.vision import vision_for
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_text"}))
+    with pytest.raises(ConfigError, match=r"^config key min_pixels = 1: this model takes no images .*; remove it$"):
+        vision_for(tmp_path, None, min_pixels=1)
+    with pytest.raises(ConfigError, match=r"^config key max_pixels = 4096: this model takes no images"):
+        vision_for(None, None, max_pixels=4096)  # a preset
+    assert vision_for(tmp_path, None) is None and vision_for(None, None) is None

@@ -19,7 +19,7 @@ import torch
 from hybridtune.batch import IMAGE_GRID_THW, INPUT_IDS, PIXEL_VALUES
 from hybridtune.data.video import video_processor
 from hybridtune.data.vision import Vision
-from hybridtune.errors import ModelError
+from hybridtune.errors import ConfigError, ModelError
 from hybridtune.models.anatomy import unwrap
 from hybridtune.models.trust import NO_CODE, refuse_custom_code
 
@@ -30,16 +30,17 @@ def vision_for(source, tokenizer, min_pixels: int | None = None, max_pixels: int
     """The `Vision` of a vision-language checkpoint (`source`: a `models.hub.ModelSource` or a directory): its
     config has a `vision_config` and an `image_token_id`, and its processor files hold an image processor. None for a
     text-only model or a preset. `min_pixels` / `max_pixels` bound the processor's resize (None: the checkpoint's)."""
+    sizes = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
     directory = getattr(source, "path", source)
-    if directory is None:
+    cfg_file = Path(directory or ".") / "config.json"
+    cfg = json.loads(cfg_file.read_text(encoding="utf-8")) if directory is not None and cfg_file.is_file() else {}
+    if not cfg.get("vision_config") or cfg.get("image_token_id") is None:
+        if sizes:  # (they were ignored, as if the run had images to resize)
+            key, value = next(iter(sizes.items()))
+            raise ConfigError(f"config key {key} = {value}: this model takes no images (a text-only model); remove it")
         return None
     directory = Path(directory)
-    cfg_file = directory / "config.json"
-    cfg = json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
-    if not cfg.get("vision_config") or cfg.get("image_token_id") is None:
-        return None
     refuse_custom_code(directory)
-    sizes = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
     processor, video = _image_processor(directory, sizes)
     ids = [cfg.get(k) for k in ("image_token_id", "vision_start_token_id", "vision_end_token_id")]
     if any(i is None for i in ids):
