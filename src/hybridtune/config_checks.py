@@ -102,7 +102,7 @@ def value_checks(cfg: Any, auto_lr: float) -> list[tuple[bool, str, Any, str]]:
     (each step multiplies the weights by 1 - lr x weight_decay: from 1 on that zeroes or flips them, and the run
     stopped as diverged telling to lower learning_rate); preference strengths that keep the gradient finite.
     `auto_lr`: the largest rate `learning_rate: auto` picks."""
-    items = [(k, v) for k, v in vars(cfg).items()]
+    items = list(vars(cfg).items())
     for key in ("datasets", "test_datasets"):
         items += [(f"{key}[{i}].{k}", v) for i, ds in enumerate(getattr(cfg, key)) for k, v in vars(ds).items()]
     nul = [
