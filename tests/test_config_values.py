@@ -235,3 +235,23 @@ def test_pixel_limits_for_a_text_only_model_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"^config key max_pixels = 4096: this model takes no images"):
         vision_for(None, None, max_pixels=4096)  # a preset
     assert vision_for(tmp_path, None) is None and vision_for(None, None) is None
+
+
+def test_eval_samples_without_held_out_examples_is_refused(tmp_path):
+    # was taken: --eval_samples 3 --val_set_size 0 trained and generated nothing, without a word
+    text = _refused(
+        ["--eval_samples", "3", "--val_set_size", "0"], r"'eval_samples' = 3 needs held-out examples", tmp_path
+    )
+    assert "val_set_size is 0 with no test_datasets" in text
+    entry = "[{path: a.jsonl}]"
+    argv = ["--eval_samples", "3", "--val_set_size", "0", "--test_datasets", entry, "--output_dir", str(tmp_path / "o")]
+    assert load_config(None, parse_overrides(argv), warn=False).eval_samples == 3
+
+
+def test_dataset_num_proc_is_bounded_as_num_threads_is(tmp_path):
+    # was taken: 64 processes on a 2-core machine tokenised 300 rows; 10**6 would fork until memory ran out
+    from hybridtune.config_schema import max_num_threads
+
+    top = max_num_threads()
+    _refused(["--dataset_num_proc", str(top + 1)], rf"'dataset_num_proc' = {top + 1} must be at most {top} ", tmp_path)
+    assert load_config(None, {"dataset_num_proc": top, "output_dir": str(tmp_path / "o")}, warn=False)

@@ -34,6 +34,7 @@ from hybridtune.config_schema import (  # re-exported: hybridtune.config is wher
     DatasetConfig,
     TrainConfig,
     config_help,
+    max_num_threads,
     range_checks,
     type_name,
 )
@@ -428,7 +429,7 @@ def warmup_warning(cfg: TrainConfig, total_steps: int) -> str | None:
 def validate(cfg: TrainConfig, at: Callable[[str], str] = lambda key: "") -> None:
     """Range checks that types cannot express; `at`: a key's place as a prefix (file and line, or command line)."""
     failed = {}  # the first bound a key fails
-    for ok, key, value, what in range_checks(cfg) + value_checks(cfg, PRESET_LEARNING_RATE):
+    for ok, key, value, what in range_checks(cfg) + value_checks(cfg, PRESET_LEARNING_RATE, max_num_threads()):
         if not ok and key not in failed:
             failed[key] = ConfigError(f"{at(key)}config key '{key}' = {_SHOW.repr(value)} {what}")
     failed = list(failed.values())

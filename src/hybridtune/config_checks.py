@@ -95,13 +95,14 @@ NOT_EMPTY = {
 }
 
 
-def value_checks(cfg: Any, auto_lr: float) -> list[tuple[bool, str, Any, str]]:
+def value_checks(cfg: Any, auto_lr: float, max_procs: int) -> list[tuple[bool, str, Any, str]]:
     """(ok, key, value, what it must be) for bounds `config_schema.range_checks` leaves open, in its form: each int
     within 64 bits; no NUL in a text (the OS refuses it in a path: a ValueError deep in the run); no empty text where
     empty means nothing; no path past the system's limits; a whole val_set_size count; a weight decay AdamW can apply
     (each step multiplies the weights by 1 - lr x weight_decay: from 1 on that zeroes or flips them, and the run
-    stopped as diverged telling to lower learning_rate); preference strengths that keep the gradient finite.
-    `auto_lr`: the largest rate `learning_rate: auto` picks."""
+    stopped as diverged telling to lower learning_rate); preference strengths that keep the gradient finite;
+    eval_samples with examples to sample from; dataset_num_proc within `max_procs` (num_threads' bound: each process
+    holds a tokenizer). `auto_lr`: the largest rate `learning_rate: auto` picks."""
     items = list(vars(cfg).items())
     for key in ("datasets", "test_datasets"):
         items += [(f"{key}[{i}].{k}", v) for i, ds in enumerate(getattr(cfg, key)) for k, v in vars(ds).items()]
@@ -131,6 +132,18 @@ def value_checks(cfg: Any, auto_lr: float) -> list[tuple[bool, str, Any, str]]:
         *[(False, k, v, "holds a NUL character (\\0), which no path or name can hold") for k, v in nul],
         *[(getattr(cfg, k) != "", k, "", f"is empty; {what}") for k, what in NOT_EMPTY.items()],
         (size < 1 or size == int(size), "val_set_size", size, "must be a share below 1 or a whole count of examples"),
+        (
+            not cfg.eval_samples or size > 0 or bool(cfg.test_datasets),
+            "eval_samples",
+            cfg.eval_samples,
+            "needs held-out examples to take prompts from, and val_set_size is 0 with no test_datasets; set one",
+        ),
+        (
+            cfg.dataset_num_proc <= max_procs,
+            "dataset_num_proc",
+            cfg.dataset_num_proc,
+            f"must be at most {max_procs} (as num_threads: more processes only contend for the cores); use 0 for auto",
+        ),
     ]
 
 
