@@ -255,3 +255,15 @@ def test_dataset_num_proc_is_bounded_as_num_threads_is(tmp_path):
     top = max_num_threads()
     _refused(["--dataset_num_proc", str(top + 1)], rf"'dataset_num_proc' = {top + 1} must be at most {top} ", tmp_path)
     assert load_config(None, {"dataset_num_proc": top, "output_dir": str(tmp_path / "o")}, warn=False)
+
+
+def test_a_run_from_a_larger_machine_loads_with_its_machine_bound_keys_dropped(tmp_path):
+    # was: ModelError "the run's recorded config does not load under this hybridtune version (... 'num_threads' = 100
+    # must be at most 8 (4 x the 2 CPUs of this machine ...)": the same version, on a smaller machine
+    from hybridtune.config_schema import max_num_threads
+    from hybridtune.infer.load import run_config
+
+    big = max_num_threads() + 1
+    record = {"config": {"num_threads": big, "dataset_num_proc": big, "output_dir": str(tmp_path / "o")}}
+    cfg = run_config(record, tmp_path)
+    assert (cfg.num_threads, cfg.dataset_num_proc) == (0, 0)

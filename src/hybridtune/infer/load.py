@@ -74,7 +74,9 @@ def run_config(record: dict | None, where: Path) -> TrainConfig | None:
     learning_rate and sequence_len as the run decided them (runtime/defaults.py)."""
     if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
         return None
-    config = dict(record["config"])
+    # num_threads and dataset_num_proc are bounded by the machine that runs them and mean nothing to a loaded run:
+    # a run from a larger machine was refused here as written by another hybridtune version
+    config = {k: v for k, v in record["config"].items() if k not in ("num_threads", "dataset_num_proc")}
     config.update({k: v for k, v in recorded_values(record).items() if config.get(k, "auto") == "auto"})
     try:
         return at_run_cwd(load_config(None, config, warn=False), record.get("cwd"))
