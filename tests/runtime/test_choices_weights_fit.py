@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from hybridtune.config import load_config
+from hybridtune.errors import ConfigError
 from hybridtune.models.loading import load_model
 from hybridtune.models.presets import preset_config
 from hybridtune.runtime import distributed, lora
 from hybridtune.runtime.choices import measure, resolve
 from hybridtune.runtime.facts import Facts
 from hybridtune.runtime.memory import GIB, ActivationShapes, optimizer_bytes, step_bytes
-from hybridtune.runtime.memory_fit import choose_memory
+from hybridtune.runtime.memory_fit import HOST_REFUSE, choose_memory, host_memory
 
 N_2B = 1_881_825_088  # the 2B shape's values (qwen3_5-2b), all trainable in a full fine-tune
 SHAPES_2B = ActivationShapes.of(preset_config("qwen3_5-2b"))
@@ -90,7 +91,37 @@ def test_lora_on_a_bf16_base_that_does_not_fit_names_qlora(tiny_lora):
     assert roomy.reason.startswith("fits: ") and not roomy.warnings
 
 
-def test_the_cpu_line_gives_the_estimate_without_a_verdict(tiny_lora):
+def test_the_cpu_line_weighs_the_step_against_the_machines_memory(tiny_lora):
+    """On the CPU the peak is compared with the machine's memory (measured: `host_bytes`): within it a plain line,
+    past it one warning, past HOST_REFUSE times it (a sequence_len of a billion swapped for ever) refused in one
+    line before the step; a machine that does not say gives the estimate alone."""
     cfg, model = tiny_lora
-    c = resolve(cfg, measure(cfg, torch.device("cpu"), distributed.ONE, model, bf16=True)).memory
-    assert "GiB at peak" in c.reason and "no GPU memory to compare with" in c.reason and not c.warnings
+    facts = measure(cfg, torch.device("cpu"), distributed.ONE, model, bf16=True)
+    assert facts.host_bytes == host_memory() and facts.host_bytes > 2**30
+    c = resolve(cfg, facts).memory
+    assert "GiB at peak" in c.reason and "GiB of this machine's memory" in c.reason and not c.warnings, c.reason
+    est = step_bytes(facts.shapes, 64, bf16=True, fused_loss=True, state_bytes=facts.state_bytes)
+    need = facts.resident_bytes + est.without
+    small = resolve(cfg, dataclasses.replace(facts, host_bytes=need // 2)).memory
+    (w,) = small.warnings
+    assert small.reason.startswith("does not fit: ") and "\n" not in w and "may swap or be killed" in w, w
+    assert "a shorter sequence_len or micro_batch_size needs less (64 tokens a micro-batch now)" in w, w
+    with pytest.raises(ConfigError, match=r"^memory: .* over 4 times the .* GiB of this machine's memory: a shorter"):
+        resolve(cfg, dataclasses.replace(facts, host_bytes=need // (HOST_REFUSE + 1)))
+    silent = resolve(cfg, dataclasses.replace(facts, host_bytes=None)).memory
+    assert "no GPU memory to compare with" in silent.reason and not silent.warnings
+
+
+def test_train_refuses_a_step_far_past_the_machines_memory(tmp_path, capsys):
+    """Through `hybridtune train` on the tiny preset: a sequence_len of a billion is one line, exit 2, before a
+    step (it allocated for ever)."""
+    from hybridtune.cli import main
+
+    out = tmp_path / "run"
+    argv = ["train", "--max_steps", "1", "--sequence_len", "1000000000", "--output_dir", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "this machine's memory: a shorter sequence_len" in lines[0], err
+    assert "Traceback" not in err and "training tiny-qwen3_5" not in err
+    assert not list(out.glob("checkpoint-*")) and not (out / "final").exists()

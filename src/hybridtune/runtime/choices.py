@@ -39,7 +39,7 @@ from hybridtune.runtime.memory import (
     resident_bytes,
     step_bytes,
 )
-from hybridtune.runtime.memory_fit import choose_memory
+from hybridtune.runtime.memory_fit import choose_memory, host_memory
 from hybridtune.runtime.optim import optim_name, uses_masters
 from hybridtune.runtime.step import fused_loss_blocker
 
@@ -103,6 +103,7 @@ def measure(
         whole_model_share=share,
         packs=tuple(packs),
         gpu_free_bytes=free,
+        host_bytes=None if cuda else host_memory(),
         state_bytes=state_bytes(model, d, bf16, cfg),
         shapes=ActivationShapes.of(text_config(model)),
         sharded=ShardedModel.of(model, d.world, bf16) if fsdp else None,

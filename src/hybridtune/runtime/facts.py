@@ -38,6 +38,7 @@ class Facts:
     # under `gradient_checkpointing: true` with `keep_mixer_cores: auto` in one process, and under FSDP2 with
     # `fsdp_units: auto`.
     gpu_free_bytes: int | None = None
+    host_bytes: int | None = None  # the machine's physical memory, which a CPU run's step fills
     state_bytes: int = 0  # what the run allocates beside the resident model: gradients, AdamW state, DDP's buckets
     shapes: ActivationShapes | None = None  # the model's widths, for the activation estimate
     sharded: ShardedModel | None = None  # under FSDP2: the model's bytes per GPU with its layers as units

@@ -7,13 +7,16 @@ and the key to set: LoRA on a bf16 base -> `load_in_4bit: true` (QLoRA: its targ
 plus the dequantised transient of its largest weight); a full fine-tune with AdamW -> `optim: adamw_8bit` or
 `adamw_bf16_sr` (`memory.optimizer_bytes`, their weights held as `optim.model_dtype` asks). Nothing is switched: the
 run keeps its config (its first step's out-of-memory retry, runtime/oom.py, still covers an estimate too low).
+On the CPU the peak is compared with the machine's memory: past it a warning, past `HOST_REFUSE` times it refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from hybridtune.config import TrainConfig
+from hybridtune.errors import ConfigError
 from hybridtune.runtime.facts import Choice, Facts
 from hybridtune.runtime.memory import FIT_SHARE, GIB, optimizer_bytes, step_bytes
 from hybridtune.runtime.model import master_dtype
@@ -75,6 +78,8 @@ def choose_memory(cfg: TrainConfig, facts: Facts, tokens: int, bf16: bool, fused
     ckpt = "with" if checkpointing else "without"
     figures = f"about {need / GIB:.1f} GiB at peak ({tokens}-token micro-batches {ckpt} checkpointing)"
     free = facts.gpu_free_bytes
+    if facts.device != "cuda" and facts.host_bytes:
+        return _on_the_host(value, figures, need, facts.host_bytes, tokens)
     if facts.device != "cuda" or free is None:
         return Choice(value, f"{figures}; no GPU memory to compare with")
     # What the step may fill: FIT_SHARE of the free memory once the model loaded, beside the model as loaded.
@@ -95,4 +100,29 @@ def choose_memory(cfg: TrainConfig, facts: Facts, tokens: int, bf16: bool, fused
         f"memory: {value} needs {figures}, more than {of}; the first step may run out of memory: {advice} "
         "(nothing is switched)"
     )
+    return Choice(value, f"does not fit: {figures}, more than {of}", (warning,))
+
+
+# A CPU step past the machine's memory is not caught as a GPU's is (the OS swaps or kills the process): a step over
+# it is warned of, one past HOST_REFUSE times it (a sequence_len of a billion, say) refused before it starts.
+HOST_REFUSE = 4
+
+
+def host_memory() -> int | None:
+    """The machine's physical memory in bytes, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _on_the_host(value: str, figures: str, need: int, host: int, tokens: int) -> Choice:
+    """The `memory` choice of a run on the CPU, against the machine's memory `host`."""
+    of = f"the {host / GIB:.1f} GiB of this machine's memory"
+    fix = f"a shorter sequence_len or micro_batch_size needs less ({tokens} tokens a micro-batch now)"
+    if need > HOST_REFUSE * host:
+        raise ConfigError(f"memory: {value} needs {figures}, over {HOST_REFUSE} times {of}: {fix}")
+    if need <= host:
+        return Choice(value, f"{figures}, within {of}")
+    warning = f"memory: {value} needs {figures}, more than {of}; the step may swap or be killed: {fix}"
     return Choice(value, f"does not fit: {figures}, more than {of}", (warning,))
