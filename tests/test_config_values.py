@@ -62,6 +62,22 @@ def test_every_key_refuses_bad_values_in_one_line_or_takes_them(key, tmp_path):
         _answer(key, p)
 
 
+# A number key whose -1 means something (max_steps: no limit, the epochs decide); every other one refuses it.
+NEGATIVE_MEANS = {"max_steps"}
+NEVER = ["nan", "inf", "-inf", HUGE, "abc"]  # no number key takes these
+
+
+@pytest.mark.parametrize("key", [f.name for f in TOP if "num" in _kinds(typing.get_type_hints(TrainConfig)[f.name])])
+def test_every_number_key_refuses_what_no_count_or_rate_is(key, tmp_path):
+    """The walk above only proves there is no traceback; this one fails when a bound goes: every number key refuses
+    NaN, infinities, a value past float's range and text, and -1 unless -1 means something there."""
+    out = str(tmp_path / "out")
+    for raw in NEVER + ([] if key in NEGATIVE_MEANS else ["-1"]):
+        with pytest.raises(ConfigError, match=key) as e:
+            load_config(None, parse_overrides(["--output_dir", out, f"--{key}={raw}"]), warn=False)
+        assert "\n" not in str(e.value), str(e.value)
+
+
 @pytest.mark.parametrize("key", [f.name for f in dataclasses.fields(DatasetConfig)])
 @pytest.mark.parametrize("where", ["datasets", "test_datasets"])
 def test_every_dataset_entry_key_refuses_bad_values_in_one_line_or_takes_them(key, where, tmp_path):
@@ -248,13 +264,49 @@ def test_eval_samples_without_held_out_examples_is_refused(tmp_path):
     assert load_config(None, parse_overrides(argv), warn=False).eval_samples == 3
 
 
-def test_dataset_num_proc_is_bounded_as_num_threads_is(tmp_path):
-    # was taken: 64 processes on a 2-core machine tokenised 300 rows; 10**6 would fork until memory ran out
-    from hybridtune.config_schema import max_num_threads
+def test_dataset_num_proc_past_this_machine_is_capped_and_said_past_any_machine_refused(tmp_path, caplog):
+    """A count from a config written on a larger machine is capped at 4 per core with one warning (64 processes on
+    2 cores tokenised 300 rows); one past any machine (10**6 would fork until memory ran out) is refused."""
+    from hybridtune.config_checks import MAX_PROCS
+    from hybridtune.data.examples import resolve_num_proc
 
-    top = max_num_threads()
-    _refused(["--dataset_num_proc", str(top + 1)], rf"'dataset_num_proc' = {top + 1} must be at most {top} ", tmp_path)
-    assert load_config(None, {"dataset_num_proc": top, "output_dir": str(tmp_path / "o")}, warn=False)
+    _refused(["--dataset_num_proc", str(MAX_PROCS + 1)], rf"'dataset_num_proc' = {MAX_PROCS + 1} must be 0 ", tmp_path)
+    _refused(["--dataset_num_proc", "-1"], r"'dataset_num_proc' = -1 must be 0 \(auto", tmp_path)
+    assert load_config(None, {"dataset_num_proc": MAX_PROCS, "output_dir": str(tmp_path / "o")}, warn=False)
+    cores = len(__import__("os").sched_getaffinity(0))
+    with caplog.at_level("WARNING"):
+        assert resolve_num_proc(64 * cores, 10**6) == 4 * cores
+    assert f"dataset_num_proc {64 * cores}: {4 * cores} processes instead" in caplog.text
+    assert resolve_num_proc(3, 2) == 2 and resolve_num_proc(1, 10**6) == 1
+
+
+def test_eval_and_a_recorded_run_skip_what_only_training_reads(tmp_path):
+    """A run trained with values a later version bounds (eval_samples with nothing held out, a whole val_set_size
+    of 1.5, weight decay x learning rate past 1, an empty revision) still opens for generate, eval and export, and
+    eval of such a run on another data set is not refused for a key it cannot set."""
+    from hybridtune.infer.evaluate import eval_config
+    from hybridtune.infer.load import run_config
+
+    out = str(tmp_path / "o")
+    old = {
+        "eval_samples": 2,
+        "val_set_size": 0,
+        "learning_rate": 0.5,
+        "weight_decay": 3.0,
+        "revision": "",
+        "output_dir": out,
+    }
+    for key in ("eval_samples", "weight_decay", "revision"):
+        with pytest.raises(ConfigError, match=key):
+            load_config(None, {**old, "val_set_size": 0 if key == "eval_samples" else 0.1}, warn=False)
+    cfg = run_config({"config": old}, tmp_path)
+    assert (cfg.eval_samples, cfg.weight_decay, cfg.revision) == (2, 3.0, None)
+    assert run_config({"config": {**old, "val_set_size": 1.5}}, tmp_path).val_set_size == 1.5
+    trained = load_config(
+        None, {"eval_samples": 2, "test_datasets": [{"path": "t.jsonl"}], "output_dir": out}, warn=False
+    )
+    cfg = eval_config(trained, {"val_set_size": 0}, {"path": "other.jsonl"})
+    assert cfg.eval_samples == 2 and cfg.datasets[0].path == "other.jsonl" and not cfg.test_datasets
 
 
 def test_a_run_from_a_larger_machine_loads_with_its_machine_bound_keys_dropped(tmp_path):
@@ -266,4 +318,4 @@ def test_a_run_from_a_larger_machine_loads_with_its_machine_bound_keys_dropped(t
     big = max_num_threads() + 1
     record = {"config": {"num_threads": big, "dataset_num_proc": big, "output_dir": str(tmp_path / "o")}}
     cfg = run_config(record, tmp_path)
-    assert (cfg.num_threads, cfg.dataset_num_proc) == (0, 0)
+    assert (cfg.num_threads, cfg.dataset_num_proc) == (0, big)  # (capped, said, where it tokenises)

@@ -34,7 +34,6 @@ from hybridtune.config_schema import (  # re-exported: hybridtune.config is wher
     DatasetConfig,
     TrainConfig,
     config_help,
-    max_num_threads,
     range_checks,
     type_name,
 )
@@ -303,10 +302,11 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
 
 
 def load_config(
-    path: str | Path | None = None, overrides: dict[str, Any] | None = None, warn: bool = True
+    path: str | Path | None = None, overrides: dict[str, Any] | None = None, warn: bool = True, training: bool = True
 ) -> TrainConfig:
     """Build a `TrainConfig` from an optional YAML file and overrides (overrides win); `warn`: log the config's
-    warnings (a launcher whose rank 0 will say them passes False)."""
+    warnings (a launcher whose rank 0 will say them passes False); `training`: False for a config that is not about
+    to train (a recorded run's, eval's), which skips the checks of what only training reads."""
     data: dict[str, Any] = {}
     node = None
     where = "command line"
@@ -334,7 +334,7 @@ def load_config(
     if problems:
         raise together(problems)
     cfg = TrainConfig(**fields)
-    validate(cfg, place(cli, where, node))
+    validate(cfg, place(cli, where, node), training)
     check_output_dir(cfg.output_dir)
     if warn and os.environ.get("RANK", "0") == "0":  # under torchrun every rank reads the config: one voice says it
         for warning in config_warnings(cfg, set(data) | set(cli)):
@@ -426,10 +426,11 @@ def warmup_warning(cfg: TrainConfig, total_steps: int) -> str | None:
     )
 
 
-def validate(cfg: TrainConfig, at: Callable[[str], str] = lambda key: "") -> None:
-    """Range checks that types cannot express; `at`: a key's place as a prefix (file and line, or command line)."""
+def validate(cfg: TrainConfig, at: Callable[[str], str] = lambda key: "", training: bool = True) -> None:
+    """Range checks that types cannot express; `at`: a key's place as a prefix (file and line, or command line);
+    `training`: with the checks of what only training reads (config_checks.value_checks)."""
     failed = {}  # the first bound a key fails
-    for ok, key, value, what in range_checks(cfg) + value_checks(cfg, PRESET_LEARNING_RATE, max_num_threads()):
+    for ok, key, value, what in range_checks(cfg) + value_checks(cfg, PRESET_LEARNING_RATE, training):
         if not ok and key not in failed:
             failed[key] = ConfigError(f"{at(key)}config key '{key}' = {_SHOW.repr(value)} {what}")
     failed = list(failed.values())
@@ -454,8 +455,6 @@ def validate(cfg: TrainConfig, at: Callable[[str], str] = lambda key: "") -> Non
             f"config key 'lora_dropout' = {cfg.lora_dropout} with lora_target_parameters: peft's LoRA on parameters "
             "has no dropout; set lora_dropout: 0"
         )
-    if cfg.dataset_num_proc < 0:
-        raise ConfigError(f"config key 'dataset_num_proc' = {cfg.dataset_num_proc} must be 0 (auto) or more")
     entries = [("datasets", cfg.resolved_datasets()), ("test_datasets", cfg.test_datasets)]
     for key, i, ds in [(key, i, ds) for key, dss in entries for i, ds in enumerate(dss)]:
         if not ds.path:

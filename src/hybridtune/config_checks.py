@@ -95,14 +95,20 @@ NOT_EMPTY = {
 }
 
 
-def value_checks(cfg: Any, auto_lr: float, max_procs: int) -> list[tuple[bool, str, Any, str]]:
+# More tokenising processes than this is no machine's: a typo (a larger count than the cores is capped, said once).
+MAX_PROCS = 4096
+
+
+def value_checks(cfg: Any, auto_lr: float, training: bool = True) -> list[tuple[bool, str, Any, str]]:
     """(ok, key, value, what it must be) for bounds `config_schema.range_checks` leaves open, in its form: each int
     within 64 bits; no NUL in a text (the OS refuses it in a path: a ValueError deep in the run); no empty text where
     empty means nothing; no path past the system's limits; a whole val_set_size count; a weight decay AdamW can apply
     (each step multiplies the weights by 1 - lr x weight_decay: from 1 on that zeroes or flips them, and the run
     stopped as diverged telling to lower learning_rate); preference strengths that keep the gradient finite;
-    eval_samples with examples to sample from; dataset_num_proc within `max_procs` (num_threads' bound: each process
-    holds a tokenizer). `auto_lr`: the largest rate `learning_rate: auto` picks."""
+    eval_samples with examples to sample from; dataset_num_proc 0 (auto) to MAX_PROCS. `auto_lr`: the largest rate
+    `learning_rate: auto` picks. `training` False (a recorded run's config, eval's) leaves out what only training
+    reads (the held-out split, weight decay, the preference strengths, eval_samples): a run that trained with a value a later version
+    bounds still opens."""
     items = list(vars(cfg).items())
     for key in ("datasets", "test_datasets"):
         items += [(f"{key}[{i}].{k}", v) for i, ds in enumerate(getattr(cfg, key)) for k, v in vars(ds).items()]
@@ -118,12 +124,22 @@ def value_checks(cfg: Any, auto_lr: float, max_procs: int) -> list[tuple[bool, s
         f"times learning_rate {lr:g}{auto} must stay below 1 (AdamW multiplies each weight by 1 - lr x weight_decay "
     )
     preference = [(k, getattr(cfg, k), top) for k, top in MAX_PREFERENCE.items()]
-    return [
+    train = [
+        (size < 1 or size == int(size), "val_set_size", size, "must be a share below 1 or a whole count of examples"),
         (lr * cfg.weight_decay < 1, "weight_decay", cfg.weight_decay, decay + "every step); fine-tunes use 0 to 0.1"),
         *[
             (abs(v or 0) <= top, k, v, f"must be at most {top:g} (TRL's values are 0.01 to 10)")
             for k, v, top in preference
         ],
+        (
+            not cfg.eval_samples or size > 0 or bool(cfg.test_datasets),
+            "eval_samples",
+            cfg.eval_samples,
+            "needs held-out examples to take prompts from, and val_set_size is 0 with no test_datasets; set one",
+        ),
+    ]
+    return [
+        *(train if training else []),
         *[(abs(v) <= MAX_INT, k, v, "must be at most 2**63 - 1 in size (a 64-bit int)") for k, v in ints],
         *[
             (False, k, v, f"is too long a path (at most {MAX_NAME} bytes a name, {MAX_PATH} the whole)")
@@ -131,18 +147,11 @@ def value_checks(cfg: Any, auto_lr: float, max_procs: int) -> list[tuple[bool, s
         ],
         *[(False, k, v, "holds a NUL character (\\0), which no path or name can hold") for k, v in nul],
         *[(getattr(cfg, k) != "", k, "", f"is empty; {what}") for k, what in NOT_EMPTY.items()],
-        (size < 1 or size == int(size), "val_set_size", size, "must be a share below 1 or a whole count of examples"),
         (
-            not cfg.eval_samples or size > 0 or bool(cfg.test_datasets),
-            "eval_samples",
-            cfg.eval_samples,
-            "needs held-out examples to take prompts from, and val_set_size is 0 with no test_datasets; set one",
-        ),
-        (
-            cfg.dataset_num_proc <= max_procs,
+            0 <= cfg.dataset_num_proc <= MAX_PROCS,
             "dataset_num_proc",
             cfg.dataset_num_proc,
-            f"must be at most {max_procs} (as num_threads: more processes only contend for the cores); use 0 for auto",
+            f"must be 0 (auto: this machine's cores) to {MAX_PROCS}",
         ),
     ]
 

@@ -123,14 +123,16 @@ def load_source(
 
 
 def resolve_num_proc(num_proc: int, rows: int) -> int:
-    """`dataset_num_proc`: as given (at most one per row), or 0 = auto: this process's share of the cores (a
+    """`dataset_num_proc`: as given (at most one per row and 4 per core, said), or 0 = auto: this process's share of the cores (a
     torchrun job's processes on this host share them), each with at least ROWS_PER_PROC rows."""
-    if num_proc > 0:
-        return max(1, min(num_proc, rows))
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
+    if num_proc > 0:
+        if num_proc > 4 * cores:  # (a config from a larger machine: each process holds a tokenizer, for nothing)
+            logger.warning("dataset_num_proc %d: %d processes instead, 4 per core of this machine", num_proc, 4 * cores)
+        return max(1, min(num_proc, 4 * cores, rows))
     cores //= max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     return max(1, min(cores, rows // ROWS_PER_PROC))
 

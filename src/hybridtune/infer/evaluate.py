@@ -68,7 +68,7 @@ def eval_config(run: TrainConfig | None, overrides: dict, data: dict | None = No
         for key in ("dataset", "datasets", "test_datasets"):
             base.pop(key, None)
         overrides = {**overrides, "datasets": [data]}
-    return load_config(None, {**base, **overrides}, warn=False)
+    return load_config(None, {**base, **overrides}, warn=False, training=False)  # (eval trains nothing)
 
 
 def eval_examples(cfg: TrainConfig, tokenizer, split: str, vision=None) -> tuple[list[Example], int]:

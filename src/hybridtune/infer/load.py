@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from hybridtune.config import TrainConfig, load_config
+from hybridtune.config_checks import NOT_EMPTY
 from hybridtune.data.chat import template_names, with_chat_template
 from hybridtune.errors import ConfigError, ModelError
 from hybridtune.models.hub import resolve_source
@@ -74,12 +75,13 @@ def run_config(record: dict | None, where: Path) -> TrainConfig | None:
     learning_rate and sequence_len as the run decided them (runtime/defaults.py)."""
     if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
         return None
-    # num_threads and dataset_num_proc are bounded by the machine that runs them and mean nothing to a loaded run:
-    # a run from a larger machine was refused here as written by another hybridtune version
-    config = {k: v for k, v in record["config"].items() if k not in ("num_threads", "dataset_num_proc")}
+    # num_threads is bounded by the machine that runs it and means nothing to a loaded run (a run from a larger
+    # machine was refused here as written by another hybridtune version); an empty text a later version refuses
+    # stood for the key's default; the checks of what only training reads are left out (training=False).
+    config = {k: v for k, v in record["config"].items() if k != "num_threads" and not (k in NOT_EMPTY and v == "")}
     config.update({k: v for k, v in recorded_values(record).items() if config.get(k, "auto") == "auto"})
     try:
-        return at_run_cwd(load_config(None, config, warn=False), record.get("cwd"))
+        return at_run_cwd(load_config(None, config, warn=False, training=False), record.get("cwd"))
     except ConfigError as e:
         raise ModelError(
             f"{where}: the run's recorded config does not load under this hybridtune version ({e}); "
