@@ -52,6 +52,8 @@ BAD = [
     ("bench", ["--results", "{dir}"], ["--results", "{dir}", "is a folder"]),
     ("bench", ["--results", "{file}/r.jsonl"], ["--results", "{file}/r.jsonl", "not a folder"]),
     ("bench", ["--save_kernel_configs", "{dir}"], ["--save_kernel_configs", "{dir}"]),
+    ("bench", ["--output_dir", ""], ["--output_dir", "an empty path; give a folder"]),
+    ("bench", ["--results", ""], ["--results", "an empty path; give a file's path"]),
     ("bench", ["--lora_target_modules", ","], ["--lora_target_modules", "','"]),
     ("bench", ["--compile_backend", "inductr"], ["--compile_backend", "'inductr'", "inductor"]),
     ("bench", ["--base_model", "tiny-qwen3_5@layers=0"], ["tiny-qwen3_5@layers=0", "1 to 4"]),

@@ -88,7 +88,9 @@ def _parents_are_folders(text: str, p: Path) -> None:
 def folder(text: str) -> str:
     """An argparse type: a folder to write in; it need not exist, but nothing on its path may be a file."""
     p = Path(text)
-    if not text or (p.exists() and not p.is_dir()):
+    if not text:
+        raise argparse.ArgumentTypeError("got an empty path; give a folder")
+    if p.exists() and not p.is_dir():
         raise argparse.ArgumentTypeError(f"got {text!r}, which is a file; give a folder")
     _parents_are_folders(text, p)
     return text
@@ -97,7 +99,9 @@ def folder(text: str) -> str:
 def file_path(text: str) -> Path:
     """An argparse type: a file to read and write (a results table); it need not exist, but it is not a folder."""
     p = Path(text)
-    if not text or p.is_dir():
+    if not text:
+        raise argparse.ArgumentTypeError("got an empty path; give a file's path")
+    if p.is_dir():
         raise argparse.ArgumentTypeError(f"got {text!r}, which is a folder; give a file's path")
     _parents_are_folders(text, p)
     return p
