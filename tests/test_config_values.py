@@ -246,11 +246,13 @@ def test_pixel_limits_for_a_text_only_model_are_refused(tmp_path):
     from hybridtune.runtime.vision import vision_for
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_text"}))
-    with pytest.raises(ConfigError, match=r"^config key min_pixels = 1: this model takes no images .*; remove it$"):
+    with pytest.raises(ConfigError, match=r"^config key 'min_pixels' = 1: this model takes no images .*; remove it"):
         vision_for(tmp_path, None, min_pixels=1)
-    with pytest.raises(ConfigError, match=r"^config key max_pixels = 4096: this model takes no images"):
+    with pytest.raises(ConfigError, match=r"^config key 'max_pixels' = 4096: this model takes no images"):
         vision_for(None, None, max_pixels=4096)  # a preset
     assert vision_for(tmp_path, None) is None and vision_for(None, None) is None
+    # a trained run's recorded limits (generate of an older run): nothing to remove them from, nothing they resize
+    assert vision_for(tmp_path, None, min_pixels=1, recorded=True) is None
 
 
 def test_eval_samples_without_held_out_examples_is_refused(tmp_path):

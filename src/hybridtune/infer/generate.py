@@ -173,7 +173,8 @@ def vision_of(opened, needed: str | bool, run=None):
     loaded = opened.loaded
     source = loaded.source_dir if loaded is not None else opened.path
     run = run if run is not None else opened.run
-    vision = vision_for(source, opened.tokenizer, getattr(run, "min_pixels", None), getattr(run, "max_pixels", None))
+    sizes = getattr(run, "min_pixels", None), getattr(run, "max_pixels", None)
+    vision = vision_for(source, opened.tokenizer, *sizes, recorded=True)
     if vision is None and needed:
         raise not_vision(opened.name, *([needed] if isinstance(needed, str) else []))
     return vision

@@ -26,18 +26,25 @@ from hybridtune.models.trust import NO_CODE, refuse_custom_code
 logger = logging.getLogger(__name__)
 
 
-def vision_for(source, tokenizer, min_pixels: int | None = None, max_pixels: int | None = None) -> Vision | None:
+def vision_for(
+    source, tokenizer, min_pixels: int | None = None, max_pixels: int | None = None, recorded: bool = False
+) -> Vision | None:
     """The `Vision` of a vision-language checkpoint (`source`: a `models.hub.ModelSource` or a directory): its
     config has a `vision_config` and an `image_token_id`, and its processor files hold an image processor. None for a
-    text-only model or a preset. `min_pixels` / `max_pixels` bound the processor's resize (None: the checkpoint's)."""
+    text-only model or a preset. `min_pixels` / `max_pixels` bound the processor's resize (None: the checkpoint's);
+    given for a text-only model they are refused, unless `recorded` (a trained run's config, which nobody can edit
+    now: they resize nothing there)."""
     sizes = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
     directory = getattr(source, "path", source)
     cfg_file = Path(directory or ".") / "config.json"
     cfg = json.loads(cfg_file.read_text(encoding="utf-8")) if directory is not None and cfg_file.is_file() else {}
     if not cfg.get("vision_config") or cfg.get("image_token_id") is None:
-        if sizes:  # (they were ignored, as if the run had images to resize)
+        if sizes and not recorded:  # (they were ignored, as if the run had images to resize)
             key, value = next(iter(sizes.items()))
-            raise ConfigError(f"config key {key} = {value}: this model takes no images (a text-only model); remove it")
+            raise ConfigError(
+                f"config key '{key}' = {value}: this model takes no images (a text-only model), so it would resize "
+                "nothing; remove it from the config"
+            )
         return None
     directory = Path(directory)
     refuse_custom_code(directory)
