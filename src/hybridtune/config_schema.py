@@ -13,6 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
+from hybridtune.config_checks import MAX_INT
 from hybridtune.config_grpo import GRPOKeys, grpo_checks
 from hybridtune.config_kernels import KernelKeys
 from hybridtune.config_vision import VisionKeys
@@ -41,8 +42,7 @@ BUNDLED_DATASET = "hybridtune:sample/arithmetic.jsonl"
 PRESET_SEQUENCE_LEN = 256
 PRESET_LEARNING_RATE = 1e-3
 
-# torch.manual_seed takes a 64-bit value and the trainer adds the rank to the seed.
-MAX_SEED = 2**63 - 1
+MAX_SEED = MAX_INT  # torch.manual_seed takes a 64-bit value (every int key's bound) and the trainer adds the rank
 # No real fine-tune uses a learning rate above ~1 (they sit between 1e-6 and 1e-2); tests force a divergence with
 # 1e6 on purpose. Past about 3e37 Adam's step size (lr / (1 - beta1)) overflows float32 and torch raises a bare
 # RuntimeError, so refuse far below that and far above anything meaningful.
