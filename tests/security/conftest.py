@@ -1,11 +1,13 @@
-"""Fixtures of the security tests: a tiny Qwen3.5 model directory per test module, and the one error line of a
-command that must fail with exit code 2 (never a traceback)."""
+"""Fixtures of the security tests: a tiny Qwen3.5 model directory per test module, the one error line of a
+command that must fail with exit code 2 (never a traceback), and a run stopped after its first step to resume."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 
 import pytest
+from resumes import interrupted, keys
 
 from checkpoints import make_checkpoint
 from hybridtune.cli import main
@@ -31,3 +33,20 @@ def error_line(capsys) -> Callable[[list[str]], str]:
         return lines[0]
 
     return run
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory, small_data):
+    """A full fine-tune of the tiny preset with torch's AdamW (fp32 on the CPU) stopped after step 1, once per test
+    module; each test edits a copy (`copied`)."""
+    out = tmp_path_factory.mktemp("stopped") / "run"
+    interrupted(out, small_data)
+    return out, small_data
+
+
+@pytest.fixture
+def copied(stopped, tmp_path):
+    """(output_dir, the run's keys) of a copy of `stopped`."""
+    out = tmp_path / "run"
+    shutil.copytree(stopped[0], out)
+    return out, keys(out, stopped[1])

@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import pytest
 import torch
+from resumes import argv, edit_optimizer, interrupted, redo_checksums
 from torch import nn
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
 
-from hybridtune.config import load_config
 from hybridtune.run import checkpoint as ckpt
-from hybridtune.run import integrity
 from hybridtune.run.checkpoint import CheckpointError
 from hybridtune.runtime.masters import MasterAdamW, split
 from hybridtune.runtime.optim import _Schedule, lr_lambda, torchao_optim
 from hybridtune.runtime.optim_state import state_problem
-from train_runs import metrics_rows, run
+from train_runs import metrics_rows
 
 NAN, INF = float("nan"), float("inf")
 
@@ -35,16 +32,9 @@ def tamper(path, edit, part: str | None = "state") -> None:
     """Edit checkpoint `path`'s optimizer state as someone with write access would: `edit(state)` on DCP's state by
     parameter name (`part` None: on the whole optimizer state, groups too), then every checksum redone (the checkpoint
     verifies)."""
-    flat = path.parent / "flat.pt"
-    dcp_to_torch_save(str(path / ckpt.STATE_DIR), str(flat))
-    state = torch.load(flat, weights_only=False)
-    edit(state["optim"][part] if part else state["optim"])
-    torch.save(state, flat)
-    shutil.rmtree(path / ckpt.STATE_DIR)
-    torch_save_to_dcp(str(flat), str(path / ckpt.STATE_DIR))
-    flat.unlink()
+    edit_optimizer(path, lambda state: edit(state[part] if part else state))
     record = json.loads((path / ckpt.META_FILE).read_text())
-    record["files"] = integrity.hash_files(path, [f for f in integrity._walk(path)[0] if f != ckpt.META_FILE])
+    redo_checksums(record, path)
     (path / ckpt.META_FILE).write_text(json.dumps(record))
     assert ckpt.verify_checkpoint(path) is None
 
@@ -320,50 +310,7 @@ def test_torchao_checkpoint_into_torch_adamw_names_both_optims(tmp_path):
 
 # -- the trainer: the tiny preset, stopped after its first step, resumed through `hybridtune train` --------------
 
-KEYS = dict(
-    sequence_len=64,
-    max_steps=2,
-    eval_steps=0,
-    logging_steps=1,
-    val_set_size=8,
-    warmup_steps=2,
-    gradient_accumulation_steps=1,
-    save_steps=1,
-    adapter="full",
-)
 EMBED = "model.model.embed_tokens.weight"  # (its name in the checkpoint: under the trainer's LossModule)
-
-
-def keys(out, data, **kw) -> dict:
-    return {**KEYS, **kw, "dataset": data, "output_dir": str(out)}
-
-
-def argv(given: dict, *more: str) -> list[str]:
-    flags = [a for k, v in given.items() for a in (f"--{k}", str(v).lower() if isinstance(v, bool) else str(v))]
-    return ["train", *flags, "--resume_from_checkpoint", "latest", *more]
-
-
-def interrupted(out, data, **kw) -> dict:
-    """`out` holds a tiny-preset full fine-tune of `kw` stopped after step 1; its keys."""
-    given = keys(out, data, **kw)
-    run(load_config(None, given), stop_after=1)
-    assert (out / "checkpoint-1" / ckpt.META_FILE).is_file() and not (out / "checkpoint-2").exists()
-    return given
-
-
-@pytest.fixture(scope="module")
-def stopped(tmp_path_factory, small_data):
-    """A full fine-tune of the tiny preset with torch's AdamW (fp32 on the CPU), stopped after step 1."""
-    out = tmp_path_factory.mktemp("stopped") / "run"
-    interrupted(out, small_data)
-    return out, small_data
-
-
-@pytest.fixture
-def copied(stopped, tmp_path):
-    out = tmp_path / "run"
-    shutil.copytree(stopped[0], out)
-    return out, keys(out, stopped[1])
 
 
 TRAINER = {

@@ -17,12 +17,11 @@ import shutil
 
 import pytest
 import torch
+from resumes import argv, edit_optimizer, interrupted, keys, redo_checksums
 from torch import nn
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
 
 from hybridtune.config import load_config
 from hybridtune.run import checkpoint as ckpt
-from hybridtune.run import integrity
 from hybridtune.run.checkpoint import CheckpointError
 from hybridtune.runtime.optim import _Schedule, lr_lambda
 from train_runs import metrics_rows, run
@@ -34,14 +33,7 @@ def tamper(path, optim=None, schedule=None, meta=None, checksums=True):
     """Edit checkpoint `path` as an attacker with write access would: `optim(param_groups)` on DCP's optimizer
     groups, `schedule(state)` on trainer_state.pt's schedule, `meta(checkpoint.json)`, then every checksum redone."""
     if optim is not None:
-        flat = path.parent / "flat.pt"
-        dcp_to_torch_save(str(path / "state"), str(flat))
-        state = torch.load(flat, weights_only=False)
-        optim(state["optim"]["param_groups"])
-        torch.save(state, flat)
-        shutil.rmtree(path / "state")
-        torch_save_to_dcp(str(flat), str(path / "state"))
-        flat.unlink()
+        edit_optimizer(path, lambda state: optim(state["param_groups"]))
     if schedule is not None:
         trainer = torch.load(path / ckpt.STATE_FILE, weights_only=True)
         schedule(trainer["scheduler"])
@@ -50,7 +42,7 @@ def tamper(path, optim=None, schedule=None, meta=None, checksums=True):
     if meta is not None:
         meta(record)
     if checksums:
-        record["files"] = integrity.hash_files(path, [f for f in integrity._walk(path)[0] if f != ckpt.META_FILE])
+        redo_checksums(record, path)
     (path / ckpt.META_FILE).write_text(json.dumps(record))
 
 
@@ -209,53 +201,11 @@ def test_a_schedule_that_is_not_its_checkpoints_is_one_line(tmp_path, case):
 
 # -- the trainer: the tiny preset, interrupted after its first step, resumed through `hybridtune train` ----------
 
-KEYS = dict(
-    sequence_len=64,
-    max_steps=2,
-    eval_steps=0,
-    logging_steps=1,
-    val_set_size=8,
-    warmup_steps=2,
-    gradient_accumulation_steps=1,
-    save_steps=1,
-)
 RATES = [1e-3 * lr_lambda("cosine", 2, 2)(s) for s in (0, 1)]  # the preset's learning_rate auto, over 2 steps
-
-
-def keys(out, data, **kw) -> dict:
-    return {**KEYS, **kw, "dataset": data, "output_dir": str(out)}
-
-
-def interrupted(out, data, **kw) -> None:
-    """`out` holds a run of the tiny preset with `keys(out, data, **kw)`, stopped after step 1 (checkpoint-1)."""
-    run(load_config(None, keys(out, data, **kw)), stop_after=1)
-    assert (out / "checkpoint-1" / ckpt.META_FILE).is_file() and not (out / "checkpoint-2").exists()
-
-
-def argv(given: dict) -> list[str]:
-    """`hybridtune train` resuming the run of `given` (its keys) from its latest checkpoint."""
-    flags = [a for k, v in given.items() for a in (f"--{k}", str(v).lower() if isinstance(v, bool) else str(v))]
-    return ["train", *flags, "--resume_from_checkpoint", "latest"]
 
 
 def resume(given: dict):
     return run(load_config(None, {**given, "resume_from_checkpoint": "latest"}))
-
-
-@pytest.fixture(scope="module")
-def stopped(tmp_path_factory, small_data):
-    """A run of the tiny preset (a full fine-tune, torch's AdamW) stopped after step 1; each test copies it."""
-    out = tmp_path_factory.mktemp("stopped") / "run"
-    interrupted(out, small_data)
-    return out, small_data
-
-
-@pytest.fixture
-def copied(stopped, tmp_path):
-    """(output_dir, the run's keys) of a copy of `stopped`."""
-    out = tmp_path / "run"
-    shutil.copytree(stopped[0], out)
-    return out, keys(out, stopped[1])
 
 
 def test_train_refuses_a_tampered_lr_in_one_line(copied, error_line):
