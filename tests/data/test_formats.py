@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from data_rows import trained_text
 
 from hybridtune.config import DatasetConfig
 from hybridtune.data.examples import load_examples
@@ -17,10 +18,6 @@ from hybridtune.models.tokenizer_files import bundled_tokenizer
 @pytest.fixture(scope="module")
 def tok():
     return bundled_tokenizer()
-
-
-def trained_text(tok, ex) -> str:
-    return tok.decode([i for i, m in zip(ex.input_ids, ex.loss_mask) if m])
 
 
 def untrained_text(tok, ex) -> str:

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import json
 import logging
 
 import pytest
+from data_rows import trained_text, write
 
 from hybridtune.config import DatasetConfig, load_config
 from hybridtune.data.build import load_data
@@ -22,21 +22,12 @@ def tok():
     return tokenizer_for("tiny-qwen3_5")
 
 
-def write(path, rows) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
-
-
 def user(text):
     return {"role": "user", "content": text}
 
 
 def bot(text):
     return {"role": "assistant", "content": text}
-
-
-def trained_text(tok, ex) -> str:
-    return tok.decode([t for t, m in zip(ex.input_ids, ex.loss_mask) if m])
 
 
 def load(tok, path, **ds):

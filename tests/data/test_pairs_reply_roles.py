@@ -4,10 +4,10 @@ model had said it) is one line naming file:line, the field and the role; the pro
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from data_rows import trained_text, write
 
 from hybridtune.cli import main
 from hybridtune.config import DatasetConfig
@@ -22,17 +22,8 @@ def tok():
     return tokenizer_for("tiny-qwen3_5")
 
 
-def write(path, rows) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
-
-
 def msg(role, text, **kw):
     return {"role": role, "content": text, **kw}
-
-
-def trained_text(tok, ex) -> str:
-    return tok.decode([t for t, m in zip(ex.input_ids, ex.loss_mask) if m])
 
 
 GOOD = {"prompt": [msg("user", "2+2=")], "chosen": [msg("assistant", "4")], "rejected": [msg("assistant", "5")]}
