@@ -141,7 +141,7 @@ def masters_into_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer)
 # `schedule_problem` and `resumed_differences` on what it loaded (run/checkpoint.py refuses or warns), then
 # `reapply_config`.
 MACHINE_KEYS = frozenset({"fused", "foreach", "capturable", "differentiable"})  # how this machine runs the update
-CONFIG_KEYS = {"weight_decay": "weight_decay"}  # a group key the config sets (the rates: the schedule's)
+CONFIG_KEYS = frozenset({"weight_decay"})  # a group key the config sets, by its own name (the rates: the schedule's)
 TOLERANCE = 1e-6  # relative: a float32 tensor's rate (torchao's) against the float it was made from
 
 
@@ -242,7 +242,7 @@ def resumed_differences(optimizer: torch.optim.Optimizer, scheduler, fresh: dict
         compare("lr", i, group["lr"], rate, whose="its schedule")
         for key, value in want.items():
             if key not in MACHINE_KEYS and key not in ("lr", "initial_lr"):
-                compare(key, i, group.get(key, "none"), value, CONFIG_KEYS.get(key))
+                compare(key, i, group.get(key, "none"), value, key if key in CONFIG_KEYS else None)
     return unexplained, changed
 
 
