@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridtune.config import DatasetConfig
+from hybridtune.config_schema import THREADS_PER_CPU
 from hybridtune.data.formats import detect_type, to_example
 from hybridtune.data.packing import Example
 from hybridtune.data.pairs import PREFERENCE, append_rows, grouped, is_preference
@@ -123,16 +124,23 @@ def load_source(
 
 
 def resolve_num_proc(num_proc: int, rows: int) -> int:
-    """`dataset_num_proc`: as given (at most one per row and 4 per core, said), or 0 = auto: this process's share of the cores (a
-    torchrun job's processes on this host share them), each with at least ROWS_PER_PROC rows."""
+    """`dataset_num_proc`: as given (at most one per row and THREADS_PER_CPU per core, said), or 0 = auto: this
+    process's share of the cores (a torchrun job's processes on this host share them), each with at least
+    ROWS_PER_PROC rows."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
     if num_proc > 0:
-        if num_proc > 4 * cores:  # (a config from a larger machine: each process holds a tokenizer, for nothing)
-            logger.warning("dataset_num_proc %d: %d processes instead, 4 per core of this machine", num_proc, 4 * cores)
-        return max(1, min(num_proc, 4 * cores, rows))
+        most = THREADS_PER_CPU * cores  # (a config from a larger machine: each process holds a tokenizer, for nothing)
+        if num_proc > most:
+            logger.warning(
+                "dataset_num_proc %d: %d processes instead, %d per core of this machine",
+                num_proc,
+                most,
+                THREADS_PER_CPU,
+            )
+        return max(1, min(num_proc, most, rows))
     cores //= max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     return max(1, min(cores, rows // ROWS_PER_PROC))
 
