@@ -71,6 +71,30 @@ def ours(model, prompts: list[list[int]], new_tokens: int, pad: int, device: tor
     return seconds
 
 
+def greedy_agreement(model, prompts: list[list[int]], new_tokens: int, pad: int, device: torch.device) -> dict:
+    """Both decoders greedy on the same prompts: how many rows give the same tokens, and where each other row first
+    differs (with random weights a near-tie can flip under another kernel order; the row says where)."""
+    from hybridtune.runtime.rollout import sample_rows
+
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p) :] = torch.tensor(p)
+        mask[r, width - len(p) :] = 1
+    with torch.no_grad():
+        hf = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=new_tokens,
+                            min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad)[:, width:].tolist()  # fmt: skip
+    got = [r.ids for r in sample_rows(model, prompts, [None] * len(prompts), new_tokens, [], 0.0, 1.0, pad)]
+    first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(hf, got)]
+    return {
+        "rows": len(prompts),
+        "tokens": new_tokens,
+        "equal": sum(f is None for f in first),
+        "first_difference": first,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="python -m hybridtune.bench.generation", description=__doc__.split("\n\n")[0])
     ap.add_argument("--base_model", default="qwen3_5-2b")
@@ -83,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output_dir", type=folder, default="outputs/bench-generation")
     ap.add_argument("--results", type=file_path, default=None, help="append one row per decoder to this results table")
     ap.add_argument("--only", choices=["hf", "ours"], default=None, help="run one decoder")
+    ap.add_argument("--greedy_rows", type=whole(0, MAX_ROWS), default=8, help="rows of the greedy check (0: none)")
+    ap.add_argument("--greedy_tokens", type=whole(1, MAX_TOKENS), default=128, help="new tokens of the greedy check")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
@@ -123,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         doc["decoders"][name] = {"first_s": first, "seconds": timed, "tokens_per_s": tps, "peak_gib": peak, "how": how}
         print(f"{name}: {tps:,.0f} new tokens/s ({timed:.2f} s timed, first call {first:.2f} s, {how})", flush=True)
     d = doc["decoders"]
+    if a.greedy_rows and not a.only:  # after the timed runs: its decoder is of another size
+        with amp:
+            g = greedy_agreement(model, prompts[: a.greedy_rows], a.greedy_tokens, pad, device)
+        doc["greedy"] = g
+        print(f"greedy: {g['equal']} of {g['rows']} rows equal to generate's over {g['tokens']} new tokens "
+              f"(first difference per row: {g['first_difference']})", flush=True)  # fmt: skip
     if len(d) == 2:
         doc["speedup"] = d["ht-rollout"]["tokens_per_s"] / d["hf-generate"]["tokens_per_s"]
         print(f"speedup: {doc['speedup']:.2f}x", flush=True)
@@ -140,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                 "tokens_per_s": r["tokens_per_s"], "step_ms": None, "peak_gib": r["peak_gib"], "mfu": None,
                 "hfu": None, "loss_step1": None, "loss_last10": None, "first_step_s": r["first_s"], "status": "ok",
                 "source": str(out / "generation.json"),
-                "note": f"{a.rows} rows x {a.new_tokens} new tokens sampled, prompts {low}-{high} tokens; {r['how']}",
+                "note": f"{a.rows} rows x {a.new_tokens} new tokens sampled, prompts {low}-{high} tokens; {r['how']}"
+                + (f"; greedy: {doc['greedy']['equal']} of {doc['greedy']['rows']} rows equal to generate's over "
+                   f"{doc['greedy']['tokens']} tokens" if "greedy" in doc else ""),
             })  # fmt: skip
         results.append(rows, a.results)
     return 0
