@@ -15,6 +15,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -122,10 +123,32 @@ def _shipped_kernel_configs():
     except ImportError as e:  # no FLA here: the tests that need it skip with their own reason
         print(f"\nkernel configs not seeded: {e}")
     yield
+    _save_kernel_configs()
+
+
+def _save_kernel_configs() -> None:
+    """With HYBRIDTUNE_SAVE_KERNEL_CONFIGS=PATH on a GPU: what this process's autotuners chose, added to PATH (one
+    file per xdist worker: PATH.<worker>; `python -m hybridtune.kernels.tuned merge` folds them)."""
     target = os.environ.get("HYBRIDTUNE_SAVE_KERNEL_CONFIGS")
-    if target:
-        worker = os.environ.get("PYTEST_XDIST_WORKER")
-        tuned.save(Path(f"{target}.{worker}" if worker else target), device)
+    if not target or "fla" not in sys.modules:
+        return
+    import torch
+
+    from hybridtune.kernels import tuned
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    tuned.save(
+        Path(f"{target}.{worker}" if worker else target), torch.cuda.get_device_name(torch.cuda.current_device())
+    )
+
+
+@pytest.fixture(autouse=True)
+def _kernel_configs_kept_per_test(request):
+    """The table saved after every CUDA test too, not only at the session's end: a tier cut by its time limit (a
+    GPU call's) still leaves what it tuned."""
+    yield
+    if "cuda" in request.keywords:
+        _save_kernel_configs()
 
 
 @pytest.fixture(autouse=True)

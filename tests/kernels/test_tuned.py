@@ -176,6 +176,71 @@ def test_save_merges_with_the_table_of_the_same_versions_and_replaces_another(tm
     assert tuned.save(path, DEVICE, found) == 1  # another FLA: the old choices are not mixed in
 
 
+def _worker_table(tmp_path, name, chosen, versions=None, device=DEVICE):
+    """A table as one xdist worker of the CUDA tier saves it: `chosen` maps a merge_kernel key to a candidate index."""
+    found, _h, p = _found()
+    for key, i in chosen.items():
+        p.cache[key] = p.configs[i]
+    path = tmp_path / name
+    tuned.save(path, device, found)
+    if versions is not None:
+        data = json.loads(path.read_text())
+        path.write_text(json.dumps({**data, "versions": versions}))
+    return path
+
+
+def test_merge_folds_the_workers_tables_into_one_and_the_later_choice_wins(tmp_path, fixed_versions, capsys):
+    a = _worker_table(tmp_path, "kc.json.gw0", {(1,): 0, (2,): 1})
+    b = _worker_table(tmp_path, "kc.json.gw1", {(2,): 2, (5,): 0})
+    out = tmp_path / "NVIDIA_H100_80GB_HBM3.json"
+    assert tuned.main(["merge", str(out), str(a), str(b)]) == 0
+    assert "3 entries" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["device"] == DEVICE and data["versions"] == VERSIONS and data["format"] == tuned.FORMAT
+    got = {tuple(e["key"]): e["config"] for e in data["kernels"]["fla.ops.utils.solve_tril.merge_kernel"]}
+    _, _, p = _found()
+    assert got == {(1,): p.configs[0].all_kwargs(), (2,): p.configs[2].all_kwargs(), (5,): p.configs[0].all_kwargs()}
+    c = _worker_table(tmp_path, "kc.json.gw2", {(7,): 1})  # a later run adds to the table it made
+    assert tuned.merge(out, [c]) == 4
+    fresh, _h2, p2 = _found()  # and a fresh process seeds all of it
+    assert "4 FLA autotuning choices taken" in tuned.seed(DEVICE, out, fresh)
+    assert p2.cache[(2,)] is p2.configs[2]
+
+
+def test_merge_refuses_tables_of_other_devices_or_versions(tmp_path, fixed_versions, capsys):
+    a = _worker_table(tmp_path, "a.json", {(1,): 0})
+    old = _worker_table(tmp_path, "old.json", {(1,): 1}, versions={"fla": "0.5.4", "triton": "3.6.0"})
+    out = tmp_path / "out.json"
+    assert tuned.main(["merge", str(out), str(a), str(old)]) == 2
+    assert "old.json is for NVIDIA H200, fla 0.5.4" in capsys.readouterr().err and not out.exists()
+    other = _worker_table(tmp_path, "other.json", {(1,): 0}, device="NVIDIA H100 80GB HBM3")
+    tuned.merge(out, [a])
+    with pytest.raises(ValueError, match="holds the kernel configs of NVIDIA H200"):
+        tuned.merge(out, [other])
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ValueError, match="none of"):
+        tuned.merge(out, [tmp_path / "broken.json"])
+
+
+def test_covered_names_the_shipped_tables_devices_and_seed_says_them(tmp_path, fixed_versions, monkeypatch):
+    monkeypatch.setattr(tuned, "SHIPPED", tmp_path)
+    _worker_table(tmp_path, "NVIDIA_H200.json", {(1,): 0})
+    _worker_table(tmp_path, "NVIDIA_H100_80GB_HBM3.json", {(1,): 0}, device="NVIDIA H100 80GB HBM3")
+    (tmp_path / "junk.json").write_text("[]")
+    assert tuned.covered() == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    line = tuned.seed("NVIDIA A100-SXM4-80GB", tuners={})
+    assert "none shipped for NVIDIA A100-SXM4-80GB (tables ship for NVIDIA H100 80GB HBM3, NVIDIA H200)" in line
+
+
+def test_the_shipped_tables_are_each_for_the_device_their_name_says():
+    names = sorted(tuned.SHIPPED.glob("*.json"))
+    assert names, "no kernel table ships"
+    for path in names:
+        data = json.loads(path.read_text())
+        assert data["format"] == tuned.FORMAT and tuned.device_slug(data["device"]) == path.stem
+        assert sum(len(v) for v in data["kernels"].values()) > 0
+
+
 @pytest.mark.cuda
 def test_seeded_choices_run_the_real_kernels_and_pass_the_selftest(tmp_path):
     """On a GPU with FLA: after a self-test every GDN-path autotuner has chosen; the table made from that, seeded

@@ -120,6 +120,46 @@ def save(path: Path, device: str, tuners: dict[str, Any] | None = None) -> int:
     return sum(len(v) for v in kernels.values())
 
 
+def merge(out: Path, inputs: list[Path]) -> int:
+    """Fold the tables at `inputs` (one per process: an xdist worker's, a bench's) into the table at `out`, as `save`
+    adds a process's choices: one device, one set of versions (a table of other versions in `out` is replaced, an
+    input of another device or versions is refused), the later input's choice wins. Returns the number of entries."""
+    tables = [(p, _read(Path(p))) for p in inputs]
+    tables = [(p, t) for p, t in tables if t is not None]
+    if not tables:
+        raise ValueError(f"none of {[str(p) for p in inputs]} is a {FORMAT} table")
+    first = tables[0][1]
+    device, vers = first.get("device"), first.get("versions")
+    for p, t in tables:
+        if (t.get("device"), t.get("versions")) != (device, vers):
+            raise ValueError(f"{p} is for {_made(t.get('device'), t.get('versions'))}, not {_made(device, vers)}")
+    out = Path(out)
+    held = _read(out) if out.exists() else None
+    if held is not None and held.get("device") != device:
+        raise ValueError(f"{out} holds the kernel configs of {held.get('device')}, not {device}: give another file")
+    kernels: dict[str, dict[str, Any]] = {}
+    for t in ([held] if held is not None and held.get("versions") == vers else []) + [t for _, t in tables]:
+        for name, entries in t["kernels"].items():
+            for entry in entries if isinstance(entries, list) else []:
+                key, config = _entry(entry)
+                if key is not None:
+                    kernels.setdefault(name, {})[json.dumps(list(key))] = {"key": list(key), "config": config}
+    table = {name: [byk[k] for k in sorted(byk)] for name, byk in sorted(kernels.items())}
+    atomic_write_text(out, json.dumps({"format": FORMAT, "device": device, "versions": vers, "kernels": table},
+                                      indent=1, sort_keys=True))  # fmt: skip
+    return sum(len(v) for v in table.values())
+
+
+def covered() -> list[str]:
+    """The GPU kinds a table ships for (`NVIDIA H200`, ...), as each table names its device."""
+    names = []
+    for path in sorted(SHIPPED.glob("*.json")):
+        table = _read(path)
+        if table is not None and isinstance(table.get("device"), str):
+            names.append(table["device"])
+    return names
+
+
 def _read(path: Path) -> dict[str, Any] | None:
     """The table at `path`, or None (with the reason logged) when it is unreadable or not of this format."""
     try:
@@ -144,7 +184,10 @@ def seed(device: str, path: Path | None = None, tuners: dict[str, Any] | None = 
         )
     path = Path(path) if path is not None else shipped(device)
     if not path.exists():
-        return f"kernel configs: none shipped for {device}: FLA autotunes its kernels (slow on a cold Triton cache)"
+        return (
+            f"kernel configs: none shipped for {device} (tables ship for {', '.join(covered()) or 'no GPU'}): FLA "
+            "autotunes its kernels (slow on a cold Triton cache; benchmarks/proof.sh cuda makes this GPU's table)"
+        )
     table = _read(path)
     if table is None:
         return f"kernel configs: {path} not used (see the warning): FLA autotunes its kernels"
@@ -201,3 +244,31 @@ def _entry(entry: Any) -> tuple[tuple | None, dict[str, Any] | None]:
 def _is_data(key: Any, config: dict[str, Any]) -> bool:
     """Whether an autotune key and a config's launch kwargs are plain JSON scalars (what a table holds)."""
     return all(isinstance(v, _JSON_SCALARS) for v in (*key, *config.values()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hybridtune.kernels.tuned merge OUT IN [IN ...]`: the tables of several processes folded into OUT
+    (benchmarks/proof.sh cuda: one per xdist worker of the CUDA tier); `covered`: the GPU kinds a table ships for."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m hybridtune.kernels.tuned")
+    sub = ap.add_subparsers(dest="verb", required=True)
+    m = sub.add_parser("merge", help="fold tables into OUT")
+    m.add_argument("out", type=Path)
+    m.add_argument("inputs", type=Path, nargs="+")
+    sub.add_parser("covered", help="the GPU kinds a table ships for")
+    args = ap.parse_args(argv)
+    if args.verb == "covered":
+        print("\n".join(covered()))
+        return 0
+    try:
+        n = merge(args.out, args.inputs)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{args.out}: {n} entries")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
