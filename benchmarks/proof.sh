@@ -9,7 +9,7 @@
 #               autotuning choices saved per xdist worker and folded into $OUT/<GPU>.json (the tuned table of this
 #               GPU kind: copy it to src/hybridtune/kernels/tuned/, the way a table is made for any card), then
 #               `python -m hybridtune.bench.generation` (GEN_MODEL qwen3_5-2b, ROWS 64 x NEW 512 tokens: the rollout
-#               decoder beside transformers' generate, greedy agreement on 8 prompts)
+#               decoder beside transformers' generate, greedy agreement on 8 prompts; GEN=0: the tier alone)
 #   preference  benchmarks/dpo.sh on the 2B (TRL's DPOTrainer first, so its row exists whatever our compile takes;
 #               at most T_DPO = 330 s), then the GRPO pair (python -m hybridtune.bench.grpo_pair: 8 prompts x 8
 #               completions x 256 tokens, TRL's GRPOTrainer without vLLM beside ours) in what is left
@@ -17,7 +17,7 @@
 #
 # Each part appends its rows to benchmarks/results.jsonl (NO_RESULTS=1: none) and brings back at most 8 files in
 # $OUT: proof.log (setup, versions, every step's outcome and the summary), results.jsonl, work.tar.gz (every log),
-# and the part's own (cuda: <GPU>.json, tier.log; preference: dpo-*.md; vision: vl.md).
+# and the part's own (cuda: <GPU>.json; preference: dpo-*.md; vision: vl.md); SAVE_CACHE=1 adds the compile caches.
 # Wheels, in .whl/ (7 MB; what travels stays far under 64 MiB): ../shared/tools/gpu-wheels.sh einops==0.8.1
 # datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 xxhash==4.1.0 torchao==0.18.0 trl==1.16.0 pytest-xdist==3.8.0
 # execnet==2.1.2 (FLA 0.6.0 1.5 MB, torchao 3.4 MB, trl 0.9 MB, datasets 0.6 MB, the rest under 0.5 MB each; the
@@ -73,7 +73,6 @@ part_cuda() {
   say "== cuda tier: rc $? at ${SECONDS} s"
   grep -E "^(FAILED|ERROR|SKIPPED)|(passed|failed|skipped|error|no tests ran).* in [0-9.]+s" "$R/tier.log" \
     | cut -c1-220 | tee -a "$LOG"
-  cp "$R/tier.log" "$OUT/tier.log"
   if ls "$kc".* > /dev/null 2>&1; then
     device=$($PY -c "import torch; print(torch.cuda.get_device_name(0))")
     slug=$($PY -c "import sys; from hybridtune.kernels.tuned import device_slug; print(device_slug(sys.argv[1]))" "$device")
@@ -82,6 +81,10 @@ part_cuda() {
     cp "$R/tuned/$slug.json" "$OUT/"
   else
     say "== no kernel table saved (no GPU, or no FLA kernel ran)"
+  fi
+  if [ "${GEN:-1}" = 0 ]; then
+    say "== generation: not run (GEN=0)"
+    return
   fi
   local gen=(--base_model "${GEN_MODEL:-qwen3_5-2b}" --rows "${ROWS:-64}" --new_tokens "${NEW:-512}")
   [ "${REHEARSAL:-0}" = 1 ] && gen=(--base_model tiny-qwen3_5 --rows 2 --new_tokens 4)
