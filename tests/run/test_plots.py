@@ -10,6 +10,7 @@ import random
 import pytest
 from PIL import Image
 
+from hybridtune.errors import TrainingDiverged
 from hybridtune.run import plots
 from hybridtune.run.plots import ACCURACY_PLOT, LOSS_PLOT, REWARD_PLOT, curves, plot_run
 from train_runs import make_cfg, metrics_rows, run
@@ -169,4 +170,13 @@ def test_a_grpo_run_draws_its_reward(tmp_path):
                    val_set_size=0, lora_dropout=0.0)  # fmt: skip
     assert run(cfg).final_dir
     drawn(out / REWARD_PLOT)
+    drawn(out / LOSS_PLOT)
+
+
+def test_a_run_that_diverges_leaves_the_curve_up_to_it(tmp_path, small_data):
+    """A non-finite loss stops the run (exit 3) before any save: the curve of the steps it logged is what shows why."""
+    out = tmp_path / "run"
+    with pytest.raises(TrainingDiverged):
+        run(make_cfg(out, small_data, learning_rate=1e6, max_steps=6, warmup_steps=0, lora_dropout=0.0))
+    assert not list(out.glob("checkpoint-*")) and metrics_rows(out, "train")
     drawn(out / LOSS_PLOT)

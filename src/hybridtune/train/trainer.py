@@ -452,6 +452,7 @@ class Trainer:
             prof.cancel()
             if self.metrics is not None:
                 self.metrics.close()
+                plot_run(self.out)  # the curves as the run ends: finished (its final eval too), stopped or failed
             if self.cuda_graphs:
                 logger.info("%s", self.graph_log.final())
         result.steps = self.step
@@ -483,8 +484,6 @@ class Trainer:
             return
         with self.stop.hold():  # (the weights were checked by the save above, or by the one that wrote them)
             result.final_dir = str(self.save_final())
-        if self.dist.is_main:
-            plot_run(self.out)  # the curves with the final eval
 
 
 def train(cfg: TrainConfig, on_log: Callable[[dict], None] | None = None) -> TrainResult:
