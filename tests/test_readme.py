@@ -49,3 +49,29 @@ def test_relative_links_resolve(rel):
         if frag:
             headings = [m[1] for m in re.findall(r"^(#+) (.+)$", dest.read_text(encoding="utf-8"), re.M)]
             assert frag in {anchor(h) for h in headings}, f"{rel}: link {target!r}: no heading with that anchor"
+
+
+@pytest.mark.parametrize("rel", DOCS)
+def test_code_blocks_open_and_close_in_pairs(rel):
+    """A bare fence closes a block, and a fence with a language never appears inside one: a section pasted into the
+    middle of an example leaves its opening fences inside the block (which then runs on through the headings)."""
+    inside = None
+    for n, line in enumerate((ROOT / rel).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.startswith("```"):
+            assert not (inside and line.startswith("## ")), f"{rel}:{n}: a heading inside the block of line {inside}"
+            continue
+        if inside is None:
+            inside = n
+        else:
+            assert line == "```", f"{rel}:{n}: a block opens inside the block of line {inside}"
+            inside = None
+    assert inside is None, f"{rel}: the block of line {inside} is never closed"
+
+
+def test_config_md_says_once_what_happens_to_images():
+    """CONFIG.md trains images on a vision-language checkpoint (its Images section) and nowhere says the data are text
+    only (issue 47 defect 18: its Data bullet said rows with images were refused, as hybridtune trained text only)."""
+    text = (ROOT / "docs" / "CONFIG.md").read_text(encoding="utf-8")
+    assert "text only" not in text and "## Images" in text
+    data = text.split("- **Data**", 1)[1].split("\n- **", 1)[0]
+    assert "vision-language checkpoint" in data and "text-only model" in data

@@ -80,7 +80,26 @@ def test_export_refuses_what_it_cannot_or_must_not_do(trained, tmp_path, capsys)
         export_checkpoint(out / "checkpoint-2", taken)
     assert (taken / "keep.txt").read_text() == "mine"
     assert cli.main(["export", str(out / "checkpoint-9"), str(tmp_path / "y")]) == 2
+    assert "give one of them" in capsys.readouterr().err
+    assert cli.main(["export", str(out), str(tmp_path / "y")]) == 2
     assert "give a checkpoint directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["export", "generate", "eval"])
+def test_a_checkpoint_save_total_limit_removed_is_one_line_naming_those_kept(trained, tmp_path, capsys, command):
+    """The README's `export OUTPUT_DIR/checkpoint-200` after save_total_limit rotated it out: one line, exit 2,
+    naming the checkpoints the run kept (and its final/), not a hub lookup of a name or a bare 'not a checkpoint'."""
+    out = trained("tiny-qwen3_5", "lora")
+    kept = sorted(p.name for p in out.glob("checkpoint-*"))
+    assert kept == ["checkpoint-2", "checkpoint-4"]
+    gone = out / "checkpoint-1"  # saved at step 1 of a run that kept the newest two, say
+    argv = {"export": [str(gone), str(tmp_path / "y")], "generate": [str(gone), "--prompt", "1+1="],
+            "eval": ["--model", str(gone), "--split", "heldout"]}[command]  # fmt: skip
+    assert cli.main([command, *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"'{gone}' does not exist" in err, err
+    assert err.endswith("holds checkpoint-2, checkpoint-4, final/: give one of them"), err
+    assert not (tmp_path / "y").exists()
 
 
 def test_a_damaged_checkpoint_is_refused_by_its_checksums(trained, tmp_path):

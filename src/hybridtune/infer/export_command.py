@@ -21,7 +21,7 @@ from pathlib import Path
 
 from hybridtune.errors import ModelError, OutputDirError
 from hybridtune.files import atomic_write_text
-from hybridtune.infer.load import open_model
+from hybridtune.infer.load import missing_checkpoint, open_model
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run import export, guarded
 from hybridtune.run.card import model_card
@@ -45,6 +45,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, overwrite: bool =
 
 
 def _export(src: Path, out: Path, overwrite: bool, merged: bool = False) -> Path:
+    if (missing := missing_checkpoint(src)) is not None:
+        raise missing
     if not (src / ckpt.META_FILE).is_file():
         final = (src / export.INFO_FILE).is_file()
         what = "a run's final model, already loadable" if final else "not a checkpoint"

@@ -20,6 +20,7 @@ import glob
 import json
 import logging
 import pickle
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,7 @@ from hybridtune.runtime.vision_train import train_vision
 logger = logging.getLogger(__name__)
 
 ADAPTER_CONFIG = "adapter_config.json"
+STEP_NAME = re.compile(r"checkpoint-\d+")  # a checkpoint's directory name
 
 
 @dataclass
@@ -158,9 +160,29 @@ def resolve_dir(path: Path, say: bool = True) -> Path:
     return path
 
 
+def missing_checkpoint(path: Path) -> ModelError | None:
+    """The error for `OUTPUT_DIR/checkpoint-N` that is not there (save_total_limit removed it, or the run never got
+    to step N), naming what the run's directory holds; None when `path` is not such a name."""
+    run_dir = path.parent
+    if path.exists() or not STEP_NAME.fullmatch(path.name) or not run_dir.is_dir():
+        return None
+    kept = [p.name for p in ckpt.list_checkpoints(run_dir)] + (
+        [f"{FINAL_DIR}/"] if (run_dir / FINAL_DIR).is_dir() else []
+    )
+    if not kept and not (run_dir / RUN_FILE).is_file():
+        return None
+    return ModelError(
+        f"'{path}' does not exist (a run keeps only its newest save_total_limit checkpoints); '{run_dir}' holds "
+        + (", ".join(kept) if kept else "no checkpoint yet")
+        + ": give one of them"
+    )
+
+
 def recorded_run(spec: str) -> TrainConfig | None:
     """The config of the run MODEL `spec` comes from, when it names a run's directory (nothing is loaded)."""
     path = Path(spec).expanduser()
+    if (missing := missing_checkpoint(path)) is not None:
+        raise missing
     return _run_of(resolve_dir(path, say=False))[0] if path.is_dir() else None
 
 
@@ -168,6 +190,8 @@ def open_model(spec: str, *, patched: bool = False, dtype: torch.dtype | None = 
     """Open MODEL `spec` (see the module docstring) on the CPU, in eval mode. Raises ModelError (one line) for what
     cannot be opened, CheckpointError for a damaged checkpoint."""
     path = Path(spec).expanduser()
+    if (missing := missing_checkpoint(path)) is not None:
+        raise missing
     if not path.is_dir():
         loaded = load_model(spec, dtype=dtype)  # a preset or hub id; its own errors say what is missing
         if patched:

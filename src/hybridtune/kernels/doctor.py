@@ -141,6 +141,14 @@ def _compile_plan(model: Any) -> list[dict[str, Any]] | dict[str, str]:
         return {"error": f"plan_model failed: {type(e).__name__}: {e}"}
 
 
+def config_about(path: Path) -> str:
+    """What a bundled example config is for: the first line of its opening comment."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
 def diagnose(model: str | None = None) -> dict[str, Any]:
     """Everything doctor reports, as one JSON-able dict."""
     out: dict[str, Any] = {"environment": environment(), "attention": attention_backend()}
@@ -149,6 +157,7 @@ def diagnose(model: str | None = None) -> dict[str, Any]:
     out["kernel_backends"] = backend_lines(None, suites())  # the pin and what is installed; per layout below
     out["presets"] = preset_table()
     out["bundled_configs"] = {name: str(path) for name, path in bundled_configs().items()}
+    out["bundled_configs_about"] = {name: config_about(path) for name, path in bundled_configs().items()}
     if model is None:
         return out
     label, config = resolve_model(model)
@@ -212,6 +221,7 @@ def render(d: dict[str, Any]) -> str:
         lines.append("example configs (hybridtune train NAME; copy the file to start your own):")
         for name, path in d["bundled_configs"].items():
             lines.append(f"  {name}  {path}")
+            lines.append(f"      {d['bundled_configs_about'][name]}")
         lines.append("(pass --model PRESET_OR_DIR for the per-mixer paths and the self-test)")
         return "\n".join(lines)
     m, prov = d["model"], d["provision"]

@@ -21,6 +21,7 @@ from hybridtune.files import atomic_write_text
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run import integrity
 from hybridtune.run.export import BASE_DIR, FINAL_DIR
+from hybridtune.run.plots import PLOT_FILES
 from hybridtune.runtime.defaults import KEYS as AUTO_KEYS
 
 logger = logging.getLogger(__name__)
@@ -158,9 +159,10 @@ def _records_rewards(held: dict) -> bool:
 
 
 def _foreign(out: Path) -> list[str]:
-    """Entries of `out` that no hybridtune run wrote (a run's own: run file, lock, metrics, checkpoints, profiles,
-    final model and base, and the temporary directories of its writes). A link is never a run's own."""
-    own = {RUN_FILE, LOCK_FILE, "metrics.jsonl", DATA_REPORT}
+    """Entries of `out` that no hybridtune run wrote (a run's own: run file, lock, metrics and their curves,
+    checkpoints, profiles, final model and base, and the temporary directories of its writes). A link is never a
+    run's own."""
+    own = {RUN_FILE, LOCK_FILE, "metrics.jsonl", DATA_REPORT, *PLOT_FILES}
     return sorted(
         p.name
         for p in out.iterdir()

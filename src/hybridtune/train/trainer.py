@@ -4,7 +4,7 @@
               (data order and position), step.py (one micro-batch's loss; cudagraphs.py), distributed.py (DDP /
               FSDP2, the window split over ranks), profiling.py, oom.py (the first step's out-of-memory retry)
     run/      outdir.py (which runs a directory may hold), checkpoint.py (atomic DCP checkpoints, exact resume),
-              export.py (the final model or adapter)
+              export.py (the final model or adapter), plots.py (loss.png and the other curves)
     train/    evaluation.py (held-out loss and exact match)
 
 An optimizer step's loss is the mean over every trained token of its micro-batches (the window's token count is known
@@ -20,7 +20,6 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -44,6 +43,7 @@ from hybridtune.run import export
 from hybridtune.run.base import base_identity, base_revision
 from hybridtune.run.card import model_card
 from hybridtune.run.outdir import DATA_REPORT, RUN_FILE, OutputLock, claim_output_dir, tidy, write_run_file
+from hybridtune.run.plots import plot_run
 from hybridtune.run.space import fit_run
 from hybridtune.runtime import compose as compose_step
 from hybridtune.runtime import cudagraphs, distributed, health, oom
@@ -62,21 +62,11 @@ from hybridtune.train.objectives import build_objective
 from hybridtune.train.objectives.grpo_rollouts import Rollouts, load_prompts, on_policy, prepare_prompts
 from hybridtune.train.objectives.preference import collator_for, prepare_data
 from hybridtune.train.objectives.rewards import RewardError
+from hybridtune.train.result import TrainResult  # (importable from here, as before)
 from hybridtune.train.samples import generate_samples
 from hybridtune.train.trackers import open_metrics
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainResult:
-    steps: int
-    losses: list[float] = field(default_factory=list)  # loss of every optimizer step run in this process
-    evals: list[dict] = field(default_factory=list)
-    output_dir: str = ""
-    final_dir: str | None = None
-    interrupted: bool = False
-    signal: str | None = None  # the signal that stopped it (SIGINT, SIGTERM), when one did
 
 
 class Trainer:
@@ -372,6 +362,7 @@ class Trainer:
             )  # fmt: skip
             if self.dist.is_main:
                 ckpt.prune_checkpoints(self.out, self.cfg.save_total_limit)
+                plot_run(self.out)  # the curves so far (loss.png, ...: run/plots.py; a failure is one warning)
         self.saved_step = self.step
         return path
 
@@ -461,6 +452,7 @@ class Trainer:
             prof.cancel()
             if self.metrics is not None:
                 self.metrics.close()
+                plot_run(self.out)  # the curves as the run ends: finished (its final eval too), stopped or failed
             if self.cuda_graphs:
                 logger.info("%s", self.graph_log.final())
         result.steps = self.step
