@@ -69,7 +69,10 @@ def test_dropped_pairs_are_named_and_counted_in_the_preview(tmp_path, capsys):
     rows = [_pair([{"role": "assistant", "content": f"yes {k}"}], [{"role": "assistant", "content": f"no {k}"}])
             for k in range(good)]  # fmt: skip
     rows += [SAME, _pair([{"role": "assistant", "content": "  "}], [{"role": "assistant", "content": "x"}])]
-    rows += [_pair([], [{"role": "assistant", "content": "x"}]), {"chosen": "The answer is", "rejected": "The answer is"}]
+    rows += [
+        _pair([], [{"role": "assistant", "content": "x"}]),
+        {"chosen": "The answer is", "rejected": "The answer is"},
+    ]
     data = _write(tmp_path / "mixed.jsonl", rows)
     assert main(_argv(data, tmp_path, "--objective", "dpo", "--rows", str(len(rows)))) == 0
     out = capsys.readouterr().out

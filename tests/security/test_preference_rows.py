@@ -10,8 +10,6 @@ import random
 
 import pytest
 
-from hybridtune.cli import main
-
 
 def _argv(tmp_path, rows, objective="dpo"):
     data = tmp_path / "pref.jsonl"
