@@ -136,6 +136,11 @@ def test_urls_of_other_schemes_are_named_as_urls_not_missing_paths(dirs, tok, vi
     assert "does not exist" not in str(e.value)
 
 
+def test_a_nul_in_an_image_path_is_one_line(dirs, tok, vision):
+    with pytest.raises(DataError, match=r"d\.jsonl:1: .*holds a NUL character"):
+        _load(dirs[0], tok, vision, [_image(f"ok{chr(0)}.png")])
+
+
 def test_file_localhost_is_the_local_path(dirs, tok, vision):
     data, _ = dirs
     got = _load(data, tok, vision, [_image(f"file://localhost{data / 'ok.png'}")]).examples[0].images[0].source

@@ -160,6 +160,8 @@ def image_source(ref: str, base: Path | None, where: str, what: str) -> str:
     is fetched."""
     if ref.startswith(DATA_URI):
         return ref
+    if "\0" in ref:  # (os.stat raises ValueError for it: a traceback)
+        raise DataError(f"{where}: {what}: image path {_short(ref)} holds a NUL character; fix the path")
     if ref.lower().startswith(REMOTE):
         raise DataError(
             f"{where}: {what}: image {_short(ref)} is a remote URL; hybridtune reads no images from the network "

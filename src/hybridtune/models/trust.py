@@ -26,7 +26,7 @@ _USE_KNOWN = (
     "use a checkpoint whose model_type transformers itself knows (`hybridtune doctor` lists the supported families), "
     "or delete that key"
 )
-_checked: dict[tuple, tuple[str, str] | None] = {}  # (path, size, mtime, inode) -> finding: a 10 MB tokenizer.json once
+_checked: dict[tuple, tuple[str, str] | None] = {}  # (path, size, times, inode) -> finding: a 10 MB tokenizer.json once
 
 
 def _pairs(found: list[str]):
@@ -54,7 +54,7 @@ def _finding(path: Path) -> tuple[str, str] | None:
         return "is not a regular file (a pipe or a device)", "replace it with the file itself"
     if st.st_size > MAX_JSON_BYTES:
         return f"is {st.st_size} bytes, more than any model file ({MAX_JSON_BYTES})", "remove it"
-    key = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
+    key = (str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)  # (ctime: a write cannot set it back)
     if key in _checked:
         return _checked[key]
     found: list[str] = []
