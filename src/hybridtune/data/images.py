@@ -134,8 +134,8 @@ def confined(path: str, base: Path | None, where: str, what: str) -> str:
     shown = f"'{path}'" + (f" (a link to '{real}')" if real != os.path.abspath(path) else "")
     raise DataError(
         f"{where}: {what}: image {shown} lies outside the data file's folder {base}; a data file reads images from "
-        "its own folder only: move the image there, list its folder in `image_roots`, or set "
-        "`allow_outside_images: true` if you trust the data"
+        "its own folder only: move the image there, or (train, eval, data) list its folder in `image_roots` or set "
+        "`allow_outside_images: true` if you trust the data (generate: give it with --image)"
     )
 
 
