@@ -38,7 +38,7 @@ def _planted(vlm_dir: Path, tmp_path: Path, name: str, key: str = "auto_map") ->
     evil = tmp_path / "evil_model"
     shutil.copytree(vlm_dir, evil)
     (evil / "evil.py").write_text(EVIL)
-    data = json.loads((evil / name).read_text())
+    data = json.loads((evil / name).read_text()) if (evil / name).exists() else {}
     value = {"AutoVideoProcessor": "evil.EvilProc", "AutoConfig": "evil.EvilConfig"}
     if key == "custom_pipelines":
         value = {"text-generation": {"impl": "evil.Pipe", "pt": ["AutoModelForCausalLM"]}}
@@ -56,12 +56,18 @@ def test_the_snapshot_holds_the_files_a_release_does(vlm):
     assert trust.custom_code(vlm[0]) is None
 
 
+# JSON files a released Qwen3.5 VL snapshot holds beside those the tiny one writes (planted as new files there).
+RELEASE_FILES = ["chat_template.json", "processor_config.json", "model.safetensors.index.json", "vocab.json",
+                 "special_tokens_map.json", "added_tokens.json"]  # fmt: skip
+
+
 def _json_files():
-    """Every JSON file name of the tiny snapshot (built once, here, to parametrize over them)."""
+    """Every JSON file name of the tiny snapshot (built once, here, to parametrize over them) and of a release."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
-        return sorted(p.name for p in vl_tiny.make_checkpoint(Path(d) / "m").glob("*.json"))
+        written = {p.name for p in vl_tiny.make_checkpoint(Path(d) / "m").glob("*.json")}
+    return sorted(written | set(RELEASE_FILES))
 
 
 @pytest.mark.parametrize("name", _json_files())
