@@ -1,5 +1,6 @@
-"""The keys of what a vision-language model trains besides its language model, by LLaMA-Factory's names (a leaf:
-`config_schema.TrainConfig` inherits them; runtime/vision_train.py applies them)."""
+"""The keys of what a vision-language model trains besides its language model, by LLaMA-Factory's names, and where a
+data file's images may be read from (a leaf: `config_schema.TrainConfig` inherits them; runtime/vision_train.py and
+data/images.py apply them)."""
 
 from __future__ import annotations
 
@@ -21,4 +22,15 @@ class VisionKeys:
             "help": "vision-language models: keep the merger (the projector into the language model) frozen; false "
             "trains it as the language model is (LoRA on its Linear layers, or every parameter)"
         },
+    )
+    allow_outside_images: bool = field(
+        default=False,
+        metadata={
+            "help": "vision-language data: read images and video frames from anywhere (each read outside the data "
+            "file's folder and image_roots is logged); false: only from there, links resolved"
+        },
+    )
+    image_roots: list[str] = field(
+        default_factory=list,
+        metadata={"help": "vision-language data: folders a data file's images may also be read from (links resolved)"},
     )

@@ -1,8 +1,11 @@
-"""Reading text files a user gave (configs, data): UTF-8 with an optional byte-order mark, and errors that say
-where (line and column) a file stops being text. A leaf module: it imports nothing of ours."""
+"""Reading text files a user gave (configs, data): UTF-8 with an optional byte-order mark, errors that say where
+(line and column) a file stops being text, and what a path that is not a regular file is (`not_a_file`). A leaf
+module: it imports nothing of ours."""
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 
@@ -51,3 +54,20 @@ def read_utf8(p: Path, what: str, error: type[Exception]) -> str:
     if nul:
         raise error(f"{p}:{nul}") from None
     return text
+
+
+def not_a_file(path: str | Path) -> str:
+    """What `path` is when it is not a regular file, for 'FILE {it}': 'does not exist', 'is a directory', 'is a
+    pipe (FIFO), not a file', 'is a device, not a file'...; '' for a regular file (a link followed to one)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if stat.S_ISREG(mode):
+        return ""
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    kind = "pipe (FIFO)" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode) else "device"
+    return f"is a {kind}, not a file"

@@ -20,6 +20,8 @@ def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the input was checked")
 
+    import hybridtune.infer.evaluate  # noqa: F401 (first imported after the patch below, it would keep the stand-in)
+
     monkeypatch.setattr("hybridtune.infer.load.open_model", refuse)
     monkeypatch.setattr("hybridtune.infer.evaluate.open_model", refuse)
 

@@ -207,7 +207,7 @@ def prepare(out: Path, preset: str, seq_len: int, layouts: int, seed: int, dtype
     model_dir = write_checkpoint(out / MODEL_DIR, preset, seed, dtype)
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
     vision = vision_for(model_dir, tok)
     cfg = json.loads((model_dir / "config.json").read_text())
     packs = make_documents(out / DATA_DIR, vision, cfg["text_config"]["vocab_size"], seq_len, layouts, seed)

@@ -15,6 +15,7 @@ from hybridtune.config import TrainConfig
 from hybridtune.config_schema import PRESET_SEQUENCE_LEN
 from hybridtune.data.chat import check_template_kwargs
 from hybridtune.data.examples import Loaded, load_source
+from hybridtune.data.images import set_image_policy
 from hybridtune.data.packing import Example, PackStats, pack
 from hybridtune.data.report import counts, fit, log_records
 from hybridtune.errors import DataError
@@ -70,6 +71,7 @@ class LoadedData:
 def load_data(cfg: TrainConfig, tokenizer, vision=None) -> LoadedData:
     """Every source tokenised and split (`vision`: a vision-language model's, data/vision.py, takes the rows' images)."""
     kwargs = check_template_kwargs(cfg.chat_template_kwargs)
+    set_image_policy(cfg.allow_outside_images, cfg.image_roots)  # (where the rows' images may be read from)
 
     def load(sources) -> list[Loaded]:
         return [

@@ -26,6 +26,7 @@ from hybridtune.data.template_budget import TemplateBudgetExceeded
 from hybridtune.data.template_budget import render as bounded_render
 from hybridtune.data.template_fields import check_rendered
 from hybridtune.errors import ConfigError
+from hybridtune.textfile import not_a_file
 
 # Private-use characters: no text or template contains them, so a sentinel made of them differs from the content it
 # replaces at both ends, and the common prefix and suffix stop exactly at the content.
@@ -55,8 +56,8 @@ def with_chat_template(tokenizer, choice: str | None):
     else:
         path = Path(choice).expanduser()
         if not path.is_file():
-            if path.suffix.lower() in TEMPLATE_SUFFIXES or "/" in choice or path.is_dir():
-                what = "is a directory" if path.is_dir() else "does not exist"
+            if path.suffix.lower() in TEMPLATE_SUFFIXES or "/" in choice or path.exists():
+                what = not_a_file(path)
                 raise ConfigError(
                     f"chat_template: file '{choice}' {what}; give a .jinja or .txt file holding a Jinja chat template"
                 )

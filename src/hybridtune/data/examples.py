@@ -5,7 +5,10 @@ The cache holds one Parquet file per (data, tokenizer, settings): its name is th
 keys bar its path, train_on_inputs, and the source of the data package (a change to how rows are rendered is a new
 key). A rerun or a resume of the same run reads the examples back instead of tokenising again. It lives in the
 datasets cache (HF_DATASETS_CACHE, else HF_HOME/datasets) under hybridtune-tokenised/; deleting it is always safe.
-Only data that tokenised without an error is cached, so a bad row is reported on every run.
+Only data that tokenised without an error is cached, so a bad row is reported on every run. An entry is trusted only
+when it is what tokenising gives: ids, masks and row counts (`_mismatch`), and image references none for a text model
+and, for a vision-language one, only images the rows name now (`_foreign_images`: a planted entry cannot point
+training at another file).
 """
 
 from __future__ import annotations
@@ -23,11 +26,21 @@ from typing import Any
 from hybridtune.config import DatasetConfig
 from hybridtune.config_schema import THREADS_PER_CPU
 from hybridtune.data.formats import detect_type, to_example
+from hybridtune.data.images import image_policy, image_source, part_reference, set_image_policy
 from hybridtune.data.packing import Example
 from hybridtune.data.pairs import PREFERENCE, append_rows, grouped, is_preference
-from hybridtune.data.rows import used_fields
+from hybridtune.data.rows import decode_json_cells, used_fields
 from hybridtune.data.sources import ROW_COLUMN, Source, datasets_cache_dir, open_source, quiet_datasets, where
-from hybridtune.data.vision import ImageRef, RowImages, log_visual_tokens, media_digest, row_base
+from hybridtune.data.video import is_video_part, video_key
+from hybridtune.data.vision import (
+    ImageRef,
+    RowImages,
+    column_items,
+    log_visual_tokens,
+    media_digest,
+    row_base,
+    row_references,
+)
 from hybridtune.errors import DataError
 from hybridtune.files import atomic_write, open_regular
 
@@ -83,12 +96,14 @@ def load_source(
     progress = sys.stderr.isatty() and os.environ.get("RANK", "0") == "0"
     src = open_source(ds, progress)
     key = cache_key(src, tokenizer, ds, train_on_inputs, template_kwargs)
+    named: set[str] = set()  # the images the rows name: all a cache entry may hold (none for a text model)
     if vision is not None:
-        rows = ((src.row(i), row_base(src.segments, i, ds.path)) for i in range(len(src)))
+        rows = [(src.row(i), _base(src.segments, i, ds.path)) for i in range(len(src))]
         key = hashlib.sha256(f"{key}\0{media_digest(rows, vision)}".encode()).hexdigest()
+        named = _named_sources(rows)
     path = Path(datasets_cache_dir()) / CACHE_SUBDIR / f"{key}.parquet"
     if cache:
-        cached = _read_cache(path, key, len(tokenizer))
+        cached = _read_cache(path, key, len(tokenizer), named)
         if cached is not None:
             examples, fmt = cached
             logger.info(
@@ -121,6 +136,30 @@ def load_source(
     if cache:
         _write_cache(path, key, table, ds.path, fmt)
     return Loaded(grouped(examples) if fmt == PREFERENCE else examples, src, key, fmt)
+
+
+def _base(segments, i: int, data_path: str, starts=None) -> Path:
+    """The folder a row's relative image paths are taken from and its images are confined to (data/images.py): its
+    data file's, the data directory, or for a dataset id the working directory."""
+    return row_base(segments, i, data_path, starts) or Path.cwd()
+
+
+def _named_sources(rows) -> set[str]:
+    """The sources (as `ImageRef.source` holds them) of every image and video the rows name, as tokenising resolves
+    them; a reference that would be refused names nothing."""
+    named = set()
+    for row, base in rows:
+        row = decode_json_cells(row, tuple(row)) if isinstance(row, dict) else row  # (a CSV cell's JSON text)
+        column = column_items(row.get("images")) if isinstance(row, dict) else None
+        for part in [*row_references(row), *({"type": "image", "image": p} for p in column or ())]:
+            try:
+                if is_video_part(part):
+                    named.add(video_key(part, base, "", ""))
+                else:
+                    named.add(image_source(part_reference(part, "", ""), base, "", ""))
+            except DataError:
+                continue
+    return named
 
 
 def resolve_num_proc(num_proc: int, rows: int) -> int:
@@ -224,10 +263,12 @@ def _tokenise_batch(
     json_rows,
     template_kwargs,
     vision,
+    policy,
 ) -> dict[str, list]:
     """Dataset.map's function: a batch of rows -> ids, masks, the chat roles seen, the fields the format does not
     read, and each row's error (a bad row does not stop the map; the first one by position is raised afterwards,
-    whatever the process order)."""
+    whatever the process order). `policy`: the parent's image policy (a spawned worker starts without it)."""
+    set_image_policy(policy.allow_outside, policy.roots)
     if json_rows:
         rows = [json.loads(t) for t in batch[ROW_COLUMN]]
     else:
@@ -243,7 +284,7 @@ def _tokenise_batch(
         out["unused"].append(sorted(set(row) - read))
         try:
             at = where(segments, i, starts)
-            images = RowImages(vision, row_base(segments, i, ds.path, starts)) if vision is not None else None
+            images = RowImages(vision, _base(segments, i, ds.path, starts)) if vision is not None else None
             ex = to_example(row, fmt, tokenizer, ds, train_on_inputs, at, roles, template_kwargs, images)
         except DataError as e:
             out["input_ids"].append([])
@@ -283,6 +324,7 @@ def _tokenise(
         "json_rows": src.json_rows,
         "template_kwargs": template_kwargs,
         "vision": vision,
+        "policy": image_policy(),
     }
     with quiet_datasets(progress):
         mapped = src.dataset.map(
@@ -363,10 +405,13 @@ def _examples(table) -> list[Example]:
     return [Example(i, m, r) for i, m, r in zip(ids, masks, refs)]
 
 
-def _read_cache(path: Path, key: str, vocab_size: int | None = None) -> tuple[list[Example], str] | None:
+def _read_cache(
+    path: Path, key: str, vocab_size: int | None = None, named: set[str] = frozenset()
+) -> tuple[list[Example], str] | None:
     """The cached examples and their format, or None (absent, unreadable, a link, or not what tokenising gives:
     then tokenised again and replaced). An entry is read only when it is a regular file (never through a link
-    someone planted), and trusted only when its rows pass `_mismatch` (ids below `vocab_size`, the tokenizer's)."""
+    someone planted), and trusted only when its rows pass `_mismatch` (ids below `vocab_size`, the tokenizer's) and
+    its images are among `named` (`_foreign_images`)."""
     import pyarrow.parquet as pq
 
     if path.is_symlink():
@@ -380,7 +425,7 @@ def _read_cache(path: Path, key: str, vocab_size: int | None = None) -> tuple[li
         meta = table.schema.metadata or {}
         if meta.get(b"hybridtune_key") != key.encode():
             raise ValueError("its key does not match its name")
-        why = _mismatch(table, vocab_size, meta.get(b"hybridtune_rows"))
+        why = _mismatch(table, vocab_size, meta.get(b"hybridtune_rows")) or _foreign_images(table, named)
         if why is None:
             return _examples(table), meta.get(b"hybridtune_format", b"?").decode()
     except Exception as e:  # a truncated or foreign file
@@ -416,6 +461,24 @@ def _mismatch(table, vocab_size: int | None, recorded: bytes | None) -> str | No
         low, high = (v.as_py() for v in pc.min_max(flat_ids).values())
         if low < 0 or (vocab_size is not None and high >= vocab_size):
             return f"ids from {low:,} to {high:,}, outside the tokenizer's vocabulary of {vocab_size:,}"
+    return None
+
+
+def _foreign_images(table, named: set[str]) -> str | None:
+    """Why a cached table's image references cannot be this data's, or None: any for a text model (`named` empty
+    and no images in the rows), or a source that none of the rows names."""
+    import pyarrow.compute as pc
+
+    if "images" not in table.column_names or not pc.sum(pc.list_value_length(table.column("images"))).as_py():
+        return None
+    for k, row in enumerate(table.column("images").to_pylist()):
+        for ref in row or ():
+            source = ref.get("source") if isinstance(ref, dict) else None
+            if source not in named:
+                shown = str(source)[:80]
+                return f"row {k + 1} refers to image {shown!r}, which " + (
+                    "none of the rows names" if named else "a model without images cannot take"
+                )
     return None
 
 

@@ -23,6 +23,7 @@ from hybridtune.data.chat import TurnNotFound, chat_spans
 from hybridtune.data.images import is_image_part
 from hybridtune.data.packing import Example
 from hybridtune.data.rows import (
+    IMAGE_PLACEHOLDER,
     decode_json_cells,
     json_fields,
     message_keys,
@@ -112,6 +113,26 @@ def message_content(value: Any, where: str, what: str, images=None) -> str:
     return "".join(texts)
 
 
+def refuse_trained_media(content: Any, where: str, what: str, role: str) -> None:
+    """One DataError when a trained message's content holds an image or a video (a part, or an `<image>`
+    placeholder): its vision start and end tokens would be trained, and the model would learn to begin replies with
+    vision tokens it cannot fill."""
+    parts = content if isinstance(content, (list, tuple)) else [content]
+    for k, part in enumerate(parts):
+        found = (
+            f"content part {k} ({part['type']})" if is_image_part(part) or is_video_part(part)
+            else f"an {IMAGE_PLACEHOLDER} placeholder" if isinstance(part, str) and IMAGE_PLACEHOLDER in part
+            else f"an {IMAGE_PLACEHOLDER} placeholder in content part {k}"
+            if isinstance(part, dict) and IMAGE_PLACEHOLDER in str(part.get("text", ""))
+            else None
+        )  # fmt: skip
+        if found:
+            raise DataError(
+                f"{where}: {what}: {found} is media in a trained turn (role '{role}'): the model would learn to emit "
+                "vision tokens it cannot fill; move the image or video into a user turn, or drop it"
+            )
+
+
 def detect_type(row: dict, ds: DatasetConfig, where: str) -> str:
     """The format of a row from its fields (a list of messages may be a cell's JSON text)."""
     row = decode_json_cells(row, json_fields("auto", ds))
@@ -130,10 +151,18 @@ def detect_type(row: dict, ds: DatasetConfig, where: str) -> str:
         return "alpaca"
     if ds.field_text in row:
         return "text"
+    half = [k for k in (ds.field_chosen, ds.field_rejected) if k in row]
+    if half:  # (a preference row has both: data/pairs.py `is_preference`)
+        other = ds.field_rejected if half[0] == ds.field_chosen else ds.field_chosen
+        raise DataError(
+            f"{where}: the row has '{half[0]}' but no '{other}' (fields {sorted(row)}); a preference pair "
+            f"(dpo, simpo, orpo) needs both, with an optional '{ds.field_prompt}'"
+        )
     raise DataError(
         f"{where}: cannot tell the format from fields {sorted(row)}; expected 'messages' (chat), "
-        f"'conversations' (sharegpt), 'prompt'+'completion' (prompt_completion), 'instruction'+'output' (alpaca) "
-        "or 'text'; or set `type` / `--dataset_type`"
+        f"'conversations' (sharegpt), 'prompt'+'completion' (prompt_completion), 'instruction'+'output' (alpaca), "
+        f"'text', or '{ds.field_chosen}'+'{ds.field_rejected}' (preference pairs for dpo, simpo, orpo); or set "
+        "`type` / `--dataset_type`"
     )
 
 
@@ -164,10 +193,13 @@ def _tokenize_spans(tokenizer, spans: list[tuple[str, bool]]) -> Example:
     return Example(list(enc["input_ids"]), mask)
 
 
-def parse_messages(raw: Any, fmt: str, ds: DatasetConfig, where: str, key: str, images=None) -> list[dict]:
+def parse_messages(
+    raw: Any, fmt: str, ds: DatasetConfig, where: str, key: str, images=None, trained: bool | None = None
+) -> list[dict]:
     """A row's list of messages as the chat template takes them: role (sharegpt's mapped), content as text, and
     the other fields (tool_calls, reasoning_content, tool_call_id, name, ...) passed on; null fields dropped
-    (Arrow gives every message every field of the column)."""
+    (Arrow gives every message every field of the column). `trained`: whether every message is trained (a
+    completion's, a prompt's), else by its role (`roles_to_train`); a trained message holding media is refused."""
     role_key, content_key = ds.message_field_role, ds.message_field_content
     if fmt == "sharegpt" and role_key == "role":
         role_key, content_key = "from", "value"
@@ -210,6 +242,8 @@ def parse_messages(raw: Any, fmt: str, ds: DatasetConfig, where: str, key: str, 
         content = m.get(content_key)
         # An assistant message that only calls tools has no content (OpenAI writes null).
         what = f"{what}, key '{content_key}'"
+        if images is not None and (mapped in ds.roles_to_train if trained is None else trained):
+            refuse_trained_media(content, where, what, mapped)
         text = "" if content is None and calls else message_content(content, where, what, images)
         messages.append({**msg, "role": mapped, "content": text})
     return messages
@@ -301,8 +335,8 @@ def _to_example(row, fmt, tokenizer, ds, train_on_inputs, where, roles_seen, tem
         prompt = _field(row, ds.field_prompt, where, fmt)
         completion = _field(row, ds.field_completion, where, fmt)
         if isinstance(prompt, list) and isinstance(completion, list):  # conversational: lists of messages
-            p = parse_messages(prompt, "chat", ds, where, ds.field_prompt, images)
-            c = parse_messages(completion, "chat", ds, where, ds.field_completion, images)
+            p = parse_messages(prompt, "chat", ds, where, ds.field_prompt, images, trained=False)
+            c = parse_messages(completion, "chat", ds, where, ds.field_completion, images, trained=True)
             trained = [False] * len(p) + [True] * len(c)
             tools = _tools(row, where)
             return _chat_example(tokenizer, p + c, trained, tools, train_on_inputs, where, fmt, template_kwargs)

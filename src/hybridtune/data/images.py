@@ -2,7 +2,9 @@
 file's folder, or a `data:` URI; a remote URL refused, hybridtune reads nothing from the network), its bytes and their
 sha256 (`image_bytes`, `image_digest`), and the image decoded whole and checked (`load_image`). Every bad image (missing,
 not a regular file, empty, not an image, truncated, more pixels than PIL's MAX_IMAGE_PIXELS) is one DataError naming
-the row (`where`, 'file:LINE') and the part (`what`)."""
+the row (`where`, 'file:LINE') and the part (`what`). A path must lie inside the data file's folder or an
+`image_roots` folder, links resolved (`confined`), unless `allow_outside_images` (`set_image_policy`): then each read
+outside is logged."""
 
 from __future__ import annotations
 
@@ -10,17 +12,24 @@ import base64
 import binascii
 import hashlib
 import io
+import logging
 import os
+import re
 import stat
 import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hybridtune.errors import DataError
 
+logger = logging.getLogger(__name__)
+
 DATA_URI = "data:"
 EMBEDDED = "data:image;base64,"  # the source of an image whose bytes the data holds (`embedded`)
 REMOTE = ("http://", "https://", "ftp://", "s3://", "gs://", "hf://")
+URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # any other scheme (sftp://, smb://): not a path either
 IMAGE_PART_TYPES = ("image", "image_url")
 MAX_ASPECT = 200  # transformers' smart_resize (Qwen2-VL to Qwen3-VL processors) raises a ValueError beyond it
 
@@ -79,22 +88,96 @@ def part_reference(part: dict, where: str, what: str) -> str:
     return ref.strip()
 
 
+@dataclass(frozen=True)
+class ImagePolicy:
+    """Where a data file's images may be read from: its own folder and `roots`; anywhere when `allow_outside`."""
+
+    allow_outside: bool = False
+    roots: tuple[str, ...] = ()
+
+
+_policy = ImagePolicy()
+_logged: set[str] = set()  # the reads outside already logged (one line each)
+
+
+def set_image_policy(allow_outside: bool = False, roots: Sequence[str] = ()) -> ImagePolicy:
+    """The config's `allow_outside_images` and `image_roots`, for every image read from now on (in this process and
+    the tokenising workers it forks; `image_policy()` is passed to spawned ones). Returns the policy."""
+    global _policy
+    _policy = ImagePolicy(bool(allow_outside), tuple(os.path.realpath(os.path.expanduser(r)) for r in roots))
+    return _policy
+
+
+def image_policy() -> ImagePolicy:
+    return _policy
+
+
+def _inside(real: str, folder: str) -> bool:
+    return real == folder or real.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def confined(path: str, base: Path | None, where: str, what: str) -> str:
+    """`path` when it resolves (every link followed) inside `base` (the data file's folder) or an `image_roots`
+    folder; else a DataError, or under `allow_outside_images` a log line naming the read. `base` None: a path the
+    user typed (`generate --image`), not read from a file, is not confined."""
+    if base is None:
+        return path
+    real = os.path.realpath(path)
+    folders = (os.path.realpath(base), *_policy.roots)
+    if any(_inside(real, f) for f in folders):
+        return path
+    if _policy.allow_outside:
+        if real not in _logged:
+            _logged.add(real)
+            logger.warning("images: reading %s, outside the data folder %s (allow_outside_images: true)", real, base)
+        return path
+    shown = f"'{path}'" + (f" (a link to '{real}')" if real != os.path.abspath(path) else "")
+    raise DataError(
+        f"{where}: {what}: image {shown} lies outside the data file's folder {base}; a data file reads images from "
+        "its own folder only: move the image there, or (train, eval, data) list its folder in `image_roots` or set "
+        "`allow_outside_images: true` if you trust the data (generate: give it with --image)"
+    )
+
+
+def regular(path: str, where: str, what: str) -> str:
+    """`path` when it is a regular file (a link followed to one), else a DataError naming it: a pipe would block the
+    read, a device never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise DataError(f"{where}: {what}: '{path}' cannot be read ({e.strerror})") from None
+    if not stat.S_ISREG(mode):
+        raise DataError(
+            f"{where}: {what}: '{path}' is not a regular file (a pipe, a device or a folder); remove it or replace "
+            "it with the image itself"
+        )
+    return path
+
+
 def image_source(ref: str, base: Path | None, where: str, what: str) -> str:
     """`ref` as hybridtune reads it: a `data:` URI as it is, a `file://` URI or a path made absolute (a relative path
-    is taken from `base`, the data file's folder). A remote URL is refused: nothing is fetched."""
+    is taken from `base`, the data file's folder) and `confined` to it. A URL of any other scheme is refused: nothing
+    is fetched."""
     if ref.startswith(DATA_URI):
         return ref
+    if "\0" in ref:  # (os.stat raises ValueError for it: a traceback)
+        raise DataError(f"{where}: {what}: image path {_short(ref)} holds a NUL character; fix the path")
     if ref.lower().startswith(REMOTE):
         raise DataError(
             f"{where}: {what}: image {_short(ref)} is a remote URL; hybridtune reads no images from the network "
             "(training runs offline): download it and give its local path, relative to the data file"
         )
-    if ref.startswith("file://"):
-        ref = ref[len("file://") :]
+    if ref.lower().startswith(("file://localhost/", "file:///")):
+        ref = ref[len("file://localhost") :] if ref.lower().startswith("file://localhost/") else ref[len("file://") :]
+    elif URI.match(ref):
+        raise DataError(
+            f"{where}: {what}: image {_short(ref)} is a URL ({ref.split(':', 1)[0]}:// is not a local file); "
+            "hybridtune reads local files and data: URIs only: copy the image here and give its path"
+        )
     path = Path(ref).expanduser()
     if not path.is_absolute():
         path = (base or Path.cwd()) / path
-    return str(path)
+    return confined(str(path), base, where, what)
 
 
 def _short(ref: str) -> str:

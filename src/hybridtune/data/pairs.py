@@ -27,9 +27,11 @@ from hybridtune.batch import CU_SEQ_LENS_Q, NUM_PAIRS, PAIR_INDEX, PAIR_SIDE
 from hybridtune.config import DatasetConfig
 from hybridtune.data.collator import PackedCollator
 from hybridtune.data.formats import to_example
+from hybridtune.data.images import is_image_part
 from hybridtune.data.packing import Example, PackStats, pack
 from hybridtune.data.report import CUT_UNTRAINED, OVERLONG, TRUNCATED
 from hybridtune.data.rows import decode_json_cells
+from hybridtune.data.video import is_video_part
 from hybridtune.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -138,6 +140,27 @@ def _check_reply_roles(reply, key: str, ds: DatasetConfig, where: str, fork: int
         )
 
 
+def _check_value(value, key: str, ds: DatasetConfig, where: str) -> None:
+    """A prompt or reply is text or a list of messages (a number would be trained as its digits), and holds no image
+    or video: preference pairs train on text only so far."""
+    if value is None and key == ds.field_prompt:
+        return
+    if not isinstance(value, (str, list)):
+        raise DataError(
+            f"{where}: field '{key}' is {type(value).__name__} {str(value)[:40]!r}; a preference prompt or reply must "
+            'be text or a list of messages (write a number as text: "2")'
+        )
+    for j, m in enumerate(value if isinstance(value, list) else []):
+        content = m.get(ds.message_field_content) if isinstance(m, dict) else None
+        for k, part in enumerate(content if isinstance(content, list) else []):
+            if is_image_part(part) or is_video_part(part):
+                raise DataError(
+                    f"{where}: message {j} of '{key}', content part {k} is {part.get('type')}: preference pairs (dpo, "
+                    "simpo, orpo) train on text only so far (sft trains a vision-language model's images); drop the "
+                    "media parts, or train this data with objective: sft"
+                )
+
+
 def row_examples(row: dict, tokenizer, ds: DatasetConfig, where: str, template_kwargs: dict | None = None):
     """A preference row -> (chosen document, rejected document); each is `to_example` of (prompt, reply) with
     only the reply trained. An empty reply's document has no trained token (the row is then dropped, counted)."""
@@ -148,6 +171,8 @@ def row_examples(row: dict, tokenizer, ds: DatasetConfig, where: str, template_k
     for key in keys:
         if row.get(key) is None:
             raise DataError(f"{where}: preference row has no value in field '{key}' (fields: {sorted(row)})")
+    for key in (ds.field_prompt, *keys):
+        _check_value(row.get(key), key, ds, where)
     chosen, rejected = row[ds.field_chosen], row[ds.field_rejected]
     prompt, fork = row.get(ds.field_prompt), None
     if prompt is None:

@@ -12,7 +12,8 @@ from hybridtune.config import DatasetConfig
 from hybridtune.errors import DataError
 
 MEDIA_COLUMNS = ("images", "videos", "audios")
-MEDIA_PLACEHOLDERS = ("<image>", "<video>", "<audio>")
+IMAGE_PLACEHOLDER = "<image>"  # a LLaVA-style row's next `images` item (data/vision.py)
+MEDIA_PLACEHOLDERS = (IMAGE_PLACEHOLDER, "<video>", "<audio>")
 MEDIA_HELP = "hybridtune trains on text only for now: drop the row, or its media column and placeholders"
 VL_MEDIA_HELP = (
     'hybridtune reads videos as content parts ({"type": "video", "video": FOLDER or [frames], "fps": N}), not a '

@@ -38,7 +38,7 @@ from hybridtune.data.source_errors import (
     short,
 )
 from hybridtune.errors import DataError
-from hybridtune.textfile import nul_error, utf8_error
+from hybridtune.textfile import not_a_file, nul_error, utf8_error
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +184,8 @@ def open_source(ds: DatasetConfig, progress: bool = False) -> Source:
         if _ID.match(path) and Path(path).suffix.lower() not in KINDS:
             refuse_builder_name(path)
             return _from_hub(path, ds)
-    raise DataError(f"dataset file '{path}' does not exist; check the path in `datasets` or `--dataset`")
+    it = not_a_file(p) or "does not exist"
+    raise DataError(f"dataset file '{path}' {it}; check the path in `datasets` or `--dataset`")
 
 
 def read_rows(path: str, split: str = "train", name: str | None = None) -> Iterator[tuple[str, dict]]:

@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from hybridtune.data.images import image_bytes, image_source, load_image
+from hybridtune.data.images import confined, image_bytes, image_source, load_image, regular
 from hybridtune.errors import DataError, ModelError
 
 VIDEO_PART_TYPE = "video"
@@ -61,7 +61,8 @@ def video_key(part: dict, base: Path | None, where: str, what: str) -> str:
                 f"{where}: {what}: video '{folder}' is not a folder of frames (relative paths are taken from the "
                 f"data file's folder); write the part as {SHAPE}"
             )
-        frames = sorted(str(p) for p in folder.iterdir() if p.suffix.lower() in FRAME_SUFFIXES and p.is_file())
+        listed = sorted(str(p) for p in folder.iterdir() if p.suffix.lower() in FRAME_SUFFIXES)
+        frames = [confined(regular(f, where, what), base, where, what) for f in listed]  # (a FIFO would block)
         if not frames:
             raise DataError(
                 f"{where}: {what}: video folder '{folder}' holds no image files ({', '.join(FRAME_SUFFIXES)})"

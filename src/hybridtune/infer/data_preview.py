@@ -4,8 +4,9 @@ and videos, whose runs of visual tokens are shown as one token and its count).
 
 Renders the first N rows of each data source with the chat template, the trained tokens marked (green on a
 terminal; between [[ and ]] elsewhere), with each row's token counts and what sequence_len does to it; then the
-packing summary (bins, fill, truncations, drops: the trainer's own data preparation, data/build.py) and each
-source's tokenisation cache key.
+packing summary (bins, fill, truncations, drops: the trainer's own data preparation, data/build.py, and for
+preference data its pair filters, train/objectives/preference.py) and each source's tokenisation cache key. What a
+row holds is shown, never obeyed: its terminal control characters are printed escaped (`printable`).
 """
 
 from __future__ import annotations
@@ -13,17 +14,21 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections import Counter
 from typing import TextIO
 
 from hybridtune.config import TrainConfig, config_help, load_config, parse_overrides
-from hybridtune.data.build import PreparedData, load_data, prepare
+from hybridtune.data.build import PreparedData, load_data
 from hybridtune.data.chat import with_chat_template
 from hybridtune.data.examples import Loaded
+from hybridtune.data.pairs import PREFERENCE
+from hybridtune.data.pairs import WHY as PAIR_WHY
 from hybridtune.data.report import WHY, counts
 from hybridtune.errors import ConfigError
 from hybridtune.models.hub import resolve_source
 from hybridtune.models.loading import tokenizer_for
 from hybridtune.runtime.defaults import resolve_defaults
+from hybridtune.train.objectives.preference import prepare_data
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +44,14 @@ TOKENIZER_FILES = ["*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
 OPEN, CLOSE = "[[", "]]"
 PAD_RUN = re.compile(r"(<\|[a-z_]+_pad\|>)\1{2,}")  # an image's or video's visual tokens: one and the count
 GREEN, RESET = "\x1b[32m", "\x1b[0m"
+# What a terminal obeys rather than shows: C0 controls but newline and tab, DEL, C1 controls, and the bidirectional
+# overrides and isolates that reorder what is shown. A row's own are printed as escapes (\x1b, \u202e).
+CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal would obey written as its escape (`\\x1b`, `\\u202e`)."""
+    return CONTROLS.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
 
 
 def marked(tokenizer, input_ids: list[int], loss_mask: list[int], color: bool) -> str:
@@ -49,7 +62,7 @@ def marked(tokenizer, input_ids: list[int], loss_mask: list[int], color: bool) -
     for i in range(1, len(input_ids) + 1):
         if i == len(input_ids) or mask[i] != mask[start]:
             text = tokenizer.decode(input_ids[start:i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            text = PAD_RUN.sub(lambda m: f"{m.group(1)} x{len(m.group(0)) // len(m.group(1))}", text)
+            text = PAD_RUN.sub(lambda m: f"{m.group(1)} x{len(m.group(0)) // len(m.group(1))}", printable(text))
             if mask[start]:
                 text = f"{GREEN}{text}{RESET}" if color else f"{OPEN}{text}{CLOSE}"
             out.append(text)
@@ -61,10 +74,11 @@ def row_lines(src: Loaded, i: int, tokenizer, notes: dict[str, dict], color: boo
     ex = src.examples[i]
     where = src.where(i)
     trained = sum(ex.loss_mask[1:])
-    head = f"--- {where} ({src.fmt}): {len(ex)} tokens, {trained} trained"
+    head = f"--- {printable(where)} ({src.fmt}): {len(ex)} tokens, {trained} trained"
     if where in notes:
         r = notes[where]
-        head += f"; {WHY[r['reason']].format(r['sequence_len'])}" + (
+        why = PAIR_WHY if src.fmt == PREFERENCE else WHY
+        head += f"; {why[r['reason']].format(r['sequence_len'])}" + (
             f" ({r['tokens_over']} over)" if r["tokens_over"] else ""
         )
     return [head, marked(tokenizer, ex.input_ids, ex.loss_mask, color)]
@@ -72,15 +86,23 @@ def row_lines(src: Loaded, i: int, tokenizer, notes: dict[str, dict], color: boo
 
 def summary(data: PreparedData, cfg: TrainConfig) -> list[str]:
     s = data.stats
+    pairs = any(src.fmt == PREFERENCE for src in data.sources)
+    what = "preference pairs" if pairs else "training examples"
     line = (
-        f"packing: {s.examples_in} training examples -> {s.bins} bins of {cfg.sequence_len} tokens ({s.fill:.0%} full), "
+        f"packing: {s.examples_in} {what} -> {s.bins} bins of {cfg.sequence_len} tokens ({s.fill:.0%} full), "
         f"{len(data.eval_examples)} held out"
     )
-    lost = counts(data.report)
+    lost = _pairs_lost(data.report, cfg.sequence_len) if pairs else counts(data.report)
     line += f"; {lost}" if lost else "; none truncated or dropped"
     lines = [line]
-    lines += [f"cache key: {src.source.name}: {src.key}" for src in data.sources]
+    lines += [printable(f"cache key: {src.source.name}: {src.key}") for src in data.sources]
     return lines
+
+
+def _pairs_lost(report: list[dict], seq_len: int) -> str:
+    """'2 pairs dropped: the chosen and rejected replies are the same, ...' (the training split's; '' for none)."""
+    by = Counter(r["reason"] for r in report if r["split"] == "train")
+    return ", ".join(f"{n} pair{'s' * (n != 1)} {PAIR_WHY[why].format(seq_len)}" for why, n in sorted(by.items()))
 
 
 def preview(cfg: TrainConfig, rows: int, out: TextIO, color: bool = False) -> PreparedData:
@@ -96,13 +118,14 @@ def preview(cfg: TrainConfig, rows: int, out: TextIO, color: bool = False) -> Pr
     defaults = resolve_defaults(cfg, source, loaded.train_lengths())  # sequence_len: auto, as training decides it
     defaults.log(logger)
     cfg = defaults.apply(cfg)
-    data = prepare(cfg, tokenizer, loaded)
+    data = prepare_data(cfg, tokenizer, loaded)  # train's own: preference pairs filtered and fitted whole
     notes = {r["where"]: r for r in data.report}
     mark = "green" if color else f"between {OPEN} and {CLOSE}"
-    print(f"data for {cfg.base_model}'s tokenizer, sequence_len {cfg.sequence_len}; trained text {mark}", file=out)
+    print(printable(f"data for {cfg.base_model}'s tokenizer, sequence_len {cfg.sequence_len}; trained text {mark}"),
+          file=out)  # fmt: skip
     for src in data.sources:
         shown = min(rows, len(src.examples))
-        print(f"\n{src.source.name}: {shown} of {len(src.examples)} rows, format '{src.fmt}'", file=out)
+        print(printable(f"\n{src.source.name}: {shown} of {len(src.examples)} rows, format '{src.fmt}'"), file=out)
         for i in range(shown):
             print("\n".join(row_lines(src, i, tokenizer, notes, color)), file=out)
     print("", *summary(data, cfg), sep="\n", file=out)
@@ -116,12 +139,13 @@ def _preview_prompts(cfg: TrainConfig, tokenizer, vision, rows: int, out: TextIO
 
     loaded = load_prompts(cfg, tokenizer, vision)
     data = prepare_prompts(cfg, tokenizer, loaded)
-    print(f"prompts for {cfg.base_model}'s tokenizer (objective grpo: nothing here is trained; the completions are "
-          f"sampled), max_prompt_length {cfg.max_prompt_length}", file=out)  # fmt: skip
+    print(f"prompts for {printable(cfg.base_model)}'s tokenizer (objective grpo: nothing here is trained; the "
+          f"completions are sampled), max_prompt_length {cfg.max_prompt_length}", file=out)  # fmt: skip
     for doc in loaded.prompts[:rows]:
         columns = ", ".join(f"{k}={str(v)[:60]!r}" for k, v in doc.columns.items()) or "none"
-        print(f"\n--- {doc.where} (prompt): {len(doc)} tokens; columns for the rewards: {columns}", file=out)
-        print(tokenizer.decode(doc.input_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False), file=out)
+        print(printable(f"\n--- {doc.where} (prompt): {len(doc)} tokens; columns for the rewards: {columns}"), file=out)
+        text = tokenizer.decode(doc.input_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        print(printable(text), file=out)
     batch = cfg.micro_batch_size * cfg.gradient_accumulation_steps
     print(f"\nprompts: {len(loaded.prompts)}; each step samples {cfg.num_generations} completions of up to "
           f"{cfg.max_completion_length} tokens for each of its {batch} prompt{'s' * (batch != 1)}, scored by "

@@ -25,6 +25,7 @@ from hybridtune.data import PackedCollator
 from hybridtune.data.build import covering_length, load_data, prepare
 from hybridtune.data.examples import load_examples
 from hybridtune.data.formats import detect_type
+from hybridtune.data.images import set_image_policy
 from hybridtune.data.packing import Example, fit_to_length
 from hybridtune.data.pairs import PREFERENCE, Pair, is_preference
 from hybridtune.data.sources import ACCEPTED, open_source
@@ -88,6 +89,7 @@ def eval_examples(cfg: TrainConfig, tokenizer, split: str, vision=None) -> tuple
             raise DataError(f"val_set_size={cfg.val_set_size} holds out no example of this data; use --split all")
         return held[: cfg.eval_max_examples], 0
     examples: list[Example] = []
+    set_image_policy(cfg.allow_outside_images, cfg.image_roots)  # (as load_data: where images may be read from)
     for ds in cfg.resolved_datasets():
         kwargs = cfg.chat_template_kwargs
         got = load_examples(

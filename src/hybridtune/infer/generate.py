@@ -25,12 +25,12 @@ from pathlib import Path
 import torch
 
 from hybridtune.data.chat import check_template_kwargs
-from hybridtune.data.images import image_source, is_image_part, load_image, part_reference
+from hybridtune.data.images import URI, image_source, is_image_part, load_image, part_reference
 from hybridtune.data.video import is_video_part
 from hybridtune.errors import ConfigError, DataError
 from hybridtune.infer import video_prompts
 from hybridtune.runtime.generation import Sampling, generate, not_vision
-from hybridtune.textfile import read_utf8
+from hybridtune.textfile import not_a_file, read_utf8
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def read_prompts(path: str, wheres: list[str] | None = None) -> list:
     if p.is_dir():
         raise DataError(f"--prompts '{path}' is a directory; give a file: one prompt per line, or JSONL rows")
     if not p.is_file():
-        raise DataError(f"prompts file '{path}' does not exist")
+        raise DataError(f"prompts file '{path}' {not_a_file(p)}; give a file: one prompt per line, or JSONL rows")
     text = read_utf8(p, "a prompts file", DataError)
     lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
     if wheres is not None:  # (each line one prompt, or an error)
@@ -138,10 +138,10 @@ def image_arg(x: str, where: str) -> str:
     """An image given on the command line (`where`: '--image 2'): a path from the working directory or a data: URI,
     read and checked; its source (an absolute path). DataError (one line) for a bad one."""
     path = Path(x).expanduser()
-    if not x.startswith("data:") and not path.is_file():
-        there = "is not a regular file" if path.exists() else "does not exist"
+    if not x.startswith("data:") and not URI.match(x) and not path.is_file():  # (a URL: image_source says so)
+        there = not_a_file(path)
         raise DataError(f"{where}: '{x}' {there} (a path relative to the working directory); fix the path")
-    return _resolved({"type": "image", "image": x}, where, "the image", Path.cwd())["image"]
+    return _resolved({"type": "image", "image": x}, where, "the image", None)["image"]  # (typed: not confined)
 
 
 def has_images(prompts: list) -> bool:

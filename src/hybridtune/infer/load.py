@@ -34,6 +34,7 @@ from hybridtune.models.hub import resolve_source
 from hybridtune.models.loading import LoadedModel, load_model, load_tokenizer, pickle_refused, tokenizer_for
 from hybridtune.models.patching import patch_model
 from hybridtune.models.presets import PRESETS
+from hybridtune.models.trust import refuse_custom_code
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run.adapter_base import adapter_base as base_of_adapter
 from hybridtune.run.base import base_revision
@@ -243,6 +244,7 @@ def _open_adapter(path: Path, patched: bool, dtype: torch.dtype | None) -> Opene
         roundtrip_targets(loaded.model)
     if patched:
         patch_model(loaded.model)
+    refuse_custom_code(path)  # (the adapter's own JSON files, as its base's: models/trust.py)
     try:
         model = PeftModel.from_pretrained(loaded.model, str(path))
     except pickle.UnpicklingError as e:  # peft's torch.load(weights_only=True) of an adapter_model.bin

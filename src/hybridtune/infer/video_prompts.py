@@ -23,7 +23,7 @@ def video_arg(value: str, fps: float, where: str) -> dict:
     if not value.strip():
         raise ConfigError(f"{where}: give a folder of frames or frame paths joined by commas")
     ref = value if "," not in value else [v.strip() for v in value.split(",") if v.strip()]
-    key = video_key({"type": "video", "video": ref, "fps": fps}, Path.cwd(), where, "the video")
+    key = video_key({"type": "video", "video": ref, "fps": fps}, None, where, "the video")  # (typed: not confined)
     return {"type": "video", "video": key}
 
 

@@ -73,6 +73,7 @@ def _merge(adapter_dir: Path, out_dir: Path, overwrite: bool) -> Path:
     revision = recorded.get("revision") if isinstance(recorded.get("revision"), str) else None
     base_path = resolve_base(adapter_dir, config_file, recorded.get("base_model_name_or_path"), revision)
     check_replaceable(out_dir, {"the adapter": adapter_dir, "its base model": base_path})
+    refuse_custom_code(adapter_dir)  # (the adapter's own JSON files, as its base's: models/trust.py)
     try:
         PeftConfig.from_pretrained(str(adapter_dir))
     except (ValueError, TypeError, KeyError) as e:  # an unknown peft_type or field

@@ -21,7 +21,7 @@ from hybridtune.data.video import video_processor
 from hybridtune.data.vision import Vision
 from hybridtune.errors import ConfigError, ModelError
 from hybridtune.models.anatomy import unwrap
-from hybridtune.models.trust import NO_CODE, refuse_custom_code
+from hybridtune.models.trust import from_pretrained, refuse_custom_code
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def _image_processor(directory: Path, sizes: dict):
     from transformers.models.auto.processing_auto import AutoProcessor
 
     try:
-        processor = AutoProcessor.from_pretrained(str(directory), **NO_CODE, **sizes)
+        processor = from_pretrained(AutoProcessor, directory, **sizes)
         image = getattr(processor, "image_processor", None)
         if image is not None:
             return image, getattr(processor, "video_processor", None)
@@ -82,7 +82,7 @@ def _image_processor(directory: Path, sizes: dict):
         why = "its video processor needs torchvision, not installed" if needs_torchvision else _line(e)
         logger.info("vision: the processor of %s cannot load (%s); its image processor alone", directory, why)
     try:
-        return AutoImageProcessor.from_pretrained(str(directory), **NO_CODE, **sizes), None
+        return from_pretrained(AutoImageProcessor, directory, **sizes), None
     except (OSError, ValueError, TypeError, ImportError) as e:
         raise ModelError(
             f"{directory} is a vision-language checkpoint without a readable image processor "

@@ -129,6 +129,7 @@ def test_generate_on_a_lora_adapter_equals_transformers_and_peft(ckpt, tmp_path,
     out = tmp_path / "run"
     args = ["train", "--base_model", str(ckpt), "--dataset", str(data), "--output_dir", str(out), "--adapter", "lora"]
     args += ["--sequence_len", "256", "--max_steps", "4", "--learning_rate", "0.01", "--val_set_size", "0"]
+    args += ["--image_roots", str(ckpt.parent)]  # (the images lie beside the checkpoint, not the data file)
     assert main(args + ["--eval_steps", "0", "--warmup_steps", "0"]) == 0, capsys.readouterr().err
     capsys.readouterr()
     img = ckpt.parent / "0.png"

@@ -29,6 +29,7 @@ import torch
 
 from hybridtune.config_grpo import reward_file
 from hybridtune.errors import ConfigError, UserError, did_you_mean
+from hybridtune.textfile import not_a_file
 
 
 class RewardError(UserError):
@@ -128,7 +129,9 @@ def load_reward_funcs(specs: Sequence[str], max_completion_length: int) -> list[
 def _user_function(path: Path, name: str, spec: str) -> Callable:
     """`name` of the file at `path`, read once: the module runs the bytes read (one module per path and content)."""
     if not path.is_file():
-        raise ConfigError(f"config key 'reward_funcs' entry '{spec}': no file {path} (relative to {Path.cwd()})")
+        it = not_a_file(path)  # (a pipe or a device, not only a missing file)
+        it = f"no file {path}" if it == "does not exist" else f"{path} {it}"
+        raise ConfigError(f"config key 'reward_funcs' entry '{spec}': {it} (relative to {Path.cwd()})")
     source = path.read_bytes()
     digest = hashlib.sha256(f"{path.resolve()}\0".encode() + source).hexdigest()[:24]
     module_name = f"hybridtune_rewards_{digest}"
