@@ -6,8 +6,8 @@ batch of completions, which serves `num_iterations` optimizer steps).
 
 A row gives its prompt as `prompt` (text: continued as it is; a list of messages: rendered by the chat template with
 the assistant's generation prompt), or as a chat (`messages`): the messages before the last assistant message, whose
-content becomes the row's `answer` when it has none. Every other column goes to the reward functions. A prompt
-longer than max_prompt_length keeps its last tokens.
+content becomes the row's `answer` when it has none. Every other column goes to the reward functions (as TRL's
+keywords: rewards.py). A prompt longer than max_prompt_length keeps its last tokens.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import TrainerState
 
 from hybridtune.config import TrainConfig
 from hybridtune.data.build import PreparedData
@@ -138,6 +139,7 @@ class Rollouts:
         self.batches: list[dict] = []
         self.lens: list[int] = []
         self.left = 0  # optimizer steps the current batch of completions still serves
+        self.rewards: list[float] = []  # each rollout's mean reward, in this process (the `done:` line's trend)
 
     def _autocast(self):
         return self.autocast() if self.autocast is not None else contextlib.nullcontext()
@@ -163,8 +165,12 @@ class Rollouts:
         texts = self.tokenizer.batch_decode([r.ids for r in rolls], skip_special_tokens=True)
         rows = [p for p in prompts for _ in range(G)]
         columns = {k: [p.columns.get(k) for p in rows] for k in {k for p in prompts for k in p.columns}}
-        rewards = score(self.funcs, [p.prompt for p in rows], texts, [r.ids for r in rolls], columns,
-                        [p.where for p in rows])  # fmt: skip
+        # As TRL gives them: a chat prompt's completion as the assistant's message, a plain prompt's as text.
+        completions = [t if isinstance(p.prompt, str) else [{"role": "assistant", "content": t}]
+                       for p, t in zip(rows, texts)]  # fmt: skip
+        state = TrainerState(global_step=step, max_steps=max(cfg.max_steps, 0))
+        rewards = score(self.funcs, [p.prompt for p in rows], completions, [r.ids for r in rolls], columns,
+                        [p.where for p in rows], trainer_state=state)  # fmt: skip
         total = total_rewards(self.funcs, rewards, cfg.reward_weights, G, [p.where for p in rows], cfg.scale_rewards)
         adv = group_advantages(total, G, cfg.scale_rewards).tolist()
         comps = []
@@ -172,12 +178,19 @@ class Rollouts:
             train = 0 if (r.truncated and cfg.mask_truncated_completions) or not r.ids else 1
             ids = r.ids or [self.pad]  # (an empty completion cannot happen: decoding adds at least one token)
             comps.append(Completion(p.input_ids + ids, [0] * len(p) + [train] * len(ids), advantage=a))
+        if cfg.mask_truncated_completions and all(r.truncated for r in rolls):
+            logger.warning(
+                "step %d: every completion (%d) reached max_completion_length %d and is masked "
+                "(mask_truncated_completions: true), so this step trains nothing; raise max_completion_length, or set "
+                "mask_truncated_completions: false", step + 1, len(rolls), cfg.max_completion_length,
+            )  # fmt: skip
         seq_len = max([cfg.sequence_len, *map(len, comps)])
         bins = pack_completions(comps, seq_len)
         self.lens = [len(c) for b in bins for c in b]
         batches = [to_device(self.collate(b), self.device) for b in bins]
         with self._autocast():  # (old log-probs in the precision of the loss's forward)
             self.objective.prepare(self.model, batches)
+        self.rewards.append(float(total.mean()))
         lengths = torch.tensor([len(r.ids) for r in rolls], dtype=torch.float64)
         self.objective.rollout = {
             **reward_metrics(self.funcs, rewards, total, G),

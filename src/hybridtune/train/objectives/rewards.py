@@ -1,16 +1,17 @@
 """GRPO's rewards as plain Python: `reward_funcs` entries are `path/to/file.py:function` (the user's own file, read
 once from the path the config names, relative to the working directory as every config path is; its sha256 is in
 the run record, so a resume with an edited file is refused) or a built-in, weighted by `reward_weights`. A function
-is called as TRL calls it: `fn(prompts=[...], completions=[...], completion_ids=[...], **columns)`, one entry per
-completion (completions as decoded text; columns: the row's other fields, e.g. `answer`), and returns one number
-per completion (a Python or numpy number or a 0-d tensor; None: TRL's "no reward", counted as 0). One that raises,
-calls sys.exit, returns anything else, or rewards that overflow once weighted and normalised, is one line naming it
-and the row (exit 2).
+is called as TRL's GRPOTrainer calls it, `fn(prompts=, completions=, completion_ids=, trainer_state=, **columns)`,
+one entry per completion (a chat prompt's completion as `[{"role": "assistant", "content": text}]`, a plain one's as
+text; docs/CONFIG.md has the table), inside reward_fence.py's fence (fresh copies, the working directory kept), and
+returns one number per completion (a Python or numpy number, a 0-d tensor; None: TRL's "no reward", counted as 0).
+One that raises anything, returns anything else, or rewards that overflow once weighted and normalised, is one line
+naming it and the row (exit 2).
 
-Built-ins: exact_answer (1 when the completion's answer, its last \\boxed{...}, else the text after its last
-"answer:" or "####", else its last number, equals the row's `answer`; numbers compare as numbers), boxed_answer (the
-same from a \\boxed{...} only), format (1 when every <think> is closed and an answer can be extracted),
-length_penalty (-completion tokens / max_completion_length).
+Built-ins (either completion form): exact_answer (1 when the completion's answer, its last \\boxed{...}, else the
+text after its last "answer:" or "####", else its last number, equals the row's `answer`; numbers compare as
+numbers), boxed_answer (the same from a \\boxed{...} only), format (1 when every <think> is closed and an answer can
+be extracted), length_penalty (-completion tokens / max_completion_length).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 
 from hybridtune.config_grpo import reward_file
 from hybridtune.errors import ConfigError, UserError, did_you_mean
+from hybridtune.train.objectives.reward_fence import Failed, call, kept_directory
 
 
 class RewardError(UserError):
@@ -76,16 +78,26 @@ def same_answer(got: str | None, want) -> bool:
         return a == b
 
 
+def completion_text(completion) -> str:
+    """A completion's text: itself (a plain prompt's), or its messages' contents (a chat prompt's, as TRL gives it)."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(m["content"] for m in completion if isinstance(m, dict) and isinstance(m.get("content"), str))
+
+
 def exact_answer(completions, answer=None, **_) -> list[float]:
-    return [float(same_answer(extract_answer(c), a)) for c, a in zip(completions, answer or [None] * len(completions))]
+    texts = map(completion_text, completions)
+    return [float(same_answer(extract_answer(c), a)) for c, a in zip(texts, answer or [None] * len(completions))]
 
 
 def boxed_answer(completions, answer=None, **_) -> list[float]:
-    return [float(same_answer(boxed(c), a)) for c, a in zip(completions, answer or [None] * len(completions))]
+    texts = map(completion_text, completions)
+    return [float(same_answer(boxed(c), a)) for c, a in zip(texts, answer or [None] * len(completions))]
 
 
 def format_reward(completions, **_) -> list[float]:
-    return [float(c.count("<think>") == c.count("</think>") and extract_answer(c) is not None) for c in completions]
+    texts = map(completion_text, completions)
+    return [float(c.count("<think>") == c.count("</think>") and extract_answer(c) is not None) for c in texts]
 
 
 def length_penalty(max_completion_length: int) -> Callable[..., list[float]]:
@@ -140,10 +152,11 @@ def _user_function(path: Path, name: str, spec: str) -> Callable:
         sys.modules[module_name] = module
         try:
             code = compile(source, str(path), "exec", dont_inherit=True)
-            exec(code, vars(module))  # (the user's own reward code, as named)
+            with kept_directory(f"importing {path} (reward_funcs)"):  # (it may chdir as its calls may)
+                exec(code, vars(module))  # (the user's own reward code, as named)
         except BaseException as e:  # no half-run module stays; what the user's file raised, in one line
             sys.modules.pop(module_name, None)
-            if isinstance(e, (Exception, SystemExit)):  # (Ctrl-C's KeyboardInterrupt passes)
+            if not isinstance(e, KeyboardInterrupt):  # (Ctrl-C passes)
                 raise ConfigError(f"config key 'reward_funcs': importing {path} raised {_raised(e)}") from e
             raise
     fn = getattr(module, name, None)
@@ -158,21 +171,26 @@ def _user_function(path: Path, name: str, spec: str) -> Callable:
 def score(
     funcs: Sequence[RewardFunc],
     prompts: list,
-    completions: list[str],
+    completions: list,
     completion_ids: list[list[int]],
     columns: dict[str, list],
     where: list[str],
+    trainer_state=None,
 ) -> torch.Tensor:
-    """Rewards `[B, F]` (float64) of B completions by F functions; `where[i]`: completion i's row, for errors."""
+    """Rewards `[B, F]` (float64) of B completions (text, or a chat prompt's list of messages) by F functions, each
+    called inside the fence with copies of the arguments; `where[i]`: completion i's row, for errors;
+    `trainer_state`: TRL's keyword (a transformers TrainerState), passed when given."""
     out = torch.zeros(len(completions), len(funcs), dtype=torch.float64)
+    state = {} if trainer_state is None else {"trainer_state": trainer_state}
     for f, rf in enumerate(funcs):
         try:
-            got = rf.fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-        except (Exception, SystemExit) as e:  # the user's code: named, with the row it fails on, in one line
+            got = call(rf.name, rf.fn, prompts=prompts, completions=completions, completion_ids=completion_ids,
+                       **state, **columns)  # fmt: skip
+        except Failed as e:  # the user's code: named, with the row it fails on, in one line
             # (sys.exit in a reward would end the run as if it had finished; Ctrl-C's KeyboardInterrupt passes)
-            i = _failing_row(rf, prompts, completions, completion_ids, columns)
+            i = _failing_row(rf, prompts, completions, completion_ids, columns, state)
             row = f"row {where[i]} (completion {i})" if i is not None else f"the rows of {where[0]} onwards"
-            raise RewardError(f"reward function '{rf.name}' raised {_raised(e)} on {row}") from e
+            raise RewardError(f"reward function '{rf.name}' raised {_raised(e.raised)} on {row}") from e.raised
         if not isinstance(got, (list, tuple)) or len(got) != len(completions):
             raise RewardError(
                 f"reward function '{rf.name}' returned {type(got).__name__} "
@@ -255,18 +273,14 @@ def total_rewards(
     )
 
 
-def _failing_row(rf: RewardFunc, prompts, completions, completion_ids, columns) -> int | None:
+def _failing_row(rf: RewardFunc, prompts, completions, completion_ids, columns, state: dict) -> int | None:
     """The first completion that the function raises on when called with it alone (None: only together)."""
     for i in range(len(completions)):
         try:
             one = {k: v[i : i + 1] for k, v in columns.items()}
-            rf.fn(
-                prompts=prompts[i : i + 1],
-                completions=completions[i : i + 1],
-                completion_ids=completion_ids[i : i + 1],
-                **one,
-            )
-        except (Exception, SystemExit):
+            call(rf.name, rf.fn, prompts=prompts[i : i + 1], completions=completions[i : i + 1],
+                 completion_ids=completion_ids[i : i + 1], **state, **one)  # fmt: skip
+        except Failed:
             return i
     return None
 
