@@ -7,7 +7,8 @@ batch of completions, which serves `num_iterations` optimizer steps).
 A row gives its prompt as `prompt` (text: continued as it is; a list of messages: rendered by the chat template with
 the assistant's generation prompt), or as a chat (`messages`): the messages before the last assistant message, whose
 content becomes the row's `answer` when it has none. Every other column goes to the reward functions (as TRL's
-keywords: rewards.py). A prompt longer than max_prompt_length keeps its last tokens.
+keywords: rewards.py). A prompt longer than max_prompt_length keeps its last tokens. A vision-language checkpoint
+trains on text prompts (its vision tower idle and frozen); a row that carries images or videos is refused.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from hybridtune.data.build import PreparedData
 from hybridtune.data.chat import render
 from hybridtune.data.formats import field_text, parse_messages
 from hybridtune.data.packing import Example, PackStats
-from hybridtune.data.rows import decode_json_cells
+from hybridtune.data.rows import MEDIA_COLUMNS, MEDIA_PLACEHOLDERS, decode_json_cells
 from hybridtune.data.sources import open_source
 from hybridtune.errors import ConfigError, DataError
 from hybridtune.runtime.generation import eos_ids
@@ -60,8 +61,35 @@ class PromptData:
         return [len(p) + self.max_completion_length for p in self.prompts]
 
 
+MEDIA_PARTS = ("image", "image_url", "input_image", "video", "video_url", "audio", "input_audio")
+
+
+def _refuse_media(row: dict, ds, where: str) -> None:
+    """One line naming the row when it carries images, videos or audio: a media column (LLaMA-Factory's, or TRL's
+    `image`), a media content part in its prompt or chat, or a media placeholder in their text."""
+    what = next((f"column '{c}'" for c in ("image", *MEDIA_COLUMNS) if row.get(c) not in (None, "", [], "[]")), None)
+    for key in (ds.field_prompt, ds.field_messages):
+        value = row.get(key)
+        for j, m in enumerate(value if isinstance(value, list) else []):
+            content = m.get(ds.message_field_content) if isinstance(m, dict) else None
+            for k, part in enumerate(content if isinstance(content, list) else []):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if what is None and kind in MEDIA_PARTS:
+                    what = f"message {j} of '{key}', content part {k} (type '{kind}')"
+        mark = next((p for p in MEDIA_PLACEHOLDERS if p in str(value)), None) if value is not None else None
+        if what is None and mark:
+            what = f"an {mark} placeholder in field '{key}'"
+    if what is not None:
+        raise DataError(
+            f"{where}: the row carries media ({what}); objective grpo samples from text prompts only for now (on a "
+            "vision-language checkpoint too): drop the row's images, videos and placeholders, or train on them with "
+            "objective sft"
+        )
+
+
 def _prompt_of(row: dict, ds, where: str) -> tuple[Any, dict]:
     """(the prompt as the row gives it, the other columns); see the module doc."""
+    _refuse_media(row, ds, where)
     if ds.field_prompt in row:
         prompt = row[ds.field_prompt]
         columns = {k: v for k, v in row.items() if k != ds.field_prompt}
@@ -90,9 +118,8 @@ def _prompt_of(row: dict, ds, where: str) -> tuple[Any, dict]:
 
 
 def load_prompts(cfg: TrainConfig, tokenizer, vision=None) -> PromptData:
-    """Every data source's prompts, tokenised (chat prompts through the template), cut to max_prompt_length."""
-    if vision is not None:
-        raise ConfigError("objective grpo trains text prompts only for now; a vision-language model's images are not")
+    """Every data source's prompts, tokenised (chat prompts through the template), cut to max_prompt_length.
+    `vision` (a vision-language checkpoint's): unused, the prompts being text (`_refuse_media`)."""
     docs: list[PromptDoc] = []
     kwargs = cfg.chat_template_kwargs or None
     for ds in cfg.resolved_datasets():
