@@ -16,7 +16,7 @@ import pytest
 from hybridtune.cli import main
 from hybridtune.config import load_config, parse_overrides
 from hybridtune.errors import ConfigError
-from hybridtune.train.objectives import grpo_rollouts
+from hybridtune.train.objectives import grpo_rollouts, reward_fence
 from hybridtune.train.objectives.rewards import RewardError, RewardFunc, score
 
 CHDIR = """
@@ -151,3 +151,33 @@ def test_a_float_list_on_the_command_line_parses_as_a_b():
     assert cfg.reward_weights == weights and cfg.reward_funcs == ["exact_answer", "format", "length_penalty"]
     with pytest.raises(ConfigError, match=r"key 'reward_weights': expected list of float.*'1.0,x'"):
         load_config(None, parse_overrides(["--reward_weights", "1.0,x"]))
+
+
+@pytest.mark.parametrize("readable", [True, False])
+def test_each_call_comes_back_to_the_working_directory(tmp_path, monkeypatch, readable):
+    """Called directly, with the working directory kept by an open descriptor, or by its path where it cannot be
+    opened for reading (a directory this user may enter but not list)."""
+    here, there = tmp_path / "here", tmp_path / f"there-{random.randrange(1 << 30)}"
+    here.mkdir()
+    there.mkdir()
+    monkeypatch.chdir(here)
+    if not readable:
+        def refused(*args, **kwargs):
+            raise PermissionError("not readable")
+
+        monkeypatch.setattr(reward_fence.os, "open", refused)
+
+    def moves(completions, **kwargs):
+        os.chdir(there)
+        return [1.0] * len(completions)
+
+    got = score([RewardFunc(f"moves-{readable}", moves)], ["q"] * 2, ["a", "b"], [[1], [2]], {}, ["d:1", "d:2"])
+    assert got.tolist() == [[1.0], [1.0]] and os.getcwd() == str(here)
+
+
+def test_a_reward_without_kwargs_is_told_what_it_is_given():
+    def strict(prompts, completions, completion_ids):
+        return [0.0] * len(completions)
+
+    with pytest.raises(RewardError, match=r"unexpected keyword argument .*a reward takes \*\*kwargs, as TRL .*\['answer'\]"):
+        score([RewardFunc("strict", strict)], ["q"], ["a"], [[1]], {"answer": ["1"]}, ["d:1"])

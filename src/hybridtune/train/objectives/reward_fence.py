@@ -47,18 +47,21 @@ def call(name: str, fn: Callable[..., Any], **kwargs) -> Any:
 @contextlib.contextmanager
 def kept_directory(who: str) -> Iterator[None]:
     """The working directory as it was before the block, whatever the block did (`who`: whose code, to say so)."""
-    here = os.open(".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))  # (found again even if renamed meanwhile)
+    try:
+        here: int | str = os.open(".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))  # (found again if renamed)
+    except OSError:  # a directory this user may enter but not read: by its path
+        here = os.getcwd()
     try:
         yield
     finally:
         _come_back(who, here)
 
 
-def _come_back(who: str, here: int) -> None:
-    """Back into the directory `here` (an open descriptor, closed here) when the call left another."""
+def _come_back(who: str, here: int | str) -> None:
+    """Back into the directory `here` (an open descriptor, closed here; or its path) when the call left another."""
     try:
         try:
-            moved = not os.path.samestat(os.fstat(here), os.stat("."))
+            moved = not os.path.samestat(os.fstat(here) if isinstance(here, int) else os.stat(here), os.stat("."))
         except OSError:  # the directory the call left us in is gone
             moved = True
         if not moved:
@@ -67,7 +70,10 @@ def _come_back(who: str, here: int) -> None:
             now = os.getcwd()
         except OSError:
             now = "a directory that no longer exists"
-        os.fchdir(here)
+        if isinstance(here, int):
+            os.fchdir(here)
+        else:
+            os.chdir(here)
         if who not in _said:
             _said.add(who)
             logger.warning(
@@ -75,4 +81,5 @@ def _come_back(who: str, here: int) -> None:
                 "paths keep their meaning (give a subprocess its own directory with cwd=)", who, now,
             )  # fmt: skip
     finally:
-        os.close(here)
+        if isinstance(here, int):
+            os.close(here)

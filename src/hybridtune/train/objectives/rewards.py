@@ -190,7 +190,11 @@ def score(
             # (sys.exit in a reward would end the run as if it had finished; Ctrl-C's KeyboardInterrupt passes)
             i = _failing_row(rf, prompts, completions, completion_ids, columns, state)
             row = f"row {where[i]} (completion {i})" if i is not None else f"the rows of {where[0]} onwards"
-            raise RewardError(f"reward function '{rf.name}' raised {_raised(e.raised)} on {row}") from e.raised
+            hint = ""
+            if isinstance(e.raised, TypeError) and "keyword argument" in str(e.raised):
+                hint = (f"; a reward takes **kwargs, as TRL requires (it is given prompts, completions, completion_ids, "
+                        f"trainer_state and the columns {sorted(columns)} by keyword)")  # fmt: skip
+            raise RewardError(f"reward function '{rf.name}' raised {_raised(e.raised)} on {row}{hint}") from e.raised
         if not isinstance(got, (list, tuple)) or len(got) != len(completions):
             raise RewardError(
                 f"reward function '{rf.name}' returned {type(got).__name__} "
