@@ -181,3 +181,10 @@ def test_a_reward_without_kwargs_is_told_what_it_is_given():
 
     with pytest.raises(RewardError, match=r"unexpected keyword argument .*a reward takes \*\*kwargs, as TRL .*\['answer'\]"):
         score([RewardFunc("strict", strict)], ["q"], ["a"], [[1]], {"answer": ["1"]}, ["d:1"])
+
+
+def test_a_column_named_as_a_reward_keyword_is_one_line(tmp_path, error_line):
+    name = random.choice(["prompts", "completions", "completion_ids", "trainer_state"])
+    (tmp_path / "data.jsonl").write_text(json.dumps({"prompt": "1+1=", "answer": "2", name: "x"}) + "\n")
+    line = error_line(grpo_argv(str(tmp_path / "data.jsonl"), "exact_answer", str(tmp_path / "run"), "--max_steps", "1"))
+    assert "data.jsonl:1" in line and f"column '{name}' has the name of a keyword" in line, line

@@ -87,9 +87,17 @@ def _refuse_media(row: dict, ds, where: str) -> None:
         )
 
 
+REWARD_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state")  # what a reward is given besides
+
+
 def _prompt_of(row: dict, ds, where: str) -> tuple[Any, dict]:
     """(the prompt as the row gives it, the other columns); see the module doc."""
     _refuse_media(row, ds, where)
+    if taken := [k for k in REWARD_KEYWORDS if k in row]:
+        raise DataError(
+            f"{where}: column '{taken[0]}' has the name of a keyword every reward function is given "
+            f"({', '.join(REWARD_KEYWORDS)}); rename the column"
+        )
     if ds.field_prompt in row:
         prompt = row[ds.field_prompt]
         columns = {k: v for k, v in row.items() if k != ds.field_prompt}

@@ -191,7 +191,7 @@ def score(
             i = _failing_row(rf, prompts, completions, completion_ids, columns, state)
             row = f"row {where[i]} (completion {i})" if i is not None else f"the rows of {where[0]} onwards"
             hint = ""
-            if isinstance(e.raised, TypeError) and "keyword argument" in str(e.raised):
+            if isinstance(e.raised, TypeError) and "unexpected keyword argument" in str(e.raised):
                 hint = (f"; a reward takes **kwargs, as TRL requires (it is given prompts, completions, completion_ids, "
                         f"trainer_state and the columns {sorted(columns)} by keyword)")  # fmt: skip
             raise RewardError(f"reward function '{rf.name}' raised {_raised(e.raised)} on {row}{hint}") from e.raised
