@@ -74,7 +74,11 @@ def test_a_reward_that_edits_its_arguments_in_place_changes_nothing_trained(tmp_
     )
     (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows(4, seed=random.randrange(99))))
     sampled, trained, given = [], [], []
-    real_sample, real_pack, real_score = grpo_rollouts.sample_groups, grpo_rollouts.pack_completions, grpo_rollouts.score
+    real_sample, real_pack, real_score = (
+        grpo_rollouts.sample_groups,
+        grpo_rollouts.pack_completions,
+        grpo_rollouts.score,
+    )
 
     def sample(*args, **kwargs):
         groups = real_sample(*args, **kwargs)
@@ -139,7 +143,9 @@ def test_a_step_whose_completions_are_all_truncated_and_masked_says_so(tmp_path,
     argv = grpo_argv(str(tmp_path / "data.jsonl"), "format", str(tmp_path / "run"), "--max_steps", "2",
                      "--max_completion_length", "1", "--mask_truncated_completions", "true")  # fmt: skip
     assert main(argv) == 0
-    said = [line.partition("WARNING ")[2] for line in capsys.readouterr().err.splitlines() if "every completion" in line]
+    said = [
+        line.partition("WARNING ")[2] for line in capsys.readouterr().err.splitlines() if "every completion" in line
+    ]
     assert [m.split(":")[0] for m in said] == ["step 1", "step 2"], said
     assert "trains nothing" in said[0] and "max_completion_length 1" in said[0]
 
@@ -162,6 +168,7 @@ def test_each_call_comes_back_to_the_working_directory(tmp_path, monkeypatch, re
     there.mkdir()
     monkeypatch.chdir(here)
     if not readable:
+
         def refused(*args, **kwargs):
             raise PermissionError("not readable")
 
@@ -179,12 +186,16 @@ def test_a_reward_without_kwargs_is_told_what_it_is_given():
     def strict(prompts, completions, completion_ids):
         return [0.0] * len(completions)
 
-    with pytest.raises(RewardError, match=r"unexpected keyword argument .*a reward takes \*\*kwargs, as TRL .*\['answer'\]"):
+    with pytest.raises(
+        RewardError, match=r"unexpected keyword argument .*a reward takes \*\*kwargs, as TRL .*\['answer'\]"
+    ):
         score([RewardFunc("strict", strict)], ["q"], ["a"], [[1]], {"answer": ["1"]}, ["d:1"])
 
 
 def test_a_column_named_as_a_reward_keyword_is_one_line(tmp_path, error_line):
     name = random.choice(["prompts", "completions", "completion_ids", "trainer_state"])
     (tmp_path / "data.jsonl").write_text(json.dumps({"prompt": "1+1=", "answer": "2", name: "x"}) + "\n")
-    line = error_line(grpo_argv(str(tmp_path / "data.jsonl"), "exact_answer", str(tmp_path / "run"), "--max_steps", "1"))
+    line = error_line(
+        grpo_argv(str(tmp_path / "data.jsonl"), "exact_answer", str(tmp_path / "run"), "--max_steps", "1")
+    )
     assert "data.jsonl:1" in line and f"column '{name}' has the name of a keyword" in line, line

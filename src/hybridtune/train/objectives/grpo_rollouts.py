@@ -166,7 +166,8 @@ class Rollouts:
         if world > 1:
             raise ConfigError("objective grpo runs in one process for now; drop --nproc / torchrun")
         self.cfg, self.objective, self.tokenizer, self.model, self.device = cfg, objective, tokenizer, model, device
-        self.funcs = load_reward_funcs(cfg.reward_funcs, cfg.max_completion_length)
+        self.funcs = load_reward_funcs(cfg.reward_funcs, cfg.max_completion_length, cfg.reward_processes,
+                                       cfg.reward_timeout)  # fmt: skip
         self.stop = eos_ids(model, tokenizer)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (self.stop or [0])[0]
         self.collate = CompletionCollator(pad_token_id=self.pad)

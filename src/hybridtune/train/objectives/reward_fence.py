@@ -1,27 +1,42 @@
-"""Each call of a user's reward function inside a fence, so that its code cannot change what the run trains or where
-it writes (the same file is safe in TRL, which builds fresh lists for every call):
+"""The user's reward code: its file run as a module (`user_function`, once per path and content) and each call of a
+reward function inside a fence, so that its code cannot change what the run trains or where it writes (the same
+file is safe in TRL, which builds fresh lists for every call):
 
 - every argument is a fresh deep copy: a reward that edits `completion_ids`, `prompts` or a column in place changes
   its own copy, never the tokens the policy trains on nor the rows the next call is given;
-- the working directory is put back after the call (a reward that `os.chdir`s into a sandbox would otherwise move
-  every later checkpoint, `final/` and `base_model/`), said once per function;
+- the working directory is put back after the call and after the file's import (an `os.chdir` into a sandbox would
+  otherwise move every later checkpoint, `final/` and `base_model/`), said once per function;
 - whatever it raises, BaseException subclasses included (GeneratorExit, a class of its own, sys.exit's SystemExit),
-  comes back as `Failed`, which the caller turns into one line naming the function and the row; only Ctrl-C's
-  KeyboardInterrupt passes, to stop the run as Ctrl-C does.
+  comes back as `Failed`, which the caller turns into one line naming the function and the row (`raised_line`);
+  only Ctrl-C's KeyboardInterrupt passes, to stop the run as Ctrl-C does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
+import importlib.util
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
+
+from hybridtune.errors import ConfigError, did_you_mean
 
 logger = logging.getLogger(__name__)
 
 _said: set[str] = set()  # the code already said to have moved the working directory
+
+
+class RaisedInWorker(Exception):
+    """What a reward raised in a worker process (reward_pool.py), as its one line (`line`)."""
+
+    def __init__(self, line: str):
+        super().__init__(line)
+        self.line = line
 
 
 class Failed(Exception):
@@ -83,3 +98,41 @@ def _come_back(who: str, here: int | str) -> None:
     finally:
         if isinstance(here, int):
             os.close(here)
+
+
+def user_function(path: Path, name: str, spec: str, source: bytes) -> Callable:
+    """`name` of the file at `path` whose bytes were read once (`source`, which a reward worker runs too): the module
+    runs those bytes (one module per path and content)."""
+    digest = hashlib.sha256(f"{path.resolve()}\0".encode() + source).hexdigest()[:24]
+    module_name = f"hybridtune_rewards_{digest}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(module_name, path))
+        # As an import runs it: in sys.modules while it runs (dataclasses, pickling and typing look it up there),
+        # compiled with its own __future__ flags only, not this module's (string annotations break a ClassVar).
+        sys.modules[module_name] = module
+        try:
+            code = compile(source, str(path), "exec", dont_inherit=True)
+            with kept_directory(f"importing {path} (reward_funcs)"):  # (it may chdir as its calls may)
+                exec(code, vars(module))  # (the user's own reward code, as named)
+        except BaseException as e:  # no half-run module stays; what the user's file raised, in one line
+            sys.modules.pop(module_name, None)
+            if not isinstance(e, KeyboardInterrupt):  # (Ctrl-C passes)
+                raise ConfigError(f"config key 'reward_funcs': importing {path} raised {raised_line(e)}") from e
+            raise
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        have = [k for k, v in vars(module).items() if callable(v) and not k.startswith("_")]
+        raise ConfigError(
+            f"config key 'reward_funcs' entry '{spec}': {path} defines no function '{name}'{did_you_mean(name, have)}"
+        )
+    return fn
+
+
+def raised_line(e: BaseException) -> str:
+    """`Type: first line` of an exception; sys.exit(code) as itself."""
+    if isinstance(e, RaisedInWorker):
+        return e.line
+    if isinstance(e, SystemExit):
+        return f"SystemExit (sys.exit({e.code!r}) would end the run as if it had finished)"
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"

@@ -16,12 +16,9 @@ be extracted), length_penalty (-completion tokens / max_completion_length).
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import math
 import numbers
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +27,8 @@ import torch
 
 from hybridtune.config_grpo import reward_file
 from hybridtune.errors import ConfigError, UserError, did_you_mean
-from hybridtune.train.objectives.reward_fence import Failed, call, kept_directory
+from hybridtune.train.objectives.reward_fence import Failed, RaisedInWorker, call, raised_line, user_function
+from hybridtune.train.objectives.reward_pool import Pool, TimedOut
 
 
 class RewardError(UserError):
@@ -113,8 +111,12 @@ class RewardFunc:
     fn: Callable[..., Sequence]
 
 
-def load_reward_funcs(specs: Sequence[str], max_completion_length: int) -> list[RewardFunc]:
-    """The config's `reward_funcs`, each resolved (a user's file imported once); a bad entry is one line."""
+def load_reward_funcs(
+    specs: Sequence[str], max_completion_length: int, processes: int = 0, timeout: float = 0.0
+) -> list[RewardFunc]:
+    """The config's `reward_funcs`, each resolved (a user's file imported once); a bad entry is one line.
+    `processes` > 0: the user's functions run in that many worker processes (reward_pool.py), each call within
+    `timeout` seconds."""
     if not specs:
         raise ConfigError(
             "objective grpo needs reward_funcs: e.g. [exact_answer] (the completion's answer equals the row's "
@@ -122,7 +124,7 @@ def load_reward_funcs(specs: Sequence[str], max_completion_length: int) -> list[
         )
     builtins = {"exact_answer": exact_answer, "boxed_answer": boxed_answer, "format": format_reward,
                 "length_penalty": length_penalty(max_completion_length)}  # fmt: skip
-    out = []
+    out, files = [], []
     for spec in specs:
         if spec in builtins:
             out.append(RewardFunc(spec, builtins[spec]))
@@ -133,39 +135,22 @@ def load_reward_funcs(specs: Sequence[str], max_completion_length: int) -> list[
                 f"config key 'reward_funcs' entry '{spec}' is neither a built-in ({', '.join(builtins)}) nor "
                 f"'file.py:function'{did_you_mean(spec, builtins)}"
             )
-        out.append(RewardFunc(spec, _user_function(Path(path).expanduser(), spec.rpartition(":")[2], spec)))
-    return out
-
-
-def _user_function(path: Path, name: str, spec: str) -> Callable:
-    """`name` of the file at `path`, read once: the module runs the bytes read (one module per path and content)."""
-    if not path.is_file():
-        raise ConfigError(f"config key 'reward_funcs' entry '{spec}': no file {path} (relative to {Path.cwd()})")
-    source = path.read_bytes()
-    digest = hashlib.sha256(f"{path.resolve()}\0".encode() + source).hexdigest()[:24]
-    module_name = f"hybridtune_rewards_{digest}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(module_name, path))
-        # As an import runs it: in sys.modules while it runs (dataclasses, pickling and typing look it up there),
-        # compiled with its own __future__ flags only, not this module's (string annotations break a ClassVar).
-        sys.modules[module_name] = module
+        file, name = Path(path).expanduser(), spec.rpartition(":")[2]
+        if not file.is_file():
+            raise ConfigError(f"config key 'reward_funcs' entry '{spec}': no file {file} (relative to {Path.cwd()})")
+        source = file.read_bytes()  # (read once: a worker runs these bytes too)
+        files.append((len(out), file.absolute(), name, spec, source))
+        out.append(RewardFunc(spec, user_function(file, name, spec, source)))
+    if processes > 0 and files:
         try:
-            code = compile(source, str(path), "exec", dont_inherit=True)
-            with kept_directory(f"importing {path} (reward_funcs)"):  # (it may chdir as its calls may)
-                exec(code, vars(module))  # (the user's own reward code, as named)
-        except BaseException as e:  # no half-run module stays; what the user's file raised, in one line
-            sys.modules.pop(module_name, None)
-            if not isinstance(e, KeyboardInterrupt):  # (Ctrl-C passes)
-                raise ConfigError(f"config key 'reward_funcs': importing {path} raised {_raised(e)}") from e
-            raise
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        have = [k for k, v in vars(module).items() if callable(v) and not k.startswith("_")]
-        raise ConfigError(
-            f"config key 'reward_funcs' entry '{spec}': {path} defines no function '{name}'{did_you_mean(name, have)}"
-        )
-    return fn
+            pool = Pool(files, processes, timeout)
+        except RaisedInWorker as e:
+            raise ConfigError(
+                f"config key 'reward_processes': {e.line}; set reward_processes: 0 to run the rewards in process"
+            ) from None
+        for i, *_ in files:
+            out[i] = RewardFunc(out[i].name, pool.proxy(i, out[i].name))
+    return out
 
 
 def score(
@@ -187,6 +172,12 @@ def score(
             got = call(rf.name, rf.fn, prompts=prompts, completions=completions, completion_ids=completion_ids,
                        **state, **columns)  # fmt: skip
         except Failed as e:  # the user's code: named, with the row it fails on, in one line
+            if isinstance(e.raised, TimedOut):  # (never retried row by row: each would wait as long)
+                raise RewardError(
+                    f"reward function '{rf.name}' did not return within reward_timeout {e.raised.timeout:g} s on the "
+                    f"rows of {where[0]} onwards (its worker processes were stopped); make it faster, or raise "
+                    "reward_timeout"
+                ) from None
             # (sys.exit in a reward would end the run as if it had finished; Ctrl-C's KeyboardInterrupt passes)
             i = _failing_row(rf, prompts, completions, completion_ids, columns, state)
             row = f"row {where[i]} (completion {i})" if i is not None else f"the rows of {where[0]} onwards"
@@ -194,7 +185,9 @@ def score(
             if isinstance(e.raised, TypeError) and "unexpected keyword argument" in str(e.raised):
                 hint = (f"; a reward takes **kwargs, as TRL requires (it is given prompts, completions, completion_ids, "
                         f"trainer_state and the columns {sorted(columns)} by keyword)")  # fmt: skip
-            raise RewardError(f"reward function '{rf.name}' raised {_raised(e.raised)} on {row}{hint}") from e.raised
+            raise RewardError(
+                f"reward function '{rf.name}' raised {raised_line(e.raised)} on {row}{hint}"
+            ) from e.raised
         if not isinstance(got, (list, tuple)) or len(got) != len(completions):
             raise RewardError(
                 f"reward function '{rf.name}' returned {type(got).__name__} "
@@ -239,13 +232,6 @@ def _shown(v) -> str:
         text = f"an integer of {v.bit_length()} bits"
     text = " ".join(text.split())
     return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
-
-
-def _raised(e: BaseException) -> str:
-    """`Type: first line` of an exception; sys.exit(code) as itself."""
-    if isinstance(e, SystemExit):
-        return f"SystemExit (sys.exit({e.code!r}) would end the run as if it had finished)"
-    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
 
 
 def total_rewards(
