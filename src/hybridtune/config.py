@@ -108,7 +108,7 @@ def _coerce(value: Any, tp: Any, where: str, node: yaml.Node | None = None, nest
         raise bad()
     if origin is list:
         (item_tp,) = typing.get_args(tp)
-        if isinstance(value, str) and item_tp is str:
+        if isinstance(value, str) and item_tp in (str, float):  # `a,b` on the command line (reward_weights: 1,2)
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list):
             raise bad()

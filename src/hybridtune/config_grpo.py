@@ -37,6 +37,12 @@ class GRPOKeys:
         + ", ".join(REWARD_BUILTINS),
     )
     reward_weights: list[float] | None = _k(None, "grpo: one weight per reward function (null = all 1)")
+    reward_processes: int = _k(
+        0,
+        "grpo: run your reward functions in this many worker processes, each call within reward_timeout (0 = "
+        "in the training process)",
+    )
+    reward_timeout: float = _k(300.0, "grpo: seconds a reward call may take in a worker (with reward_processes > 0)")
 
 
 def reward_file(spec: str) -> str | None:
@@ -57,6 +63,8 @@ def grpo_checks(cfg) -> list[tuple[bool, str, Any, str]]:
         (0 <= cfg.epsilon < 1, "epsilon", cfg.epsilon, "must be in [0, 1)"),
         (cfg.epsilon_high is None or cfg.epsilon_high >= 0, "epsilon_high", cfg.epsilon_high, "must be >= 0"),
         (cfg.num_iterations >= 1, "num_iterations", cfg.num_iterations, "must be at least 1"),
+        (cfg.reward_processes >= 0, "reward_processes", cfg.reward_processes, "must be >= 0 (0 = in process)"),
+        (cfg.reward_timeout > 0, "reward_timeout", cfg.reward_timeout, "must be positive (seconds)"),
         (
             cfg.reward_weights is None or len(cfg.reward_weights) == n,
             "reward_weights",

@@ -257,6 +257,8 @@ def _train(cfg) -> int:
         summary = "done: max_steps 0, nothing trained: the starting model evaluated and exported"
     else:
         summary = f"done: nothing left to train (the run was at step {result.steps} of {result.steps})"
+    if rewards := getattr(trainer.rollouts, "rewards", None):  # (grpo: the mean reward of the first and last rollout)
+        summary += f", reward {rewards[0]:.4f} -> {rewards[-1]:.4f}"
     if len(result.evals) >= 2:
         summary += f", exact_match {result.evals[0]['exact_match']:.3f} -> {result.evals[-1]['exact_match']:.3f}"
     summary += f"; final model in {result.final_dir}"

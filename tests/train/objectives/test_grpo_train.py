@@ -16,8 +16,9 @@ from hybridtune.cli import main
 from train_runs import make_cfg, metrics_rows, run
 
 REWARDS = """
-def has_digit(prompts, completions, answer, **kwargs):
-    return [float(any(ch.isdigit() for ch in c)) + 0.01 * len(c) for c in completions]
+def has_digit(prompts, completions, answer, **kwargs):  # conversational prompts: TRL's messages
+    texts = [c[0]["content"] for c in completions]
+    return [float(any(ch.isdigit() for ch in c)) + 0.01 * len(c) for c in texts]
 
 def broken(prompts, completions, answer, **kwargs):
     return [1.0 if a != "7" else float("x") for a in answer]

@@ -6,8 +6,9 @@ batch of completions, which serves `num_iterations` optimizer steps).
 
 A row gives its prompt as `prompt` (text: continued as it is; a list of messages: rendered by the chat template with
 the assistant's generation prompt), or as a chat (`messages`): the messages before the last assistant message, whose
-content becomes the row's `answer` when it has none. Every other column goes to the reward functions. A prompt
-longer than max_prompt_length keeps its last tokens.
+content becomes the row's `answer` when it has none. Every other column goes to the reward functions (as TRL's
+keywords: rewards.py). A prompt longer than max_prompt_length keeps its last tokens. A vision-language checkpoint
+trains on text prompts (its vision tower idle and frozen); a row that carries images or videos is refused.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import TrainerState
 
 from hybridtune.config import TrainConfig
 from hybridtune.data.build import PreparedData
 from hybridtune.data.chat import render
 from hybridtune.data.formats import field_text, parse_messages
 from hybridtune.data.packing import Example, PackStats
-from hybridtune.data.rows import decode_json_cells
+from hybridtune.data.rows import MEDIA_COLUMNS, MEDIA_PLACEHOLDERS, decode_json_cells
 from hybridtune.data.sources import open_source
 from hybridtune.errors import ConfigError, DataError
 from hybridtune.runtime.generation import eos_ids
@@ -59,8 +61,43 @@ class PromptData:
         return [len(p) + self.max_completion_length for p in self.prompts]
 
 
+MEDIA_PARTS = ("image", "image_url", "input_image", "video", "video_url", "audio", "input_audio")
+
+
+def _refuse_media(row: dict, ds, where: str) -> None:
+    """One line naming the row when it carries images, videos or audio: a media column (LLaMA-Factory's, or TRL's
+    `image`), a media content part in its prompt or chat, or a media placeholder in their text."""
+    what = next((f"column '{c}'" for c in ("image", *MEDIA_COLUMNS) if row.get(c) not in (None, "", [], "[]")), None)
+    for key in (ds.field_prompt, ds.field_messages):
+        value = row.get(key)
+        for j, m in enumerate(value if isinstance(value, list) else []):
+            content = m.get(ds.message_field_content) if isinstance(m, dict) else None
+            for k, part in enumerate(content if isinstance(content, list) else []):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if what is None and kind in MEDIA_PARTS:
+                    what = f"message {j} of '{key}', content part {k} (type '{kind}')"
+        mark = next((p for p in MEDIA_PLACEHOLDERS if p in str(value)), None) if value is not None else None
+        if what is None and mark:
+            what = f"an {mark} placeholder in field '{key}'"
+    if what is not None:
+        raise DataError(
+            f"{where}: the row carries media ({what}); objective grpo samples from text prompts only for now (on a "
+            "vision-language checkpoint too): drop the row's images, videos and placeholders, or train on them with "
+            "objective sft"
+        )
+
+
+REWARD_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state")  # what a reward is given besides
+
+
 def _prompt_of(row: dict, ds, where: str) -> tuple[Any, dict]:
     """(the prompt as the row gives it, the other columns); see the module doc."""
+    _refuse_media(row, ds, where)
+    if taken := [k for k in REWARD_KEYWORDS if k in row]:
+        raise DataError(
+            f"{where}: column '{taken[0]}' has the name of a keyword every reward function is given "
+            f"({', '.join(REWARD_KEYWORDS)}); rename the column"
+        )
     if ds.field_prompt in row:
         prompt = row[ds.field_prompt]
         columns = {k: v for k, v in row.items() if k != ds.field_prompt}
@@ -89,9 +126,8 @@ def _prompt_of(row: dict, ds, where: str) -> tuple[Any, dict]:
 
 
 def load_prompts(cfg: TrainConfig, tokenizer, vision=None) -> PromptData:
-    """Every data source's prompts, tokenised (chat prompts through the template), cut to max_prompt_length."""
-    if vision is not None:
-        raise ConfigError("objective grpo trains text prompts only for now; a vision-language model's images are not")
+    """Every data source's prompts, tokenised (chat prompts through the template), cut to max_prompt_length.
+    `vision` (a vision-language checkpoint's): unused, the prompts being text (`_refuse_media`)."""
     docs: list[PromptDoc] = []
     kwargs = cfg.chat_template_kwargs or None
     for ds in cfg.resolved_datasets():
@@ -130,7 +166,8 @@ class Rollouts:
         if world > 1:
             raise ConfigError("objective grpo runs in one process for now; drop --nproc / torchrun")
         self.cfg, self.objective, self.tokenizer, self.model, self.device = cfg, objective, tokenizer, model, device
-        self.funcs = load_reward_funcs(cfg.reward_funcs, cfg.max_completion_length)
+        self.funcs = load_reward_funcs(cfg.reward_funcs, cfg.max_completion_length, cfg.reward_processes,
+                                       cfg.reward_timeout)  # fmt: skip
         self.stop = eos_ids(model, tokenizer)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (self.stop or [0])[0]
         self.collate = CompletionCollator(pad_token_id=self.pad)
@@ -138,6 +175,7 @@ class Rollouts:
         self.batches: list[dict] = []
         self.lens: list[int] = []
         self.left = 0  # optimizer steps the current batch of completions still serves
+        self.rewards: list[float] = []  # each rollout's mean reward, in this process (the `done:` line's trend)
 
     def _autocast(self):
         return self.autocast() if self.autocast is not None else contextlib.nullcontext()
@@ -163,8 +201,12 @@ class Rollouts:
         texts = self.tokenizer.batch_decode([r.ids for r in rolls], skip_special_tokens=True)
         rows = [p for p in prompts for _ in range(G)]
         columns = {k: [p.columns.get(k) for p in rows] for k in {k for p in prompts for k in p.columns}}
-        rewards = score(self.funcs, [p.prompt for p in rows], texts, [r.ids for r in rolls], columns,
-                        [p.where for p in rows])  # fmt: skip
+        # As TRL gives them: a chat prompt's completion as the assistant's message, a plain prompt's as text.
+        completions = [t if isinstance(p.prompt, str) else [{"role": "assistant", "content": t}]
+                       for p, t in zip(rows, texts)]  # fmt: skip
+        state = TrainerState(global_step=step, max_steps=max(cfg.max_steps, 0))
+        rewards = score(self.funcs, [p.prompt for p in rows], completions, [r.ids for r in rolls], columns,
+                        [p.where for p in rows], trainer_state=state)  # fmt: skip
         total = total_rewards(self.funcs, rewards, cfg.reward_weights, G, [p.where for p in rows], cfg.scale_rewards)
         adv = group_advantages(total, G, cfg.scale_rewards).tolist()
         comps = []
@@ -172,12 +214,19 @@ class Rollouts:
             train = 0 if (r.truncated and cfg.mask_truncated_completions) or not r.ids else 1
             ids = r.ids or [self.pad]  # (an empty completion cannot happen: decoding adds at least one token)
             comps.append(Completion(p.input_ids + ids, [0] * len(p) + [train] * len(ids), advantage=a))
+        if cfg.mask_truncated_completions and all(r.truncated for r in rolls):
+            logger.warning(
+                "step %d: every completion (%d) reached max_completion_length %d and is masked "
+                "(mask_truncated_completions: true), so this step trains nothing; raise max_completion_length, or set "
+                "mask_truncated_completions: false", step + 1, len(rolls), cfg.max_completion_length,
+            )  # fmt: skip
         seq_len = max([cfg.sequence_len, *map(len, comps)])
         bins = pack_completions(comps, seq_len)
         self.lens = [len(c) for b in bins for c in b]
         batches = [to_device(self.collate(b), self.device) for b in bins]
         with self._autocast():  # (old log-probs in the precision of the loss's forward)
             self.objective.prepare(self.model, batches)
+        self.rewards.append(float(total.mean()))
         lengths = torch.tensor([len(r.ids) for r in rolls], dtype=torch.float64)
         self.objective.rollout = {
             **reward_metrics(self.funcs, rewards, total, G),

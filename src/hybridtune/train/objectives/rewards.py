@@ -1,26 +1,24 @@
 """GRPO's rewards as plain Python: `reward_funcs` entries are `path/to/file.py:function` (the user's own file, read
 once from the path the config names, relative to the working directory as every config path is; its sha256 is in
 the run record, so a resume with an edited file is refused) or a built-in, weighted by `reward_weights`. A function
-is called as TRL calls it: `fn(prompts=[...], completions=[...], completion_ids=[...], **columns)`, one entry per
-completion (completions as decoded text; columns: the row's other fields, e.g. `answer`), and returns one number
-per completion (a Python or numpy number or a 0-d tensor; None: TRL's "no reward", counted as 0). One that raises,
-calls sys.exit, returns anything else, or rewards that overflow once weighted and normalised, is one line naming it
-and the row (exit 2).
+is called as TRL's GRPOTrainer calls it, `fn(prompts=, completions=, completion_ids=, trainer_state=, **columns)`,
+one entry per completion (a chat prompt's completion as `[{"role": "assistant", "content": text}]`, a plain one's as
+text; docs/CONFIG.md has the table), inside reward_fence.py's fence (fresh copies, the working directory kept), and
+returns one number per completion (a Python or numpy number, a 0-d tensor; None: TRL's "no reward", counted as 0).
+One that raises anything, returns anything else, or rewards that overflow once weighted and normalised, is one line
+naming it and the row (exit 2).
 
-Built-ins: exact_answer (1 when the completion's answer, its last \\boxed{...}, else the text after its last
-"answer:" or "####", else its last number, equals the row's `answer`; numbers compare as numbers), boxed_answer (the
-same from a \\boxed{...} only), format (1 when every <think> is closed and an answer can be extracted),
-length_penalty (-completion tokens / max_completion_length).
+Built-ins (either completion form): exact_answer (1 when the completion's answer, its last \\boxed{...}, else the
+text after its last "answer:" or "####", else its last number, equals the row's `answer`; numbers compare as
+numbers), boxed_answer (the same from a \\boxed{...} only), format (1 when every <think> is closed and an answer can
+be extracted), length_penalty (-completion tokens / max_completion_length).
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import math
 import numbers
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +28,8 @@ import torch
 from hybridtune.config_grpo import reward_file
 from hybridtune.errors import ConfigError, UserError, did_you_mean
 from hybridtune.textfile import not_a_file
+from hybridtune.train.objectives.reward_fence import Failed, RaisedInWorker, call, raised_line, user_function
+from hybridtune.train.objectives.reward_pool import Pool, TimedOut
 
 
 class RewardError(UserError):
@@ -77,16 +77,26 @@ def same_answer(got: str | None, want) -> bool:
         return a == b
 
 
+def completion_text(completion) -> str:
+    """A completion's text: itself (a plain prompt's), or its messages' contents (a chat prompt's, as TRL gives it)."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(m["content"] for m in completion if isinstance(m, dict) and isinstance(m.get("content"), str))
+
+
 def exact_answer(completions, answer=None, **_) -> list[float]:
-    return [float(same_answer(extract_answer(c), a)) for c, a in zip(completions, answer or [None] * len(completions))]
+    texts = map(completion_text, completions)
+    return [float(same_answer(extract_answer(c), a)) for c, a in zip(texts, answer or [None] * len(completions))]
 
 
 def boxed_answer(completions, answer=None, **_) -> list[float]:
-    return [float(same_answer(boxed(c), a)) for c, a in zip(completions, answer or [None] * len(completions))]
+    texts = map(completion_text, completions)
+    return [float(same_answer(boxed(c), a)) for c, a in zip(texts, answer or [None] * len(completions))]
 
 
 def format_reward(completions, **_) -> list[float]:
-    return [float(c.count("<think>") == c.count("</think>") and extract_answer(c) is not None) for c in completions]
+    texts = map(completion_text, completions)
+    return [float(c.count("<think>") == c.count("</think>") and extract_answer(c) is not None) for c in texts]
 
 
 def length_penalty(max_completion_length: int) -> Callable[..., list[float]]:
@@ -102,8 +112,12 @@ class RewardFunc:
     fn: Callable[..., Sequence]
 
 
-def load_reward_funcs(specs: Sequence[str], max_completion_length: int) -> list[RewardFunc]:
-    """The config's `reward_funcs`, each resolved (a user's file imported once); a bad entry is one line."""
+def load_reward_funcs(
+    specs: Sequence[str], max_completion_length: int, processes: int = 0, timeout: float = 0.0
+) -> list[RewardFunc]:
+    """The config's `reward_funcs`, each resolved (a user's file imported once); a bad entry is one line.
+    `processes` > 0: the user's functions run in that many worker processes (reward_pool.py), each call within
+    `timeout` seconds."""
     if not specs:
         raise ConfigError(
             "objective grpo needs reward_funcs: e.g. [exact_answer] (the completion's answer equals the row's "
@@ -111,7 +125,7 @@ def load_reward_funcs(specs: Sequence[str], max_completion_length: int) -> list[
         )
     builtins = {"exact_answer": exact_answer, "boxed_answer": boxed_answer, "format": format_reward,
                 "length_penalty": length_penalty(max_completion_length)}  # fmt: skip
-    out = []
+    out, files = [], []
     for spec in specs:
         if spec in builtins:
             out.append(RewardFunc(spec, builtins[spec]))
@@ -122,60 +136,61 @@ def load_reward_funcs(specs: Sequence[str], max_completion_length: int) -> list[
                 f"config key 'reward_funcs' entry '{spec}' is neither a built-in ({', '.join(builtins)}) nor "
                 f"'file.py:function'{did_you_mean(spec, builtins)}"
             )
-        out.append(RewardFunc(spec, _user_function(Path(path).expanduser(), spec.rpartition(":")[2], spec)))
-    return out
-
-
-def _user_function(path: Path, name: str, spec: str) -> Callable:
-    """`name` of the file at `path`, read once: the module runs the bytes read (one module per path and content)."""
-    if not path.is_file():
-        it = not_a_file(path)  # (a pipe or a device, not only a missing file)
-        it = f"no file {path}" if it == "does not exist" else f"{path} {it}"
-        raise ConfigError(f"config key 'reward_funcs' entry '{spec}': {it} (relative to {Path.cwd()})")
-    source = path.read_bytes()
-    digest = hashlib.sha256(f"{path.resolve()}\0".encode() + source).hexdigest()[:24]
-    module_name = f"hybridtune_rewards_{digest}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(module_name, path))
-        # As an import runs it: in sys.modules while it runs (dataclasses, pickling and typing look it up there),
-        # compiled with its own __future__ flags only, not this module's (string annotations break a ClassVar).
-        sys.modules[module_name] = module
+        file, name = Path(path).expanduser(), spec.rpartition(":")[2]
+        if not file.is_file():
+            it = not_a_file(file)  # (a pipe or a device, not only a missing file)
+            it = f"no file {file}" if it == "does not exist" else f"{file} {it}"
+            raise ConfigError(f"config key 'reward_funcs' entry '{spec}': {it} (relative to {Path.cwd()})")
+        source = file.read_bytes()  # (read once: a worker runs these bytes too)
+        files.append((len(out), file.absolute(), name, spec, source))
+        out.append(RewardFunc(spec, user_function(file, name, spec, source)))
+    if processes > 0 and files:
         try:
-            code = compile(source, str(path), "exec", dont_inherit=True)
-            exec(code, vars(module))  # (the user's own reward code, as named)
-        except BaseException as e:  # no half-run module stays; what the user's file raised, in one line
-            sys.modules.pop(module_name, None)
-            if isinstance(e, (Exception, SystemExit)):  # (Ctrl-C's KeyboardInterrupt passes)
-                raise ConfigError(f"config key 'reward_funcs': importing {path} raised {_raised(e)}") from e
-            raise
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        have = [k for k, v in vars(module).items() if callable(v) and not k.startswith("_")]
-        raise ConfigError(
-            f"config key 'reward_funcs' entry '{spec}': {path} defines no function '{name}'{did_you_mean(name, have)}"
-        )
-    return fn
+            pool = Pool(files, processes, timeout)
+        except RaisedInWorker as e:
+            raise ConfigError(
+                f"config key 'reward_processes': {e.line}; set reward_processes: 0 to run the rewards in process"
+            ) from None
+        for i, *_ in files:
+            out[i] = RewardFunc(out[i].name, pool.proxy(i, out[i].name))
+    return out
 
 
 def score(
     funcs: Sequence[RewardFunc],
     prompts: list,
-    completions: list[str],
+    completions: list,
     completion_ids: list[list[int]],
     columns: dict[str, list],
     where: list[str],
+    trainer_state=None,
 ) -> torch.Tensor:
-    """Rewards `[B, F]` (float64) of B completions by F functions; `where[i]`: completion i's row, for errors."""
+    """Rewards `[B, F]` (float64) of B completions (text, or a chat prompt's list of messages) by F functions, each
+    called inside the fence with copies of the arguments; `where[i]`: completion i's row, for errors;
+    `trainer_state`: TRL's keyword (a transformers TrainerState), passed when given."""
     out = torch.zeros(len(completions), len(funcs), dtype=torch.float64)
+    state = {} if trainer_state is None else {"trainer_state": trainer_state}
     for f, rf in enumerate(funcs):
         try:
-            got = rf.fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-        except (Exception, SystemExit) as e:  # the user's code: named, with the row it fails on, in one line
+            got = call(rf.name, rf.fn, prompts=prompts, completions=completions, completion_ids=completion_ids,
+                       **state, **columns)  # fmt: skip
+        except Failed as e:  # the user's code: named, with the row it fails on, in one line
+            if isinstance(e.raised, TimedOut):  # (never retried row by row: each would wait as long)
+                raise RewardError(
+                    f"reward function '{rf.name}' did not return within reward_timeout {e.raised.timeout:g} s on the "
+                    f"rows of {where[0]} onwards (its worker processes were stopped); make it faster, or raise "
+                    "reward_timeout"
+                ) from None
             # (sys.exit in a reward would end the run as if it had finished; Ctrl-C's KeyboardInterrupt passes)
-            i = _failing_row(rf, prompts, completions, completion_ids, columns)
+            i = _failing_row(rf, prompts, completions, completion_ids, columns, state)
             row = f"row {where[i]} (completion {i})" if i is not None else f"the rows of {where[0]} onwards"
-            raise RewardError(f"reward function '{rf.name}' raised {_raised(e)} on {row}") from e
+            hint = ""
+            if isinstance(e.raised, TypeError) and "unexpected keyword argument" in str(e.raised):
+                hint = (f"; a reward takes **kwargs, as TRL requires (it is given prompts, completions, completion_ids, "
+                        f"trainer_state and the columns {sorted(columns)} by keyword)")  # fmt: skip
+            raise RewardError(
+                f"reward function '{rf.name}' raised {raised_line(e.raised)} on {row}{hint}"
+            ) from e.raised
         if not isinstance(got, (list, tuple)) or len(got) != len(completions):
             raise RewardError(
                 f"reward function '{rf.name}' returned {type(got).__name__} "
@@ -222,13 +237,6 @@ def _shown(v) -> str:
     return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
-def _raised(e: BaseException) -> str:
-    """`Type: first line` of an exception; sys.exit(code) as itself."""
-    if isinstance(e, SystemExit):
-        return f"SystemExit (sys.exit({e.code!r}) would end the run as if it had finished)"
-    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-
-
 def total_rewards(
     funcs: Sequence[RewardFunc],
     rewards: torch.Tensor,
@@ -258,18 +266,14 @@ def total_rewards(
     )
 
 
-def _failing_row(rf: RewardFunc, prompts, completions, completion_ids, columns) -> int | None:
+def _failing_row(rf: RewardFunc, prompts, completions, completion_ids, columns, state: dict) -> int | None:
     """The first completion that the function raises on when called with it alone (None: only together)."""
     for i in range(len(completions)):
         try:
             one = {k: v[i : i + 1] for k, v in columns.items()}
-            rf.fn(
-                prompts=prompts[i : i + 1],
-                completions=completions[i : i + 1],
-                completion_ids=completion_ids[i : i + 1],
-                **one,
-            )
-        except (Exception, SystemExit):
+            call(rf.name, rf.fn, prompts=prompts[i : i + 1], completions=completions[i : i + 1],
+                 completion_ids=completion_ids[i : i + 1], **state, **one)  # fmt: skip
+        except Failed:
             return i
     return None
 
