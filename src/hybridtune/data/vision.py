@@ -42,7 +42,8 @@ logger = logging.getLogger(__name__)
 
 LLAVA_PLACEHOLDER = "<image>"  # where a LLaVA-style row's next `images` item goes
 MM_TOKEN_TYPE_IDS = "mm_token_type_ids"
-MM_TEXT, MM_IMAGE, MM_VIDEO = 0, 1, 2  # its values, as transformers' ProcessorMixin.create_mm_token_type_ids writes them
+# Its values, as transformers' ProcessorMixin.create_mm_token_type_ids writes them.
+MM_TEXT, MM_IMAGE, MM_VIDEO = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,8 @@ class Vision:
         `pixel_values_videos` / `video_grid_thw`: with `mm_token_type_ids`, by which the model's `get_rope_index`
         places each image and video frame group at its M-RoPE grid positions, as training does (`rope_positions`);
         without it they took text positions at inference. The one place generation builds a model's visual inputs."""
-        return {**encoded, MM_TOKEN_TYPE_IDS: self.token_types(encoded["input_ids"]), **(images or {}), **(videos or {})}
+        types = self.token_types(encoded["input_ids"])
+        return {**encoded, MM_TOKEN_TYPE_IDS: types, **(images or {}), **(videos or {})}
 
     def tokens_of(self, grid: Sequence[int]) -> int:
         t, h, w = grid

@@ -82,3 +82,13 @@ def greedy(model, proc, inputs: dict, new: int, drop: tuple = ()) -> list[int]:
         out = model.generate(**given, max_new_tokens=new, do_sample=False, pad_token_id=tok.pad_token_id)
     ids = out[0, inputs["input_ids"].shape[1] :].tolist()
     return ids[: ids.index(tok.eos_token_id) + 1] if tok.eos_token_id in ids else ids
+
+
+def first_logits(model, inputs: dict, drop: tuple = ()) -> torch.Tensor:
+    """The logits [vocab] of the first new token `model.generate(**inputs)` (less the inputs in `drop`) scores."""
+    given = {k: v for k, v in inputs.items() if k not in drop}
+    with torch.no_grad():
+        out = model.generate(
+            **given, max_new_tokens=1, do_sample=False, output_logits=True, return_dict_in_generate=True
+        )
+    return out.logits[0][0].float()
