@@ -10,6 +10,8 @@ for that document alone: text tokens count on from the last position on all thre
 (t, h, w) grid positions offset by the position before it, and the text after it starts at that offset plus
 max(h, w) / merge. The collator concatenates the documents' positions: never a position counted across documents.
 `Vision.pixels` turns a pack's images into the vision tower's input (pixel_values [patches, C*t*p*p], grid [I, 3]).
+`Vision.model_inputs` is what the processor returns for prompts at inference: `mm_token_type_ids` beside the ids, by
+which the model's own `get_rope_index` gives the visual tokens the positions `rope_positions` gives them in training.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ from hybridtune.errors import DataError, ModelError
 logger = logging.getLogger(__name__)
 
 LLAVA_PLACEHOLDER = "<image>"  # where a LLaVA-style row's next `images` item goes
+MM_TOKEN_TYPE_IDS = "mm_token_type_ids"
+# Its values, as transformers' ProcessorMixin.create_mm_token_type_ids writes them.
+MM_TEXT, MM_IMAGE, MM_VIDEO = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -147,6 +152,23 @@ class Vision:
         frames = load_frames(source, where, what, self.video_processor.temporal)
         values, grid = self.video_processor(frames)
         return values, tuple(int(x) for x in grid[0].tolist())
+
+    def token_types(self, input_ids):
+        """`mm_token_type_ids` of `input_ids` (a tensor [B, T]), as the checkpoint's processor returns it beside them:
+        MM_IMAGE at image tokens, MM_VIDEO at video tokens, MM_TEXT elsewhere (padding too)."""
+        out = (input_ids == self.image_token_id).long() * MM_IMAGE
+        if self.video_token_id is not None:
+            out += (input_ids == int(self.video_token_id)).long() * MM_VIDEO
+        return out
+
+    def model_inputs(self, encoded: dict, images: dict | None = None, videos: dict | None = None) -> dict:
+        """Every input the checkpoint's processor returns for prompts whose visual tokens are widened (`encoded`: the
+        tokenizer's input_ids and attention_mask [B, T]), the images' `pixel_values` / `image_grid_thw` and the videos'
+        `pixel_values_videos` / `video_grid_thw`: with `mm_token_type_ids`, by which the model's `get_rope_index`
+        places each image and video frame group at its M-RoPE grid positions, as training does (`rope_positions`);
+        without it they took text positions at inference. The one place generation builds a model's visual inputs."""
+        types = self.token_types(encoded["input_ids"])
+        return {**encoded, MM_TOKEN_TYPE_IDS: types, **(images or {}), **(videos or {})}
 
     def tokens_of(self, grid: Sequence[int]) -> int:
         t, h, w = grid

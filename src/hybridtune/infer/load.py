@@ -240,8 +240,7 @@ def _open_adapter(path: Path, patched: bool, dtype: torch.dtype | None) -> Opene
     source = resolve_source(base_name, revision if isinstance(revision, str) else None)
     tok = load_tokenizer(str(path), None) if (path / "tokenizer_config.json").is_file() else tokenizer_for(source)
     loaded = load_model(source, tok, dtype=dtype)
-    if source.path is not None and trained_on_nf4(path):  # QLoRA: the NF4 values it trained on
-        roundtrip_targets(loaded.model)
+    base_as_trained(loaded.model, path)
     if patched:
         patch_model(loaded.model)
     refuse_custom_code(path)  # (the adapter's own JSON files, as its base's: models/trust.py)
@@ -253,6 +252,28 @@ def _open_adapter(path: Path, patched: bool, dtype: torch.dtype | None) -> Opene
     except (OSError, ValueError, KeyError, RuntimeError, TypeError) as e:  # missing or mismatched adapter weights
         raise ModelError(f"cannot load the adapter in '{path}' onto '{base_name}': {e}") from None
     return Opened(model, tok, "adapter", str(path), path, base=base_name, loaded=loaded)
+
+
+def base_as_trained(model: torch.nn.Module, path: Path) -> bool:
+    """The base of the adapter in `path` given the values it trained on: a QLoRA adapter's (its final/hybridtune.json
+    records `base_quantization: nf4`) the NF4 round trip of every quantised weight, whatever the base was loaded
+    from (a preset's random draw too). An adapter without that record (plain peft files: copied without it, or from
+    the hub) goes on the weights as they are, said in one line: a QLoRA adapter there answers otherwise than it
+    trained. Returns whether the base went through NF4."""
+    if trained_on_nf4(path):
+        rounded, kept = roundtrip_targets(model)
+        logger.info(
+            "adapter %s trained on a 4-bit NF4 base (QLoRA): applied to its base's NF4 round trip (%d weights "
+            "rounded, %d held NF4 values already)", path, rounded, kept,
+        )  # fmt: skip
+        return True
+    if not (path / INFO_FILE).is_file():
+        logger.warning(
+            "adapter %s has no %s recording whether its base was quantised: applied to the base's full-precision "
+            "weights; if it was trained as QLoRA (an NF4 base) its answers differ from training's: copy the run's "
+            "%s beside it", path, INFO_FILE, INFO_FILE,
+        )  # fmt: skip
+    return False
 
 
 # -- checkpoints ---------------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ file), read as training data's videos are (data/video.py: frames checked, the ch
 A video part renders as the chat template writes one (vision start, the video token, vision end); after rendering,
 each video token becomes the processor's text for the video (Qwen3VLProcessor's `replace_video_token`: per temporal
 group `<t seconds>`, vision start, h*w/merge^2 video tokens, vision end), and generate() gets `pixel_values_videos` /
-`video_grid_thw`. A prompt with a video is completed alone (its inputs go with its generate call).
+`video_grid_thw` with the rest of the processor's inputs (`Vision.model_inputs`). A prompt with a video is completed
+alone (its inputs go with its generate call).
 """
 
 from __future__ import annotations
@@ -86,21 +87,6 @@ def expand(text: str, keys: list[str], vision, where: str) -> tuple[str, dict]:
     return "".join(out), {"pixel_values_videos": torch.cat(values), "video_grid_thw": torch.tensor(grids)}
 
 
-class WithInputs:
-    """The model, with `inputs` (a prompt's video inputs) added to each generate() call; everything else is the
-    model's (its parameters, generation config)."""
-
-    def __init__(self, model, inputs: dict):
-        self._model, self._inputs = model, inputs
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-    def generate(self, **kwargs):
-        device = next(self._model.parameters()).device
-        return self._model.generate(**kwargs, **{k: v.to(device) for k, v in self._inputs.items()})
-
-
 def complete_videos(model, tokenizer, texts, keys, sampling, chat, batch_size, images, vision, streamer=None):
     """`runtime.generation.complete` of rendered `texts`, each prompt with videos (`keys[i]`) alone."""
     from hybridtune.runtime.generation import complete
@@ -115,8 +101,8 @@ def complete_videos(model, tokenizer, texts, keys, sampling, chat, batch_size, i
     for i, k in enumerate(keys):
         if k:
             text, inputs = expand(texts[i], k, vision, f"prompt {i + 1}")
-            (done[i],) = complete(WithInputs(model, inputs), tokenizer, [text], sampling, chat, 1,
-                                  images=[images[i]], vision=vision, streamer=streamer)  # fmt: skip
+            (done[i],) = complete(model, tokenizer, [text], sampling, chat, 1, images=[images[i]], vision=vision,
+                                  streamer=streamer, videos=inputs)  # fmt: skip
     return done
 
 

@@ -1,7 +1,8 @@
 """`python -m hybridtune.infer.vl_demo OUT`: the vision-language CPU demo's model and data, written under OUT.
 
 OUT/tiny-qwen3_5-vl/ is a tiny Qwen3.5 vision-language checkpoint with random weights (the bundled tokenizer with
-the vision tokens added, a two-block vision tower, Qwen2-VL's PIL image processor: no download, no torchvision);
+the vision tokens added, a two-block vision tower, Qwen2-VL's PIL image processor and Qwen3-VL's video processor
+settings: no download, no torchvision);
 OUT/shapes/ holds a synthetic image task, train.jsonl and test.jsonl: chat rows asking "Which colour is the
 square?" of a 32x32 picture with a square and a circle of two different colours, answered with the square's colour.
 docs/CONFIG.md gives the commands that train on it and measure exact match before and after.
@@ -67,6 +68,7 @@ def write_model(out: Path, seed: int = 0) -> Path:
     import torch
     import transformers as tf
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
     from hybridtune.models.tokenizer_files import bundled_tokenizer
 
@@ -102,6 +104,11 @@ def write_model(out: Path, seed: int = 0) -> Path:
     Qwen2VLImageProcessorPil(
         patch_size=4, merge_size=2, temporal_patch_size=2, min_pixels=SIZE * SIZE, max_pixels=SIZE * SIZE,
         image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+    ).save_pretrained(str(out))  # fmt: skip
+    sizes = {"shortest_edge": SIZE * SIZE, "longest_edge": 4 * SIZE * SIZE}  # (data/video.py applies these settings)
+    Qwen3VLVideoProcessor(
+        patch_size=4, merge_size=2, temporal_patch_size=2, size=sizes, image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5], cap_pixels_per_frame=False,
     ).save_pretrained(str(out))  # fmt: skip
     return out
 

@@ -5,7 +5,9 @@ an on-policy objective share one path: transformers' own `generate` with the mod
 `complete` renders nothing: it takes texts, pads them on the left, and returns each row's new token ids `[n]` cut
 after the first end-of-turn id, with its finish reason; `generate` renders prompts first; `greedy` decodes one
 prompt of token ids. A vision-language model's prompts may hold image parts: each renders as the processor's
-placeholder (as in training), `complete` widens it to the image's visual tokens and passes the pixels.
+placeholder (as in training), `complete` widens it to the image's visual tokens and passes every input the
+checkpoint's processor returns (data.vision.Vision.model_inputs: the pixels, grids and mm_token_type_ids, by which
+the model gives visual tokens their M-RoPE positions as in training), checked against what get_rope_index reads.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from transformers import GenerationConfig
 
 from hybridtune.data.images import image_source, is_image_part, load_image, part_reference
 from hybridtune.errors import DataError, ModelError
+from hybridtune.runtime.vision import check_rope_inputs
 
 
 @dataclass
@@ -127,10 +130,11 @@ def expand_images(text: str, images: list, vision, where: str) -> str:
     return "".join(out)
 
 
-def _image_inputs(texts: list[str], images: list[list[str]], vision, first: int) -> tuple[list[str], dict]:
-    """The texts widened to their visual tokens and generate()'s pixel_values / image_grid_thw for their images."""
+def _image_inputs(texts: list[str], images: list[list[str]], vision, first: int) -> tuple[list[str], dict | None]:
+    """The texts widened to their visual tokens and generate()'s pixel_values / image_grid_thw for their images
+    (None without images)."""
     if not any(images):
-        return texts, {}
+        return texts, None
     pics = [load_image(s, f"prompt {first + i + 1}", f"image {k + 1}") for i, row in enumerate(images)
             for k, s in enumerate(row)]  # fmt: skip
     values, grid = vision.process(pics)
@@ -156,10 +160,13 @@ def complete(
     streamer=None,
     images: list[list[str]] | None = None,
     vision=None,
+    videos: dict | None = None,
 ) -> list[tuple[list[int], str]]:
     """The new tokens of each rendered text (cut after the first end-of-turn id, which they keep) and its finish
     reason. `chat`: the texts were rendered by the chat template, which writes its own special tokens. `images`:
-    each text's image sources, one per placeholder in it, read through `vision` (data.vision.Vision)."""
+    each text's image sources, one per placeholder in it, read through `vision` (data.vision.Vision). `videos`: the
+    processed videos (pixel_values_videos, video_grid_thw) of the texts, their video tokens widened already
+    (infer/video_prompts.py)."""
     eos = eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     side = tokenizer.padding_side
@@ -172,8 +179,11 @@ def complete(
             chunk = texts[start : start + batch_size]
             rows = (images or [[]] * len(texts))[start : start + batch_size]
             chunk, pixels = _image_inputs(chunk, rows, vision, start)
-            enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=not chat)
-            enc = {k: v.to(model_device(model)) for k, v in {**enc, **pixels}.items()}
+            enc = dict(tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=not chat))
+            if pixels or videos:  # as the processor returns them (M-RoPE as trained), never pixels alone
+                enc = vision.model_inputs(enc, pixels, videos)
+                check_rope_inputs(model, enc)
+            enc = {k: v.to(model_device(model)) for k, v in enc.items()}
             gen = model.generate(
                 **enc,
                 max_new_tokens=sampling.max_new_tokens,

@@ -10,6 +10,7 @@ forward does after the same scatter.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from pathlib import Path
@@ -18,7 +19,7 @@ import torch
 
 from hybridtune.batch import IMAGE_GRID_THW, INPUT_IDS, PIXEL_VALUES
 from hybridtune.data.video import video_processor
-from hybridtune.data.vision import Vision
+from hybridtune.data.vision import MM_TOKEN_TYPE_IDS, Vision
 from hybridtune.errors import ConfigError, ModelError
 from hybridtune.models.anatomy import unwrap
 from hybridtune.models.trust import from_pretrained, refuse_custom_code
@@ -112,3 +113,28 @@ def image_embeds(model: torch.nn.Module, kwargs: dict) -> dict:
     mask = mask.unsqueeze(-1)
     kwargs["inputs_embeds"] = embeds.masked_scatter(mask, features)
     return kwargs
+
+
+# What generation passes a vision-language model beside its pixels (data.vision.Vision.model_inputs), by name.
+ROPE_INPUTS = ("input_ids", "attention_mask", MM_TOKEN_TYPE_IDS, IMAGE_GRID_THW, "video_grid_thw")
+
+
+def check_rope_inputs(model: torch.nn.Module, inputs: dict) -> None:
+    """A ModelError (one line) when the model's `get_rope_index` reads an input that `inputs` (what generation
+    passes it, with images or videos) does not hold: a transformers version whose M-RoPE needs more than the
+    processor's inputs hybridtune builds would otherwise place the visual tokens at text positions, unlike training,
+    without a word. An input that gives the grids of a modality the prompts lack is not needed."""
+    base = unwrap(model)
+    get = getattr(getattr(base, "model", base), "get_rope_index", None)
+    if get is None:
+        return
+    params = inspect.signature(get).parameters.values()
+    named = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    unknown = [n for n in named if n not in ROPE_INPUTS]
+    missing = unknown + [n for n in (MM_TOKEN_TYPE_IDS,) if n in named and n not in inputs]
+    if missing:
+        raise ModelError(
+            f"{type(base).__name__}.get_rope_index (transformers) reads {', '.join(missing)}, which hybridtune's "
+            "generation does not pass, so its images and videos would take other positions than in training; use "
+            "the transformers version pinned by hybridtune"
+        )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import stock_vl
 import torch
 import vl_tiny
 from vl_tiny import chat
@@ -43,29 +44,13 @@ PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
 def stock(model, directory, images, text=PROMPT, messages=None) -> list[int]:
-    """Greedy new tokens of stock transformers (the tokenizer's template, the image processor saved with the model,
-    `model.generate`), cut after the first end-of-turn id. AutoProcessor itself does not load without torchvision
-    (its video processor), so the image token is widened here as Qwen2/3-VL's processor does: grid t*h*w / merge^2.
-    `messages`: the conversation (contents with PLACEHOLDER for each image), else one user turn: images, `text`."""
-    from PIL import Image
-    from transformers import AutoTokenizer
-    from transformers.models.auto.image_processing_auto import AutoImageProcessor
-
-    tok = AutoTokenizer.from_pretrained(str(directory))
-    processor = AutoImageProcessor.from_pretrained(str(directory))
-    pad = "<|image_pad|>"
+    """Greedy new tokens of stock transformers: the checkpoint's processor called on the tokenizer's template of the
+    prompt and the images, every input it returns given to `model.generate` (stock_vl.py), cut after the first
+    end-of-turn id. `messages`: the conversation (contents with PLACEHOLDER for each image), else one user turn:
+    images, `text`."""
+    proc = stock_vl.processor(directory)
     messages = messages or [{"role": "user", "content": PLACEHOLDER * len(images) + text}]
-    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    inputs = processor(images=[Image.open(p).convert("RGB") for p in images], return_tensors="pt") if images else {}
-    merge = processor.merge_size**2
-    head, *tails = prompt.split(pad)
-    prompt = head + "".join(pad * (int(g.prod()) // merge) + t for g, t in zip(inputs.get("image_grid_thw", []), tails))
-    enc = tok([prompt], return_tensors="pt", add_special_tokens=False)
-    with torch.no_grad():
-        out = model.generate(**enc, **inputs, max_new_tokens=NEW, do_sample=False, pad_token_id=tok.pad_token_id)
-    ids = out[0, enc["input_ids"].shape[1] :].tolist()
-    eos = tok.eos_token_id
-    return ids[: ids.index(eos) + 1] if eos in ids else ids
+    return stock_vl.greedy(model, proc, stock_vl.image_inputs(proc, stock_vl.prompt(proc, messages), images), NEW)
 
 
 def ours(monkeypatch, capsys, args) -> tuple[list[list[int]], list[dict]]:

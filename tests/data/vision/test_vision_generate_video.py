@@ -1,7 +1,7 @@
 """`hybridtune generate` and `chat` with videos (infer/video_prompts.py) on a tiny vision-language checkpoint (random
 weights widened so greedy decoding depends on the video): token for token what stock transformers generates from
 the same processed inputs (the tokenizer's template, the video token widened by transformers' own
-`Qwen3VLProcessor.replace_video_token`, `generate` with pixel_values_videos and video_grid_thw). The pixel values
+`Qwen3VLProcessor.replace_video_token`, `generate` with every input the processor returns: stock_vl.py). The pixel values
 are data/video.py's FrameProcessor's on both sides (Qwen3VLVideoProcessor itself needs torchvision, not installed
 here). --video as a folder and as frames joined by commas, a prompts file's video part (relative to the file),
 chat's --video; a missing video is one line, exit 2."""
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import io
 import json
-from types import SimpleNamespace
 
 import pytest
+import stock_vl
 import torch
 import vl_tiny
 
@@ -20,7 +20,7 @@ import hybridtune.runtime.generation as generation
 from hybridtune.cli import main
 
 PROMPT = "What happens?"
-NEW = 10
+NEW = 28  # (random weights: the two videos part only after 25 tokens)
 FPS = 2.0
 
 
@@ -43,41 +43,11 @@ def ckpt(tmp_path_factory):
 
 
 def stock(model, directory, folder, fps=FPS) -> list[int]:
-    """Greedy new tokens of stock transformers for one user turn: the video, then PROMPT."""
-    from PIL import Image
-    from transformers import AutoTokenizer
-    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
-
-    from hybridtune.data.video import FrameProcessor
-
-    tok = AutoTokenizer.from_pretrained(str(directory))
-    frames = [Image.open(p).convert("RGB") for p in sorted(folder.iterdir())]
-    video = vl_tiny.video_processor()
-    values, grid = FrameProcessor(video)(frames)
-    proc = SimpleNamespace(
-        video_processor=video,
-        vision_start_token="<|vision_start|>",
-        vision_end_token="<|vision_end|>",
-        video_token="<|video_pad|>",
-        _calculate_timestamps=lambda *a: Qwen3VLProcessor._calculate_timestamps(None, *a),
-    )
-    meta = SimpleNamespace(frames_indices=list(range(len(frames))), fps=fps)
-    widened = Qwen3VLProcessor.replace_video_token(proc, {"video_grid_thw": grid, "video_metadata": [meta]}, 0)
-    messages = [{"role": "user", "content": "<|vision_start|><|video_pad|><|vision_end|>" + PROMPT}]
-    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    prompt = prompt.replace("<|video_pad|>", widened, 1)
-    enc = tok([prompt], return_tensors="pt", add_special_tokens=False)
-    with torch.no_grad():
-        out = model.generate(
-            **enc,
-            pixel_values_videos=values,
-            video_grid_thw=grid,
-            max_new_tokens=NEW,
-            do_sample=False,
-            pad_token_id=tok.pad_token_id,
-        )
-    ids = out[0, enc["input_ids"].shape[1] :].tolist()
-    return ids[: ids.index(tok.eos_token_id) + 1] if tok.eos_token_id in ids else ids
+    """Greedy new tokens of stock transformers for one user turn: the video, then PROMPT (stock_vl.py: every input
+    the checkpoint's processor returns, mm_token_type_ids too)."""
+    proc = stock_vl.processor(directory)
+    text = stock_vl.prompt(proc, [{"role": "user", "content": stock_vl.VIDEO + PROMPT}])
+    return stock_vl.greedy(model, proc, stock_vl.video_inputs(proc, text, folder, fps), NEW)
 
 
 def ours(monkeypatch, capsys, args) -> list[list[int]]:
