@@ -6,7 +6,9 @@ loop guards on and so compiles a second graph; a compiled model runs that forwar
   batches (forwards before one backward) gives the loss and every gradient of the `disable_adapter` implementation;
 - the compiled loop (compile_loop as the trainer's CPU tests run it: aot_eager, regional, static layout) compiles as
   many graphs for a dpo step as for an sft step on the tiny preset (printed with both first steps' times), and its
-  dpo loss and gradients equal the eager ones.
+  dpo loss and gradients equal the eager ones;
+- a full fine-tune's reference (a frozen copy of the starting model) compiled as `compose` compiles it: one graph
+  more than sft's, every reference forward through it, the loss and gradients of the eager run.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from hybridtune.batch import NUM_LOSS_TOKENS
 from hybridtune.compiler.loop import compile_loop
 from hybridtune.data.collator import StaticLayout
 from hybridtune.data.pairs import PairCollator, pack_pairs
-from hybridtune.runtime import lora
+from hybridtune.runtime import compose, lora
 from hybridtune.runtime.distributed import LossModule
 from hybridtune.train.objectives import preference
 from hybridtune.train.objectives.sft import SFT
@@ -95,15 +97,18 @@ def counting(graphs: list):
     return backend
 
 
-def compiled_steps(objective: str) -> tuple[int, float, float, torch.Tensor, list[torch.Tensor]]:
-    """(graphs compiled, first step's seconds, the next steps' seconds, the window's loss, its gradients) of the
-    tiny preset's objective under the compiled loop."""
+def compiled_steps(objective: str, adapter: str = "lora"):
+    """(graphs compiled, first step's seconds, the next steps' seconds, the window's loss, its gradients, the
+    reference's compile handle) of the tiny preset's objective under the compiled loop, a full fine-tune's reference
+    compiled as `compose` compiles it."""
     torch._dynamo.reset()
-    model, obj, params, _ = build("lora", "dpo")
+    model, obj, params, _ = build(adapter, "dpo")
     if objective == "sft":
         obj = SFT()
     graphs: list = []
-    compile_loop(model, backend=counting(graphs), static_shapes=True, regional=True)
+    opts = {"static_shapes": True, "regional": True}
+    compile_loop(model, backend=counting(graphs), **opts)
+    ref = compose.compile_reference(obj, "loop", opts, backend=counting(graphs))
     batches = batches_of(make_pairs(n=8, seed=9), static=True)
     n = sum(b[NUM_LOSS_TOKENS] for b in batches) if objective == "sft" else obj.window_items(batches)
     engine = LossModule(model, obj)
@@ -118,13 +123,24 @@ def compiled_steps(objective: str) -> tuple[int, float, float, torch.Tensor, lis
         total = total + loss
     rest = time.perf_counter() - start
     torch._dynamo.reset()
-    return len(graphs), first, rest, total.detach(), grads(params)
+    return len(graphs), first, rest, total.detach(), grads(params), ref
+
+
+def assert_as_eager(adapter: str, loss, got) -> None:
+    """The compiled window's loss and gradients are the eager run's (fp32)."""
+    model, obj, params, _ = build(adapter, "dpo")
+    want = window(model, obj, batches_of(make_pairs(n=8, seed=9), static=True))
+    want_grads = grads(params)
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+    scale = max(float(g.abs().max()) for g in want_grads)
+    for g, w in zip(got, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5 * scale)
 
 
 @pytest.mark.slow
 def test_dpo_compiles_no_more_graphs_than_sft():
-    sft_graphs, sft_first, sft_rest, _, _ = compiled_steps("sft")
-    dpo_graphs, dpo_first, dpo_rest, loss, got = compiled_steps("dpo")
+    sft_graphs, sft_first, sft_rest, _, _, _ = compiled_steps("sft")
+    dpo_graphs, dpo_first, dpo_rest, loss, got, _ = compiled_steps("dpo")
     print(
         f"\ncompiled loop (aot_eager, regional, static layout), tiny-qwen3_5 LoRA: sft {sft_graphs} graph(s), first "
         f"step {sft_first:.1f} s, next steps {sft_rest:.2f} s; dpo {dpo_graphs} graph(s), first step "
@@ -132,12 +148,19 @@ def test_dpo_compiles_no_more_graphs_than_sft():
     )
     assert sft_graphs == 1
     assert dpo_graphs == sft_graphs  # the reference forward runs the policy's graph, adapters off as data
+    assert_as_eager("lora", loss, got)
 
-    model, obj, params, _ = build("lora", "dpo")  # the same run eagerly
-    batches = batches_of(make_pairs(n=8, seed=9), static=True)
-    want = window(model, obj, batches)
-    want_grads = grads(params)
-    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
-    scale = max(float(g.abs().max()) for g in want_grads)
-    for g, w in zip(got, want_grads, strict=True):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5 * scale)
+
+@pytest.mark.slow
+def test_full_fine_tune_reference_compiles_one_graph_beside_the_policy():
+    """A full fine-tune's reference is a frozen copy of the starting model (other weights, no gradients): compiled
+    as the policy is, it adds one graph (its forward without gradients), not an eager forward every step."""
+    sft_graphs, sft_first, _, _, _, _ = compiled_steps("sft", "full")
+    dpo_graphs, dpo_first, dpo_rest, loss, got, ref = compiled_steps("dpo", "full")
+    print(
+        f"\ncompiled loop, tiny-qwen3_5 full fine-tune: sft {sft_graphs} graph(s), first step {sft_first:.1f} s; dpo "
+        f"{dpo_graphs} graph(s) (the reference's included), first step {dpo_first:.1f} s, next steps {dpo_rest:.2f} s"
+    )
+    assert ref is not None and ref.calls == len(batches_of(make_pairs(n=8, seed=9), static=True)) and ref.eager_calls == 0
+    assert dpo_graphs == sft_graphs + 1
+    assert_as_eager("full", loss, got)
