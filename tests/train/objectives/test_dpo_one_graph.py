@@ -59,6 +59,9 @@ def window(model, obj, batches) -> torch.Tensor:
 
 def test_reference_as_data_equals_peft_disable_adapter(monkeypatch):
     model, obj, params, _ = build("lora", "dpo", rpo_alpha=0.4)
+    layers = [m for m in model.modules() if isinstance(getattr(m, "scaling", None), dict)]
+    # Tensors from the objective's build on: the first compiled forward (an eval's, say) already reads them.
+    assert layers and all(isinstance(v, torch.Tensor) for m in layers for v in m.scaling.values())
     batches = batches_of(make_pairs(n=7, seed=5), static=False)
     assert len(batches) > 1
     with torch.no_grad():
