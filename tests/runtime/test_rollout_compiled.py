@@ -1,6 +1,7 @@
 """The rollout decoder's compiled step (runtime/rollout.py `Decoder._compiled`, the step a GPU runs inside its CUDA
 graphs) against the eager step, over several decode steps of the tiny Qwen3.5 preset with its LoRA adapters live, in
-bf16 and as grpo decodes on a GPU (bf16 base, fp32 adapters, bf16 autocast): the same logits at every step (but where an fp32 sum of another order flips a bf16 rounding), from one graph.
+bf16 and as grpo decodes on a GPU (bf16 base, fp32 adapters, bf16 autocast): the same logits at every step (but
+where an fp32 sum of another order flips a bf16 rounding), from one graph.
 
 Inductor's default keeps fp32 inside a fused kernel where eager rounds to bf16 between the ops (the GDN gate's
 sigmoid, the conv's SiLU, the gated RMSNorm's product): each one bf16 rounding apart, compounding over the layers and

@@ -164,6 +164,8 @@ def test_full_fine_tune_reference_compiles_one_graph_beside_the_policy():
         f"\ncompiled loop, tiny-qwen3_5 full fine-tune: sft {sft_graphs} graph(s), first step {sft_first:.1f} s; dpo "
         f"{dpo_graphs} graph(s) (the reference's included), first step {dpo_first:.1f} s, next steps {dpo_rest:.2f} s"
     )
-    assert ref is not None and ref.calls == len(batches_of(make_pairs(n=8, seed=9), static=True)) and ref.eager_calls == 0
+    assert (
+        ref is not None and ref.calls == len(batches_of(make_pairs(n=8, seed=9), static=True)) and ref.eager_calls == 0
+    )
     assert dpo_graphs == sft_graphs + 1
     assert_as_eager("full", loss, got)
