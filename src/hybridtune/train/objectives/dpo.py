@@ -151,8 +151,8 @@ def build_preference(cfg: TrainConfig, fused: bool, model: torch.nn.Module | Non
     reference = None
     if cfg.objective == "dpo" and cfg.adapter == "lora":
         logger.info(
-            "reference model: the policy with its LoRA adapters switched off as data (each layer's scale 0: the policy's "
-            "compiled code, one more forward, detached)"
+            "reference model: the policy with its LoRA adapters switched off as data (each layer's scale 0: the "
+            "policy's compiled code, one more forward, detached)"
         )
         if model is not None:
             lora.live_scales(model)  # the scales are tensors from the first forward on (eval's too): no recompile
