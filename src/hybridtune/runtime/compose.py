@@ -5,8 +5,9 @@ train.
 `compose`: after the model is built (runtime/model.py) and the choices resolved (runtime/choices.py), the
 checkpointing the memory estimate asked for, CUDA graphs' process settings (runtime/cudagraphs.py), the compile with
 `compile_options` (a full fine-tune's frozen dpo reference compiled beside it: `compile_reference`), and the engine
-(`distributed.LossModule` over the model and the objective, DDP/FSDP2-wrapped under torchrun). `backward` runs one optimizer step's micro-batches (each `[1, T]` packed, on the device) forward
-and backward; `clip` clips the gradients to `max_grad_norm` and returns their global norm (a 0-d tensor).
+(`distributed.LossModule` over the model and the objective, DDP/FSDP2-wrapped under torchrun). `backward` runs one
+optimizer step's micro-batches (each `[1, T]` packed, on the device) forward and backward; `clip` clips the
+gradients to `max_grad_norm` and returns their global norm (a 0-d tensor).
 """
 
 from __future__ import annotations
