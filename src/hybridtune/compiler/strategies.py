@@ -98,6 +98,14 @@ def compile_model(model: Any, strategy: str = "loop", **opts: Any) -> Any:
     return _compile_modules(model, **opts)
 
 
+def is_compiled(model: Any) -> bool:
+    """Whether `compile_model` compiled `model` (the loop or per-class forwards): its compiled code is guarded on
+    grad mode, so a forward without gradients compiles a graph of its own."""
+    from hybridtune.compiler.loop import HANDLE_ATTR as LOOP_ATTR
+
+    return getattr(model, HANDLE_ATTR, None) is not None or getattr(model, LOOP_ATTR, None) is not None
+
+
 def _forget(model: Any) -> None:
     if HANDLE_ATTR in model.__dict__:
         del model.__dict__[HANDLE_ATTR]

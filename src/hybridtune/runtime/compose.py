@@ -4,9 +4,10 @@ train.
 
 `compose`: after the model is built (runtime/model.py) and the choices resolved (runtime/choices.py), the
 checkpointing the memory estimate asked for, CUDA graphs' process settings (runtime/cudagraphs.py), the compile with
-`compile_options`, and the engine (`distributed.LossModule` over the model and the objective, DDP/FSDP2-wrapped
-under torchrun). `backward` runs one optimizer step's micro-batches (each `[1, T]` packed, on the device) forward
-and backward; `clip` clips the gradients to `max_grad_norm` and returns their global norm (a 0-d tensor).
+`compile_options` (a full fine-tune's frozen dpo reference compiled beside it: `compile_reference`), and the engine
+(`distributed.LossModule` over the model and the objective, DDP/FSDP2-wrapped under torchrun). `backward` runs one
+optimizer step's micro-batches (each `[1, T]` packed, on the device) forward and backward; `clip` clips the
+gradients to `max_grad_norm` and returns their global norm (a 0-d tensor).
 """
 
 from __future__ import annotations
@@ -37,6 +38,17 @@ def compile_options(cfg: TrainConfig, choices: Choices) -> tuple[str, dict]:
     if choices.cuda_graphs.value:
         opts["mode"] = cudagraphs.MODE
     return strategy, opts
+
+
+def compile_reference(objective: Objective, strategy: str, opts: dict, backend: str | None = None):
+    """A full fine-tune's frozen reference model (dpo's copy of the starting model: other weights, no gradients)
+    compiled as the policy is, without CUDA graphs (its log-probabilities are summed at once): one graph more than
+    the policy's, instead of an eager forward every step. Returns the handle, None without such a reference."""
+    reference = getattr(objective, "reference", None)
+    if strategy == "off" or not isinstance(reference, torch.nn.Module):
+        return None
+    kept = {k: v for k, v in opts.items() if k != "mode"}
+    return compile_model(reference, strategy, **kept, **({"backend": backend} if backend else {}))
 
 
 @dataclass
@@ -91,6 +103,7 @@ def compose(
     try:
         if strategy != "off":
             c.compile_handle = compile_model(run.model, strategy, **opts, **({"backend": backend} if backend else {}))
+            compile_reference(objective, strategy, opts, backend)
         c.engine = distributed.wrap(distributed.LossModule(run.model, objective), dist, device, c.bf16, run.loaded)
     except BaseException:
         if c.conv_before is not None:  # a failed setup leaves the process as it found it

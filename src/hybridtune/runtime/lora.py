@@ -1,9 +1,11 @@
 """LoRA through peft: target resolution, wrapping, and what gets trained; on a base built on the meta device (FSDP2
-fills it after sharding) the adapter drawn on the host as on a plain base, and kept for the fill (`hold_adapter`)."""
+fills it after sharding) the adapter drawn on the host as on a plain base, and kept for the fill (`hold_adapter`);
+the adapters switched off as data (`adapters_off`: a runtime scale, so a compiled forward serves both)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import re
 
@@ -225,3 +227,70 @@ def hold_adapter(loaded) -> None:
     drawn = {n: p.detach().clone() for n, p in loaded.model.named_parameters() if not p.is_meta}
     base = loaded.reader
     loaded.reader = lambda: Overlay(base(), drawn, strip_base_layer)
+
+
+SCALES_ATTR = "_hybridtune_scales"  # on a LoRA layer: {adapter: Scale}
+
+
+@dataclasses.dataclass
+class Scale:
+    """One adapter's scale as data: `on` (peft's float as a 0-d fp32 tensor) and `off` (a 0-d zero of its own: every
+    layer keeps distinct tensors either way, as the compiled code was traced with), swapped into peft's `scaling`."""
+
+    owner: dict
+    name: str
+    on: torch.Tensor
+    off: torch.Tensor
+    value: float
+
+    def put(self, on: bool) -> None:
+        self.owner[self.name] = self.on if on else self.off
+
+
+def _lora_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """peft's LoRA layers of `model` (Linear and ParamWrapper alike: a `scaling` dict beside `lora_A`)."""
+    return [m for m in model.modules() if isinstance(getattr(m, "scaling", None), dict) and hasattr(m, "lora_A")]
+
+
+def live_scales(model: torch.nn.Module) -> list[Scale] | None:
+    """Each LoRA layer's scale as data (`Scale`), its `on` tensor put in peft's `scaling` in place of the float peft
+    multiplies by (the same numbers); None where the adapters cannot be switched off by their scale (no LoRA layer,
+    or DoRA, whose scale 0 is not the base). Idempotent: a float peft put back (`set_scale`) or a device change
+    gets new tensors."""
+    layers = _lora_layers(model)
+    if not layers or any(any(getattr(m, "use_dora", {}).values()) for m in layers):
+        return None
+    out = []
+    for m in layers:
+        held = m.__dict__.setdefault(SCALES_ATTR, {})
+        for name, s in list(m.scaling.items()):
+            device = m.lora_A[name].weight.device
+            kept = held.get(name)
+            if kept is None or s is not kept.on or kept.on.device != device:
+                value = float(s)
+                on = torch.tensor(value, dtype=torch.float32, device=device)
+                kept = held[name] = Scale(m.scaling, name, on, torch.zeros_like(on), value)
+                kept.put(True)
+            out.append(kept)
+    return out
+
+
+@contextlib.contextmanager
+def adapters_off(model: torch.nn.Module):
+    """The LoRA adapters of `model` off for the block: every layer's scale a zero tensor, so a compiled forward runs
+    its own code with them off (peft's `disable_adapter` flips a flag the compiled code guards on, compiling it
+    again). LoRA adds scale x B(A(dropout(x))): at 0 the base's output, exactly (a dropout still draws). The `on`
+    tensors are never written (a policy forward's backward may still read them). peft's `disable_adapter` where
+    the scale cannot do it (`live_scales` None)."""
+    scales = live_scales(model)
+    if scales is None:
+        with model.disable_adapter():
+            yield
+        return
+    for s in scales:
+        s.put(False)
+    try:
+        yield
+    finally:
+        for s in scales:
+            s.put(True)

@@ -66,6 +66,10 @@ def evaluating(model: torch.nn.Module):
         model.train(was)
 
 
+# The check of a graphed step against the eager step: the max logit difference of one step from the same state, over
+# the logits' scale. The compiled step rounds as eager does (STEP_INDUCTOR_OPTIONS): equal but for an fp32 sum of
+# another order flipping a bf16 rounding (tests/runtime/test_rollout_compiled.py); a captured eager step is equal.
+CHECK_TOLERANCE = 2e-2
 BUCKET = 64  # prompt lengths are rounded up to a multiple of this: rollouts of nearby lengths share the buffers
 
 
@@ -160,7 +164,7 @@ class Decoder:
             _restore(self.cache, saved)
             err = (got.float() - want).abs().max().item()
             scale = want.abs().max().item() or 1.0
-            if not err <= 2e-2 * scale:  # bf16 rounding of another kernel order; NaN fails too
+            if not err <= CHECK_TOLERANCE * scale:  # NaN fails too
                 logger.warning("rollout decoder: the %s step's logits differ from the eager step's (max %.3g of %.3g)",
                                how, err, scale)  # fmt: skip
                 continue
@@ -172,7 +176,9 @@ class Decoder:
         return False
 
     def _compiled(self, tok, pos, saved):
-        fn = torch.compile(self._step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+        """The step compiled as one graph with inductor's CUDA graphs (cudagraph trees), keeping eager's roundings
+        (`compiled_step`), warmed up on the saved state."""
+        fn = compiled_step(self._step, "reduce-overhead")
         for _ in range(3):  # cudagraph trees record on the second or third call
             fn(tok, pos)
             _restore(self.cache, saved)
@@ -208,6 +214,22 @@ class Decoder:
             return out
 
         return replay
+
+
+# Inductor's options for the decode step on top of its mode's: a fused kernel rounds to bf16 where eager rounds
+# between the ops it fuses (`emulate_precision_casts`; inductor's default keeps fp32 there: the gate's sigmoid, the
+# conv's SiLU, the gated RMSNorm's product each one bf16 rounding apart, which compound over the layers and steps to a
+# few percent of the logits). With it, the compiled step gives the eager step's numbers (docs/FAST_PATHS.md).
+STEP_INDUCTOR_OPTIONS = {"emulate_precision_casts": True}
+
+
+def compiled_step(fn, mode: str | None = None):
+    """`fn` (a decode step) compiled by inductor as one graph of fixed shapes, under `mode`'s options (None:
+    inductor's default; "reduce-overhead": CUDA graphs) and STEP_INDUCTOR_OPTIONS."""
+    from torch._inductor import list_mode_options
+
+    options = {**list_mode_options(mode or "default"), **STEP_INDUCTOR_OPTIONS}
+    return torch.compile(fn, fullgraph=True, dynamic=False, options=options)
 
 
 def _state(cache) -> list[tuple[object, str, object]]:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from hybridtune.batch import LABELS, NUM_PAIRS, PAIR_INDEX, PAIR_SIDE
 from hybridtune.config import TrainConfig
-from hybridtune.runtime import distributed
+from hybridtune.runtime import distributed, lora
 from hybridtune.train.objectives.preference import (
     WINDOW_CHOSEN_TOKENS,
     WindowMetrics,
@@ -150,7 +150,12 @@ def build_preference(cfg: TrainConfig, fused: bool, model: torch.nn.Module | Non
     check_keys(cfg)
     reference = None
     if cfg.objective == "dpo" and cfg.adapter == "lora":
-        logger.info("reference model: the policy with its LoRA adapters switched off (one more forward, no gradient)")
+        logger.info(
+            "reference model: the policy with its LoRA adapters switched off as data (each layer's scale 0: the "
+            "policy's compiled code, one more forward, detached)"
+        )
+        if model is not None:
+            lora.live_scales(model)  # the scales are tensors from the first forward on (eval's too): no recompile
     elif cfg.objective == "dpo" and model is not None:
         reference = frozen_copy(model)
     return Preference(

@@ -1,8 +1,8 @@
 """What the preference objectives (dpo.py) share: the run's data as pairs (`prepare_data`), the collator for them,
 each pack's per-sequence log-probabilities by pair (`pair_logps`, summed from the chunked head's per-token
-log-probabilities: no `[tokens, vocab]` logits), the reference's (`reference_logps`: under LoRA the same weights with
-the adapters switched off, one extra forward without gradients; else a frozen copy of the starting model), and the
-window's metrics, named as TRL names them (`WindowMetrics`).
+log-probabilities: no `[tokens, vocab]` logits), the reference's (`reference_logps`: under LoRA the same weights and
+the same compiled code with the adapters' scale 0, one extra forward, detached; else a frozen copy of the starting
+model), and the window's metrics, named as TRL names them (`WindowMetrics`).
 
 A pack holds whole pairs, each reply its own document (prompt + chosen, prompt + rejected; data/pairs.py); the
 batch carries each document's pair and side, so a document's log-probability lands in its pair's row whatever the
@@ -11,7 +11,6 @@ pack's order.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import logging
@@ -20,6 +19,7 @@ from collections import Counter
 import torch
 
 from hybridtune.batch import CU_SEQ_LENS_Q, LABELS, NUM_PAIRS, PAIR_INDEX, PAIR_SIDE
+from hybridtune.compiler.strategies import is_compiled
 from hybridtune.config import TrainConfig
 from hybridtune.config_grpo import GRPOKeys
 from hybridtune.config_schema import PRESET_SEQUENCE_LEN
@@ -30,6 +30,7 @@ from hybridtune.errors import ConfigError, DataError
 from hybridtune.models.anatomy import output_head, text_model, unwrap
 from hybridtune.ops.loss import linear_log_probs
 from hybridtune.runtime import distributed
+from hybridtune.runtime.lora import adapters_off
 from hybridtune.runtime.step import model_inputs, shifted_targets
 
 logger = logging.getLogger(__name__)
@@ -161,15 +162,22 @@ def pair_logps(model: torch.nn.Module, batch: dict, fused: bool) -> tuple[torch.
 
 
 def reference_logps(model: torch.nn.Module, reference: torch.nn.Module | None, batch: dict, fused: bool):
-    """`pair_logps` of the reference, without gradients: `reference` when given (a frozen copy), else `model` with
-    its LoRA adapters switched off (peft's `disable_adapter`)."""
-    if reference is None and not callable(getattr(model, "disable_adapter", None)):
+    """`pair_logps` of the reference, detached: `reference` when given (a frozen copy, without gradients), else
+    `model` with its LoRA adapters off as data (`runtime.lora.adapters_off`: each layer's scale 0). A compiled
+    `model` runs its reference forward with grad mode on, as the policy's: the same compiled code and graph (a
+    forward without gradients would compile one more); its outputs are detached at once, so nothing of it is kept
+    for the backward (docs/PERFORMANCE.md)."""
+    if reference is not None:
+        with torch.no_grad():
+            return pair_logps(reference, batch, fused)
+    if not callable(getattr(model, "disable_adapter", None)):
         raise ConfigError(
             "dpo needs a reference model: under LoRA the adapters are switched off; under a full fine-tune the "
             "objective is built with a frozen copy of the starting model (build_objective(cfg, fused, model))"
         )
-    with torch.no_grad(), contextlib.nullcontext() if reference is not None else model.disable_adapter():
-        return pair_logps(reference if reference is not None else model, batch, fused)
+    with adapters_off(model), torch.set_grad_enabled(torch.is_grad_enabled() and is_compiled(model)):
+        logps, tokens = pair_logps(model, batch, fused)
+    return logps.detach(), tokens
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
