@@ -88,11 +88,15 @@ def test_the_readmes_reward_function_is_called_as_grpo_calls_it(tmp_path, monkey
     rng = random.Random()
     answer = [str(rng.randrange(100)) for _ in range(rng.randrange(3, 9))]
     right = [rng.random() < 0.5 for _ in answer]
-    completions = [(a if r else a + "1") + rng.choice(["", " ", "\n"]) for a, r in zip(answer, right)]
-    got = score(
-        funcs, ["x+y="] * len(answer), completions, [[1]] * len(answer), {"answer": answer}, ["r"] * len(answer)
-    )
-    assert got[:, 0].tolist() == [float(r) for r in right]
+    texts = [(a if r else a + "1") + rng.choice(["", " ", "\n"]) for a, r in zip(answer, right)]
+    n = len(answer)
+    # plain prompts give text; chat prompts (the README's own command: the bundled chats) give TRL's message lists
+    for prompts, completions in (
+        (["x+y="] * n, texts),
+        ([[{"role": "user", "content": "x+y="}]] * n, [[{"role": "assistant", "content": t}] for t in texts]),
+    ):
+        got = score(funcs, prompts, completions, [[1]] * n, {"answer": answer}, ["r"] * n)
+        assert got[:, 0].tolist() == [float(r) for r in right]
 
 
 @pytest.mark.slow
