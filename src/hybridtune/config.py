@@ -237,6 +237,9 @@ def load_yaml(text: str, where: str) -> tuple[Any, yaml.Node | None]:
         if node is None:
             return None, None
         _expanded(node, where, {}, set())
+        twice = _duplicate_keys(node, where, set())
+        if twice:
+            raise together(twice)
         try:
             return loader.construct_document(node), node
         except ValueError:  # a scalar its type cannot build, such as the date of a 13th month: taken as its text
@@ -246,6 +249,32 @@ def load_yaml(text: str, where: str) -> tuple[Any, yaml.Node | None]:
         raise ConfigError(f"{where}: the YAML is nested too deeply; write a flat mapping of config keys") from None
     finally:
         loader.dispose()
+
+
+def _duplicate_keys(node: yaml.Node, where: str, seen: set[int]) -> list[ConfigError]:
+    """A key given twice in one mapping, anywhere in `node` (YAML would keep the last value without a word): one
+    problem for each, naming the key and both lines. A merge key (`<<: *base`) is YAML's own and may repeat."""
+    if id(node) in seen:
+        return []
+    seen.add(id(node))
+    out: list[ConfigError] = []
+    kids = list(node.value) if isinstance(node, yaml.SequenceNode) else []
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
+        for key, value in node.value:
+            kids.append(value)
+            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                continue
+            line = key.start_mark.line + 1
+            if key.value in first:
+                at = "command line" if where == "command line" else f"{where}:{line}"
+                lines = "" if where == "command line" else f" (lines {first[key.value]} and {line})"
+                out.append(ConfigError(f"{at}: key '{key.value}' given twice{lines}; keep one (YAML keeps the last)"))
+            else:
+                first[key.value] = line
+    for kid in kids:
+        out += _duplicate_keys(kid, where, seen)
+    return out
 
 
 def _expanded(node: yaml.Node, where: str, sizes: dict[int, int], open_: set[int]) -> int:
