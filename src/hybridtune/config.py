@@ -22,7 +22,16 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from hybridtune.config_checks import as_text, env_vars, place, qlora_4bit, value_checks
+from hybridtune.config_checks import (
+    MAX_CONFIG_VALUES,
+    as_text,
+    duplicate_keys,
+    env_vars,
+    expanded,
+    place,
+    qlora_4bit,
+    value_checks,
+)
 from hybridtune.config_schema import (  # re-exported: hybridtune.config is where users look for them
     ALL_LINEAR,
     BUNDLED_DATASET,
@@ -60,10 +69,6 @@ logger = logging.getLogger(__name__)
 
 # YAML 1.1 reads these words (unquoted) as booleans; an enum key that has one of them as a value takes it back.
 _YAML_BOOL_WORDS = {True: ("on", "yes", "true"), False: ("off", "no", "false")}
-# A YAML alias (*name) repeats the value its anchor (&name) marks; nested, a few hundred bytes expand to billions of
-# values. A real config holds a few hundred, so one that expands past this many (each alias counted at each use) is
-# refused before its values are built or shown.
-MAX_CONFIG_VALUES = 100_000
 # Values in error messages are shortened: a long list or string is shown by its start.
 _SHOW = reprlib.Repr()
 _SHOW.maxstring, _SHOW.maxother, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxlevel = 80, 80, 6, 6, 3
@@ -236,8 +241,8 @@ def load_yaml(text: str, where: str) -> tuple[Any, yaml.Node | None]:
         node = loader.get_single_node()
         if node is None:
             return None, None
-        _expanded(node, where, {}, set())
-        twice = _duplicate_keys(node, where, set())
+        expanded(node, where, {}, set())
+        twice = duplicate_keys(node, where, set())
         if twice:
             raise together(twice)
         try:
@@ -249,53 +254,6 @@ def load_yaml(text: str, where: str) -> tuple[Any, yaml.Node | None]:
         raise ConfigError(f"{where}: the YAML is nested too deeply; write a flat mapping of config keys") from None
     finally:
         loader.dispose()
-
-
-def _duplicate_keys(node: yaml.Node, where: str, seen: set[int]) -> list[ConfigError]:
-    """A key given twice in one mapping, anywhere in `node` (YAML would keep the last value without a word): one
-    problem for each, naming the key and both lines. A merge key (`<<: *base`) is YAML's own and may repeat."""
-    if id(node) in seen:
-        return []
-    seen.add(id(node))
-    out: list[ConfigError] = []
-    kids = list(node.value) if isinstance(node, yaml.SequenceNode) else []
-    if isinstance(node, yaml.MappingNode):
-        first: dict[str, int] = {}
-        for key, value in node.value:
-            kids.append(value)
-            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
-                continue
-            line = key.start_mark.line + 1
-            if key.value in first:
-                at = "command line" if where == "command line" else f"{where}:{line}"
-                lines = "" if where == "command line" else f" (lines {first[key.value]} and {line})"
-                out.append(ConfigError(f"{at}: key '{key.value}' given twice{lines}; keep one (YAML keeps the last)"))
-            else:
-                first[key.value] = line
-    for kid in kids:
-        out += _duplicate_keys(kid, where, seen)
-    return out
-
-
-def _expanded(node: yaml.Node, where: str, sizes: dict[int, int], open_: set[int]) -> int:
-    """How many values `node` stands for with every alias written out (each shared node counted once, by id)."""
-    if id(node) in sizes:
-        return sizes[id(node)]
-    line = where if where == "command line" else f"{where}:{node.start_mark.line + 1}"
-    if id(node) in open_:
-        raise ConfigError(f"{line}: a YAML alias (*name) inside the value its anchor marks (a loop); write it out")
-    open_.add(id(node))
-    kids = node.value if isinstance(node, yaml.SequenceNode) else ()
-    if isinstance(node, yaml.MappingNode):
-        kids = [n for pair in node.value for n in pair]
-    sizes[id(node)] = total = 1 + sum(_expanded(k, where, sizes, open_) for k in kids)
-    open_.discard(id(node))
-    if total > MAX_CONFIG_VALUES:
-        raise ConfigError(
-            f"{line}: the YAML's aliases (*name) expand to more than {MAX_CONFIG_VALUES:,} values; a config "
-            "needs far fewer: write the values out"
-        )
-    return total
 
 
 # Keys typed str (or str | None): their values are text, as written.
