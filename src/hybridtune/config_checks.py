@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -233,3 +234,24 @@ def expanded(node: yaml.Node, where: str, sizes: dict[int, int], open_: set[int]
             "needs far fewer: write the values out"
         )
     return total
+
+
+def check_output_dir(output_dir: str) -> None:
+    """Refuse an output_dir that cannot become a directory we write in, before any model is loaded."""
+    target = Path(output_dir).expanduser()
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"config key 'output_dir' = '{output_dir}' is a file; give a directory path")
+    probe = target
+    while not probe.exists():
+        if probe.parent == probe:
+            return
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(
+            f"config key 'output_dir' = '{output_dir}': '{probe}' is a file, so the directory cannot be created; "
+            "give another path"
+        )
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"config key 'output_dir' = '{output_dir}': cannot write in '{probe}' (read-only); give a writable path"
+        )

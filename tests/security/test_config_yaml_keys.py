@@ -33,8 +33,7 @@ def test_a_top_level_key_given_twice_names_both_lines(tmp_path, error_line):
 def test_every_key_given_twice_is_named_at_once_nested_ones_too(tmp_path):
     config = tmp_path / "dup.yaml"
     config.write_text(
-        "lr_scheduler: cosine\ndatasets:\n  - path: a.jsonl\n    type: chat\n    path: b.jsonl\n"
-        "lr_scheduler: linear\n"
+        "lr_scheduler: cosine\ndatasets:\n  - path: a.jsonl\n    type: chat\n    path: b.jsonl\nlr_scheduler: linear\n"
     )
     with pytest.raises(ConfigError) as e:
         load_config(config, warn=False)
