@@ -23,6 +23,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from hybridtune.config_checks import (
+    absolute_paths,
     as_text,
     check_output_dir,
     duplicate_keys,
@@ -366,6 +367,8 @@ def load_config(
     cfg = TrainConfig(**fields)
     validate(cfg, place(cli, where, node), training)
     check_output_dir(cfg.output_dir)
+    if training:  # (a recorded run's config keeps its paths as written: they are relative to its own directory)
+        absolute_paths(cfg)
     if warn and os.environ.get("RANK", "0") == "0":  # under torchrun every rank reads the config: one voice says it
         if ignored:
             logger.warning(
