@@ -55,6 +55,11 @@ def covering_length(lengths: list[int], share: float, cap: int | None = None) ->
     return min(n, cap) if cap else n
 
 
+def bins_for(lengths: list[int], seq_len: int) -> int:
+    """How many bins of `seq_len` tokens `pack` fills with documents of `lengths` (each cut to `seq_len`)."""
+    return len(pack([range(min(n, seq_len)) for n in lengths if n], seq_len)) if lengths else 0
+
+
 @dataclass
 class LoadedData:
     """Every source tokenised and split, before sequence_len: (source, row) of each training and held-out example."""
