@@ -104,3 +104,14 @@ def test_the_demo_keeps_its_length():
     """The README's demo (a preset on the bundled arithmetic chats, about 17 tokens each) already packs 15 a step."""
     d = resolve_defaults(cfg_of(), PRESET, short(7680, 14, 20))
     assert d.sequence_len.value == 256 and d.batch.value["examples"] >= dflt.PACK_EXAMPLES
+
+
+def test_large_data_is_packed_once_per_length_from_a_sample():
+    """Past 20,000 documents the bins are estimated from a fixed sample of them: within 2% of packing them all."""
+    from hybridtune.data.build import bins_for
+
+    lengths = short(random.randint(40_000, 60_000), 5, 120)
+    n = random.choice([256, 512, 1024])
+    exact = len(pack([range(k) for k in lengths], n))
+    assert abs(bins_for(lengths, n) - exact) <= 0.02 * exact
+    assert bins_for(lengths, n, sample=len(lengths)) == exact

@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from hybridtune.config import TrainConfig
@@ -106,26 +107,36 @@ def bins_per_step(cfg: TrainConfig) -> int:
     return cfg.micro_batch_size * cfg.gradient_accumulation_steps * (int(world) if world.isdigit() else 1)
 
 
-def _steps(cfg: TrainConfig, lengths: list[int], n: int) -> int:
-    bins = bins_for(lengths, n) if packs(cfg) else len(lengths)
-    return max(1, math.ceil(bins / bins_per_step(cfg)))
+def stepper(cfg: TrainConfig, lengths: list[int]) -> Callable[[int], int]:
+    """Optimizer steps an epoch of `lengths` takes at a sequence_len, each length packed once (large data packs
+    slowly, and a length is asked about more than once)."""
+    seen: dict[int, int] = {}
+
+    def steps(n: int) -> int:
+        if n not in seen:
+            bins = bins_for(lengths, n) if packs(cfg) else len(lengths)
+            seen[n] = max(1, math.ceil(bins / bins_per_step(cfg)))
+        return seen[n]
+
+    return steps
 
 
-def pack_length(cfg: TrainConfig, lengths: list[int], start: int, cap: int) -> int:
+def pack_length(lengths: list[int], start: int, cap: int, steps: Callable[[int], int]) -> int:
     """`start` doubled while a step of its packs holds fewer than PACK_EXAMPLES of `lengths` and the next length,
-    at most `cap`, keeps an epoch at MIN_STEPS optimizer steps or more."""
+    at most `cap`, keeps an epoch at MIN_STEPS optimizer steps or more (`steps`: `stepper`'s)."""
     n = start
-    while len(lengths) / _steps(cfg, lengths, n) < PACK_EXAMPLES and 2 * n <= cap:
-        if _steps(cfg, lengths, 2 * n) < MIN_STEPS:
+    while len(lengths) / steps(n) < PACK_EXAMPLES and 2 * n <= cap:
+        if steps(2 * n) < MIN_STEPS:
             break
         n *= 2
     return n
 
 
 def choose_sequence_len(
-    cfg: TrainConfig, lengths: list[int], context: int | None, preset: bool, recorded: dict
+    cfg: TrainConfig, lengths: list[int], context: int | None, preset: bool, recorded: dict, steps=None
 ) -> Choice:
-    """`lengths`: the training examples' (or preference pairs') token counts."""
+    """`lengths`: the training examples' (or preference pairs') token counts; `steps`: `stepper`'s for them."""
+    steps = steps or stepper(cfg, lengths)
     given = cfg.sequence_len != "auto"
     value = cfg.sequence_len if given else recorded.get("sequence_len")
     if isinstance(value, int) and not given:
@@ -141,10 +152,10 @@ def choose_sequence_len(
         else:
             ctx = f", within the model's context of {context}" if context else ""
             why = f"the smallest power of two holding {COVER:.0%} of them{ctx}"
-    n = pack_length(cfg, lengths, start, context or max(start, MAX_PACK)) if packs(cfg) and lengths else start
+    n = pack_length(lengths, start, context or max(start, MAX_PACK), steps) if packs(cfg) and lengths else start
     if n > start:
         unit = "pairs" if pairs(cfg) else "examples"
-        few = len(lengths) / _steps(cfg, lengths, start)
+        few = len(lengths) / steps(start)
         why += (
             f", {start}, packs {few:.1f} {unit} a step: raised to pack at least {PACK_EXAMPLES} a step while an "
             f"epoch keeps {MIN_STEPS} steps or more"
@@ -156,13 +167,13 @@ def pairs(cfg: TrainConfig) -> bool:
     return cfg.objective in ("dpo", "simpo", "orpo")
 
 
-def choose_batch(cfg: TrainConfig, lengths: list[int], seq_len: int) -> Choice:
+def choose_batch(cfg: TrainConfig, lengths: list[int], seq_len: int, steps=None) -> Choice:
     """What an optimizer step holds at `seq_len`: examples (pairs) and tokens, on average over an epoch."""
     if cfg.objective == "grpo":
         return Choice(None, "grpo: a step holds micro_batch_size x gradient_accumulation_steps prompts' completions")
     if not lengths:
         return Choice(None, "no training examples")
-    steps, per = _steps(cfg, lengths, seq_len), bins_per_step(cfg)
+    steps, per = (steps or stepper(cfg, lengths))(seq_len), bins_per_step(cfg)
     tokens = sum(min(n, seq_len) for n in lengths)
     value = {"examples": len(lengths) / steps, "tokens": tokens / steps, "unit": "pairs" if pairs(cfg) else "examples"}
     how = "" if packs(cfg) else ", one example a bin (sample_packing: false)"
@@ -172,7 +183,10 @@ def choose_batch(cfg: TrainConfig, lengths: list[int], seq_len: int) -> Choice:
         f"gradient_accumulation_steps {cfg.gradient_accumulation_steps} x {world} process(es)); {steps} steps an epoch"
     )
     if packs(cfg) and cfg.sequence_len == "auto" and value["examples"] < PACK_EXAMPLES:
-        why += f"; fewer than {PACK_EXAMPLES} a step: a longer pack would leave an epoch fewer than {MIN_STEPS} steps"
+        why += (
+            f"; fewer than {PACK_EXAMPLES} a step: a longer pack would leave an epoch fewer than {MIN_STEPS} steps "
+            "or pass the model's context"
+        )
     return Choice(value, why)
 
 
@@ -201,9 +215,10 @@ def resolve_defaults(
     """Every default of this module for `cfg` on `source` (see the module docstring); `recorded`: a resumed run's
     `recorded_values`."""
     recorded = recorded or {}
-    seq = choose_sequence_len(cfg, lengths, model_context(source), source.is_preset, recorded)
+    steps = stepper(cfg, lengths)
+    seq = choose_sequence_len(cfg, lengths, model_context(source), source.is_preset, recorded, steps)
     return Defaults(
         learning_rate=choose_learning_rate(cfg, source.is_preset, recorded),
         sequence_len=seq,
-        batch=choose_batch(cfg, lengths, seq.value),
+        batch=choose_batch(cfg, lengths, seq.value, steps),
     )
