@@ -334,3 +334,11 @@ def test_did_you_mean_still_names_a_typo(tmp_path, typo, key):
     p.write_text(f"{typo}: 3\n")
     with pytest.raises(ConfigError, match=f"unknown config key '{typo}'; did you mean '{key}'"):
         load_config(p, warn=False)
+
+
+@pytest.mark.parametrize("key", ["template", "chat_template"])
+def test_a_template_given_as_a_list_or_mapping_is_one_line(tmp_path, key):
+    p = tmp_path / "c.yaml"
+    p.write_text(f"{key}: {random.choice(['[qwen3, chatml]', '{name: qwen3}'])}\n")
+    with pytest.raises(ConfigError, match=f"c\\.yaml:1: (unknown config key '{key}'|key '{key}')"):
+        load_config(p, warn=False)

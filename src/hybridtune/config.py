@@ -225,7 +225,8 @@ def _fields(
             renamed = renamed_key(str(key), value, loc) if cls is TrainConfig else None
             problems.append(renamed or _unknown_key(str(key), value, cls, at, child))
             continue
-        if key == "chat_template" and value in CHATML_TEMPLATES | OTHER_TEMPLATES and not Path(value).is_file():
+        named = isinstance(value, str) and value in CHATML_TEMPLATES | OTHER_TEMPLATES
+        if key == "chat_template" and named and not Path(value).is_file():
             if value in OTHER_TEMPLATES:  # (Axolotl names a template this way)
                 problems.append(ConfigError(f"{loc}: key 'chat_template': {template_hint(value)}"))
                 continue

@@ -137,7 +137,7 @@ _NOOPS: dict[str, tuple[Any, str]] = {
     "flash_attn": (lambda v: v == "auto" or _off(v), "hybridtune picks its kernels"),
     "model_type": (lambda v: isinstance(v, str) and v.startswith("Auto"), "the class comes from config.json"),
     "tokenizer_type": (lambda v: isinstance(v, str) and v.startswith("Auto"), "the model's own tokenizer"),
-    "template": (lambda v: v in CHATML_TEMPLATES, "the checkpoint's own chat template, Qwen's ChatML"),
+    "template": (lambda v: isinstance(v, str) and v in CHATML_TEMPLATES, "the checkpoint's own chat template"),
 }
 
 
@@ -157,7 +157,7 @@ def noop(key: str, value: Any) -> str | None:
 
 def template_hint(value: Any) -> str | None:
     """What to do about another tool's template name that is not the checkpoint's; None for any other value."""
-    if value in OTHER_TEMPLATES:
+    if isinstance(value, str) and value in OTHER_TEMPLATES:
         return (
             f"'{value}' is another model family's template; hybridtune renders chats with the checkpoint's own "
             "(Qwen's ChatML): remove it, or set chat_template to a .jinja file to render them otherwise"
