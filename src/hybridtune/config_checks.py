@@ -5,7 +5,6 @@ YAML's node tree before any value is built: aliases that expand past MAX_CONFIG_
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 from collections.abc import Callable
@@ -259,18 +258,19 @@ def check_output_dir(output_dir: str) -> None:
 
 
 def absolute_paths(cfg: Any) -> None:
-    """Every path of a loaded config made absolute once, at load, so that nothing the process does later to its
-    working directory (a reward function's os.chdir) moves the run's output, data, model or checkpoint: output_dir
-    always; a value of base_model, tokenizer, chat_template, dataset, the datasets' and test_datasets' paths,
-    resume_from_checkpoint and a reward_funcs file when it names a local file or directory (or a glob matching
-    some): a hub id, a preset, a named template, `latest` and `hybridtune:` names stay as written."""
+    """The paths a run reads or writes after it starts made absolute once, at load, so that nothing the process does
+    later to its working directory (a reward function's os.chdir) moves them: output_dir always (checkpoints, final/,
+    metrics); base_model, tokenizer, chat_template and resume_from_checkpoint when they name a local file or
+    directory (export copies the base's files at the end). A hub id, a preset, a named template and `latest` stay as
+    written. The data and reward files are read, hashed and imported once, before the first step: they stay as
+    written, as their messages name them (the run record keeps the directory they are relative to, `cwd`)."""
 
     def local(value: Any) -> Any:
         if not isinstance(value, str) or not value or value.startswith("hybridtune:"):
             return value
         p = Path(value).expanduser()
         try:
-            found = p.exists() or (any(c in value for c in "*?[") and bool(glob.glob(str(p))))
+            found = p.exists()
         except (OSError, ValueError):  # a name no path can be: said by the check that reads it
             return value
         return os.path.abspath(p) if found else value
@@ -281,13 +281,5 @@ def absolute_paths(cfg: Any) -> None:
         local(cfg.tokenizer),
         local(cfg.chat_template),
     )
-    cfg.dataset = [local(p) for p in cfg.dataset] if isinstance(cfg.dataset, list) else local(cfg.dataset)
-    for ds in [*cfg.datasets, *cfg.test_datasets]:
-        ds.path = local(ds.path)
     if cfg.resume_from_checkpoint != "latest":
         cfg.resume_from_checkpoint = local(cfg.resume_from_checkpoint)
-    specs = []
-    for spec in cfg.reward_funcs:
-        path, sep, name = spec.rpartition(":")
-        specs.append(f"{local(path)}:{name}" if sep and path.endswith(".py") and Path(path).is_file() else spec)
-    cfg.reward_funcs = specs
