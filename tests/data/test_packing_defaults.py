@@ -52,7 +52,7 @@ def test_short_data_packs_at_least_8_a_step_said_in_a_choice_line(source, object
     unit = "pairs" if objective == "dpo" else "examples"
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("choice batch: "))
     shown = float(line.split()[2])
-    assert shown == pytest.approx(per_step(lengths, n), abs=0.05) and shown >= 8, line
+    assert shown == pytest.approx(per_step(lengths, n), abs=0.051) and shown >= 8, line  # (shown to 0.1)
     assert line.split()[3] == unit + "," and f"bins of {n} tokens" in line and "steps an epoch" in line
     seq = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("choice sequence_len: "))
     assert f"raised to pack at least {dflt.PACK_EXAMPLES} a step" in seq
