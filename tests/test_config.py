@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
@@ -23,7 +24,8 @@ def test_bare_flag_is_true_and_paths_stay_strings():
     o = parse_overrides(["--overwrite", "--output_dir", "2024", "--dataset", "x.jsonl"])
     assert o == {"overwrite": True, "output_dir": "2024", "dataset": "x.jsonl"}
     cfg = load_config(None, o)
-    assert cfg.resolved_datasets()[0].path == "x.jsonl" and cfg.output_dir == "2024"
+    # (a path that does not exist stays as written; output_dir is made absolute at load, still the text '2024')
+    assert cfg.resolved_datasets()[0].path == "x.jsonl" and cfg.output_dir == os.path.abspath("2024")
 
 
 def test_unknown_key_names_nearest(tmp_path):

@@ -4,7 +4,9 @@ with what hybridtune takes instead, and the spellings hybridtune shares (all-lin
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import random
 import re
 
 import pytest
@@ -123,23 +125,14 @@ def test_llama_factory_and_trl_configs_name_every_key(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(p)
     lines = str(e.value).splitlines()
-    assert lines[0].startswith("9 problems in the config")
+    assert lines[0].startswith("5 problems in the config")
     named = [line.split("unknown config key '")[1].split("'")[0] for line in lines[1:]]
-    assert named == [
-        "model_name_or_path",
-        "stage",
-        "do_train",
-        "finetuning_type",
-        "lora_target",
-        "template",
-        "cutoff_len",
-        "per_device_train_batch_size",
-        "num_train_epochs",
-    ]
-    p.write_text("max_length: 1024\npacking: true\nuse_peft: true\ndataset_text_field: text\nlearning_rate: 2.0e-5\n")
+    # stage: sft, do_train: true, template: qwen3 and per_device_train_batch_size: 1 change nothing here: not problems
+    assert named == ["model_name_or_path", "finetuning_type", "lora_target", "cutoff_len", "num_train_epochs"]
+    p.write_text("max_length: 1024\npacking: false\nuse_peft: true\ndataset_text_field: text\nlearning_rate: 2.0e-5\n")
     with pytest.raises(ConfigError, match="4 problems") as e:
         load_config(p)
-    assert "did you mean 'sample_packing'? (the same setting: write 'sample_packing: true')" in str(e.value)
+    assert "did you mean 'sample_packing'? (the same setting: write 'sample_packing: false')" in str(e.value)
 
 
 def test_foreign_dataset_keys(tmp_path):
@@ -228,3 +221,124 @@ def test_all_linear_adapts_every_linear_of_the_decoder_layers(tmp_path):
     vl = load_model(str(make_checkpoint(tmp_path, "qwen3_5_vl", torch.float32))).model
     adapted = apply_lora(vl, 4, 8, 0.0, ["all-linear"]).base_model.targeted_module_names
     assert adapted and all(n.startswith("model.language_model.layers.") for n in adapted)
+
+
+# --- no-op keys of other tools: one warning line; keys that change training stay refused ---------------------------
+
+KEPT = """\
+base_model: tiny-qwen3_5
+model_type: AutoModelForCausalLM
+tokenizer_type: AutoTokenizer
+strict: false
+load_in_8bit: false
+datasets:
+  - path: {data}
+    type: chat
+dataset_prepared_path: last_run_prepared
+val_set_size: 0
+output_dir: {out}
+sequence_len: 128
+sample_packing: true
+pad_to_sequence_len: true
+wandb_project:
+wandb_entity:
+wandb_watch:
+wandb_log_model:
+group_by_length: false
+tf32: false
+flash_attention: false
+special_tokens:
+chat_template: chatml
+lr_scheduler_type: cosine
+max_steps: 1
+eval_steps: 0
+"""
+
+
+def _chats(path, n):
+    rows = []
+    for _ in range(n):
+        a, b = random.randint(0, 999), random.randint(0, 999)
+        rows.append(
+            {"messages": [{"role": "user", "content": f"{a}+{b}="}, {"role": "assistant", "content": f"{a + b}"}]}
+        )
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_an_axolotl_config_with_no_op_keys_trains_after_one_warning_line(tmp_path, capsys):
+    from hybridtune.cli import main
+
+    data = _chats(tmp_path / "d.jsonl", random.randint(9, 17))
+    p = tmp_path / "axolotl.yaml"
+    p.write_text(KEPT.format(data=data, out=tmp_path / "out"))
+    rc = main(["train", str(p)])
+    err = capsys.readouterr().err  # (the CLI's log goes to stderr, not through the root logger)
+    assert rc == 0, err
+    said = [line for line in err.splitlines() if "another tool" in line]
+    assert len(said) == 1 and " WARNING " in said[0], said
+    for item in ("strict: false", "load_in_8bit: false", "wandb_project: null", "group_by_length: false",
+                 "model_type: AutoModelForCausalLM", "chat_template: chatml", "lr_scheduler_type: 'cosine'"):  # fmt: skip
+        assert item in said[0], (item, said[0])
+    assert (tmp_path / "out" / "final").is_dir()
+
+
+def test_keys_that_would_change_training_stay_refused_all_at_once(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(
+        "strict: false\nload_in_8bit: true\ngroup_by_length: true\nwandb_project: mine\nlr_scheduler_type: linear\n"
+        "template: llama3\nchat_template: gemma\nstage: dpo\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(p, warn=False)
+    lines = str(e.value).splitlines()
+    assert lines[0].startswith("7 problems in the config"), lines
+    text = str(e.value)
+    assert "strict" not in text  # the no-op among them is no problem
+    assert "c.yaml:2: unknown config key 'load_in_8bit': hybridtune's quantized base is NF4" in text
+    assert "c.yaml:3: unknown config key 'group_by_length': hybridtune packs examples into bins" in text
+    assert "c.yaml:4: unknown config key 'wandb_project': set report_to: wandb" in text
+    assert "c.yaml:5: unknown config key 'lr_scheduler_type'; did you mean 'lr_scheduler'?" in text
+    assert "c.yaml:6: unknown config key 'template': 'llama3' is another model family's template" in text
+    assert "c.yaml:7: key 'chat_template': 'gemma' is another model family's template" in text
+    assert "c.yaml:8: unknown config key 'stage': set objective" in text
+
+
+def test_qwen_template_names_are_the_checkpoints_own(tmp_path, caplog):
+    name = random.choice(["qwen3", "qwen3_5", "chatml", "qwen"])
+    p = tmp_path / "c.yaml"
+    p.write_text(f"template: {name}\nchat_template: {name}\nstage: sft\ndo_train: true\n")
+    with caplog.at_level(logging.WARNING, logger="hybridtune"):
+        cfg = load_config(p)
+    assert cfg.chat_template is None and cfg.objective == "sft"
+    assert f"template: {name} (the checkpoint's own chat template" in caplog.text
+    # A template file of that name is a file, as before.
+    f = tmp_path / name
+    f.write_text("{{ messages }}")
+    assert load_config(None, {"chat_template": str(f)}, warn=False).chat_template == str(f)
+
+
+@pytest.mark.parametrize("key", ["strict", "group_by_length", "eval_batch_sz", "optim_args", "save_safetensors"])
+def test_did_you_mean_only_for_a_close_key(tmp_path, key):
+    p = tmp_path / "c.yaml"
+    p.write_text(f"{key}: 7\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p, warn=False)
+    assert "did you mean" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("typo, key", [("learing_rate", "learning_rate"), ("micro_batchsize", "micro_batch_size"),
+                                       ("seqence_len", "sequence_len"), ("num_epoch", "num_epochs")])  # fmt: skip
+def test_did_you_mean_still_names_a_typo(tmp_path, typo, key):
+    p = tmp_path / "c.yaml"
+    p.write_text(f"{typo}: 3\n")
+    with pytest.raises(ConfigError, match=f"unknown config key '{typo}'; did you mean '{key}'"):
+        load_config(p, warn=False)
+
+
+@pytest.mark.parametrize("key", ["template", "chat_template"])
+def test_a_template_given_as_a_list_or_mapping_is_one_line(tmp_path, key):
+    p = tmp_path / "c.yaml"
+    p.write_text(f"{key}: {random.choice(['[qwen3, chatml]', '{name: qwen3}'])}\n")
+    with pytest.raises(ConfigError, match=f"c\\.yaml:1: (unknown config key '{key}'|key '{key}')"):
+        load_config(p, warn=False)

@@ -31,6 +31,7 @@ LEAVES = frozenset(
         "hybridtune.config_vision",
         "hybridtune.config_kernels",
         "hybridtune.config_checks",
+        "hybridtune.config_foreign",
     }
 )
 # `python -m hybridtune` runs __main__, whose one job is to call the CLI.

@@ -22,14 +22,31 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from hybridtune.config_checks import as_text, env_vars, place, qlora_4bit, value_checks
+from hybridtune.config_checks import (
+    absolute_paths,
+    as_text,
+    check_output_dir,
+    duplicate_keys,
+    env_vars,
+    expanded,
+    place,
+    qlora_4bit,
+    value_checks,
+)
+from hybridtune.config_foreign import (
+    CHATML_TEMPLATES,
+    FOREIGN_DATASET_KEYS,
+    FOREIGN_KEYS,
+    FOREIGN_VALUES,
+    OTHER_TEMPLATES,
+    noop,
+    renamed_key,
+    template_hint,
+)
 from hybridtune.config_schema import (  # re-exported: hybridtune.config is where users look for them
     ALL_LINEAR,
     BUNDLED_DATASET,
     DEFAULT_LORA_TARGETS,
-    FOREIGN_DATASET_KEYS,
-    FOREIGN_KEYS,
-    FOREIGN_VALUES,
     PRESET_LEARNING_RATE,
     DatasetConfig,
     TrainConfig,
@@ -60,10 +77,9 @@ logger = logging.getLogger(__name__)
 
 # YAML 1.1 reads these words (unquoted) as booleans; an enum key that has one of them as a value takes it back.
 _YAML_BOOL_WORDS = {True: ("on", "yes", "true"), False: ("off", "no", "false")}
-# A YAML alias (*name) repeats the value its anchor (&name) marks; nested, a few hundred bytes expand to billions of
-# values. A real config holds a few hundred, so one that expands past this many (each alias counted at each use) is
-# refused before its values are built or shown.
-MAX_CONFIG_VALUES = 100_000
+# The least similarity (difflib's ratio) at which an unknown key's hint names a known key: below it the nearest
+# key is another setting (`strict` is not `distributed`, `group_by_length` not `max_prompt_length`).
+NEAR = 0.75
 # Values in error messages are shortened: a long list or string is shown by its start.
 _SHOW = reprlib.Repr()
 _SHOW.maxstring, _SHOW.maxother, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxlevel = 80, 80, 6, 6, 3
@@ -110,6 +126,8 @@ def _coerce(value: Any, tp: Any, where: str, node: yaml.Node | None = None, nest
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, str) and item_tp in (str, float):  # `a,b` on the command line (reward_weights: 1,2)
             value = [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, str) and item_tp is DatasetConfig:  # `--datasets a.jsonl,b.jsonl`: their paths
+            value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list):
             raise bad()
         items = node.value if isinstance(node, yaml.SequenceNode) else [None] * len(value)
@@ -120,6 +138,8 @@ def _coerce(value: Any, tp: Any, where: str, node: yaml.Node | None = None, nest
             raise bad()
         return dict(value)
     if dataclasses.is_dataclass(tp):
+        if tp is DatasetConfig and isinstance(value, str) and value:  # `datasets: [a.jsonl, b.jsonl]`: paths
+            value = {"path": value}
         if not isinstance(value, dict):
             raise bad()
         file, path, problems = nest or (where, "", None)
@@ -154,24 +174,6 @@ def _coerce(value: Any, tp: Any, where: str, node: yaml.Node | None = None, nest
     raise bad()
 
 
-# Keys renamed since a release: old name -> (new name, how its values map). An old config gets one line saying so.
-RENAMED_KEYS: dict[str, tuple[str, dict]] = {
-    # Inverted polarity: recompute_cores: true (the cores recomputed) is keep_mixer_cores: false.
-    "recompute_cores": ("keep_mixer_cores", {True: False, False: True, "auto": "auto"}),
-}
-
-
-def _renamed_key(key: str, value: Any, where: str) -> ConfigError | None:
-    if key not in RENAMED_KEYS:
-        return None
-    new, values = RENAMED_KEYS[key]
-    inverted = any(k != v for k, v in values.items())
-    how = f" with the polarity inverted ('{key}: true' is '{new}: false')" if inverted else ""
-    same = values.get(value) if isinstance(value, (bool, str)) else None
-    instead = f"; write '{new}: {str(same).lower()}'" if same is not None else ""
-    return ConfigError(f"{where}: config key '{key}' is now '{new}'{how}{instead}")
-
-
 def _unknown_key(key: str, value: Any, cls: type, where: str, node: yaml.Node | None) -> ConfigError:
     """An unknown key: a renamed one, another tool's (Axolotl, LLaMA-Factory, TRL), or the nearest known key."""
     known = [f.name for f in dataclasses.fields(cls)]
@@ -180,16 +182,34 @@ def _unknown_key(key: str, value: Any, cls: type, where: str, node: yaml.Node | 
         text = node.value if isinstance(node, yaml.ScalarNode) else None
         write = f": write '{foreign}: {text}'" if text is not None else ""
         return ConfigError(f"{where}: unknown config key '{key}'; did you mean '{foreign}'? (the same setting{write})")
+    hint = template_hint(value) if key == "template" else None
     if foreign:
-        return ConfigError(f"{where}: unknown config key '{key}': {foreign}")
-    near = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+        return ConfigError(f"{where}: unknown config key '{key}': {hint or foreign}")
+    near = difflib.get_close_matches(key, known, n=1, cutoff=NEAR)
     hint = f"; did you mean '{near[0]}'?" if near else "; run `hybridtune train --help` for the list"
     return ConfigError(f"{where}: unknown config key '{key}'{hint}")
 
 
-def _fields(cls: type, data: dict, where: str, node: yaml.Node | None, problems: list, path: str = "") -> dict:
+def _ignored(key: str, value: Any, hints: dict, child: yaml.Node | None) -> str | None:
+    """How the warning lists `key: value` when it is another tool's key and that value changes nothing here (a
+    no-op of config_foreign, or our default under its other name); None when it would change training."""
+    said = noop(key, value)
+    ours = FOREIGN_KEYS.get(key)
+    if said is None and ours in hints:
+        try:
+            same = _coerce(value, hints[ours], key, child) == _DEFAULTS[ours]
+        except ConfigError:
+            same = False
+        said = f"{key}: {_SHOW.repr(value)} ({ours}'s default)" if same else None
+    return said
+
+
+def _fields(
+    cls: type, data: dict, where: str, node: yaml.Node | None, problems: list, path: str = "", ignored=None
+) -> dict:
     """`data`'s keys for `cls`, each checked; `node`: data's YAML mapping (lines, values as written). Every problem
-    is appended to `problems`, so that one run names them all."""
+    is appended to `problems`, so that one run names them all; `ignored` (a list): where another tool's keys whose
+    value changes nothing here go (else they are problems)."""
     hints = typing.get_type_hints(cls)
     keys = node.value if isinstance(node, yaml.MappingNode) else []
     nodes = {k.value: (k.start_mark.line + 1, v) for k, v in keys if isinstance(k, yaml.ScalarNode)}
@@ -197,11 +217,23 @@ def _fields(cls: type, data: dict, where: str, node: yaml.Node | None, problems:
     for key, value in data.items():
         line, child = nodes.get(key, (None, None))
         loc = f"{where}:{line}" if line else where
+        if key not in hints and ignored is not None and (said := _ignored(str(key), value, hints, child)):
+            ignored.append(said)
+            continue
         if key not in hints:
             at = f"{loc}: {path[:-1]}" if path else loc
-            renamed = _renamed_key(str(key), value, loc) if cls is TrainConfig else None
+            renamed = renamed_key(str(key), value, loc) if cls is TrainConfig else None
             problems.append(renamed or _unknown_key(str(key), value, cls, at, child))
             continue
+        named = isinstance(value, str) and value in CHATML_TEMPLATES | OTHER_TEMPLATES
+        if key == "chat_template" and named and not Path(value).is_file():
+            if value in OTHER_TEMPLATES:  # (Axolotl names a template this way)
+                problems.append(ConfigError(f"{loc}: key 'chat_template': {template_hint(value)}"))
+                continue
+            if ignored is not None:
+                ignored.append(f"chat_template: {value} (the checkpoint's own chat template, Qwen's ChatML)")
+                kwargs[key] = None
+                continue
         try:
             kwargs[key] = _coerce(value, hints[key], f"{loc}: key '{path}{key}'", child, (where, path + key, problems))
         except ConfigError as e:
@@ -236,7 +268,10 @@ def load_yaml(text: str, where: str) -> tuple[Any, yaml.Node | None]:
         node = loader.get_single_node()
         if node is None:
             return None, None
-        _expanded(node, where, {}, set())
+        expanded(node, where, {}, set())
+        twice = duplicate_keys(node, where, set())
+        if twice:
+            raise together(twice)
         try:
             return loader.construct_document(node), node
         except ValueError:  # a scalar its type cannot build, such as the date of a 13th month: taken as its text
@@ -248,30 +283,23 @@ def load_yaml(text: str, where: str) -> tuple[Any, yaml.Node | None]:
         loader.dispose()
 
 
-def _expanded(node: yaml.Node, where: str, sizes: dict[int, int], open_: set[int]) -> int:
-    """How many values `node` stands for with every alias written out (each shared node counted once, by id)."""
-    if id(node) in sizes:
-        return sizes[id(node)]
-    line = where if where == "command line" else f"{where}:{node.start_mark.line + 1}"
-    if id(node) in open_:
-        raise ConfigError(f"{line}: a YAML alias (*name) inside the value its anchor marks (a loop); write it out")
-    open_.add(id(node))
-    kids = node.value if isinstance(node, yaml.SequenceNode) else ()
-    if isinstance(node, yaml.MappingNode):
-        kids = [n for pair in node.value for n in pair]
-    sizes[id(node)] = total = 1 + sum(_expanded(k, where, sizes, open_) for k in kids)
-    open_.discard(id(node))
-    if total > MAX_CONFIG_VALUES:
-        raise ConfigError(
-            f"{line}: the YAML's aliases (*name) expand to more than {MAX_CONFIG_VALUES:,} values; a config "
-            "needs far fewer: write the values out"
-        )
-    return total
-
-
 # Keys typed str (or str | None): their values are text, as written.
 _TEXT_KEYS = {k for k, tp in typing.get_type_hints(TrainConfig).items() if str in typing.get_args(tp) or tp is str}
 _LISTS = {k for k, tp in typing.get_type_hints(TrainConfig).items() if typing.get_origin(tp) is list}
+_DEFAULTS = {f.name: getattr(TrainConfig(), f.name) for f in dataclasses.fields(TrainConfig)}
+
+
+# Keys whose values add up when given again on the command line (`--dataset a --dataset b` trains on both).
+_REPEATED = {"dataset", "datasets", "test_datasets"}
+
+
+def _listed(key: str, value: Any) -> list:
+    """A repeated key's value as items: a list's, a `datasets` text's paths (`--datasets a,b`), else itself."""
+    if isinstance(value, list):
+        return value
+    if isinstance(value, str) and key != "dataset":
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return [value]
 
 
 def parse_overrides(argv: list[str]) -> dict[str, Any]:
@@ -290,6 +318,7 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
                 i += 1
             else:
                 raw = "true"
+        before = out.pop(key, None) if key in _REPEATED else None
         try:
             out[key] = load_yaml(raw, "command line")[0] if raw != "" else ""
         except yaml.YAMLError:
@@ -297,6 +326,8 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
         # Paths and names stay strings as typed even when they look like numbers or dates (`--run_name 1.10`).
         if key in _TEXT_KEYS and out[key] is not None and not (key in _LISTS and isinstance(out[key], list)):
             out[key] = str(raw)  # (a list key's `[a, b]` is its list, not the text '[a, b]' split at the comma)
+        if before is not None:  # `--dataset a --dataset b`: both, never silently the last
+            out[key] = [*_listed(key, before), *_listed(key, out[key])]
         i += 1
     return out
 
@@ -327,16 +358,25 @@ def load_config(
         where = str(p)
     cli = overrides or {}
     problems: list[ConfigError] = []  # every problem of the file and the command line, said at once
-    fields = _fields(TrainConfig, data, where, node, problems)  # a file's problems name its file and line
+    ignored: list[str] = []  # other tools' keys whose values change nothing here: one warning line
+    fields = _fields(TrainConfig, data, where, node, problems, ignored=ignored)  # a file's problems name its line
     problems += env_vars(fields, where, node)
-    fields.update(_fields(TrainConfig, cli, "command line", None, problems))
+    fields.update(_fields(TrainConfig, cli, "command line", None, problems, ignored=ignored))
     problems += qlora_4bit(fields, cli, where, node)
     if problems:
         raise together(problems)
     cfg = TrainConfig(**fields)
     validate(cfg, place(cli, where, node), training)
     check_output_dir(cfg.output_dir)
+    if training:  # (a recorded run's config keeps its paths as written: they are relative to its own directory)
+        absolute_paths(cfg)
     if warn and os.environ.get("RANK", "0") == "0":  # under torchrun every rank reads the config: one voice says it
+        if ignored:
+            logger.warning(
+                "config keys of another tool ignored, their values change nothing here: %s; remove them to silence "
+                "this",
+                ", ".join(ignored),
+            )
         for warning in config_warnings(cfg, set(data) | set(cli)):
             logger.warning(warning)
     return cfg
@@ -372,27 +412,6 @@ def read_config_text(p: Path) -> str:
     if not p.is_file():
         raise ConfigError(f"config file '{p}' does not exist; pass a YAML file or leave it out for the defaults")
     return read_utf8(p, "YAML text", ConfigError)
-
-
-def check_output_dir(output_dir: str) -> None:
-    """Refuse an output_dir that cannot become a directory we write in, before any model is loaded."""
-    target = Path(output_dir).expanduser()
-    if target.exists() and not target.is_dir():
-        raise ConfigError(f"config key 'output_dir' = '{output_dir}' is a file; give a directory path")
-    probe = target
-    while not probe.exists():
-        if probe.parent == probe:
-            return
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ConfigError(
-            f"config key 'output_dir' = '{output_dir}': '{probe}' is a file, so the directory cannot be created; "
-            "give another path"
-        )
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(
-            f"config key 'output_dir' = '{output_dir}': cannot write in '{probe}' (read-only); give a writable path"
-        )
 
 
 LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_parameters")

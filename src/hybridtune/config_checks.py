@@ -1,12 +1,14 @@
 """Checks across a config's keys once the file and the command line are merged, each naming the file line (or the
 command line) of the keys involved: a path holding an environment variable, QLoRA with 4-bit turned off; the value
-bounds `config_schema.range_checks` leaves open (`value_checks`, in its form); YAML scalars no type can build."""
+bounds `config_schema.range_checks` leaves open (`value_checks`, in its form); YAML scalars no type can build; the
+YAML's node tree before any value is built: aliases that expand past MAX_CONFIG_VALUES, a key given twice."""
 
 from __future__ import annotations
 
 import os
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -179,3 +181,105 @@ def as_text(node: yaml.Node) -> None:
             except ValueError:
                 n.tag = "tag:yaml.org,2002:str"
     loader.dispose()
+
+
+# A YAML alias (*name) repeats the value its anchor (&name) marks; nested, a few hundred bytes expand to billions of
+# values. A real config holds a few hundred, so one that expands past this many (each alias counted at each use) is
+# refused before its values are built or shown.
+MAX_CONFIG_VALUES = 100_000
+
+
+def duplicate_keys(node: yaml.Node, where: str, seen: set[int]) -> list[ConfigError]:
+    """A key given twice in one mapping, anywhere in `node` (YAML would keep the last value without a word): one
+    problem for each, naming the key and both lines. A merge key (`<<: *base`) is YAML's own and may repeat."""
+    if id(node) in seen:
+        return []
+    seen.add(id(node))
+    out: list[ConfigError] = []
+    kids = list(node.value) if isinstance(node, yaml.SequenceNode) else []
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
+        for key, value in node.value:
+            kids.append(value)
+            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                continue
+            line = key.start_mark.line + 1
+            if key.value in first:
+                at = "command line" if where == "command line" else f"{where}:{line}"
+                lines = "" if where == "command line" else f" (lines {first[key.value]} and {line})"
+                out.append(ConfigError(f"{at}: key '{key.value}' given twice{lines}; keep one (YAML keeps the last)"))
+            else:
+                first[key.value] = line
+    for kid in kids:
+        out += duplicate_keys(kid, where, seen)
+    return out
+
+
+def expanded(node: yaml.Node, where: str, sizes: dict[int, int], open_: set[int]) -> int:
+    """How many values `node` stands for with every alias written out (each shared node counted once, by id)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    line = where if where == "command line" else f"{where}:{node.start_mark.line + 1}"
+    if id(node) in open_:
+        raise ConfigError(f"{line}: a YAML alias (*name) inside the value its anchor marks (a loop); write it out")
+    open_.add(id(node))
+    kids = node.value if isinstance(node, yaml.SequenceNode) else ()
+    if isinstance(node, yaml.MappingNode):
+        kids = [n for pair in node.value for n in pair]
+    sizes[id(node)] = total = 1 + sum(expanded(k, where, sizes, open_) for k in kids)
+    open_.discard(id(node))
+    if total > MAX_CONFIG_VALUES:
+        raise ConfigError(
+            f"{line}: the YAML's aliases (*name) expand to more than {MAX_CONFIG_VALUES:,} values; a config "
+            "needs far fewer: write the values out"
+        )
+    return total
+
+
+def check_output_dir(output_dir: str) -> None:
+    """Refuse an output_dir that cannot become a directory we write in, before any model is loaded."""
+    target = Path(output_dir).expanduser()
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"config key 'output_dir' = '{output_dir}' is a file; give a directory path")
+    probe = target
+    while not probe.exists():
+        if probe.parent == probe:
+            return
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(
+            f"config key 'output_dir' = '{output_dir}': '{probe}' is a file, so the directory cannot be created; "
+            "give another path"
+        )
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"config key 'output_dir' = '{output_dir}': cannot write in '{probe}' (read-only); give a writable path"
+        )
+
+
+def absolute_paths(cfg: Any) -> None:
+    """The paths a run reads or writes after it starts made absolute once, at load, so that nothing the process does
+    later to its working directory (a reward function's os.chdir) moves them: output_dir always (checkpoints, final/,
+    metrics); base_model, tokenizer, chat_template and resume_from_checkpoint when they name a local file or
+    directory (export copies the base's files at the end). A hub id, a preset, a named template and `latest` stay as
+    written. The data and reward files are read, hashed and imported once, before the first step: they stay as
+    written, as their messages name them (the run record keeps the directory they are relative to, `cwd`)."""
+
+    def local(value: Any) -> Any:
+        if not isinstance(value, str) or not value or value.startswith("hybridtune:"):
+            return value
+        p = Path(value).expanduser()
+        try:
+            found = p.exists()
+        except (OSError, ValueError):  # a name no path can be: said by the check that reads it
+            return value
+        return os.path.abspath(p) if found else value
+
+    cfg.output_dir = os.path.abspath(Path(cfg.output_dir).expanduser())
+    cfg.base_model, cfg.tokenizer, cfg.chat_template = (
+        local(cfg.base_model),
+        local(cfg.tokenizer),
+        local(cfg.chat_template),
+    )
+    if cfg.resume_from_checkpoint != "latest":
+        cfg.resume_from_checkpoint = local(cfg.resume_from_checkpoint)

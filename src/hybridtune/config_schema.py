@@ -1,6 +1,6 @@
 """The run configuration's keys: `TrainConfig` and `DatasetConfig` (dataclasses with defaults and one sentence of help
-per key), the limits their values are checked against (`range_checks`), their help (`config_help`), and the keys of
-other fine-tuning tools with what hybridtune takes instead (`FOREIGN_KEYS`). Loading and checking: `hybridtune.config`."""
+per key), the limits their values are checked against (`range_checks`) and their help (`config_help`); the keys of
+other fine-tuning tools are the leaf `config_foreign.py`'s. Loading and checking: `hybridtune.config`."""
 
 from __future__ import annotations
 
@@ -114,7 +114,9 @@ class TrainConfig(GRPOKeys, VisionKeys, KernelKeys):
     )
     # data
     datasets: list[DatasetConfig] = _f([DatasetConfig(path=BUNDLED_DATASET, type="chat")], "list of data sources")
-    dataset: str | None = _f(None, "shorthand for a single data file (replaces `datasets`)")
+    dataset: str | list[str] | None = _f(
+        None, "shorthand for data files, one or a list (--dataset a --dataset b); replaces `datasets`"
+    )
     dataset_type: Literal["auto", "text", "alpaca", "chat", "sharegpt", "prompt_completion", "preference"] = _f(
         "auto", "format of `dataset`"
     )
@@ -281,7 +283,8 @@ class TrainConfig(GRPOKeys, VisionKeys, KernelKeys):
 
     def resolved_datasets(self) -> list[DatasetConfig]:
         if self.dataset:
-            return [DatasetConfig(path=self.dataset, type=self.dataset_type)]
+            paths = [self.dataset] if isinstance(self.dataset, str) else self.dataset
+            return [DatasetConfig(path=p, type=self.dataset_type) for p in paths]
         return self.datasets
 
 
@@ -409,92 +412,3 @@ def config_help() -> str:
         + "\n\n  each entry of `datasets` and `test_datasets`:\n"
         + "\n".join(ds_rows)
     )
-
-
-# Keys of other fine-tuning tools (Axolotl, LLaMA-Factory, TRL / transformers' TrainingArguments) -> hybridtune's key
-# of the same meaning and values, or what to do instead, in words.
-_QUANTIZED = "hybridtune's quantized base is NF4 (torchao; bf16 compute): set load_in_4bit: true, no bnb_* keys"
-_ENGINE = "hybridtune shards with its own DDP/FSDP2: run with --nproc N and set distributed (ddp | fsdp); remove it"
-_KERNELS = "hybridtune picks its attention and linear-attention kernels itself (see the kernels key); remove it"
-_UPLOAD = "hybridtune does not upload: the run's final/ (or an exported checkpoint) is the model to upload; remove it"
-_WANDB = "set report_to: wandb; W&B's own variables (WANDB_PROJECT, WANDB_ENTITY) name the project"
-_STEPS = "hybridtune counts in steps: set eval_steps / save_steps (0: only at the end)"
-FOREIGN_KEYS: dict[str, str] = {
-    "lr": "learning_rate",
-    "num_train_epochs": "num_epochs",
-    "epochs": "num_epochs",
-    "per_device_train_batch_size": "micro_batch_size",
-    "lora_rank": "lora_r",
-    "image_min_pixels": "min_pixels",
-    "image_max_pixels": "max_pixels",
-    "lora_target": "write lora_target_modules: a list of module names, or all-linear (LLaMA-Factory's all)",
-    "lr_scheduler_type": "lr_scheduler",
-    "model_name_or_path": "base_model",
-    "cutoff_len": "sequence_len",
-    "max_seq_length": "sequence_len",
-    "max_length": "sequence_len",
-    "packing": "sample_packing",
-    "val_size": "val_set_size",
-    "preprocessing_num_workers": "dataset_num_proc",
-    "overwrite_output_dir": "overwrite",
-    "dataset_text_field": "set field_text in the entry of datasets",
-    "finetuning_type": "set adapter: lora or adapter: full",
-    "use_peft": "set adapter: lora",
-    "lora_target_linear": "write lora_target_modules: all-linear",
-    "load_in_8bit": _QUANTIZED,
-    "quantization_bit": _QUANTIZED,
-    "bnb_4bit_quant_type": _QUANTIZED,
-    "bnb_4bit_compute_dtype": _QUANTIZED,
-    "optimizer": "optim",
-    "deepspeed": _ENGINE,
-    "fsdp": _ENGINE,
-    "fsdp_config": _ENGINE,
-    "flash_attention": _KERNELS,
-    "sdp_attention": _KERNELS,
-    "flash_attn": _KERNELS,
-    "attn_implementation": _KERNELS,
-    "fp16": "hybridtune trains in bf16 autocast or fp32 (the bf16 key); remove it",
-    "tf32": "hybridtune computes in bf16 autocast or fp32 (the bf16 key); remove it",
-    "torch_compile": "set compile (auto | loop | modules | off)",
-    "evaluation_strategy": _STEPS,
-    "eval_strategy": _STEPS,
-    "save_strategy": _STEPS,
-    "evals_per_epoch": _STEPS,
-    "saves_per_epoch": _STEPS,
-    "wandb_project": _WANDB,
-    "wandb_entity": _WANDB,
-    "wandb_name": "set run_name (and report_to: wandb)",
-    "wandb_log_model": _WANDB,
-    "xformers_attention": _KERNELS,
-    "model_type": "hybridtune reads the model's class from its config.json; remove it",
-    "tokenizer_type": "hybridtune loads the model's own tokenizer (or the tokenizer key's); remove it",
-    "strict": "remove it",
-    "special_tokens": "hybridtune trains with the tokenizer's own special tokens; remove it",
-    "pad_to_sequence_len": "pack_layout: static fills every batch to one shape; remove it",
-    "eval_sample_packing": "held-out examples are always evaluated in packs of sequence_len; remove it",
-    "push_to_hub": _UPLOAD,
-    "hub_model_id": _UPLOAD,
-    "trust_remote_code": "hybridtune never runs code from a model directory; remove it",
-    "template": "hybridtune renders chats with the tokenizer's template; set chat_template to change it",
-    "stage": "set objective: sft, dpo, simpo or orpo",
-    "pref_beta": "beta",
-    "pref_loss": "set objective (dpo, simpo, orpo) and, for dpo, loss_type",
-    "do_train": "hybridtune train trains; remove it",
-    "dataset_prepared_path": "tokenised data is cached by its content and tokenizer; remove it",
-}
-# Keys of a `datasets` entry in other tools.
-FOREIGN_DATASET_KEYS: dict[str, str] = {
-    "data_files": "path",
-    "ds_type": "hybridtune reads the format from the file's extension; remove it",
-    "message_property_mappings": "set message_field_role and message_field_content",
-    "chat_template": "set chat_template once at the top level",
-    "train_on_eos": "chat turns are trained through their end token; remove it",
-}
-# Values of other tools for hybridtune keys: key -> value -> what to write instead.
-FOREIGN_VALUES: dict[str, dict[str, str]] = {
-    "type": {
-        "chat_template": "Axolotl's chat_template is type: chat here (or auto; the tokenizer's template renders it)",
-        "completion": "Axolotl's completion is type: text here",
-    },
-}
-FOREIGN_VALUES["dataset_type"] = FOREIGN_VALUES["type"]

@@ -55,16 +55,17 @@ def test_sequence_len_from_the_lengths_within_the_models_context(tmp_path):
     source = ModelSource(str(ckpt), ckpt)
     assert model_context(source) == 4096
     lengths = [300] * 95 + [900] * 5
-    c = resolve_defaults(cfg_of(), source, lengths).sequence_len
+    alone = cfg_of(sample_packing=False)  # the length holding the examples (packing raises it: test_packing_defaults)
+    c = resolve_defaults(alone, source, lengths).sequence_len
     assert c.value == 1024 and "100.0% of the 100 training examples fit whole" in c.reason
-    c = resolve_defaults(cfg_of(), source, [300] * 99 + [900] * 2).sequence_len
+    c = resolve_defaults(alone, source, [300] * 99 + [900] * 2).sequence_len
     assert c.value == 1024  # 99% of 101 needs the 100th: one long one
-    c = resolve_defaults(cfg_of(), source, [300] * 200 + [900]).sequence_len
+    c = resolve_defaults(alone, source, [300] * 200 + [900]).sequence_len
     assert c.value == 512 and "99.5% of the 201 training examples fit whole (longest 900 tokens)" in c.reason
     config = json.loads((ckpt / "config.json").read_text())
     config["text_config"]["max_position_embeddings"] = 256
     (ckpt / "config.json").write_text(json.dumps(config))
-    c = resolve_defaults(cfg_of(), source, [300] * 10).sequence_len
+    c = resolve_defaults(alone, source, [300] * 10).sequence_len
     assert c.value == 256 and "the model's context (max_position_embeddings 256)" in c.reason
     assert "0.0% of the 10 training examples fit whole" in c.reason
 

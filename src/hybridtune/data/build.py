@@ -56,6 +56,15 @@ def covering_length(lengths: list[int], share: float, cap: int | None = None) ->
     return min(n, cap) if cap else n
 
 
+def bins_for(lengths: list[int], seq_len: int, sample: int = 20_000) -> int:
+    """How many bins of `seq_len` tokens `pack` fills with documents of `lengths` (each cut to `seq_len`); past
+    `sample` documents, estimated from a fixed random sample of them (first-fit's bins grow with the documents)."""
+    if len(lengths) > sample:
+        part = random.Random(0).sample(lengths, sample)
+        return math.ceil(bins_for(part, seq_len, sample) * len(lengths) / sample)
+    return len(pack([range(min(n, seq_len)) for n in lengths if n], seq_len)) if lengths else 0
+
+
 @dataclass
 class LoadedData:
     """Every source tokenised and split, before sequence_len: (source, row) of each training and held-out example."""

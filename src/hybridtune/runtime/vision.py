@@ -27,6 +27,9 @@ from hybridtune.models.trust import from_pretrained, refuse_custom_code
 logger = logging.getLogger(__name__)
 
 
+IMAGE_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")  # where AutoImageProcessor reads
+
+
 def vision_for(
     source, tokenizer, min_pixels: int | None = None, max_pixels: int | None = None, recorded: bool = False
 ) -> Vision | None:
@@ -49,10 +52,19 @@ def vision_for(
         return None
     directory = Path(directory)
     refuse_custom_code(directory)
-    processor, video = _image_processor(directory, sizes)
     ids = [cfg.get(k) for k in ("image_token_id", "vision_start_token_id", "vision_end_token_id")]
     if any(i is None for i in ids):
         raise ModelError(f"{cfg_file} has image_token_id but no vision_start_token_id / vision_end_token_id")
+    if not any((directory / f).is_file() for f in IMAGE_PROCESSOR_FILES):  # saved without them: text still trains
+        vision = Vision(None, tokenizer, *ids, video_id=cfg.get("video_token_id"))
+        vision.missing = (
+            f"{directory} is a vision-language checkpoint saved without its processor files "
+            f"({' / '.join(IMAGE_PROCESSOR_FILES)}), so an image cannot be read; copy the processor files of its "
+            "release beside it"
+        )
+        logger.info("vision: %s has no processor files: text trains, the first image is refused", directory)
+        return vision
+    processor, video = _image_processor(directory, sizes)
     video = video_processor(directory, video) if cfg.get("video_token_id") is not None else None
     vision = Vision(processor, tokenizer, *ids, video_id=cfg.get("video_token_id"), video=video)
     logger.info(
