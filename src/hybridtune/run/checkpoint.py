@@ -32,7 +32,7 @@ import torch
 
 from hybridtune.errors import OutputDirError
 from hybridtune.files import honour_umask
-from hybridtune.run import integrity
+from hybridtune.run import integrity, write_errors
 from hybridtune.run.integrity import CheckpointError, DiskFullError
 from hybridtune.runtime import distributed, optim_state
 from hybridtune.runtime import optim as optimizers
@@ -237,9 +237,10 @@ def save_checkpoint(
     files: dict[str, dict] = {}
 
     def guarded(write: Callable[[Path], None]) -> Callable[[Path], None]:
-        return integrity.disk_full_guard(
-            write, need, lambda free: integrity.disk_full_message(target, need, free, previous)
-        )
+        return write_errors.guard(
+            write, need, lambda free: integrity.disk_full_message(target, need, free, previous),
+            lambda why: integrity.write_failed_message(target, why, previous),
+        )  # fmt: skip
 
     def write_all(tmp: Path) -> None:
         with _quiet_single_process():

@@ -357,20 +357,26 @@ def gib(n: float) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{int(n)} bytes"
 
 
+def _kept_then(previous: Path | None) -> tuple[str, str]:
+    if previous is not None:
+        return f"the previous checkpoint {previous.name} is intact", "continue with --resume_from_checkpoint latest"
+    return "no earlier checkpoint exists, so the run starts again", "run again"
+
+
 def disk_full_message(target: Path, need: int, free: int | None, previous: Path | None) -> str:
     where = Path(target).parent
     has = f"{gib(free)} free" if free is not None else "no space left"
-    if previous is not None:
-        kept, then = (
-            f"the previous checkpoint {previous.name} is intact",
-            "continue with --resume_from_checkpoint latest",
-        )
-    else:
-        kept, then = "no earlier checkpoint exists, so the run starts again", "run again"
+    kept, then = _kept_then(previous)
     return (
         f"disk full: saving {Path(target).name} needs about {gib(need)} and '{where}' has {has}; {kept}. Free "
         f"some space (or lower save_total_limit, or use an output_dir on a larger disk) and {then}"
     )
+
+
+def write_failed_message(target: Path, why: str, previous: Path | None) -> str:
+    """A save the system refused for another reason than space (run/write_errors.py: `why` names the errno)."""
+    kept, then = _kept_then(previous)
+    return f"cannot write {Path(target).name} in '{Path(target).parent}': {why}; nothing of it was kept and {kept}; {then}"
 
 
 def check_free_space(where: Path, need: int, message: Callable[[int | None], str]) -> None:
@@ -379,25 +385,6 @@ def check_free_space(where: Path, need: int, message: Callable[[int | None], str
     free = shutil.disk_usage(where).free
     if free < need:
         raise DiskFullError(message(free), need, free)
-
-
-def disk_full_guard(
-    write: Callable[[Path], None], need: int, message: Callable[[int | None], str]
-) -> Callable[[Path], None]:
-    """`write(tmp)` with a failure for lack of space turned into DiskFullError(message(None)); the caller's atomic
-    write then removes the partial temporary directory. Interrupts pass through unchanged."""
-
-    def run(tmp: Path) -> None:
-        try:
-            write(tmp)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as e:  # DCP's CheckpointException is a BaseException
-            if is_disk_full(e, tmp.parent, need):  # asked while the partial write is still there
-                raise DiskFullError(message(None), need) from None
-            raise
-
-    return run
 
 
 _WRITE_FAILED = ("unexpected pos", "failed writing", "file write failed", "no space left")
