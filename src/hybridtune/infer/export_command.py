@@ -26,7 +26,7 @@ from hybridtune.run import checkpoint as ckpt
 from hybridtune.run import export, guarded
 from hybridtune.run.card import model_card
 from hybridtune.run.merge import merge
-from hybridtune.run.outdir import LOCK_FILE, RUN_FILE, OutputLock
+from hybridtune.run.outdir import LOCK_FILE, RUN_FILE, OutputLock, record_changes, refuse_system_dir
 from hybridtune.runtime import distributed
 
 logger = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ def _export(src: Path, out: Path, overwrite: bool, merged: bool = False) -> Path
             f"'{src}' is {what}: give a checkpoint directory (OUTPUT_DIR/checkpoint-N, which holds {ckpt.META_FILE})"
             + hint
         )
+    refuse_system_dir(out, "OUT")
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"'{out}' exists and is not a directory; give a directory for the export")
     _check_targets(src, out)
@@ -83,9 +84,7 @@ def _write(src: Path, out: Path) -> Path:
         if isinstance(meta.get("run"), dict)
         else json.loads((src.parent / RUN_FILE).read_text(encoding="utf-8"))
     )
-    held = _held_record(out)
-    if held is not None and held.get("config") != record.get("config"):
-        logger.warning("'%s' held another run's %s; --overwrite replaces it with this checkpoint's run", out, RUN_FILE)
+    _refuse_another_run(out, record)
     step = int(opened.step)
     card = model_card(run, opened.loaded, step, src.parent)
     final = export.save_final(
@@ -109,9 +108,27 @@ def _merged(final: Path, target: Path, overwrite: bool) -> None:
 def _held_record(out: Path) -> dict | None:
     try:
         held = json.loads((out / RUN_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return held if isinstance(held, dict) else None
+
+
+def _refuse_another_run(out: Path, record: dict) -> None:
+    """OUT becomes a finished directory of the checkpoint's run: one that holds another run (its record names another
+    config or data, or it has checkpoints without a record) is refused, even with --overwrite, before anything is
+    written (replacing its final/ and record would leave its checkpoints under this run's record)."""
+    held = _held_record(out)
+    changed = record_changes(held, record) if held is not None else []
+    steps = [p.name for p in ckpt.list_checkpoints(out)]
+    if not changed and (held is not None or not steps):
+        return
+    what = (
+        f"another run ({'; '.join(changed[:3])})" if changed else f"a run's checkpoints without its {RUN_FILE}"
+    ) + (f" with {', '.join(steps[:3])}" if steps else "")
+    raise OutputDirError(
+        f"'{out}' holds {what}; an export makes OUT a finished directory of the checkpoint's own run, so it never "
+        "replaces another run's final/ and record (not even with --overwrite): give a new or empty OUT"
+    )
 
 
 def _check_targets(src: Path, out: Path) -> None:

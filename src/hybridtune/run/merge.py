@@ -32,6 +32,7 @@ from hybridtune.run import guarded, integrity
 from hybridtune.run.adapter_base import adapter_base
 from hybridtune.run.checkpoint import FINAL_META, MARKER, is_ours
 from hybridtune.run.export import BASE_DIR, tensor_bytes, tokenizer_bytes
+from hybridtune.run.outdir import refuse_system_dir
 from hybridtune.runtime import quant
 
 logger = logging.getLogger(__name__)
@@ -170,6 +171,7 @@ def _load_base(base_path: Path):
 def check_out_dir(out_dir: Path, overwrite: bool) -> None:
     """Refuse an out_dir that is a file (even with --overwrite: it is not ours to replace), or a non-empty
     directory without --overwrite; before anything is loaded."""
+    refuse_system_dir(out_dir, "OUT_DIR")
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputDirError(
             f"'{out_dir}' exists and is not a directory; give a new directory path for the merged model"

@@ -86,6 +86,36 @@ def run_record(cfg: TrainConfig) -> dict:
     return {"config": to_dict(cfg), "data": data_fingerprint(cfg), "cwd": os.getcwd()}
 
 
+def refuse_system_dir(out: Path, what: str) -> None:
+    """A filesystem root or the home directory is never a run's output directory (train, export, merge), not even with
+    --overwrite: a run writes checkpoint-N/, final/, its record and lock beside whatever is there."""
+    try:
+        target, home = Path(out).expanduser().resolve(), Path.home().resolve()
+    except (OSError, RuntimeError):  # a link loop: the caller's own checks say what it is
+        return
+    if target.parent == target or target == home:
+        kind = "the root directory" if target.parent == target else "your home directory"
+        raise OutputDirError(
+            f"{what} '{out}' is {kind}; a run, export or merge writes its own files there (final/, checkpoints, its "
+            "record and lock), so it is refused even with --overwrite: give a directory of its own, e.g. "
+            f"'{target / 'runs' / 'x'}'"
+        )
+
+
+def record_changes(held: dict, record: dict) -> list[str]:
+    """`key: old -> new` for every config key (bar those a rerun may change) and data checksum in which run record
+    `held` (an output directory's RUN_FILE) differs from `record` (a checkpoint's `run`); [] for the same run."""
+    old, new = held.get("config"), record.get("config")
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return ["the record holds no config"]
+    diff = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys())
+            if k not in RERUN_FREE_KEYS and old.get(k) != new.get(k)]  # fmt: skip
+    data = [d.get("data") if isinstance(d.get("data"), dict) else {} for d in (held, record)]
+    if sorted(map(str, data[0].values())) != sorted(map(str, data[1].values())):
+        diff.append("its data files' checksums")
+    return diff
+
+
 def _held_run(out: Path) -> dict | None:
     """The run file of `out` ({"config": ..., "data": ...}), or None when there is none or it is unreadable."""
     try:
@@ -189,6 +219,7 @@ def check_output_dir(cfg: TrainConfig, data: dict[str, str] | None = None, say: 
     log what an accepted change is (False for a check that is repeated).
     """
     out = Path(cfg.output_dir)
+    refuse_system_dir(out, "output_dir")
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"output_dir '{out}' is a file; choose a directory")
     empty = not out.exists() or not any(p.name != LOCK_FILE for p in out.iterdir())
