@@ -43,7 +43,7 @@ def last_metrics(out_dir: Path, steps: int | None = None) -> tuple[dict | None, 
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
         if not isinstance(row, dict) or (steps is not None and row.get("step", 0) > steps):
             continue

@@ -438,7 +438,7 @@ def _candidates(output_dir: Path) -> list[Path]:
 def _json(path: Path):
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return None
 
 

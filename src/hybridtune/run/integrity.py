@@ -184,6 +184,18 @@ def confine_storage(md, allowed: Callable[[str], bool]) -> None:
             )
 
 
+def meta_problem(p: Path) -> str | None:
+    """Why a checkpoint's checkpoint.json `p` cannot be read as the JSON object a save writes, or None (cheap: no
+    checksum is checked)."""
+    try:
+        _read_meta(p, p.name)
+    except CheckpointError as e:
+        return str(e)
+    except OSError as e:
+        return f"{p.name} cannot be read ({e.strerror})"
+    return None
+
+
 def _read_meta(p: Path, name: str) -> dict:
     import json
 
@@ -193,6 +205,8 @@ def _read_meta(p: Path, name: str) -> dict:
         raise CheckpointError(f"{name} is missing (the checkpoint is incomplete)") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{name} is not valid JSON ({e})") from None
+    except RecursionError:  # (arrays or objects nested past Python's recursion limit: never what a save writes)
+        raise CheckpointError(f"{name} is not the JSON a save writes (nested too deeply to read)") from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{name} is not a JSON object")
     return meta

@@ -134,7 +134,7 @@ def trained_on_nf4(adapter_dir: Path) -> bool:
     info = adapter_dir / FINAL_META
     try:
         recorded = json.loads(info.read_text(encoding="utf-8")) if info.is_file() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise ModelError(f"{info}: not the JSON training wrote; restore it or remove it") from None
     nf4 = isinstance(recorded, dict) and recorded.get("base_quantization") == quant.QUANTIZATION
     return nf4
@@ -216,6 +216,10 @@ def read_adapter_config(config_file: Path) -> dict:
         raise ModelError(
             f"{config_file}:{e.lineno}: malformed JSON ({e.msg} at column {e.colno}); "
             "restore the adapter_config.json written at training"
+        ) from None
+    except RecursionError:
+        raise ModelError(
+            f"{config_file}: nested too deeply to read (not what training writes); restore the adapter_config.json"
         ) from None
     if not isinstance(data, dict):
         raise ModelError(f"{config_file}: expected a JSON object, got {type(data).__name__}")

@@ -120,7 +120,7 @@ def _held_run(out: Path) -> dict | None:
     """The run file of `out` ({"config": ..., "data": ...}), or None when there is none or it is unreadable."""
     try:
         held = json.loads((out / RUN_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return held if isinstance(held, dict) and isinstance(held.get("config"), dict) else None
 
@@ -135,7 +135,7 @@ def _checkpoint_run(where: str, out: Path) -> dict | None:
         path = found[-1]
     try:
         run = json.loads((path / ckpt.META_FILE).read_text(encoding="utf-8")).get("run")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
     return run if isinstance(run, dict) and isinstance(run.get("config"), dict) else None
 
@@ -297,7 +297,7 @@ def _finished_at(output_dir: Path, newest: Path) -> bool:
         return json.loads((Path(output_dir) / ckpt.FINAL_DIR / ckpt.FINAL_META).read_text())["steps"] == ckpt.step_of(
             newest
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return False
 
 
@@ -389,7 +389,7 @@ def _resume_step(resume_from: str | None) -> int | None:
         return None
     try:
         return int(json.loads((Path(resume_from) / ckpt.META_FILE).read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None  # not a complete checkpoint: the resume itself says so, after the model is built
 
 
