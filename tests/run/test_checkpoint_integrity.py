@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from hybridtune.run import checkpoint as ckpt
-from hybridtune.run import integrity
-from hybridtune.run import write_errors
+from hybridtune.run import integrity, write_errors
 
 
 def parts(seed: int = 0):

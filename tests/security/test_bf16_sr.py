@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridtune.cli import main
 from hybridtune.config import load_config
 from hybridtune.errors import ConfigError
 from hybridtune.runtime import optim
@@ -21,7 +20,10 @@ TRAIN = ["train", "--sequence_len", "128", "--eval_steps", "0", "--max_steps", "
         (["--adapter", "full"], "this run has bf16: false (auto: no GPU that computes in bf16), where"),
         (["--adapter", "full", "--bf16", "false"], "this run has bf16: false, where"),
         (["--adapter", "lora", "--bf16", "true"], "this run has adapter: lora, where"),
-        (["--adapter", "lora"], "this run has adapter: lora and bf16: false (auto: no GPU that computes in bf16), where"),
+        (
+            ["--adapter", "lora"],
+            "this run has adapter: lora and bf16: false (auto: no GPU that computes in bf16), where",
+        ),
     ],
 )
 def test_adamw_bf16_sr_without_bf16_weights_is_refused(tmp_path, small_data, error_line, keys, said):

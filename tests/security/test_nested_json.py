@@ -24,7 +24,9 @@ def nested(depth: int) -> str:
 def run_dir(tmp_path_factory, small_data) -> Path:
     """A finished two-step LoRA run of the default preset: checkpoint-2/, final/ (the adapter), base_model/."""
     out = tmp_path_factory.mktemp("nested-json") / "run"
-    assert main([*TRAIN, "--dataset", small_data, "--save_steps", "2", "--adapter", "lora", "--output_dir", str(out)]) == 0
+    assert (
+        main([*TRAIN, "--dataset", small_data, "--save_steps", "2", "--adapter", "lora", "--output_dir", str(out)]) == 0
+    )
     return out
 
 

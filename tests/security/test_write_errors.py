@@ -77,7 +77,9 @@ def test_an_export_past_the_file_size_limit_is_one_line(run_dir, tmp_path, capsy
     out = tmp_path / "export"
     with file_size_limit(200 << 10):  # the preset's base_model/ safetensors is about 3.4 MiB
         line = one_line(["export", str(run_dir / "checkpoint-2"), str(out)], capsys)
-    assert line.startswith(f"error: exporting '{run_dir / 'checkpoint-2'}' failed: a write in '{out}' was refused"), line
+    assert line.startswith(f"error: exporting '{run_dir / 'checkpoint-2'}' failed: a write in '{out}' was refused"), (
+        line
+    )
     efbig(line)
     assert line.endswith("nothing was changed. Then run the export again"), line
     assert not out.exists() and temporaries(tmp_path) == []  # not even the lock or the directory

@@ -122,9 +122,9 @@ def _refuse_another_run(out: Path, record: dict) -> None:
     steps = [p.name for p in ckpt.list_checkpoints(out)]
     if not changed and (held is not None or not steps):
         return
-    what = (
-        f"another run ({'; '.join(changed[:3])})" if changed else f"a run's checkpoints without its {RUN_FILE}"
-    ) + (f" with {', '.join(steps[:3])}" if steps else "")
+    what = (f"another run ({'; '.join(changed[:3])})" if changed else f"a run's checkpoints without its {RUN_FILE}") + (
+        f" with {', '.join(steps[:3])}" if steps else ""
+    )
     raise OutputDirError(
         f"'{out}' holds {what}; an export makes OUT a finished directory of the checkpoint's own run, so it never "
         "replaces another run's final/ and record (not even with --overwrite): give a new or empty OUT"
