@@ -34,12 +34,13 @@ from hybridtune.errors import OutputDirError
 from hybridtune.files import honour_umask
 from hybridtune.run import integrity, write_errors
 from hybridtune.run.integrity import CheckpointError, DiskFullError
+from hybridtune.run.rng import rng_state, set_rng_state
 from hybridtune.runtime import distributed, optim_state
 from hybridtune.runtime import optim as optimizers
 from hybridtune.runtime.distributed import ONE, Dist
 from hybridtune.runtime.memory import optimizer_state
 
-__all__ = ["CheckpointError", "DiskFullError"]  # re-exported: the trainer and CLI catch them from here
+__all__ = ["CheckpointError", "DiskFullError", "rng_state", "set_rng_state"]  # re-exported: callers use them from here
 
 logger = logging.getLogger("hybridtune")
 
@@ -138,25 +139,6 @@ def shared_atomic_dir(target: Path, write_all: Callable[[Path], None], write_mai
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
-
-
-def rng_state() -> dict:
-    """This process's RNG states: Python, torch CPU, and the CUDA generator of the device it trains on
-    (one per rank, so a checkpoint restores on any number of visible GPUs). Plain values and tensors only,
-    so that it loads with weights_only=True."""
-    version, internal, gauss = random.getstate()
-    state = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda_device"] = torch.cuda.get_rng_state(torch.cuda.current_device())
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    if "cuda_device" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda_device"], torch.cuda.current_device())
 
 
 @contextmanager
@@ -298,7 +280,10 @@ def find_resume(where: str, output_dir: Path, d: Dist = ONE) -> tuple[Path, list
             return path, lines
         skipped.append((path, why))
     if not skipped:
-        raise CheckpointError(f"resume_from_checkpoint 'latest': no checkpoint in '{output_dir}'")
+        raise CheckpointError(
+            f"resume_from_checkpoint 'latest': no checkpoint in '{output_dir}' (the run stopped "
+            "before its first save): run the same command without it, which starts the run again"
+        )
     raise CheckpointError(
         f"resume_from_checkpoint 'latest': no intact checkpoint in '{output_dir}' ("
         + "; ".join(f"{p.name}: {why}" for p, why in skipped)

@@ -331,7 +331,15 @@ def safe_dcp_load(state: dict, state_dir: Path) -> None:
         if ours:
             raise ours[0] from None
         first = causes[0] if causes else e
-        raise CheckpointError(f"state/ cannot be loaded: {type(first).__name__}: {first}") from None
+        reason = str(first).strip() or _NO_REASON.get(type(first), "no reason given")
+        raise CheckpointError(f"state/ cannot be loaded: {type(first).__name__}: {reason}") from None
+
+
+# What a DCP read failure that gives no text of its own means (an EOFError: a read past the end of a file).
+_NO_REASON = {
+    EOFError: "a read ran past the end of a file of state/ (its metadata names an offset or length beyond the file: "
+    "edited or truncated after the save); resume from another checkpoint"
+}
 
 
 # -- disk space ----------------------------------------------------------------------------------------------
@@ -390,7 +398,9 @@ def disk_full_message(target: Path, need: int, free: int | None, previous: Path 
 def write_failed_message(target: Path, why: str, previous: Path | None) -> str:
     """A save the system refused for another reason than space (run/write_errors.py: `why` names the errno)."""
     kept, then = _kept_then(previous)
-    return f"cannot write {Path(target).name} in '{Path(target).parent}': {why}; nothing of it was kept and {kept}; {then}"
+    return (
+        f"cannot write {Path(target).name} in '{Path(target).parent}': {why}; nothing of it was kept and {kept}; {then}"
+    )
 
 
 def check_free_space(where: Path, need: int, message: Callable[[int | None], str]) -> None:
