@@ -13,7 +13,8 @@ import pytest
 from hybridtune.cli import main
 from hybridtune.errors import OutputDirError
 from hybridtune.run import checkpoint as ckpt
-from hybridtune.run.outdir import RUN_FILE, refuse_system_dir
+from hybridtune.run.outdir import RUN_FILE
+from hybridtune.run.targets import refuse_system_dir
 
 TRAIN = ["train", "--sequence_len", "128", "--eval_steps", "0", "--val_set_size", "0", "--max_steps", "2"]
 

@@ -20,13 +20,14 @@ import logging
 from pathlib import Path
 
 from hybridtune.errors import ModelError, OutputDirError
-from hybridtune.files import atomic_write_text
+from hybridtune.files import atomic_write_text, read_regular_text
 from hybridtune.infer.load import open_model
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run import export, guarded
 from hybridtune.run.card import model_card
 from hybridtune.run.merge import merge
-from hybridtune.run.outdir import LOCK_FILE, RUN_FILE, OutputLock, record_changes, refuse_system_dir
+from hybridtune.run.outdir import LOCK_FILE, RUN_FILE, OutputLock, record_changes
+from hybridtune.run.targets import refuse_run_part, refuse_system_dir
 from hybridtune.runtime import distributed
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ def _export(src: Path, out: Path, overwrite: bool, merged: bool = False) -> Path
             + hint
         )
     refuse_system_dir(out, "OUT")
+    refuse_run_part(out, "OUT")
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"'{out}' exists and is not a directory; give a directory for the export")
     _check_targets(src, out)
@@ -107,7 +109,7 @@ def _merged(final: Path, target: Path, overwrite: bool) -> None:
 
 def _held_record(out: Path) -> dict | None:
     try:
-        held = json.loads((out / RUN_FILE).read_text(encoding="utf-8"))
+        held = json.loads(read_regular_text(out / RUN_FILE))
     except (OSError, ValueError, RecursionError):
         return None
     return held if isinstance(held, dict) else None

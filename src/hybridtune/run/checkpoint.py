@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from hybridtune.errors import OutputDirError
-from hybridtune.files import honour_umask
+from hybridtune.files import honour_umask, read_regular_text
 from hybridtune.run import integrity, write_errors
 from hybridtune.run.integrity import CheckpointError, DiskFullError
 from hybridtune.run.rng import rng_state, set_rng_state
@@ -422,7 +422,7 @@ def _candidates(output_dir: Path) -> list[Path]:
 
 def _json(path: Path):
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_regular_text(path))
     except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return None
 

@@ -29,6 +29,7 @@ import torch
 
 from hybridtune.data.digests import file_sha256  # (the threads below hash files in parallel)
 from hybridtune.errors import UserError
+from hybridtune.files import read_regular_text
 from hybridtune.runtime import distributed
 from hybridtune.runtime.distributed import ONE, Dist
 
@@ -192,7 +193,7 @@ def meta_problem(p: Path) -> str | None:
     except CheckpointError as e:
         return str(e)
     except OSError as e:
-        return f"{p.name} cannot be read ({e.strerror})"
+        return f"{p.name} cannot be read ({e.strerror or e})"
     return None
 
 
@@ -200,7 +201,7 @@ def _read_meta(p: Path, name: str) -> dict:
     import json
 
     try:
-        meta = json.loads(p.read_text(encoding="utf-8"))
+        meta = json.loads(read_regular_text(p))
     except FileNotFoundError:
         raise CheckpointError(f"{name} is missing (the checkpoint is incomplete)") from None
     except (ValueError, UnicodeDecodeError) as e:

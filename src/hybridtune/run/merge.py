@@ -35,7 +35,7 @@ from hybridtune.run.adapter_base import adapter_base
 from hybridtune.run.card import QLORA_TAG
 from hybridtune.run.checkpoint import FINAL_META, MARKER, is_ours
 from hybridtune.run.export import BASE_DIR, tensor_bytes, tokenizer_bytes
-from hybridtune.run.outdir import refuse_system_dir
+from hybridtune.run.targets import refuse_run_part, refuse_system_dir
 from hybridtune.runtime import quant
 
 logger = logging.getLogger(__name__)
@@ -221,6 +221,7 @@ def check_out_dir(out_dir: Path, overwrite: bool) -> None:
     """Refuse an out_dir that is a file (even with --overwrite: it is not ours to replace), or a non-empty
     directory without --overwrite; before anything is loaded."""
     refuse_system_dir(out_dir, "OUT_DIR")
+    refuse_run_part(out_dir, "OUT_DIR")
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputDirError(
             f"'{out_dir}' exists and is not a directory; give a new directory path for the merged model"

@@ -17,15 +17,15 @@ from hybridtune.config import TrainConfig, to_dict
 from hybridtune.config_grpo import reward_file
 from hybridtune.data.digests import data_digest, local_files
 from hybridtune.errors import OutputDirError
-from hybridtune.files import atomic_write_text
+from hybridtune.files import atomic_write_text, read_regular_text
 from hybridtune.run import checkpoint as ckpt
-from hybridtune.run import integrity
+from hybridtune.run import integrity, write_errors
 from hybridtune.run.export import BASE_DIR, FINAL_DIR
+from hybridtune.run.targets import RUN_FILE, refuse_run_part, refuse_system_dir
 from hybridtune.runtime.defaults import KEYS as AUTO_KEYS
 
 logger = logging.getLogger(__name__)
 
-RUN_FILE = "hybridtune_run.json"
 DATA_REPORT = "data_report.jsonl"  # every row the run truncated or dropped (data/report.py's records)
 LOCK_FILE = ".hybridtune.lock"
 TRACKER_DIR = "runs"  # TensorBoard's event files and W&B's offline runs (trackers.py)
@@ -86,22 +86,6 @@ def run_record(cfg: TrainConfig) -> dict:
     return {"config": to_dict(cfg), "data": data_fingerprint(cfg), "cwd": os.getcwd()}
 
 
-def refuse_system_dir(out: Path, what: str) -> None:
-    """A filesystem root or the home directory is never a run's output directory (train, export, merge), not even with
-    --overwrite: a run writes checkpoint-N/, final/, its record and lock beside whatever is there."""
-    try:
-        target, home = Path(out).expanduser().resolve(), Path.home().resolve()
-    except (OSError, RuntimeError):  # a link loop: the caller's own checks say what it is
-        return
-    if target.parent == target or target == home:
-        kind = "the root directory" if target.parent == target else "your home directory"
-        raise OutputDirError(
-            f"{what} '{out}' is {kind}; a run, export or merge writes its own files there (final/, checkpoints, its "
-            "record and lock), so it is refused even with --overwrite: give a directory of its own, e.g. "
-            f"'{target / 'runs' / 'x'}'"
-        )
-
-
 def record_changes(held: dict, record: dict) -> list[str]:
     """`key: old -> new` for every config key (bar those a rerun may change) and data checksum in which run record
     `held` (an output directory's RUN_FILE) differs from `record` (a checkpoint's `run`); [] for the same run."""
@@ -119,7 +103,7 @@ def record_changes(held: dict, record: dict) -> list[str]:
 def _held_run(out: Path) -> dict | None:
     """The run file of `out` ({"config": ..., "data": ...}), or None when there is none or it is unreadable."""
     try:
-        held = json.loads((out / RUN_FILE).read_text(encoding="utf-8"))
+        held = json.loads(read_regular_text(out / RUN_FILE))
     except (OSError, ValueError, RecursionError):
         return None
     return held if isinstance(held, dict) and isinstance(held.get("config"), dict) else None
@@ -134,7 +118,7 @@ def _checkpoint_run(where: str, out: Path) -> dict | None:
             return None
         path = found[-1]
     try:
-        run = json.loads((path / ckpt.META_FILE).read_text(encoding="utf-8")).get("run")
+        run = json.loads(read_regular_text(path / ckpt.META_FILE)).get("run")
     except (OSError, ValueError, AttributeError, RecursionError):
         return None
     return run if isinstance(run, dict) and isinstance(run.get("config"), dict) else None
@@ -220,6 +204,7 @@ def check_output_dir(cfg: TrainConfig, data: dict[str, str] | None = None, say: 
     """
     out = Path(cfg.output_dir)
     refuse_system_dir(out, "output_dir")
+    refuse_run_part(out, "output_dir")
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"output_dir '{out}' is a file; choose a directory")
     empty = not out.exists() or not any(p.name != LOCK_FILE for p in out.iterdir())
@@ -294,9 +279,9 @@ def _finished(out: Path) -> bool:
 def _finished_at(output_dir: Path, newest: Path) -> bool:
     """The run that wrote `newest` also wrote its final model: `final/` says it ran to that same step."""
     try:
-        return json.loads((Path(output_dir) / ckpt.FINAL_DIR / ckpt.FINAL_META).read_text())["steps"] == ckpt.step_of(
-            newest
-        )
+        return json.loads(read_regular_text(Path(output_dir) / ckpt.FINAL_DIR / ckpt.FINAL_META))[
+            "steps"
+        ] == ckpt.step_of(newest)
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return False
 
@@ -388,7 +373,7 @@ def _resume_step(resume_from: str | None) -> int | None:
     if not resume_from or resume_from == "latest":
         return None
     try:
-        return int(json.loads((Path(resume_from) / ckpt.META_FILE).read_text())["step"])
+        return int(json.loads(read_regular_text(Path(resume_from) / ckpt.META_FILE))["step"])
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None  # not a complete checkpoint: the resume itself says so, after the model is built
 
@@ -480,4 +465,8 @@ def write_run_file(out: Path, record: dict) -> None:
     """The run's config, data checksums (`run_record`) and hybridtune version, which a later run in the same
     directory compares itself with."""
     data = {**record, "hybridtune_version": hybridtune.__version__}
-    atomic_write_text(out / RUN_FILE, json.dumps(data, indent=2))
+    try:
+        atomic_write_text(out / RUN_FILE, json.dumps(data, indent=2))
+    except OSError as e:  # (EFBIG under ulimit -f, EIO, a full disk: one line, as every guarded write)
+        why = write_errors.failure(e) or str(e)
+        raise write_errors.WriteError(f"cannot write the run's record {out / RUN_FILE}: {why}", why) from None

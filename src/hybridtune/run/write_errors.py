@@ -26,6 +26,7 @@ HINTS = {
     errno.EACCES: "no permission to write there: write to a directory you own",
     errno.EPERM: "no permission to write there: write to a directory you own",
     errno.ENAMETOOLONG: "a name is too long for this filesystem: write to a shorter path",
+    errno.ENOTDIR: "a part of the path is a file, not a directory: give another path",
     errno.EMFILE: "too many open files: raise the limit (ulimit -n)",
     errno.ENFILE: "too many open files on this machine: close some and run again",
 }
