@@ -47,9 +47,9 @@ def test_an_offset_past_the_end_of_a_file_says_why(run_dir, tmp_path, error_line
     shutil.copytree(run_dir, copy)
     past_the_end(copy / "checkpoint-2", extra)
     line = error_line(["export", str(copy / "checkpoint-2"), str(tmp_path / "out")])
-    assert line.startswith(f"error: checkpoint '{copy / 'checkpoint-2'}' cannot be loaded: state/ cannot be loaded: "), (
-        line
-    )
+    assert line.startswith(
+        f"error: checkpoint '{copy / 'checkpoint-2'}' cannot be loaded: state/ cannot be loaded: "
+    ), line
     reason = line.split("state/ cannot be loaded: ", 1)[1]
     assert reason.split(": ", 1)[1].strip(), line  # never an empty reason after the exception's name
     if reason.startswith("EOFError"):

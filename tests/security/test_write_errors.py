@@ -158,3 +158,23 @@ def test_an_error_that_is_no_refused_write_is_not_hidden(tmp_path):
         said = write_errors.failure(OSError(code, "x"))
         assert said is not None and errno.errorcode[code] in said
     assert write_errors.failure(ValueError("unexpected pos")) is None
+
+
+def test_a_read_only_disk_is_one_line_in_a_save_and_a_merge(run_dir, tmp_path, small_data, monkeypatch, capsys):
+    """EROFS where the temporary directory is made, before any write of it (a disk remounted read-only): the merge
+    ended in an OSError traceback."""
+    real = ckpt.make_tmp_dir
+
+    def read_only(target):
+        raise OSError(errno.EROFS, "Read-only file system", str(target))
+
+    monkeypatch.setattr(ckpt, "make_tmp_dir", read_only)
+    out = tmp_path / "merged"
+    line = one_line(["merge", str(run_dir / "final"), str(out)], capsys)
+    assert line.startswith(f"error: cannot write '{out}': Read-only file system (EROFS)"), line
+    run = tmp_path / "run"
+    argv = [*TRAIN, "--dataset", small_data, "--max_steps", "2", "--save_steps", "1", "--output_dir", str(run)]
+    line = one_line(argv, capsys)
+    assert line.startswith(f"error: cannot write checkpoint-1 in '{run}': Read-only file system (EROFS)"), line
+    monkeypatch.setattr(ckpt, "make_tmp_dir", real)
+    assert temporaries(tmp_path) == []

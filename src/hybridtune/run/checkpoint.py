@@ -244,7 +244,14 @@ def save_checkpoint(
         meta["files"] = dict(sorted(files.items()))
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2))  # last: the checksums of complete files
 
-    return shared_atomic_dir(target, guarded(write_all), guarded(write_main), d)
+    try:
+        return shared_atomic_dir(target, guarded(write_all), guarded(write_main), d)
+    except OSError as e:  # around the writes: the temporary directory made (a disk turned read-only), the renames
+        if integrity.is_disk_full(e, target.parent, need):
+            raise DiskFullError(integrity.disk_full_message(target, need, None, previous), need) from None
+        if (why := write_errors.failure(e)) is None:
+            raise
+        raise write_errors.WriteError(integrity.write_failed_message(target, why, previous), why) from None
 
 
 def verify_checkpoint(path: Path, d: Dist = ONE) -> str | None:

@@ -183,9 +183,15 @@ def atomic_dir(
         write(tmp)
         honour_umask_tree(tmp)
 
+    said = failed or (lambda why: write_failed(target, why))
     try:
-        guarded_write = write_errors.guard(held_write, need, message, failed or (lambda why: write_failed(target, why)))
-        return ckpt.atomic_dir(target, guarded_write)
+        return ckpt.atomic_dir(target, write_errors.guard(held_write, need, message, said))
+    except OSError as e:  # around the write: its temporary directory made (a read-only disk), the commit's renames
+        if integrity.is_disk_full(e, target.parent, need):
+            raise integrity.DiskFullError(message(None), need) from None
+        if (why := write_errors.failure(e)) is None:
+            raise
+        raise write_errors.WriteError(said(why), why) from None
     finally:
         for fd in held:
             os.close(fd)
