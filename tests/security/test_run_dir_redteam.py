@@ -132,3 +132,13 @@ def test_a_run_record_the_system_refuses_is_one_line(tmp_path, small_data, monke
     out = tmp_path / "run"
     line = error_line([*TRAIN, "--dataset", small_data, "--output_dir", str(out)])
     assert line.startswith(f"error: cannot write the run's record {out / RUN_FILE}: File too large (EFBIG)"), line
+
+
+def test_a_link_named_otherwise_to_a_final_is_still_a_final(copy, tmp_path, error_line):
+    """`merge ADAPTER link/sub` with `link -> run/final`: the path's own names said nothing of final/."""
+    link = tmp_path / "elsewhere"
+    link.symlink_to(copy / "final")
+    before = snapshot(copy)
+    line = error_line(["merge", str(copy / "final"), str(link / "sub")])
+    assert f"lies inside '{copy / 'final'}', a run's final/" in line, line
+    assert snapshot(copy) == before

@@ -34,7 +34,11 @@ def refuse_run_part(out: Path, what: str) -> None:
     export, merge), not even with --overwrite: files added there fail the checkpoint's checksums or replace the run's
     model. Checked before anything is written."""
     target = Path(out).expanduser().absolute()
-    for d in (target, *target.parents):
+    try:
+        real = target.resolve()  # (a link named otherwise to a checkpoint or final/ is what it points at)
+    except (OSError, RuntimeError):
+        real = target
+    for d in dict.fromkeys((target, *target.parents, real, *real.parents)):
         if (d / ckpt.META_FILE).is_file():
             kind = "a training checkpoint"
         elif d.name in (FINAL_DIR, BASE_DIR) and (d.parent / RUN_FILE).is_file():
