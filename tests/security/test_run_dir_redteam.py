@@ -142,3 +142,14 @@ def test_a_link_named_otherwise_to_a_final_is_still_a_final(copy, tmp_path, erro
     line = error_line(["merge", str(copy / "final"), str(link / "sub")])
     assert f"lies inside '{copy / 'final'}', a run's final/" in line, line
     assert snapshot(copy) == before
+
+
+def test_an_earlier_merged_export_is_not_left_beside_another_step(copy, tmp_path, error_line):
+    """`export CKPT OUT --merged`, then `export OTHER OUT --overwrite`: OUT/merged/ stayed the first checkpoint's."""
+    out = tmp_path / "out"
+    assert main(["export", str(copy / "checkpoint-2"), str(out), "--merged"]) == 0
+    before = snapshot(out)
+    line = error_line(["export", str(copy / "checkpoint-2"), str(out), "--overwrite"])
+    assert "holds merged/ of an earlier export" in line and "pass --merged to replace it too" in line, line
+    assert snapshot(out) == before
+    assert main(["export", str(copy / "checkpoint-2"), str(out), "--overwrite", "--merged"]) == 0

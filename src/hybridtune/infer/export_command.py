@@ -67,6 +67,11 @@ def _export(src: Path, out: Path, overwrite: bool, merged: bool = False) -> Path
             raise OutputDirError(
                 f"'{out}' already exists and is not empty; choose another directory or pass --overwrite"
             )
+        if not merged and (out / MERGED_DIR).exists():  # it would be left beside a final/ of another step
+            raise OutputDirError(
+                f"'{out}' holds {MERGED_DIR}/ of an earlier export, which this export without --merged would leave "
+                f"beside a final/ of another checkpoint: pass --merged to replace it too, or move it away"
+            )
         final = _write(src, out)
         if merged:
             _merged(final, out / MERGED_DIR, overwrite)
