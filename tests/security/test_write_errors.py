@@ -178,3 +178,15 @@ def test_a_read_only_disk_is_one_line_in_a_save_and_a_merge(run_dir, tmp_path, s
     assert line.startswith(f"error: cannot write checkpoint-1 in '{run}': Read-only file system (EROFS)"), line
     monkeypatch.setattr(ckpt, "make_tmp_dir", real)
     assert temporaries(tmp_path) == []
+
+
+def test_a_last_checkpoint_past_the_limit_still_writes_final(tmp_path, small_data, capsys):
+    """The last step's checkpoint (about 11 MiB) is refused under a 5 MiB limit, final/ (about 3.4 MiB) is not: the
+    run says so in one warning and keeps what it trained (the trainer's rule for a last checkpoint that does not fit)."""
+    out = tmp_path / "run"
+    with file_size_limit(5 << 20):
+        assert main([*TRAIN, "--dataset", small_data, "--max_steps", "2", "--output_dir", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"cannot write checkpoint-2 in '{out}': File too large (EFBIG); writing final/ (the trained model)" in err
+    assert (out / "final" / "model.safetensors").is_file() and not list(out.glob("checkpoint-*"))
+    assert temporaries(tmp_path) == []
