@@ -55,10 +55,10 @@ def _export(src: Path, out: Path, overwrite: bool, merged: bool = False) -> Path
             + hint
         )
     refuse_system_dir(out, "OUT")
-    refuse_run_part(out, "OUT")
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"'{out}' exists and is not a directory; give a directory for the export")
-    _check_targets(src, out)
+    _check_targets(src, out)  # (the checkpoint itself, then any other checkpoint or a run's final/)
+    refuse_run_part(out, "OUT")
     lock = OutputLock(out)  # a run training into OUT (or another export) holds it: refused in one line
     try:
         for sub in (export.FINAL_DIR, export.BASE_DIR, MERGED_DIR):
