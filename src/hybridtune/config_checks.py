@@ -126,8 +126,10 @@ def value_checks(cfg: Any, auto_lr: float, training: bool = True) -> list[tuple[
         f"times learning_rate {lr:g}{auto} must stay below 1 (AdamW multiplies each weight by 1 - lr x weight_decay "
     )
     preference = [(k, getattr(cfg, k), top) for k, top in MAX_PREFERENCE.items()]
+    whole = "must be a share below 1 or a whole count of examples"
+    whole += " (1 is refused: as a share it holds out every example, as a count one: give 2 or more)" * (size == 1)
     train = [
-        (size < 1 or size == int(size), "val_set_size", size, "must be a share below 1 or a whole count of examples"),
+        (size < 1 or size == int(size) > 1, "val_set_size", size, whole),
         (lr * cfg.weight_decay < 1, "weight_decay", cfg.weight_decay, decay + "every step); fine-tunes use 0 to 0.1"),
         *[
             (abs(v or 0) <= top, k, v, f"must be at most {top:g} (TRL's values are 0.01 to 10)")

@@ -119,3 +119,10 @@ def open_regular(path: Path) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def read_regular_text(path: Path) -> str:
+    """The UTF-8 text of `path` when it is a regular file (`open_regular`: never a FIFO, which would block for ever,
+    a device or a link); OSError otherwise, UnicodeDecodeError for bytes that are not UTF-8."""
+    with open_regular(path) as f:
+        return f.read().decode("utf-8")

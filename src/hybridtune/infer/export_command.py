@@ -20,13 +20,14 @@ import logging
 from pathlib import Path
 
 from hybridtune.errors import ModelError, OutputDirError
-from hybridtune.files import atomic_write_text
+from hybridtune.files import atomic_write_text, read_regular_text
 from hybridtune.infer.load import missing_checkpoint, open_model
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run import export, guarded
 from hybridtune.run.card import model_card
 from hybridtune.run.merge import merge
-from hybridtune.run.outdir import LOCK_FILE, RUN_FILE, OutputLock
+from hybridtune.run.outdir import LOCK_FILE, RUN_FILE, OutputLock, record_changes
+from hybridtune.run.targets import refuse_run_part, refuse_system_dir
 from hybridtune.runtime import distributed
 
 logger = logging.getLogger(__name__)
@@ -55,9 +56,11 @@ def _export(src: Path, out: Path, overwrite: bool, merged: bool = False) -> Path
             f"'{src}' is {what}: give a checkpoint directory (OUTPUT_DIR/checkpoint-N, which holds {ckpt.META_FILE})"
             + hint
         )
+    refuse_system_dir(out, "OUT")
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"'{out}' exists and is not a directory; give a directory for the export")
-    _check_targets(src, out)
+    _check_targets(src, out)  # (the checkpoint itself, then any other checkpoint or a run's final/)
+    refuse_run_part(out, "OUT")
     lock = OutputLock(out)  # a run training into OUT (or another export) holds it: refused in one line
     try:
         for sub in (export.FINAL_DIR, export.BASE_DIR, MERGED_DIR):
@@ -65,6 +68,11 @@ def _export(src: Path, out: Path, overwrite: bool, merged: bool = False) -> Path
         if not overwrite and any(p.name != LOCK_FILE for p in out.iterdir()):
             raise OutputDirError(
                 f"'{out}' already exists and is not empty; choose another directory or pass --overwrite"
+            )
+        if not merged and (out / MERGED_DIR).exists():  # it would be left beside a final/ of another step
+            raise OutputDirError(
+                f"'{out}' holds {MERGED_DIR}/ of an earlier export, which this export without --merged would leave "
+                f"beside a final/ of another checkpoint: pass --merged to replace it too, or move it away"
             )
         final = _write(src, out)
         if merged:
@@ -85,9 +93,7 @@ def _write(src: Path, out: Path) -> Path:
         if isinstance(meta.get("run"), dict)
         else json.loads((src.parent / RUN_FILE).read_text(encoding="utf-8"))
     )
-    held = _held_record(out)
-    if held is not None and held.get("config") != record.get("config"):
-        logger.warning("'%s' held another run's %s; --overwrite replaces it with this checkpoint's run", out, RUN_FILE)
+    _refuse_another_run(out, record)
     step = int(opened.step)
     card = model_card(run, opened.loaded, step, src.parent)
     final = export.save_final(
@@ -110,10 +116,28 @@ def _merged(final: Path, target: Path, overwrite: bool) -> None:
 
 def _held_record(out: Path) -> dict | None:
     try:
-        held = json.loads((out / RUN_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        held = json.loads(read_regular_text(out / RUN_FILE))
+    except (OSError, ValueError, RecursionError):
         return None
     return held if isinstance(held, dict) else None
+
+
+def _refuse_another_run(out: Path, record: dict) -> None:
+    """OUT becomes a finished directory of the checkpoint's run: one that holds another run (its record names another
+    config or data, or it has checkpoints without a record) is refused, even with --overwrite, before anything is
+    written (replacing its final/ and record would leave its checkpoints under this run's record)."""
+    held = _held_record(out)
+    changed = record_changes(held, record) if held is not None else []
+    steps = [p.name for p in ckpt.list_checkpoints(out)]
+    if not changed and (held is not None or not steps):
+        return
+    what = (f"another run ({'; '.join(changed[:3])})" if changed else f"a run's checkpoints without its {RUN_FILE}") + (
+        f" with {', '.join(steps[:3])}" if steps else ""
+    )
+    raise OutputDirError(
+        f"'{out}' holds {what}; an export makes OUT a finished directory of the checkpoint's own run, so it never "
+        "replaces another run's final/ and record (not even with --overwrite): give a new or empty OUT"
+    )
 
 
 def _check_targets(src: Path, out: Path) -> None:

@@ -39,6 +39,7 @@ from hybridtune.run import checkpoint as ckpt
 from hybridtune.run.adapter_base import adapter_base as base_of_adapter
 from hybridtune.run.base import base_revision
 from hybridtune.run.export import FINAL_DIR, INFO_FILE
+from hybridtune.run.integrity import meta_problem
 from hybridtune.run.merge import read_adapter_config, trained_on_nf4
 from hybridtune.run.outdir import RUN_FILE
 from hybridtune.runtime.defaults import recorded_values
@@ -68,7 +69,7 @@ class Opened:
 def _json(path: Path) -> dict | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):  # (nested past the recursion limit)
         return None
     return data if isinstance(data, dict) else None
 
@@ -305,6 +306,8 @@ def _refuse_recorded(path: Path, what: str, value: str) -> None:
 
 def _open_checkpoint(path: Path, run: TrainConfig | None, patched: bool, dtype: torch.dtype | None) -> Opened:
     """The model the trainer built for `run` (base, patch, LoRA), with the checkpoint's weights."""
+    if run is None and (why := meta_problem(path / ckpt.META_FILE)):  # (unreadable: said as such)
+        raise ckpt.CheckpointError(f"checkpoint '{path}' cannot be loaded: {why}")
     if run is None:
         raise ModelError(
             f"checkpoint '{path}' records no run config (checkpoint.json 'run', or {RUN_FILE} in its output "

@@ -44,6 +44,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     parser.add_argument("out_dir", help="where to write the merged model (must not exist)")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty out_dir")
+    parser.add_argument(
+        "--base_quantization",
+        choices=("nf4", "none"),
+        help="what the adapter trained on, when it records none (a bare peft adapter): nf4 for a QLoRA adapter "
+        "(load_in_4bit), whose merge folds it into the base's NF4 values as trained; default: its record",
+    )
     args = parser.parse_args(argv)
-    merge(adapter_dir(args.model), args.out_dir, args.overwrite)
+    merge(adapter_dir(args.model), args.out_dir, args.overwrite, args.base_quantization)
     return 0

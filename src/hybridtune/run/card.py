@@ -25,6 +25,7 @@ SETTINGS = (
     "seed",
 )
 LORA_SETTINGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_parameters")
+QLORA_TAG = "qlora"  # the card's tag of an adapter trained on an NF4 base: a record that travels with it to the hub
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm/config/lora.py MaxLoRARanks: --max-lora-rank
 RANDOM_WARNING = (
     "> **WARNING: this model was trained from the preset `{name}`, whose weights are RANDOM** (a seeded random\n"
@@ -43,7 +44,7 @@ def last_metrics(out_dir: Path, steps: int | None = None) -> tuple[dict | None, 
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
         if not isinstance(row, dict) or (steps is not None and row.get("step", 0) > steps):
             continue
@@ -70,6 +71,8 @@ def front_matter(cfg: TrainConfig, loaded: LoadedModel) -> str:
         tags.append(model_type)
     if loaded.random_init:
         tags.append("random-weights")
+    if cfg.adapter == "lora" and cfg.load_in_4bit:  # read back by merge (run/merge.py) when hybridtune.json is gone
+        tags.append(QLORA_TAG)
     lines += ["tags:", *(f"- {_yaml_str(t)}" for t in tags), "---"]
     return "\n".join(lines)
 

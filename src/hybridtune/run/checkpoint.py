@@ -31,15 +31,16 @@ from pathlib import Path
 import torch
 
 from hybridtune.errors import OutputDirError
-from hybridtune.files import honour_umask
-from hybridtune.run import integrity
+from hybridtune.files import honour_umask, read_regular_text
+from hybridtune.run import integrity, write_errors
 from hybridtune.run.integrity import CheckpointError, DiskFullError
+from hybridtune.run.rng import rng_state, set_rng_state
 from hybridtune.runtime import distributed, optim_state
 from hybridtune.runtime import optim as optimizers
 from hybridtune.runtime.distributed import ONE, Dist
 from hybridtune.runtime.memory import optimizer_state
 
-__all__ = ["CheckpointError", "DiskFullError"]  # re-exported: the trainer and CLI catch them from here
+__all__ = ["CheckpointError", "DiskFullError", "rng_state", "set_rng_state"]  # re-exported: callers use them from here
 
 logger = logging.getLogger("hybridtune")
 
@@ -140,25 +141,6 @@ def shared_atomic_dir(target: Path, write_all: Callable[[Path], None], write_mai
     return target
 
 
-def rng_state() -> dict:
-    """This process's RNG states: Python, torch CPU, and the CUDA generator of the device it trains on
-    (one per rank, so a checkpoint restores on any number of visible GPUs). Plain values and tensors only,
-    so that it loads with weights_only=True."""
-    version, internal, gauss = random.getstate()
-    state = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda_device"] = torch.cuda.get_rng_state(torch.cuda.current_device())
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    if "cuda_device" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda_device"], torch.cuda.current_device())
-
-
 @contextmanager
 def _quiet_single_process():
     """DCP warns on every call that it assumes one process when no process group exists: that is the intent."""
@@ -237,9 +219,10 @@ def save_checkpoint(
     files: dict[str, dict] = {}
 
     def guarded(write: Callable[[Path], None]) -> Callable[[Path], None]:
-        return integrity.disk_full_guard(
-            write, need, lambda free: integrity.disk_full_message(target, need, free, previous)
-        )
+        return write_errors.guard(
+            write, need, lambda free: integrity.disk_full_message(target, need, free, previous),
+            lambda why: integrity.write_failed_message(target, why, previous),
+        )  # fmt: skip
 
     def write_all(tmp: Path) -> None:
         with _quiet_single_process():
@@ -261,7 +244,14 @@ def save_checkpoint(
         meta["files"] = dict(sorted(files.items()))
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2))  # last: the checksums of complete files
 
-    return shared_atomic_dir(target, guarded(write_all), guarded(write_main), d)
+    try:
+        return shared_atomic_dir(target, guarded(write_all), guarded(write_main), d)
+    except OSError as e:  # around the writes: the temporary directory made (a disk turned read-only), the renames
+        if integrity.is_disk_full(e, target.parent, need):
+            raise DiskFullError(integrity.disk_full_message(target, need, None, previous), need) from None
+        if (why := write_errors.failure(e)) is None:
+            raise
+        raise write_errors.WriteError(integrity.write_failed_message(target, why, previous), why) from None
 
 
 def verify_checkpoint(path: Path, d: Dist = ONE) -> str | None:
@@ -297,7 +287,10 @@ def find_resume(where: str, output_dir: Path, d: Dist = ONE) -> tuple[Path, list
             return path, lines
         skipped.append((path, why))
     if not skipped:
-        raise CheckpointError(f"resume_from_checkpoint 'latest': no checkpoint in '{output_dir}'")
+        raise CheckpointError(
+            f"resume_from_checkpoint 'latest': no checkpoint in '{output_dir}' (the run stopped "
+            "before its first save): run the same command without it, which starts the run again"
+        )
     raise CheckpointError(
         f"resume_from_checkpoint 'latest': no intact checkpoint in '{output_dir}' ("
         + "; ".join(f"{p.name}: {why}" for p, why in skipped)
@@ -436,8 +429,8 @@ def _candidates(output_dir: Path) -> list[Path]:
 
 def _json(path: Path):
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+        return json.loads(read_regular_text(path))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return None
 
 

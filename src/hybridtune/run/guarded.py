@@ -32,7 +32,7 @@ import torch
 from hybridtune.errors import ModelError, OutputDirError
 from hybridtune.files import honour_umask_tree
 from hybridtune.run import checkpoint as ckpt
-from hybridtune.run import integrity
+from hybridtune.run import integrity, write_errors
 
 logger = logging.getLogger(__name__)
 
@@ -93,17 +93,34 @@ def _state(path: Path) -> tuple[int, int, int] | None:
 def full_disk_said(what: str, out: Path, names: Iterable[str], again: str) -> Iterator[None]:
     """A full disk inside the block (DiskFullError, or an out-of-space OSError) said in one line for a command's
     user: what `what` needed against the free space of `out`'s disk, and whether any of `out`/`names` changed (each
-    compared with what it was when the block began; `again`: what to do once there is room)."""
+    compared with what it was when the block began; `again`: what to do once there is room). Any other write the
+    system refused (WriteError, an OSError such as EFBIG or EIO) is one line too, saying the same of what changed."""
     out = Path(out)
     before = {name: _state(out / name) for name in names}
     try:
         yield
+    except write_errors.WriteError as e:
+        raise write_errors.WriteError(_failed_line(what, out, before, again, e.why), e.why) from None
     except integrity.DiskFullError as e:
         raise integrity.DiskFullError(_full_disk_line(what, out, before, again, e.need, e.free), e.need) from None
     except OSError as e:
-        if not integrity.is_disk_full(e, out, 0):
+        if integrity.is_disk_full(e, out, 0):
+            raise integrity.DiskFullError(_full_disk_line(what, out, before, again, None, None)) from None
+        why = write_errors.failure(e)
+        if why is None:
             raise
-        raise integrity.DiskFullError(_full_disk_line(what, out, before, again, None, None)) from None
+        raise write_errors.WriteError(_failed_line(what, out, before, again, why), why) from None
+
+
+def _changed(out: Path, before: dict) -> str:
+    changed = [f"{n}/" if (out / n).is_dir() else n for n, was in before.items() if _state(out / n) != was]
+    if changed:
+        return f"only {', '.join(changed)} in '{out}' changed (written before the write failed), nothing else"
+    return "nothing was changed"
+
+
+def _failed_line(what: str, out: Path, before: dict, again: str, why: str) -> str:
+    return f"{what} failed: a write in '{out}' was refused: {why}; {_changed(out, before)}. Then {again}"
 
 
 def _full_disk_line(what: str, out: Path, before: dict, again: str, need: int | None, free: int | None) -> str:
@@ -117,13 +134,13 @@ def _full_disk_line(what: str, out: Path, before: dict, again: str, need: int | 
         except OSError:
             now = "no space left"
         room = f"{what} ran out of space while writing ({size} was estimated; '{where}' has {now})"
-    changed = [f"{n}/" if (out / n).is_dir() else n for n, was in before.items() if _state(out / n) != was]
-    done = (
-        f"only {', '.join(changed)} in '{out}' changed (written before the disk filled), nothing else"
-        if changed
-        else "nothing was changed"
-    )
+    done = _changed(out, before).replace("the write failed", "the disk filled")
     return f"disk full: {room}; {done}. Free some space (or write to a larger disk) and {again}"
+
+
+def write_failed(target: Path, why: str) -> str:
+    """The line of a write of `target` the system refused (`why`: write_errors.failure's reason)."""
+    return f"cannot write '{target}': {why}; nothing of it was kept (its partial temporary directory was removed)"
 
 
 def _tag_and_hold(tmp: Path) -> int:
@@ -139,11 +156,18 @@ def _tag_and_hold(tmp: Path) -> int:
     return fd
 
 
-def atomic_dir(target: Path, write: Callable[[Path], None], need: int, message: Callable[[int | None], str]) -> Path:
+def atomic_dir(
+    target: Path,
+    write: Callable[[Path], None],
+    need: int,
+    message: Callable[[int | None], str],
+    failed: Callable[[str], str] | None = None,
+) -> Path:
     """Directory `target` written by `write(tmp)`: stale temporaries of `target` removed, `need` bytes checked
     against the free space, the write guarded for a full disk, modes per the umask, then renamed into place. An
     existing target is replaced only once the new one is complete, and only when hybridtune wrote it (or it is
-    empty): OutputDirError otherwise. A full disk is DiskFullError; both one line."""
+    empty): OutputDirError otherwise. A full disk is DiskFullError; another write the system refused (file too
+    large, I/O error) WriteError(failed(why)) (default: `write_failed`); all one line, the partial directory removed."""
     target = Path(target)
     if target.exists() and not ckpt.is_ours(target) and (not target.is_dir() or any(target.iterdir())):
         raise OutputDirError(
@@ -159,8 +183,15 @@ def atomic_dir(target: Path, write: Callable[[Path], None], need: int, message: 
         write(tmp)
         honour_umask_tree(tmp)
 
+    said = failed or (lambda why: write_failed(target, why))
     try:
-        return ckpt.atomic_dir(target, integrity.disk_full_guard(held_write, need, message))
+        return ckpt.atomic_dir(target, write_errors.guard(held_write, need, message, said))
+    except OSError as e:  # around the write: its temporary directory made (a read-only disk), the commit's renames
+        if integrity.is_disk_full(e, target.parent, need):
+            raise integrity.DiskFullError(message(None), need) from None
+        if (why := write_errors.failure(e)) is None:
+            raise
+        raise write_errors.WriteError(said(why), why) from None
     finally:
         for fd in held:
             os.close(fd)

@@ -29,6 +29,7 @@ import torch
 
 from hybridtune.data.digests import file_sha256  # (the threads below hash files in parallel)
 from hybridtune.errors import UserError
+from hybridtune.files import read_regular_text
 from hybridtune.runtime import distributed
 from hybridtune.runtime.distributed import ONE, Dist
 
@@ -184,15 +185,29 @@ def confine_storage(md, allowed: Callable[[str], bool]) -> None:
             )
 
 
+def meta_problem(p: Path) -> str | None:
+    """Why a checkpoint's checkpoint.json `p` cannot be read as the JSON object a save writes, or None (cheap: no
+    checksum is checked)."""
+    try:
+        _read_meta(p, p.name)
+    except CheckpointError as e:
+        return str(e)
+    except OSError as e:
+        return f"{p.name} cannot be read ({e.strerror or e})"
+    return None
+
+
 def _read_meta(p: Path, name: str) -> dict:
     import json
 
     try:
-        meta = json.loads(p.read_text(encoding="utf-8"))
+        meta = json.loads(read_regular_text(p))
     except FileNotFoundError:
         raise CheckpointError(f"{name} is missing (the checkpoint is incomplete)") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{name} is not valid JSON ({e})") from None
+    except RecursionError:  # (arrays or objects nested past Python's recursion limit: never what a save writes)
+        raise CheckpointError(f"{name} is not the JSON a save writes (nested too deeply to read)") from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{name} is not a JSON object")
     return meta
@@ -317,7 +332,15 @@ def safe_dcp_load(state: dict, state_dir: Path) -> None:
         if ours:
             raise ours[0] from None
         first = causes[0] if causes else e
-        raise CheckpointError(f"state/ cannot be loaded: {type(first).__name__}: {first}") from None
+        reason = str(first).strip() or _NO_REASON.get(type(first), "no reason given")
+        raise CheckpointError(f"state/ cannot be loaded: {type(first).__name__}: {reason}") from None
+
+
+# What a DCP read failure that gives no text of its own means (an EOFError: a read past the end of a file).
+_NO_REASON = {
+    EOFError: "a read ran past the end of a file of state/ (its metadata names an offset or length beyond the file: "
+    "edited or truncated after the save); resume from another checkpoint"
+}
 
 
 # -- disk space ----------------------------------------------------------------------------------------------
@@ -357,19 +380,27 @@ def gib(n: float) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{int(n)} bytes"
 
 
+def _kept_then(previous: Path | None) -> tuple[str, str]:
+    if previous is not None:
+        return f"the previous checkpoint {previous.name} is intact", "continue with --resume_from_checkpoint latest"
+    return "no earlier checkpoint exists, so the run starts again", "run again"
+
+
 def disk_full_message(target: Path, need: int, free: int | None, previous: Path | None) -> str:
     where = Path(target).parent
     has = f"{gib(free)} free" if free is not None else "no space left"
-    if previous is not None:
-        kept, then = (
-            f"the previous checkpoint {previous.name} is intact",
-            "continue with --resume_from_checkpoint latest",
-        )
-    else:
-        kept, then = "no earlier checkpoint exists, so the run starts again", "run again"
+    kept, then = _kept_then(previous)
     return (
         f"disk full: saving {Path(target).name} needs about {gib(need)} and '{where}' has {has}; {kept}. Free "
         f"some space (or lower save_total_limit, or use an output_dir on a larger disk) and {then}"
+    )
+
+
+def write_failed_message(target: Path, why: str, previous: Path | None) -> str:
+    """A save the system refused for another reason than space (run/write_errors.py: `why` names the errno)."""
+    kept, then = _kept_then(previous)
+    return (
+        f"cannot write {Path(target).name} in '{Path(target).parent}': {why}; nothing of it was kept and {kept}; {then}"
     )
 
 
@@ -379,25 +410,6 @@ def check_free_space(where: Path, need: int, message: Callable[[int | None], str
     free = shutil.disk_usage(where).free
     if free < need:
         raise DiskFullError(message(free), need, free)
-
-
-def disk_full_guard(
-    write: Callable[[Path], None], need: int, message: Callable[[int | None], str]
-) -> Callable[[Path], None]:
-    """`write(tmp)` with a failure for lack of space turned into DiskFullError(message(None)); the caller's atomic
-    write then removes the partial temporary directory. Interrupts pass through unchanged."""
-
-    def run(tmp: Path) -> None:
-        try:
-            write(tmp)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as e:  # DCP's CheckpointException is a BaseException
-            if is_disk_full(e, tmp.parent, need):  # asked while the partial write is still there
-                raise DiskFullError(message(None), need) from None
-            raise
-
-    return run
 
 
 _WRITE_FAILED = ("unexpected pos", "failed writing", "file write failed", "no space left")

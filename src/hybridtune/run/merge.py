@@ -9,8 +9,9 @@ adapter's `base_model_name_or_path` (a directory, or a hub id at its `revision` 
 is written through the guarded layer (run/guarded.py): NaN or Inf weights refused and the size checked before anything
 is written, modes per the umask, a damaged base, a shape mismatch or a full disk one line, SIGTERM removes the
 temporary directory (`.tmp-<OUT>-*` beside OUT), and one a killed merge left is removed by the next merge to OUT.
-A QLoRA adapter is folded into its base's values through NF4 (the base it trained on), in the base's dtype; a
-base weight that already holds NF4's values (a QLoRA run's base_model/) is kept, as read from the weights alone.
+A QLoRA adapter (recorded in its hybridtune.json or its card's `qlora` tag; else `--base_quantization nf4`, and a
+warning when neither says) is folded into its base's values through NF4 (the base it trained on), in the base's
+dtype; a base weight that already holds NF4's values (a QLoRA run's base_model/) is kept, read from the weights.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import json
 import logging
 from pathlib import Path
 
+import yaml
 from safetensors import SafetensorError
 
 from hybridtune.errors import ModelError, OutputDirError
-from hybridtune.files import atomic_write_text
+from hybridtune.files import atomic_write_text, open_regular
 from hybridtune.models import source
 from hybridtune.models.anatomy import text_model
 from hybridtune.models.hub import looks_like_hub_id, resolve_source
@@ -30,8 +32,10 @@ from hybridtune.models.loading import model_class
 from hybridtune.models.trust import NO_CODE, refuse_custom_code
 from hybridtune.run import guarded, integrity
 from hybridtune.run.adapter_base import adapter_base
+from hybridtune.run.card import QLORA_TAG
 from hybridtune.run.checkpoint import FINAL_META, MARKER, is_ours
 from hybridtune.run.export import BASE_DIR, tensor_bytes, tokenizer_bytes
+from hybridtune.run.targets import refuse_run_part, refuse_system_dir
 from hybridtune.runtime import quant
 
 logger = logging.getLogger(__name__)
@@ -52,14 +56,17 @@ def resolve_base(adapter_dir: Path, config_file: Path, base_name, revision: str 
     )
 
 
-def merge(adapter_dir: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
+def merge(
+    adapter_dir: str | Path, out_dir: str | Path, overwrite: bool = False, base_quantization: str | None = None
+) -> Path:
     """Merge the adapter of `adapter_dir` into its base and write the model to `out_dir` (see the module docstring).
+    `base_quantization` ("nf4" or "none"): what the adapter trained on, when it records none (or to override it).
     SIGTERM stops it as Ctrl-C does, leaving nothing behind."""
     with guarded.interruptible():
-        return _merge(Path(adapter_dir), Path(out_dir), overwrite)
+        return _merge(Path(adapter_dir), Path(out_dir), overwrite, base_quantization)
 
 
-def _merge(adapter_dir: Path, out_dir: Path, overwrite: bool) -> Path:
+def _merge(adapter_dir: Path, out_dir: Path, overwrite: bool, base_quantization: str | None = None) -> Path:
     from peft import PeftConfig, PeftModel
     from transformers import AutoTokenizer
 
@@ -81,7 +88,7 @@ def _merge(adapter_dir: Path, out_dir: Path, overwrite: bool) -> Path:
     refuse_custom_code(base_path)
     base = _load_base(base_path)
     dtype = text_model(base).embed_tokens.weight.dtype
-    if trained_on_nf4(adapter_dir):
+    if _through_nf4(adapter_dir, base_quantization):
         n, kept = quant.roundtrip_targets(base)
         logger.info("QLoRA adapter: %d base weights through NF4 and back (the values it trained on), in %s%s", n,
                     dtype, f"; {kept} held NF4's values already" if kept else "")  # fmt: skip
@@ -128,16 +135,59 @@ def _merge(adapter_dir: Path, out_dir: Path, overwrite: bool) -> Path:
 
 
 def trained_on_nf4(adapter_dir: Path) -> bool:
-    """Whether the adapter trained on a 4-bit NF4 base: its final/hybridtune.json's `base_quantization`, the adapter's
-    own record (whoever can write it can write the adapter's weights too, so it is trusted as the adapter is).
-    Whether the base already holds NF4's values is read from its weights (`quant.roundtrip_targets`)."""
+    """Whether the adapter trained on a 4-bit NF4 base (`recorded_quantization`)."""
+    return recorded_quantization(adapter_dir) == quant.QUANTIZATION
+
+
+def recorded_quantization(adapter_dir: Path) -> str | None:
+    """What base the adapter records it trained on: "nf4" (QLoRA) or "none", or None where it records nothing (a
+    bare peft adapter). The records, the adapter's own (whoever can write them can write its weights too, so they are
+    trusted as the adapter is): final/hybridtune.json's `base_quantization` (its absence there: "none"), and the
+    model card's `qlora` tag (README.md's front matter, which travels with the adapter to the hub). Whether the base
+    already holds NF4's values is read from its weights (`quant.roundtrip_targets`)."""
     info = adapter_dir / FINAL_META
     try:
-        recorded = json.loads(info.read_text(encoding="utf-8")) if info.is_file() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        recorded = json.loads(info.read_text(encoding="utf-8")) if info.is_file() else None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise ModelError(f"{info}: not the JSON training wrote; restore it or remove it") from None
-    nf4 = isinstance(recorded, dict) and recorded.get("base_quantization") == quant.QUANTIZATION
-    return nf4
+    if isinstance(recorded, dict) and recorded.get("base_quantization") == quant.QUANTIZATION:
+        return quant.QUANTIZATION
+    if QLORA_TAG in card_tags(adapter_dir / "README.md"):
+        return quant.QUANTIZATION
+    return "none" if isinstance(recorded, dict) else None
+
+
+def card_tags(readme: Path) -> list[str]:
+    """The `tags` of a model card's YAML front matter (the hub's metadata); [] when there is none or it is not
+    YAML (read from the card's first 64 KiB, as plain data)."""
+    try:
+        with open_regular(readme) as f:
+            text = f.read(1 << 16).decode("utf-8", "replace")
+    except OSError:
+        return []
+    head = text.split("\n---", 1)[0] if text.startswith("---") else ""
+    try:
+        meta = yaml.safe_load(head[3:]) if head else None
+    except (yaml.YAMLError, RecursionError):
+        return []
+    tags = meta.get("tags") if isinstance(meta, dict) else None
+    return [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []
+
+
+def _through_nf4(adapter_dir: Path, given: str | None) -> bool:
+    """Whether the merge sends the base through NF4: `given` (--base_quantization) or what the adapter records; a
+    warning when it records nothing and none was given, or when `given` contradicts the record."""
+    recorded = recorded_quantization(adapter_dir)
+    if given is not None and recorded is not None and given != recorded:
+        logger.warning("--base_quantization %s given, but the adapter %s records %s: merging as given", given,
+                       adapter_dir, recorded)  # fmt: skip
+    if given is None and recorded is None:
+        logger.warning(
+            "the adapter %s records no base quantization (no %s, no '%s' tag in its README.md): merged into the "
+            "base's own values; if it was trained with QLoRA (load_in_4bit), merge again with --base_quantization "
+            "nf4, or the merged model is not the one trained", adapter_dir, FINAL_META, QLORA_TAG,
+        )  # fmt: skip
+    return (given or recorded) == quant.QUANTIZATION
 
 
 def _first(e: BaseException) -> str:
@@ -171,6 +221,8 @@ def _load_base(base_path: Path):
 def check_out_dir(out_dir: Path, overwrite: bool) -> None:
     """Refuse an out_dir that is a file (even with --overwrite: it is not ours to replace), or a non-empty
     directory without --overwrite; before anything is loaded."""
+    refuse_system_dir(out_dir, "OUT_DIR")
+    refuse_run_part(out_dir, "OUT_DIR")
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputDirError(
             f"'{out_dir}' exists and is not a directory; give a new directory path for the merged model"
@@ -215,6 +267,10 @@ def read_adapter_config(config_file: Path) -> dict:
         raise ModelError(
             f"{config_file}:{e.lineno}: malformed JSON ({e.msg} at column {e.colno}); "
             "restore the adapter_config.json written at training"
+        ) from None
+    except RecursionError:
+        raise ModelError(
+            f"{config_file}: nested too deeply to read (not what training writes); restore the adapter_config.json"
         ) from None
     if not isinstance(data, dict):
         raise ModelError(f"{config_file}: expected a JSON object, got {type(data).__name__}")

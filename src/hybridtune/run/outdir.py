@@ -17,16 +17,16 @@ from hybridtune.config import TrainConfig, to_dict
 from hybridtune.config_grpo import reward_file
 from hybridtune.data.digests import data_digest, local_files
 from hybridtune.errors import OutputDirError
-from hybridtune.files import atomic_write_text
+from hybridtune.files import atomic_write_text, read_regular_text
 from hybridtune.run import checkpoint as ckpt
-from hybridtune.run import integrity
+from hybridtune.run import integrity, write_errors
 from hybridtune.run.export import BASE_DIR, FINAL_DIR
 from hybridtune.run.plots import PLOT_FILES
+from hybridtune.run.targets import RUN_FILE, refuse_run_part, refuse_system_dir
 from hybridtune.runtime.defaults import KEYS as AUTO_KEYS
 
 logger = logging.getLogger(__name__)
 
-RUN_FILE = "hybridtune_run.json"
 DATA_REPORT = "data_report.jsonl"  # every row the run truncated or dropped (data/report.py's records)
 LOCK_FILE = ".hybridtune.lock"
 TRACKER_DIR = "runs"  # TensorBoard's event files and W&B's offline runs (trackers.py)
@@ -87,11 +87,25 @@ def run_record(cfg: TrainConfig) -> dict:
     return {"config": to_dict(cfg), "data": data_fingerprint(cfg), "cwd": os.getcwd()}
 
 
+def record_changes(held: dict, record: dict) -> list[str]:
+    """`key: old -> new` for every config key (bar those a rerun may change) and data checksum in which run record
+    `held` (an output directory's RUN_FILE) differs from `record` (a checkpoint's `run`); [] for the same run."""
+    old, new = held.get("config"), record.get("config")
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return ["the record holds no config"]
+    diff = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys())
+            if k not in RERUN_FREE_KEYS and old.get(k) != new.get(k)]  # fmt: skip
+    data = [d.get("data") if isinstance(d.get("data"), dict) else {} for d in (held, record)]
+    if sorted(map(str, data[0].values())) != sorted(map(str, data[1].values())):
+        diff.append("its data files' checksums")
+    return diff
+
+
 def _held_run(out: Path) -> dict | None:
     """The run file of `out` ({"config": ..., "data": ...}), or None when there is none or it is unreadable."""
     try:
-        held = json.loads((out / RUN_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        held = json.loads(read_regular_text(out / RUN_FILE))
+    except (OSError, ValueError, RecursionError):
         return None
     return held if isinstance(held, dict) and isinstance(held.get("config"), dict) else None
 
@@ -105,8 +119,8 @@ def _checkpoint_run(where: str, out: Path) -> dict | None:
             return None
         path = found[-1]
     try:
-        run = json.loads((path / ckpt.META_FILE).read_text(encoding="utf-8")).get("run")
-    except (OSError, ValueError, AttributeError):
+        run = json.loads(read_regular_text(path / ckpt.META_FILE)).get("run")
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
     return run if isinstance(run, dict) and isinstance(run.get("config"), dict) else None
 
@@ -191,6 +205,8 @@ def check_output_dir(cfg: TrainConfig, data: dict[str, str] | None = None, say: 
     log what an accepted change is (False for a check that is repeated).
     """
     out = Path(cfg.output_dir)
+    refuse_system_dir(out, "output_dir")
+    refuse_run_part(out, "output_dir")
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"output_dir '{out}' is a file; choose a directory")
     empty = not out.exists() or not any(p.name != LOCK_FILE for p in out.iterdir())
@@ -265,10 +281,10 @@ def _finished(out: Path) -> bool:
 def _finished_at(output_dir: Path, newest: Path) -> bool:
     """The run that wrote `newest` also wrote its final model: `final/` says it ran to that same step."""
     try:
-        return json.loads((Path(output_dir) / ckpt.FINAL_DIR / ckpt.FINAL_META).read_text())["steps"] == ckpt.step_of(
-            newest
-        )
-    except (OSError, ValueError, KeyError, TypeError):
+        return json.loads(read_regular_text(Path(output_dir) / ckpt.FINAL_DIR / ckpt.FINAL_META))[
+            "steps"
+        ] == ckpt.step_of(newest)
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return False
 
 
@@ -359,8 +375,8 @@ def _resume_step(resume_from: str | None) -> int | None:
     if not resume_from or resume_from == "latest":
         return None
     try:
-        return int(json.loads((Path(resume_from) / ckpt.META_FILE).read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return int(json.loads(read_regular_text(Path(resume_from) / ckpt.META_FILE))["step"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None  # not a complete checkpoint: the resume itself says so, after the model is built
 
 
@@ -451,4 +467,8 @@ def write_run_file(out: Path, record: dict) -> None:
     """The run's config, data checksums (`run_record`) and hybridtune version, which a later run in the same
     directory compares itself with."""
     data = {**record, "hybridtune_version": hybridtune.__version__}
-    atomic_write_text(out / RUN_FILE, json.dumps(data, indent=2))
+    try:
+        atomic_write_text(out / RUN_FILE, json.dumps(data, indent=2))
+    except OSError as e:  # (EFBIG under ulimit -f, EIO, a full disk: one line, as every guarded write)
+        why = write_errors.failure(e) or str(e)
+        raise write_errors.WriteError(f"cannot write the run's record {out / RUN_FILE}: {why}", why) from None

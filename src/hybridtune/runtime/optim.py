@@ -63,8 +63,24 @@ def uses_masters(cfg: TrainConfig, bf16: bool, d: Dist = ONE) -> bool:
 
 def model_dtype(cfg: TrainConfig, bf16: bool) -> torch.dtype | None:
     """The dtype the optimizer asks a full fine-tune's weights to be held in (None: the model's rule): bf16 weights
-    and states under `adamw_bf16_sr` when bf16 computes."""
-    return torch.bfloat16 if cfg.adapter == "full" and bf16 and optim_name(cfg) == "adamw_bf16_sr" else None
+    and states under `adamw_bf16_sr` (which needs them: `refuse_unrounded`, before the model loads)."""
+    refuse_unrounded(cfg, bf16)
+    return torch.bfloat16 if optim_name(cfg) == "adamw_bf16_sr" else None
+
+
+def refuse_unrounded(cfg: TrainConfig, bf16: bool) -> None:
+    """`adamw_bf16_sr` rounds bf16 weights: on fp32 ones (LoRA's adapters, a run without bf16) it would run as plain
+    fp32 AdamW under its name. Refused in one line (ConfigError) saying why and what to set instead."""
+    if optim_name(cfg) != "adamw_bf16_sr" or (cfg.adapter == "full" and bf16):
+        return
+    why = [f"adapter: {cfg.adapter}"] if cfg.adapter != "full" else []
+    if not bf16:
+        why.append("bf16: false" + (" (auto: no GPU that computes in bf16)" if cfg.bf16 == "auto" else ""))
+    raise ConfigError(
+        f"optim: adamw_bf16_sr needs bf16: true and adapter: full (it rounds bf16 weights stochastically); this run "
+        f"has {' and '.join(why)}, where its weights are fp32 and it would run as plain fp32 AdamW: set optim: adamw "
+        "(or adamw_8bit for less optimizer memory), or run a full fine-tune with bf16: true"
+    )
 
 
 # torchao, once installed, is imported by transformers' model loading whatever the optimizer: its import logs a warning
@@ -97,6 +113,7 @@ def build_optimizer(
         return MasterAdamW(params, lr=lr, weight_decay=wd, fused=fused, accumulate=not d.enabled)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=wd, fused=fused)
+    refuse_unrounded(cfg, bf16)
     ao = torchao_optim()
     if name == "adamw_8bit":
         return ao.AdamW8bit(params, lr=lr, weight_decay=wd)
