@@ -65,7 +65,7 @@ def _finding(path: Path) -> tuple[str, str] | None:
         if found:
             result = f"has {found[0]} (custom code), which hybridtune never runs", _USE_KNOWN
     except RecursionError:
-        result = "is nested too deeply to be checked", "replace it with the file of the model's release"
+        result = "is nested too deeply to be checked", "restore the file its release (or the run that wrote it) holds"
     except OSError as e:
         result = f"cannot be read ({e.strerror})", "fix its permissions or remove it"
     except ValueError:
