@@ -1,16 +1,22 @@
 """Fixtures of the security tests: a tiny Qwen3.5 model directory per test module, the one error line of a
-command that must fail with exit code 2 (never a traceback), and a run stopped after its first step to resume."""
+command that must fail with exit code 2 (never a traceback), a run stopped after its first step to resume, a
+finished two-step LoRA run (and a copy of it to damage), and the tiny vision-language tokenizer and `Vision`."""
 
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from resumes import interrupted, keys
 
 from checkpoints import make_checkpoint
 from hybridtune.cli import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "vision"))
+import vl_tiny  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +56,34 @@ def copied(stopped, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(stopped[0], out)
     return out, keys(out, stopped[1])
+
+
+@pytest.fixture(scope="session")
+def lora_run_dir(tmp_path_factory, small_data) -> Path:
+    """A finished two-step LoRA run of the default preset: checkpoint-2/, final/ (the adapter), base_model/. Tests
+    only read it; `lora_run_copy` is theirs to damage."""
+    out = tmp_path_factory.mktemp("lora-run") / "run"
+    argv = ["train", "--sequence_len", "128", "--eval_steps", "0", "--val_set_size", "0", "--max_steps", "2"]
+    assert (
+        main([*argv, "--dataset", small_data, "--save_steps", "2", "--adapter", "lora", "--output_dir", str(out)]) == 0
+    )
+    return out
+
+
+@pytest.fixture
+def lora_run_copy(lora_run_dir, tmp_path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(lora_run_dir, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The bundled tokenizer with the tiny vision-language checkpoint's vision tokens added."""
+    return vl_tiny.tokenizer()
+
+
+@pytest.fixture(scope="module")
+def vision(tok):
+    """The data side's `Vision` of the tiny checkpoint (its image and video processors), without a directory."""
+    return vl_tiny.vision_of(tok)

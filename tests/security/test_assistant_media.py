@@ -19,16 +19,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "vision"))
 import vl_tiny  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return vl_tiny.tokenizer()
-
-
-@pytest.fixture(scope="module")
-def vision(tok):
-    return vl_tiny.vision_of(tok)
-
-
 @pytest.fixture()
 def folder(tmp_path):
     vl_tiny.write_image(tmp_path / "a.png", random.randint(9, 40), random.randint(9, 40), seed=random.randrange(99))

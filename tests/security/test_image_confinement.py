@@ -22,16 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "vision"))
 import vl_tiny  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return vl_tiny.tokenizer()
-
-
-@pytest.fixture(scope="module")
-def vision(tok):
-    return vl_tiny.vision_of(tok)
-
-
 @pytest.fixture(autouse=True)
 def default_policy():
     set_image_policy()

@@ -3,12 +3,8 @@
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 
-from hybridtune.cli import main
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run.outdir import RUN_FILE
 
@@ -20,47 +16,40 @@ def nested(depth: int) -> str:
     return '{"a": ' + "[" * depth + "]" * depth + "}"
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, small_data) -> Path:
-    """A finished two-step LoRA run of the default preset: checkpoint-2/, final/ (the adapter), base_model/."""
-    out = tmp_path_factory.mktemp("nested-json") / "run"
-    assert (
-        main([*TRAIN, "--dataset", small_data, "--save_steps", "2", "--adapter", "lora", "--output_dir", str(out)]) == 0
-    )
-    return out
-
-
-@pytest.fixture
-def copy(run_dir, tmp_path) -> Path:
-    out = tmp_path / "run"
-    shutil.copytree(run_dir, out)
-    return out
-
-
 @pytest.mark.parametrize("depth", [100_000, 3_000])
-def test_a_deeply_nested_checkpoint_json_is_one_line(copy, tmp_path, error_line, small_data, depth):
-    (copy / "checkpoint-2" / ckpt.META_FILE).write_text(nested(depth))
+def test_a_deeply_nested_checkpoint_json_is_one_line(lora_run_copy, tmp_path, error_line, small_data, depth):
+    (lora_run_copy / "checkpoint-2" / ckpt.META_FILE).write_text(nested(depth))
     said = "checkpoint.json is not the JSON a save writes (nested too deeply to read)"
-    line = error_line(["export", str(copy / "checkpoint-2"), str(tmp_path / "out")])
-    assert line == f"error: checkpoint '{copy / 'checkpoint-2'}' cannot be loaded: {said}", line
+    line = error_line(["export", str(lora_run_copy / "checkpoint-2"), str(tmp_path / "out")])
+    assert line == f"error: checkpoint '{lora_run_copy / 'checkpoint-2'}' cannot be loaded: {said}", line
     assert not (tmp_path / "out").exists()
-    line = error_line(["eval", "--model", str(copy / "checkpoint-2"), "--dataset", small_data])
+    line = error_line(["eval", "--model", str(lora_run_copy / "checkpoint-2"), "--dataset", small_data])
     assert said in line, line
-    resume = [*TRAIN, "--dataset", small_data, "--save_steps", "2", "--adapter", "lora", "--output_dir", str(copy)]
+    resume = [
+        *TRAIN,
+        "--dataset",
+        small_data,
+        "--save_steps",
+        "2",
+        "--adapter",
+        "lora",
+        "--output_dir",
+        str(lora_run_copy),
+    ]
     line = error_line([*resume, "--resume_from_checkpoint", "latest"])
     assert f"checkpoint-2: {said}" in line, line
 
 
-def test_a_deeply_nested_run_record_in_out_is_one_line(run_dir, copy, error_line):
+def test_a_deeply_nested_run_record_in_out_is_one_line(lora_run_dir, lora_run_copy, error_line):
     """export --overwrite into a directory whose record cannot be read: its checkpoints are another run's."""
-    (copy / RUN_FILE).write_text(nested(100_000))
-    line = error_line(["export", str(run_dir / "checkpoint-2"), str(copy), "--overwrite"])
+    (lora_run_copy / RUN_FILE).write_text(nested(100_000))
+    line = error_line(["export", str(lora_run_dir / "checkpoint-2"), str(lora_run_copy), "--overwrite"])
     assert f"holds a run's checkpoints without its {RUN_FILE} with checkpoint-2" in line, line
 
 
 @pytest.mark.parametrize("name", ["adapter_config.json", ckpt.FINAL_META])
-def test_a_deeply_nested_adapter_file_is_one_line_for_merge(copy, tmp_path, error_line, name):
-    (copy / "final" / name).write_text(nested(100_000))
-    line = error_line(["merge", str(copy / "final"), str(tmp_path / "merged")])
-    assert str(copy / "final" / name) in line and "restore" in line, line
+def test_a_deeply_nested_adapter_file_is_one_line_for_merge(lora_run_copy, tmp_path, error_line, name):
+    (lora_run_copy / "final" / name).write_text(nested(100_000))
+    line = error_line(["merge", str(lora_run_copy / "final"), str(tmp_path / "merged")])
+    assert str(lora_run_copy / "final" / name) in line and "restore" in line, line
     assert not (tmp_path / "merged").exists()

@@ -20,23 +20,6 @@ from hybridtune.run.outdir import RUN_FILE
 TRAIN = ["train", "--sequence_len", "128", "--eval_steps", "0", "--val_set_size", "0", "--max_steps", "2"]
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, small_data) -> Path:
-    """A finished two-step LoRA run of the default preset: checkpoint-2/, final/ (the adapter), base_model/."""
-    out = tmp_path_factory.mktemp("run-dir-redteam") / "run"
-    assert (
-        main([*TRAIN, "--dataset", small_data, "--save_steps", "2", "--adapter", "lora", "--output_dir", str(out)]) == 0
-    )
-    return out
-
-
-@pytest.fixture
-def copy(run_dir, tmp_path) -> Path:
-    out = tmp_path / "run"
-    shutil.copytree(run_dir, out)
-    return out
-
-
 @contextlib.contextmanager
 def within(seconds: int):
     """Fail rather than hang: a read that blocks (a FIFO) is cut by SIGALRM."""
@@ -57,12 +40,12 @@ def snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_a_fifo_as_the_record_of_out_does_not_hang_export(run_dir, tmp_path):
+def test_a_fifo_as_the_record_of_out_does_not_hang_export(lora_run_dir, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     os.mkfifo(out / RUN_FILE)
     with within(120):
-        assert main(["export", str(run_dir / "checkpoint-2"), str(out), "--overwrite"]) == 0
+        assert main(["export", str(lora_run_dir / "checkpoint-2"), str(out), "--overwrite"]) == 0
     assert (out / "final" / "adapter_model.safetensors").is_file()
 
 
@@ -75,44 +58,54 @@ def test_a_fifo_as_the_record_of_output_dir_does_not_hang_train(tmp_path, small_
     assert f"holds files that are not from a hybridtune run ({RUN_FILE})" in line, line
 
 
-def test_a_fifo_as_checkpoint_json_does_not_hang_a_resume(copy, small_data, error_line):
-    meta = copy / "checkpoint-2" / ckpt.META_FILE
+def test_a_fifo_as_checkpoint_json_does_not_hang_a_resume(lora_run_copy, small_data, error_line):
+    meta = lora_run_copy / "checkpoint-2" / ckpt.META_FILE
     meta.unlink()
     os.mkfifo(meta)
-    argv = [*TRAIN, "--dataset", small_data, "--save_steps", "2", "--adapter", "lora", "--output_dir", str(copy)]
+    argv = [
+        *TRAIN,
+        "--dataset",
+        small_data,
+        "--save_steps",
+        "2",
+        "--adapter",
+        "lora",
+        "--output_dir",
+        str(lora_run_copy),
+    ]
     with within(120):
         line = error_line([*argv, "--resume_from_checkpoint", "latest"])
     assert "checkpoint-2: cannot be read:" in line and "is not a regular file" in line, line
 
 
 @pytest.mark.parametrize("part", ["checkpoint-2", "final", "base_model"])
-def test_merge_overwrite_never_replaces_a_part_of_a_run(copy, tmp_path, error_line, part):
+def test_merge_overwrite_never_replaces_a_part_of_a_run(lora_run_copy, tmp_path, error_line, part):
     adapter = tmp_path / "adapter"
-    shutil.copytree(copy / "final", adapter)
-    shutil.copytree(copy / "base_model", tmp_path / "base_model")
-    before = snapshot(copy)
-    line = error_line(["merge", str(adapter), str(copy / part), "--overwrite"])
+    shutil.copytree(lora_run_copy / "final", adapter)
+    shutil.copytree(lora_run_copy / "base_model", tmp_path / "base_model")
+    before = snapshot(lora_run_copy)
+    line = error_line(["merge", str(adapter), str(lora_run_copy / part), "--overwrite"])
     kind = "a training checkpoint" if part.startswith("checkpoint") else f"a run's {part}/"
-    assert f"OUT_DIR '{copy / part}' is {kind}, which a write there would damage" in line, line
-    assert snapshot(copy) == before
+    assert f"OUT_DIR '{lora_run_copy / part}' is {kind}, which a write there would damage" in line, line
+    assert snapshot(lora_run_copy) == before
 
 
 @pytest.mark.parametrize("command", ["export", "train"])
-def test_nothing_is_written_inside_a_checkpoint(copy, run_dir, small_data, error_line, command):
-    inside = copy / "checkpoint-2" / "x"
-    before = snapshot(copy)
+def test_nothing_is_written_inside_a_checkpoint(lora_run_copy, lora_run_dir, small_data, error_line, command):
+    inside = lora_run_copy / "checkpoint-2" / "x"
+    before = snapshot(lora_run_copy)
     argv = {
-        "export": ["export", str(run_dir / "checkpoint-2"), str(inside)],
+        "export": ["export", str(lora_run_dir / "checkpoint-2"), str(inside)],
         "train": [*TRAIN, "--dataset", small_data, "--output_dir", str(inside)],
     }[command]
     line = error_line(argv)
-    assert f"lies inside '{copy / 'checkpoint-2'}', a training checkpoint" in line, line
-    assert snapshot(copy) == before and ckpt.verify_checkpoint(copy / "checkpoint-2") is None
+    assert f"lies inside '{lora_run_copy / 'checkpoint-2'}', a training checkpoint" in line, line
+    assert snapshot(lora_run_copy) == before and ckpt.verify_checkpoint(lora_run_copy / "checkpoint-2") is None
 
 
-def test_an_out_under_a_file_says_so(run_dir, tmp_path, error_line):
+def test_an_out_under_a_file_says_so(lora_run_dir, tmp_path, error_line):
     (tmp_path / "afile").write_text("mine")
-    line = error_line(["export", str(run_dir / "checkpoint-2"), str(tmp_path / "afile" / "sub")])
+    line = error_line(["export", str(lora_run_dir / "checkpoint-2"), str(tmp_path / "afile" / "sub")])
     assert "Not a directory (ENOTDIR); a part of the path is a file" in line, line
     assert (tmp_path / "afile").read_text() == "mine"
 
@@ -134,22 +127,22 @@ def test_a_run_record_the_system_refuses_is_one_line(tmp_path, small_data, monke
     assert line.startswith(f"error: cannot write the run's record {out / RUN_FILE}: File too large (EFBIG)"), line
 
 
-def test_a_link_named_otherwise_to_a_final_is_still_a_final(copy, tmp_path, error_line):
+def test_a_link_named_otherwise_to_a_final_is_still_a_final(lora_run_copy, tmp_path, error_line):
     """`merge ADAPTER link/sub` with `link -> run/final`: the path's own names said nothing of final/."""
     link = tmp_path / "elsewhere"
-    link.symlink_to(copy / "final")
-    before = snapshot(copy)
-    line = error_line(["merge", str(copy / "final"), str(link / "sub")])
-    assert f"lies inside '{copy / 'final'}', a run's final/" in line, line
-    assert snapshot(copy) == before
+    link.symlink_to(lora_run_copy / "final")
+    before = snapshot(lora_run_copy)
+    line = error_line(["merge", str(lora_run_copy / "final"), str(link / "sub")])
+    assert f"lies inside '{lora_run_copy / 'final'}', a run's final/" in line, line
+    assert snapshot(lora_run_copy) == before
 
 
-def test_an_earlier_merged_export_is_not_left_beside_another_step(copy, tmp_path, error_line):
+def test_an_earlier_merged_export_is_not_left_beside_another_step(lora_run_copy, tmp_path, error_line):
     """`export CKPT OUT --merged`, then `export OTHER OUT --overwrite`: OUT/merged/ stayed the first checkpoint's."""
     out = tmp_path / "out"
-    assert main(["export", str(copy / "checkpoint-2"), str(out), "--merged"]) == 0
+    assert main(["export", str(lora_run_copy / "checkpoint-2"), str(out), "--merged"]) == 0
     before = snapshot(out)
-    line = error_line(["export", str(copy / "checkpoint-2"), str(out), "--overwrite"])
+    line = error_line(["export", str(lora_run_copy / "checkpoint-2"), str(out), "--overwrite"])
     assert "holds merged/ of an earlier export" in line and "pass --merged to replace it too" in line, line
     assert snapshot(out) == before
-    assert main(["export", str(copy / "checkpoint-2"), str(out), "--overwrite", "--merged"]) == 0
+    assert main(["export", str(lora_run_copy / "checkpoint-2"), str(out), "--overwrite", "--merged"]) == 0

@@ -22,16 +22,6 @@ from hybridtune.errors import DataError  # noqa: E402
 from hybridtune.infer.video_prompts import video_arg  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return vl_tiny.tokenizer()
-
-
-@pytest.fixture(scope="module")
-def vision(tok):
-    return vl_tiny.vision_of(tok)
-
-
 def _load(tmp_path, tok, vision, part):
     path = tmp_path / "d.jsonl"
     vl_tiny.write_rows(path, [chat(part, {"type": "text", "text": "what"}, answer="x")])

@@ -22,15 +22,6 @@ from hybridtune.run.outdir import LOCK_FILE
 TRAIN = ["train", "--sequence_len", "128", "--eval_steps", "0", "--val_set_size", "0"]
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, small_data) -> Path:
-    """A finished two-step LoRA run of the default preset: checkpoint-2/, final/ (the adapter), base_model/."""
-    out = tmp_path_factory.mktemp("write-errors") / "run"
-    argv = [*TRAIN, "--dataset", small_data, "--max_steps", "2", "--save_steps", "2", "--adapter", "lora"]
-    assert main([*argv, "--output_dir", str(out)]) == 0
-    return out
-
-
 @contextlib.contextmanager
 def file_size_limit(n: int):
     """This process may write files of at most `n` bytes inside the block (`ulimit -f`; Python ignores SIGXFSZ, so
@@ -73,40 +64,40 @@ def test_a_training_save_past_the_file_size_limit_is_one_line(tmp_path, small_da
     assert not list(out.glob("checkpoint-*")) and temporaries(tmp_path) == []
 
 
-def test_an_export_past_the_file_size_limit_is_one_line(run_dir, tmp_path, capsys):
+def test_an_export_past_the_file_size_limit_is_one_line(lora_run_dir, tmp_path, capsys):
     out = tmp_path / "export"
     with file_size_limit(200 << 10):  # the preset's base_model/ safetensors is about 3.4 MiB
-        line = one_line(["export", str(run_dir / "checkpoint-2"), str(out)], capsys)
-    assert line.startswith(f"error: exporting '{run_dir / 'checkpoint-2'}' failed: a write in '{out}' was refused"), (
-        line
-    )
+        line = one_line(["export", str(lora_run_dir / "checkpoint-2"), str(out)], capsys)
+    assert line.startswith(
+        f"error: exporting '{lora_run_dir / 'checkpoint-2'}' failed: a write in '{out}' was refused"
+    ), line
     efbig(line)
     assert line.endswith("nothing was changed. Then run the export again"), line
     assert not out.exists() and temporaries(tmp_path) == []  # not even the lock or the directory
 
 
-def test_a_merge_past_the_file_size_limit_is_one_line(run_dir, tmp_path, capsys):
+def test_a_merge_past_the_file_size_limit_is_one_line(lora_run_dir, tmp_path, capsys):
     out = tmp_path / "merged"
     with file_size_limit(200 << 10):
-        line = one_line(["merge", str(run_dir / "final"), str(out)], capsys)
+        line = one_line(["merge", str(lora_run_dir / "final"), str(out)], capsys)
     assert line.startswith(f"error: cannot write '{out}': "), line
     efbig(line)
     assert not out.exists() and temporaries(tmp_path) == []
 
 
-def test_an_overwrite_refused_midway_keeps_the_earlier_export(run_dir, tmp_path, capsys):
+def test_an_overwrite_refused_midway_keeps_the_earlier_export(lora_run_dir, tmp_path, capsys):
     out = tmp_path / "export"
-    assert main(["export", str(run_dir / "checkpoint-2"), str(out)]) == 0
+    assert main(["export", str(lora_run_dir / "checkpoint-2"), str(out)]) == 0
     before = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != LOCK_FILE}
     with file_size_limit(200 << 10):
-        line = one_line(["export", str(run_dir / "checkpoint-2"), str(out), "--overwrite"], capsys)
+        line = one_line(["export", str(lora_run_dir / "checkpoint-2"), str(out), "--overwrite"], capsys)
     efbig(line)
     after = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != LOCK_FILE}
     assert after == before and temporaries(tmp_path) == []
 
 
 @pytest.mark.parametrize("nth", [1, 2])
-def test_an_io_error_in_an_export_names_eio_and_what_changed(run_dir, tmp_path, monkeypatch, capsys, nth):
+def test_an_io_error_in_an_export_names_eio_and_what_changed(lora_run_dir, tmp_path, monkeypatch, capsys, nth):
     """safetensors' own text (no errno attribute): 1 = base_model/ fails, 2 = final/ fails after base_model/."""
     out = tmp_path / "export"
     real, calls = safetensors.torch.serialize_file, []
@@ -119,7 +110,7 @@ def test_an_io_error_in_an_export_names_eio_and_what_changed(run_dir, tmp_path, 
         return real(tensors, filename, metadata=metadata)
 
     monkeypatch.setattr(safetensors.torch, "serialize_file", serialize_file)
-    line = one_line(["export", str(run_dir / "checkpoint-2"), str(out)], capsys)
+    line = one_line(["export", str(lora_run_dir / "checkpoint-2"), str(out)], capsys)
     assert "Input/output error (EIO)" in line and "check it" in line, line
     if nth == 1:
         assert "nothing was changed" in line and not out.exists(), line
@@ -160,7 +151,7 @@ def test_an_error_that_is_no_refused_write_is_not_hidden(tmp_path):
     assert write_errors.failure(ValueError("unexpected pos")) is None
 
 
-def test_a_read_only_disk_is_one_line_in_a_save_and_a_merge(run_dir, tmp_path, small_data, monkeypatch, capsys):
+def test_a_read_only_disk_is_one_line_in_a_save_and_a_merge(lora_run_dir, tmp_path, small_data, monkeypatch, capsys):
     """EROFS where the temporary directory is made, before any write of it (a disk remounted read-only): the merge
     ended in an OSError traceback."""
     real = ckpt.make_tmp_dir
@@ -170,7 +161,7 @@ def test_a_read_only_disk_is_one_line_in_a_save_and_a_merge(run_dir, tmp_path, s
 
     monkeypatch.setattr(ckpt, "make_tmp_dir", read_only)
     out = tmp_path / "merged"
-    line = one_line(["merge", str(run_dir / "final"), str(out)], capsys)
+    line = one_line(["merge", str(lora_run_dir / "final"), str(out)], capsys)
     assert line.startswith(f"error: cannot write '{out}': Read-only file system (EROFS)"), line
     run = tmp_path / "run"
     argv = [*TRAIN, "--dataset", small_data, "--max_steps", "2", "--save_steps", "1", "--output_dir", str(run)]
