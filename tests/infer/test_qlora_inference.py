@@ -1,6 +1,6 @@
 """A QLoRA adapter at inference (`generate`, `chat`, `eval` open it through infer/load.py): with its run's
-final/hybridtune.json it goes on its base's NF4 round trip, as it trained, and says so; copied without that record
-(plain peft files) it goes on the full-precision weights and the command says so in one warning line; a plain LoRA
+final/hybridtune.json, or only its model card's `qlora` tag, it goes on its base's NF4 round trip, as it trained,
+and says so; without either (plain peft files) it goes on the full-precision weights, said in one warning line; a plain LoRA
 adapter with its record says nothing of quantisation."""
 
 from __future__ import annotations
@@ -48,11 +48,19 @@ def test_a_qlora_adapter_goes_on_its_nf4_base_or_says_it_does_not(trained, tmp_p
     _, err = _generate(capsys, final)
     assert "trained on a 4-bit NF4 base (QLoRA): applied to its base's NF4 round trip" in err and WARNING not in err
 
-    # the same adapter copied without its record: the full-precision weights, said in one line
-    bare = tmp_path / "bare"
-    shutil.copytree(final, bare)
-    (bare / FINAL_META).unlink()
+    # copied without its record but with its card (as on the hub): the card's qlora tag records the NF4 base
+    carded = tmp_path / "carded"
+    shutil.copytree(final, carded)
+    (carded / FINAL_META).unlink()
     shutil.copytree(run / "base_model", tmp_path / "base_model")  # (the base beside it, as beside final/)
+    torch.testing.assert_close(_logits(open_model(str(carded)).model, ids), want, rtol=1e-5, atol=1e-5)
+    _, err = _generate(capsys, carded)
+    assert "applied to its base's NF4 round trip" in err and WARNING not in err
+
+    # plain peft files, no record and no card: the full-precision weights, said in one line
+    bare = tmp_path / "bare"
+    shutil.copytree(carded, bare)
+    (bare / "README.md").unlink()
     _, err = _generate(capsys, bare)
     lines = [x for x in err.splitlines() if WARNING in x]
     assert len(lines) == 1 and "full-precision weights" in lines[0] and "QLoRA" in lines[0]

@@ -38,9 +38,10 @@ from hybridtune.models.trust import refuse_custom_code
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run.adapter_base import adapter_base as base_of_adapter
 from hybridtune.run.base import base_revision
+from hybridtune.run.card import QLORA_TAG
 from hybridtune.run.export import FINAL_DIR, INFO_FILE
 from hybridtune.run.integrity import meta_problem
-from hybridtune.run.merge import read_adapter_config, trained_on_nf4
+from hybridtune.run.merge import read_adapter_config, recorded_quantization, trained_on_nf4
 from hybridtune.run.outdir import RUN_FILE
 from hybridtune.runtime.defaults import recorded_values
 from hybridtune.runtime.lora import lora_from_config
@@ -268,11 +269,11 @@ def base_as_trained(model: torch.nn.Module, path: Path) -> bool:
             "rounded, %d held NF4 values already)", path, rounded, kept,
         )  # fmt: skip
         return True
-    if not (path / INFO_FILE).is_file():
+    if recorded_quantization(path) is None:  # (neither final/hybridtune.json nor the card's qlora tag)
         logger.warning(
-            "adapter %s has no %s recording whether its base was quantised: applied to the base's full-precision "
-            "weights; if it was trained as QLoRA (an NF4 base) its answers differ from training's: copy the run's "
-            "%s beside it", path, INFO_FILE, INFO_FILE,
+            "adapter %s has no %s recording whether its base was quantised (nor a '%s' tag in its README.md): "
+            "applied to the base's full-precision weights; if it was trained as QLoRA (an NF4 base) its answers "
+            "differ from training's: copy the run's %s beside it", path, INFO_FILE, QLORA_TAG, INFO_FILE,
         )  # fmt: skip
     return False
 
