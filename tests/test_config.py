@@ -263,7 +263,9 @@ def test_cli_huge_num_threads_is_one_line(tmp_path):
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert len(err) == 1 and err[0].startswith("error: command line: config key 'num_threads' = 100000 must be at most"), err
+    assert len(err) == 1 and err[0].startswith(
+        "error: command line: config key 'num_threads' = 100000 must be at most"
+    ), err
 
 
 def test_learning_rate_is_bounded():
