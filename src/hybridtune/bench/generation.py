@@ -39,15 +39,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def hf_generate(model, prompts: list[list[int]], new_tokens: int, pad: int, device: torch.device) -> float:
-    """transformers' generate on the left-padded batch, sampling exactly `new_tokens` per row; its seconds."""
+def left_padded(prompts: list[list[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts as generate takes a batch: ids [rows, longest] left-padded with `pad`, and their attention mask."""
     width = max(map(len, prompts))
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for r, p in enumerate(prompts):
         ids[r, width - len(p) :] = torch.tensor(p)
         mask[r, width - len(p) :] = 1
-    ids, mask = ids.to(device), mask.to(device)
+    return ids.to(device), mask.to(device)
+
+
+def hf_generate(model, prompts: list[list[int]], new_tokens: int, pad: int, device: torch.device) -> float:
+    """transformers' generate on the left-padded batch, sampling exactly `new_tokens` per row; its seconds."""
+    ids, mask = left_padded(prompts, pad, device)
+    width = ids.shape[1]
     _sync(device)
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -76,14 +82,10 @@ def greedy_agreement(model, prompts: list[list[int]], new_tokens: int, pad: int,
     differs (with random weights a near-tie can flip under another kernel order; the row says where)."""
     from hybridtune.runtime.rollout import sample_rows
 
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for r, p in enumerate(prompts):
-        ids[r, width - len(p) :] = torch.tensor(p)
-        mask[r, width - len(p) :] = 1
+    ids, mask = left_padded(prompts, pad, device)
+    width = ids.shape[1]
     with torch.no_grad():
-        hf = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=new_tokens,
+        hf = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad)[:, width:].tolist()  # fmt: skip
     got = [r.ids for r in sample_rows(model, prompts, [None] * len(prompts), new_tokens, [], 0.0, 1.0, pad)]
     first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(hf, got)]
