@@ -51,15 +51,7 @@ def stock(model, directory, folder, fps=FPS) -> list[int]:
 
 
 def ours(monkeypatch, capsys, args) -> list[list[int]]:
-    seen = []
-    real = generation.complete
-
-    def spy(*a, **k):
-        out = real(*a, **k)
-        seen.extend(ids for ids, _ in out)
-        return out
-
-    monkeypatch.setattr(generation, "complete", spy)
+    seen = vl_tiny.spy_completions(monkeypatch, generation)
     rc = main(["generate", *args, "--max_new_tokens", str(NEW), "--json"])
     out = capsys.readouterr()
     assert rc == 0, out.err

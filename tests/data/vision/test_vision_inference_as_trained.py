@@ -21,6 +21,7 @@ import sys
 import pytest
 import stock_vl
 import torch
+import vl_tiny
 from PIL import Image
 
 import hybridtune.runtime.generation as generation
@@ -93,16 +94,7 @@ def stock(run):
 
 def _spy(monkeypatch) -> list:
     """The new token ids of every completion generation makes, in order."""
-    seen: list = []
-    real = generation.complete
-
-    def spy(*a, **k):
-        out = real(*a, **k)
-        seen.extend(ids for ids, _ in out)
-        return out
-
-    monkeypatch.setattr(generation, "complete", spy)
-    return seen
+    return vl_tiny.spy_completions(monkeypatch, generation)
 
 
 def _stock_image(stock, image, question: str = vl_demo.QUESTION) -> list[int]:

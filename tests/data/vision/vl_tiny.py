@@ -152,3 +152,18 @@ def chat(*user_parts, answer: str = "Red.") -> dict:
     """One chat row: a user message of `user_parts` (strings are text parts, dicts as they are), an answer."""
     parts = [{"type": "text", "text": p} if isinstance(p, str) else p for p in user_parts]
     return {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": answer}]}
+
+
+def spy_completions(monkeypatch, module) -> list:
+    """The new token ids of every completion `module.complete` makes (generation's, or a command's own import of it),
+    in order, while the test runs."""
+    seen: list = []
+    real = module.complete
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        seen.extend(ids for ids, _ in out)
+        return out
+
+    monkeypatch.setattr(module, "complete", spy)
+    return seen
