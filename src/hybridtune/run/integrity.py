@@ -21,7 +21,7 @@ import os
 import pickle
 import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -427,14 +427,7 @@ def is_disk_full(exc: BaseException, where: Path, need: int) -> bool:
     errno (safetensors), or a short write (torch.save's
     zip writer says 'unexpected pos') on a disk that now has less room than the whole save needs.
     """
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    seen, todo = set(), [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in causes(exc):
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
         if any(s in str(e).lower() for s in _NO_SPACE):
@@ -445,7 +438,20 @@ def is_disk_full(exc: BaseException, where: Path, need: int) -> bool:
                     return True
             except OSError:
                 pass
+    return False
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and every exception behind it, each once: causes, contexts and each rank's failure DCP wraps."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
         if isinstance(e, CheckpointException):
             todo += [f[0] for f in e.failures.values()]
         todo += [e.__cause__, e.__context__]
-    return False

@@ -11,7 +11,7 @@ import errno
 import os
 import re
 import resource
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from hybridtune.run import integrity
@@ -43,21 +43,6 @@ class WriteError(DiskFullError):
         self.why = why
 
 
-def _causes(exc: BaseException) -> Iterator[BaseException]:
-    from torch.distributed.checkpoint.api import CheckpointException  # (DCP wraps each rank's failure)
-
-    seen, todo = set(), [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        if isinstance(e, CheckpointException):
-            todo += [f[0] for f in e.failures.values()]
-        todo += [e.__cause__, e.__context__]
-
-
 def _said(code: int) -> str:
     name = errno.errorcode.get(code, str(code))
     hint = HINTS.get(code, "check the disk, or write elsewhere")
@@ -76,7 +61,7 @@ def failure(exc: BaseException) -> str | None:
     from safetensors import SafetensorError
 
     short = None
-    for e in _causes(exc):
+    for e in integrity.causes(exc):
         if isinstance(e, OSError) and e.errno is not None and e.errno not in (errno.ENOENT, errno.EEXIST):
             return _said(e.errno)
         text = str(e)
