@@ -44,6 +44,7 @@ from hybridtune.config_foreign import (
     renamed_key,
     template_hint,
 )
+from hybridtune.config_grpo import grpo_warnings
 from hybridtune.config_schema import (  # re-exported: hybridtune.config is where users look for them
     ALL_LINEAR,
     BUNDLED_DATASET,
@@ -433,7 +434,7 @@ def config_warnings(cfg: TrainConfig, given: set[str]) -> list[str]:
         warning = warmup_warning(cfg, cfg.max_steps)
         if warning:
             out.append(warning)
-    return out
+    return out + grpo_warnings(cfg, given)
 
 
 def warmup_warning(cfg: TrainConfig, total_steps: int) -> str | None:
