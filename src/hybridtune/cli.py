@@ -13,7 +13,7 @@ import os
 import sys
 
 from hybridtune import __version__
-from hybridtune.errors import UserError, did_you_mean
+from hybridtune.errors import UserError, did_you_mean, printable
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("hybridtune.train.command", "fine-tune a model on packed data (full fine-tune by default, or LoRA)"),
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(COMMANDS[name][0])
         rc = module.main(rest)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {printable(str(e))}", file=sys.stderr)  # (a row's or a path's ESC reaches no terminal)
         return e.exit_code
     except BrokenPipeError:
         # The reader of stdout went away (`hybridtune train --help | head`): nothing more to say to it. Python's

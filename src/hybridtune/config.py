@@ -26,6 +26,7 @@ from hybridtune.config_checks import (
     absolute_paths,
     as_text,
     check_output_dir,
+    dataset_twice,
     duplicate_keys,
     env_vars,
     expanded,
@@ -43,6 +44,7 @@ from hybridtune.config_foreign import (
     renamed_key,
     template_hint,
 )
+from hybridtune.config_grpo import grpo_warnings
 from hybridtune.config_schema import (  # re-exported: hybridtune.config is where users look for them
     ALL_LINEAR,
     BUNDLED_DATASET,
@@ -329,6 +331,8 @@ def parse_overrides(argv: list[str]) -> dict[str, Any]:
         if before is not None:  # `--dataset a --dataset b`: both, never silently the last
             out[key] = [*_listed(key, before), *_listed(key, out[key])]
         i += 1
+    if twice := dataset_twice(out, "command line: "):  # (a run record's keys come as overrides too: not here)
+        raise twice[0]
     return out
 
 
@@ -362,7 +366,7 @@ def load_config(
     fields = _fields(TrainConfig, data, where, node, problems, ignored=ignored)  # a file's problems name its line
     problems += env_vars(fields, where, node)
     fields.update(_fields(TrainConfig, cli, "command line", None, problems, ignored=ignored))
-    problems += qlora_4bit(fields, cli, where, node)
+    problems += qlora_4bit(fields, cli, where, node) + dataset_twice(data, place({}, where, node)("dataset"))
     if problems:
         raise together(problems)
     cfg = TrainConfig(**fields)
@@ -430,7 +434,7 @@ def config_warnings(cfg: TrainConfig, given: set[str]) -> list[str]:
         warning = warmup_warning(cfg, cfg.max_steps)
         if warning:
             out.append(warning)
-    return out
+    return out + grpo_warnings(cfg, given)
 
 
 def warmup_warning(cfg: TrainConfig, total_steps: int) -> str | None:

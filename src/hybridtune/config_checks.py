@@ -53,6 +53,21 @@ def qlora_4bit(fields: dict, cli: dict, where: str, node: yaml.Node | None) -> l
     return [ConfigError(f"{' and '.join(at)}: {keys}: {what}")]  # each place said once
 
 
+def dataset_twice(given: dict, at: str) -> list[ConfigError]:
+    """`dataset` beside `datasets` in one place (both in a file, or both on the command line; `at`: where, as an error's prefix):
+    `dataset` replaces `datasets`, so the files of one would be dropped without a word. The command line's
+    `--dataset` over a file's `datasets` is an override, as the command line wins everywhere."""
+    if given.get("dataset") is None or given.get("datasets") is None:
+        return []
+    return [
+        ConfigError(
+            f"{at}config keys 'dataset' and 'datasets' are both given; 'dataset' replaces 'datasets', so the files "
+            "of 'datasets' would be dropped: list every file under one of them (--dataset a --dataset b, or "
+            "--datasets a,b)"
+        )
+    ]
+
+
 def env_vars(fields: dict[str, Any], where: str, node: yaml.Node | None) -> list[ConfigError]:
     """A path in a file holding `$VAR` or `${VAR}`: hybridtune does not expand environment variables (a config
     means the same under any environment), and a directory named `${HOME}` is never what was meant."""

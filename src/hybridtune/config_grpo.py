@@ -72,3 +72,14 @@ def grpo_checks(cfg) -> list[tuple[bool, str, Any, str]]:
             f"must have one weight per reward function ({n} in reward_funcs)",
         ),
     ]
+
+
+def grpo_warnings(cfg, given: set[str]) -> list[str]:
+    """`reward_timeout` given while rewards run in the training process, where nothing can stop a call: said, so
+    that a timeout the user set is never silently none."""
+    if cfg.objective != "grpo" or "reward_timeout" not in given or cfg.reward_processes > 0:
+        return []
+    return [
+        f"config key 'reward_timeout = {cfg.reward_timeout:g}' applies in reward worker processes only: with "
+        "reward_processes: 0 (in process) a reward call is never stopped; set reward_processes: 1 (or more)"
+    ]

@@ -7,6 +7,18 @@ the bad value, where it came from (file, line, key) and what to do.
 
 from __future__ import annotations
 
+import re
+
+# What a terminal obeys rather than shows: C0 controls but newline and tab, DEL, C1 controls, and the bidirectional
+# overrides and isolates that reorder what is shown. Text from files someone else wrote (a data row, a path, a role)
+# is printed with these as escapes (\x1b, \u202e): in `hybridtune data`'s preview and in every error line.
+CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal would obey written as its escape (`\\x1b`, `\\u202e`)."""
+    return CONTROLS.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
+
 
 def did_you_mean(word: str, choices, what: str = "") -> str:
     """ " Did you mean <what>'<nearest>'?" for the closest of `choices`, or "" when none is close."""

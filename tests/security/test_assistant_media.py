@@ -69,6 +69,9 @@ def test_a_role_named_in_roles_to_train_is_a_trained_turn(folder, tok, vision):
     assert len(_load(folder, tok, vision, [row]).examples[0].images) == 1  # a user's image: trains as before
     with pytest.raises(DataError, match=r"message 0 \(role 'user'\).*media in a trained turn \(role 'user'\)"):
         _load(folder, tok, vision, [row], roles_to_train=["user", "assistant"])
+    with pytest.raises(DataError, match=r"drop 'user' from the dataset's roles_to_train") as e:  # (not "a user turn")
+        _load(folder, tok, vision, [row], roles_to_train=["assistant", "user"])
+    assert "into a user turn" not in str(e.value)
 
 
 def test_media_in_user_turns_still_train_with_untrained_vision_tokens(folder, tok, vision):

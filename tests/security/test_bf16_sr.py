@@ -20,6 +20,7 @@ TRAIN = ["train", "--sequence_len", "128", "--eval_steps", "0", "--max_steps", "
         (["--adapter", "full"], "this run has bf16: false (auto: no GPU that computes in bf16), where"),
         (["--adapter", "full", "--bf16", "false"], "this run has bf16: false, where"),
         (["--adapter", "lora", "--bf16", "true"], "this run has adapter: lora, where"),
+        (["--adapter", "qlora", "--bf16", "true"], "this run has adapter: qlora, where"),  # (not its lora)
         (
             ["--adapter", "lora"],
             "this run has adapter: lora and bf16: false (auto: no GPU that computes in bf16), where",

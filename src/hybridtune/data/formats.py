@@ -127,9 +127,13 @@ def refuse_trained_media(content: Any, where: str, what: str, role: str) -> None
             else None
         )  # fmt: skip
         if found:
+            fix = (  # (a user turn trained by roles_to_train: moving the image "into a user turn" would not help)
+                "move the image or video into a user turn, or drop it" if role == "assistant"
+                else f"drop '{role}' from the dataset's roles_to_train, or drop the image or video"
+            )  # fmt: skip
             raise DataError(
                 f"{where}: {what}: {found} is media in a trained turn (role '{role}'): the model would learn to emit "
-                "vision tokens it cannot fill; move the image or video into a user turn, or drop it"
+                f"vision tokens it cannot fill; {fix}"
             )
 
 

@@ -24,7 +24,7 @@ from hybridtune.data.examples import Loaded
 from hybridtune.data.pairs import PREFERENCE
 from hybridtune.data.pairs import WHY as PAIR_WHY
 from hybridtune.data.report import WHY, counts
-from hybridtune.errors import ConfigError
+from hybridtune.errors import ConfigError, printable
 from hybridtune.models.hub import resolve_source
 from hybridtune.models.loading import tokenizer_for
 from hybridtune.runtime.defaults import resolve_defaults
@@ -44,14 +44,6 @@ TOKENIZER_FILES = ["*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
 OPEN, CLOSE = "[[", "]]"
 PAD_RUN = re.compile(r"(<\|[a-z_]+_pad\|>)\1{2,}")  # an image's or video's visual tokens: one and the count
 GREEN, RESET = "\x1b[32m", "\x1b[0m"
-# What a terminal obeys rather than shows: C0 controls but newline and tab, DEL, C1 controls, and the bidirectional
-# overrides and isolates that reorder what is shown. A row's own are printed as escapes (\x1b, \u202e).
-CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def printable(text: str) -> str:
-    """`text` with every character a terminal would obey written as its escape (`\\x1b`, `\\u202e`)."""
-    return CONTROLS.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
 
 
 def marked(tokenizer, input_ids: list[int], loss_mask: list[int], color: bool) -> str:

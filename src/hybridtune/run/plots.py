@@ -38,7 +38,7 @@ def read_metrics(path: Path) -> list[dict]:
     for line in text.splitlines():
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # (nested past the recursion limit: not a record either)
             continue
         if isinstance(row, dict) and isinstance(row.get("step"), int):
             rows.append(row)

@@ -180,8 +180,8 @@ class MetricsLog:
             for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
                 try:
                     row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # torn by a kill mid-write
+                except (json.JSONDecodeError, RecursionError):
+                    continue  # torn by a kill mid-write, or nested past the recursion limit (never a record of ours)
                 if isinstance(row, dict) and row.get("step", 0) <= after_step:
                     kept.append(line + "\n")
             atomic_write_text(self.path, "".join(kept))

@@ -73,7 +73,8 @@ def refuse_unrounded(cfg: TrainConfig, bf16: bool) -> None:
     fp32 AdamW under its name. Refused in one line (ConfigError) saying why and what to set instead."""
     if optim_name(cfg) != "adamw_bf16_sr" or (cfg.adapter == "full" and bf16):
         return
-    why = [f"adapter: {cfg.adapter}"] if cfg.adapter != "full" else []
+    adapter = "qlora" if cfg.adapter == "lora" and cfg.load_in_4bit else cfg.adapter  # (as the user wrote it)
+    why = [f"adapter: {adapter}"] if cfg.adapter != "full" else []
     if not bf16:
         why.append("bf16: false" + (" (auto: no GPU that computes in bf16)" if cfg.bf16 == "auto" else ""))
     raise ConfigError(
