@@ -100,7 +100,7 @@ part_preference() {
   grpo=(--base_model qwen3_5-2b --steps 5 --prompts 8 --num_generations 8 --max_completion_length 256)
   if [ "${REHEARSAL:-0}" = 1 ]; then
     shapes=tiny-qwen3_5:1:2 seq=256 extra="--compile_backend aot_eager"
-    grpo=(--base_model tiny-qwen3_5 --steps 3 --prompts 2 --num_generations 2 --max_completion_length 8)
+    grpo=(--base_model tiny-qwen3_5 --steps 2 --prompts 1 --num_generations 2 --max_completion_length 4)
   fi
   say "== dpo: benchmarks/dpo.sh $shapes, at most $dpo s, from ${SECONDS} s"
   OUT=$R/dpo-out R=$R/dpo T0=$dpo SHAPES=$shapes SEQ=$seq NINE=0 EXTRA=$extra PY=$PY NO_RESULTS=${NO_RESULTS:-0} \

@@ -41,7 +41,7 @@ def test_usage_and_an_unknown_part(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("part", list(STEPS))
+@pytest.mark.parametrize("part", list(STEPS), ids=lambda part: f"part_{part}")  # (an id "cuda" reads as the marker)
 def test_each_part_runs_every_step_on_the_cpu(tmp_path, part):
     done = _run(tmp_path, part)
     out = tmp_path / "out"
