@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from resumes import interrupted, keys
+from resumes import interrupted, keys, lora_run
 
 from checkpoints import make_checkpoint
 from hybridtune.cli import main
@@ -63,10 +63,7 @@ def lora_run_dir(tmp_path_factory, small_data) -> Path:
     """A finished two-step LoRA run of the default preset: checkpoint-2/, final/ (the adapter), base_model/. Tests
     only read it; `lora_run_copy` is theirs to damage."""
     out = tmp_path_factory.mktemp("lora-run") / "run"
-    argv = ["train", "--sequence_len", "128", "--eval_steps", "0", "--val_set_size", "0", "--max_steps", "2"]
-    assert (
-        main([*argv, "--dataset", small_data, "--save_steps", "2", "--adapter", "lora", "--output_dir", str(out)]) == 0
-    )
+    assert main(lora_run(small_data, out)) == 0
     return out
 
 

@@ -1,6 +1,7 @@
 """The security tests' resumes: a tiny-preset full fine-tune stopped after its first step (checkpoint-1), resumed
 through `hybridtune train`, and a checkpoint edited as someone with write access would, its checksums redone so that
-it verifies (checksums have no key: only the resume's own checks can refuse it)."""
+it verifies (checksums have no key: only the resume's own checks can refuse it); `lora_run`, the command line of the
+finished two-step LoRA run the security conftest trains (and tests run again over a copy of it)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,9 @@ def edit_optimizer(path, edit) -> None:
 def redo_checksums(record: dict, path) -> None:
     """`record` (checkpoint `path`'s checkpoint.json) lists every other file of `path` with its checksum as now."""
     record["files"] = integrity.hash_files(path, [f for f in integrity._walk(path)[0] if f != ckpt.META_FILE])
+
+
+def lora_run(data: str, out) -> list[str]:
+    """`hybridtune train` of a two-step LoRA run of the default preset on `data` into `out`, saving at step 2."""
+    return ["train", "--sequence_len", "128", "--eval_steps", "0", "--val_set_size", "0", "--max_steps", "2",
+            "--dataset", data, "--save_steps", "2", "--adapter", "lora", "--output_dir", str(out)]  # fmt: skip

@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import pytest
+from resumes import lora_run
 
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run.outdir import RUN_FILE
-
-TRAIN = ["train", "--sequence_len", "128", "--eval_steps", "0", "--val_set_size", "0", "--max_steps", "2"]
 
 
 def nested(depth: int) -> str:
@@ -25,17 +24,7 @@ def test_a_deeply_nested_checkpoint_json_is_one_line(lora_run_copy, tmp_path, er
     assert not (tmp_path / "out").exists()
     line = error_line(["eval", "--model", str(lora_run_copy / "checkpoint-2"), "--dataset", small_data])
     assert said in line, line
-    resume = [
-        *TRAIN,
-        "--dataset",
-        small_data,
-        "--save_steps",
-        "2",
-        "--adapter",
-        "lora",
-        "--output_dir",
-        str(lora_run_copy),
-    ]
+    resume = lora_run(small_data, lora_run_copy)
     line = error_line([*resume, "--resume_from_checkpoint", "latest"])
     assert f"checkpoint-2: {said}" in line, line
 

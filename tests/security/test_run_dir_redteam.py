@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from resumes import lora_run
 
 from hybridtune.cli import main
 from hybridtune.run import checkpoint as ckpt
@@ -62,17 +63,7 @@ def test_a_fifo_as_checkpoint_json_does_not_hang_a_resume(lora_run_copy, small_d
     meta = lora_run_copy / "checkpoint-2" / ckpt.META_FILE
     meta.unlink()
     os.mkfifo(meta)
-    argv = [
-        *TRAIN,
-        "--dataset",
-        small_data,
-        "--save_steps",
-        "2",
-        "--adapter",
-        "lora",
-        "--output_dir",
-        str(lora_run_copy),
-    ]
+    argv = lora_run(small_data, lora_run_copy)
     with within(120):
         line = error_line([*argv, "--resume_from_checkpoint", "latest"])
     assert "checkpoint-2: cannot be read:" in line and "is not a regular file" in line, line
