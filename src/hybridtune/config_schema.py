@@ -41,6 +41,8 @@ BUNDLED_DATASET = "hybridtune:sample/arithmetic.jsonl"
 # them for a checkpoint), and `sequence_len: auto` where nothing resolves it (data.build.prepare called as a library).
 PRESET_SEQUENCE_LEN = 256
 PRESET_LEARNING_RATE = 1e-3
+# The objectives that train on preference pairs (prompt, chosen, rejected), packed whole (data/pairs.py).
+PAIR_OBJECTIVES = ("dpo", "simpo", "orpo")
 
 MAX_SEED = MAX_INT  # torch.manual_seed takes a 64-bit value (every int key's bound) and the trainer adds the rank
 # No real fine-tune uses a learning rate above ~1 (they sit between 1e-6 and 1e-2); tests force a divergence with

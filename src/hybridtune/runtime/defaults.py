@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hybridtune.config import TrainConfig
-from hybridtune.config_schema import PRESET_LEARNING_RATE, PRESET_SEQUENCE_LEN
+from hybridtune.config_schema import PAIR_OBJECTIVES, PRESET_LEARNING_RATE, PRESET_SEQUENCE_LEN
 from hybridtune.data.build import bins_for, covering_length
 from hybridtune.models.hub import ModelSource
 from hybridtune.runtime.facts import Choice
@@ -164,7 +164,7 @@ def choose_sequence_len(
 
 
 def pairs(cfg: TrainConfig) -> bool:
-    return cfg.objective in ("dpo", "simpo", "orpo")
+    return cfg.objective in PAIR_OBJECTIVES
 
 
 def choose_batch(cfg: TrainConfig, lengths: list[int], seq_len: int, steps=None) -> Choice:

@@ -22,7 +22,7 @@ from hybridtune.batch import CU_SEQ_LENS_Q, LABELS, NUM_PAIRS, PAIR_INDEX, PAIR_
 from hybridtune.compiler.strategies import is_compiled
 from hybridtune.config import TrainConfig
 from hybridtune.config_grpo import GRPOKeys
-from hybridtune.config_schema import PRESET_SEQUENCE_LEN
+from hybridtune.config_schema import PAIR_OBJECTIVES, PRESET_SEQUENCE_LEN
 from hybridtune.data import IGNORE_INDEX, PackedCollator
 from hybridtune.data.build import LoadedData, PreparedData, prepare
 from hybridtune.data.pairs import CHOSEN, PREFERENCE, PairCollator, PairDoc, fit_pairs, log_pair_records, pack_pairs
@@ -35,7 +35,6 @@ from hybridtune.runtime.step import model_inputs, shifted_targets
 
 logger = logging.getLogger(__name__)
 
-PAIR_OBJECTIVES = ("dpo", "simpo", "orpo")
 # Set on every micro-batch of a window by `Preference.window_items` (a python int): the window's trained tokens in
 # chosen replies, over which an NLL term on them is averaged (TRL's token mean).
 WINDOW_CHOSEN_TOKENS = "window_chosen_tokens"
