@@ -9,7 +9,8 @@
 #               autotuning choices saved per xdist worker and folded into $OUT/<GPU>.json (the tuned table of this
 #               GPU kind: copy it to src/hybridtune/kernels/tuned/, the way a table is made for any card), then
 #               `python -m hybridtune.bench.generation` (GEN_MODEL qwen3_5-2b, ROWS 64 x NEW 512 tokens: the rollout
-#               decoder beside transformers' generate, greedy agreement on 8 prompts; GEN=0: the tier alone)
+#               decoder beside transformers' generate, greedy agreement on 8 prompts; GEN=0: the tier alone,
+#               TIER=0: the generation alone)
 #   preference  benchmarks/dpo.sh on the 2B (TRL's DPOTrainer first, so its row exists whatever our compile takes;
 #               at most T_DPO = 330 s), then the GRPO pair (python -m hybridtune.bench.grpo_pair: 8 prompts x 8
 #               completions x 256 tokens, TRL's GRPOTrainer without vLLM beside ours) in what is left
@@ -63,24 +64,33 @@ for name in ("torch", "triton", "transformers", "peft", "datasets", "fla", "torc
 PY
 } 2>&1 | tee "$LOG"
 
-part_cuda() {
-  local tier=${T_TIER:-$((T0 - 150))} kc=$R/tuned/kc.json device slug paths=${TIER_PATHS:-tests}
-  [ "${REHEARSAL:-0}" = 1 ] && paths=${TIER_PATHS:-tests/kernels/test_tuned.py}
-  rm -rf "$R/tuned" && mkdir -p "$R/tuned"
-  say "== cuda tier: pytest -m cuda -n $NPROC, at most $tier s, from ${SECONDS} s"
-  HYBRIDTUNE_SAVE_KERNEL_CONFIGS=$kc timeout -s INT -k 30 "$tier" $PY -m pytest -p no:cacheprovider -m cuda \
-    --run-slow -n "$NPROC" --dist worksteal -q -rfEs --durations=100 $paths > "$R/tier.log" 2>&1
+cuda_tier() { # $1: seconds at most, $2: where the FLA choices are saved, $3: the test paths
+  local device slug
+  say "== cuda tier: pytest -m cuda -n $NPROC, at most $1 s, from ${SECONDS} s"
+  HYBRIDTUNE_SAVE_KERNEL_CONFIGS=$2 timeout -s INT -k 30 "$1" $PY -m pytest -p no:cacheprovider -m cuda \
+    --run-slow -n "$NPROC" --dist worksteal -q -rfEs --durations=100 $3 > "$R/tier.log" 2>&1
   say "== cuda tier: rc $? at ${SECONDS} s"
   grep -E "^(FAILED|ERROR|SKIPPED)|(passed|failed|skipped|error|no tests ran).* in [0-9.]+s" "$R/tier.log" \
     | cut -c1-220 | tee -a "$LOG"
-  if ls "$kc".* > /dev/null 2>&1; then
+  if ls "$2".* > /dev/null 2>&1; then
     device=$($PY -c "import torch; print(torch.cuda.get_device_name(0))")
     slug=$($PY -c "import sys; from hybridtune.kernels.tuned import device_slug; print(device_slug(sys.argv[1]))" "$device")
     [ -f "src/hybridtune/kernels/tuned/$slug.json" ] && cp "src/hybridtune/kernels/tuned/$slug.json" "$R/tuned/$slug.json"
-    $PY -m hybridtune.kernels.tuned merge "$R/tuned/$slug.json" "$kc".* 2>&1 | tee -a "$LOG"
+    $PY -m hybridtune.kernels.tuned merge "$R/tuned/$slug.json" "$2".* 2>&1 | tee -a "$LOG"
     cp "$R/tuned/$slug.json" "$OUT/"
   else
     say "== no kernel table saved (no GPU, or no FLA kernel ran)"
+  fi
+}
+
+part_cuda() {
+  local tier=${T_TIER:-$((T0 - 150))} kc=$R/tuned/kc.json paths=${TIER_PATHS:-tests}
+  [ "${REHEARSAL:-0}" = 1 ] && paths=${TIER_PATHS:-tests/kernels/test_tuned.py}
+  rm -rf "$R/tuned" && mkdir -p "$R/tuned"
+  if [ "${TIER:-1}" = 0 ]; then
+    say "== cuda tier: not run (TIER=0)"
+  else
+    cuda_tier "$tier" "$kc" "$paths"
   fi
   if [ "${GEN:-1}" = 0 ]; then
     say "== generation: not run (GEN=0)"
