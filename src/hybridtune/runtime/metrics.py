@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -189,13 +190,35 @@ class MetricsLog:
         self.f = os.fdopen(os.open(self.path, flags, 0o666), "w", encoding="utf-8")
 
     def write(self, record: dict) -> None:
-        self.f.write(json.dumps(record) + "\n")
-        self.f.flush()
+        if self.f is not None:
+            try:
+                self.f.write(json.dumps(record) + "\n")
+                self.f.flush()
+            except OSError as e:  # a full disk, a file-size limit, a failed disk: the run goes on, said once
+                self._refused(e)
         if self.tracker is not None:
             self.tracker.log(record)
 
+    def _refused(self, e: OSError) -> None:
+        why = os.strerror(e.errno) + f" ({errno.errorcode.get(e.errno, e.errno)})" if e.errno else str(e)
+        logger.warning(
+            "%s: could not write a step's metrics (%s); training goes on, the step lines stay in the log and "
+            "nothing more is written to this file: free the disk or raise the limit for the next run",
+            self.path,
+            why,
+        )
+        f, self.f = self.f, None
+        try:
+            f.close()
+        except OSError:
+            pass  # (the same refusal, flushing what was buffered)
+
     def close(self) -> None:
-        self.f.close()
+        if self.f is not None:
+            try:
+                self.f.close()
+            except OSError as e:
+                self._refused(e)
         if self.tracker is not None:
             tracker, self.tracker = self.tracker, None
             tracker.close()
