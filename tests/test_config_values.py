@@ -220,10 +220,10 @@ def test_a_bound_names_the_file_line_or_the_command_line_of_its_key(tmp_path):
     p.write_text(f"output_dir: {tmp_path / 'o'}\nlora_r: 0\ndatasets: [{{path: a.jsonl, split: x}}]\n")
     with pytest.raises(ConfigError) as e:
         load_config(p, parse_overrides(["--micro_batch_size", "0", "--dataset", "a\0b"]), warn=False)
-    lines = str(e.value).splitlines()[1:]
-    assert lines[0].startswith("  command line: config key 'micro_batch_size' = 0 must be at least 1"), lines
+    lines = str(e.value).splitlines()[1:]  # in the keys' order (as `--help` lists them)
+    assert lines[0].startswith("  command line: config key 'dataset' = 'a\\x00b' holds a NUL"), lines
     assert lines[1].startswith(f"  {p}:2: config key 'lora_r' = 0 must be at least 1"), lines
-    assert lines[2].startswith("  command line: config key 'dataset' = 'a\\x00b' holds a NUL"), lines
+    assert lines[2].startswith("  command line: config key 'micro_batch_size' = 0 must be at least 1"), lines
     p.write_text(f'output_dir: {tmp_path / "o"}\ndatasets: [{{path: a.jsonl}}, {{path: "b\\0"}}]\n')
     with pytest.raises(ConfigError, match=rf"^{p}:2: config key 'datasets\[1\]\.path' = 'b\\x00' holds a NUL"):
         load_config(p, warn=False)
