@@ -119,7 +119,7 @@ def test_enum_keys_accept_yaml_booleans(tmp_path, word, value):
 def test_enum_literal_maps_true_words():
     from typing import Literal
 
-    from hybridtune.config import _coerce
+    from hybridtune.config.parse import _coerce
 
     assert _coerce(True, Literal["on", "off"], "k") == "on"
     assert _coerce(True, Literal["yes", "no"], "k") == "yes"
@@ -350,7 +350,7 @@ def test_self_referencing_alias_and_deep_nesting_are_one_line(tmp_path):
 
 
 def test_error_values_are_shortened():
-    from hybridtune.config import _coerce
+    from hybridtune.config.parse import _coerce
 
     with pytest.raises(ConfigError) as e:
         _coerce(list(range(100_000)), int, "k")

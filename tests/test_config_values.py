@@ -269,7 +269,7 @@ def test_eval_samples_without_held_out_examples_is_refused(tmp_path):
 def test_dataset_num_proc_past_this_machine_is_capped_and_said_past_any_machine_refused(tmp_path, caplog):
     """A count from a config written on a larger machine is capped at 4 per core with one warning (64 processes on
     2 cores tokenised 300 rows); one past any machine (10**6 would fork until memory ran out) is refused."""
-    from hybridtune.config_checks import MAX_PROCS
+    from hybridtune.config import MAX_PROCS
     from hybridtune.data.examples import resolve_num_proc
 
     _refused(["--dataset_num_proc", str(MAX_PROCS + 1)], rf"'dataset_num_proc' = {MAX_PROCS + 1} must be 0 ", tmp_path)
@@ -314,7 +314,7 @@ def test_eval_and_a_recorded_run_skip_what_only_training_reads(tmp_path):
 def test_a_run_from_a_larger_machine_loads_with_its_machine_bound_keys_dropped(tmp_path):
     # was: ModelError "the run's recorded config does not load under this hybridtune version (... 'num_threads' = 100
     # must be at most 8 (4 x the 2 CPUs of this machine ...)": the same version, on a smaller machine
-    from hybridtune.config_schema import max_num_threads
+    from hybridtune.config import max_num_threads
     from hybridtune.infer.load import run_config
 
     big = max_num_threads() + 1
