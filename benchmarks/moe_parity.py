@@ -49,7 +49,7 @@ from hybridtune.batch import INPUT_IDS, LABELS, NUM_LOSS_TOKENS, NUM_TOKENS
 from hybridtune.bench import worker
 from hybridtune.bench.data import make_batches, pack_layouts
 from hybridtune.bench.modes import parse_mode
-from hybridtune.config_schema import DEFAULT_LORA_TARGETS
+from hybridtune.config import DEFAULT_LORA_TARGETS
 from hybridtune.data import IGNORE_INDEX
 from hybridtune.models.anatomy import decoder_layers, output_head, text_model, unwrap
 from hybridtune.models.presets import preset_config

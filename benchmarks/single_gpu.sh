@@ -88,7 +88,7 @@ job() {  # job LANE GPU N KIND ARGS...: the lane's Nth job
     train)
       # seq: train's own default sequence_len unless ARGS name one (a row's seq_len is what the run packed)
       local run=$1 arg base=qwen3_5-2b seq mbs=1 acc=1 prev=""; shift
-      seq=$(${PY:-python3} -c "from hybridtune.config_schema import TrainConfig; print(TrainConfig.sequence_len)")
+      seq=$(${PY:-python3} -c "from hybridtune.config import TrainConfig; print(TrainConfig.sequence_len)")
       for arg in "$@"; do
         case $prev in --base_model) base=$arg ;; --sequence_len) seq=$arg ;; --micro_batch_size) mbs=$arg ;;
           --gradient_accumulation_steps) acc=$arg ;; esac

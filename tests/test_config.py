@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -119,7 +122,7 @@ def test_enum_keys_accept_yaml_booleans(tmp_path, word, value):
 def test_enum_literal_maps_true_words():
     from typing import Literal
 
-    from hybridtune.config import _coerce
+    from hybridtune.config.parse import _coerce
 
     assert _coerce(True, Literal["on", "off"], "k") == "on"
     assert _coerce(True, Literal["yes", "no"], "k") == "yes"
@@ -350,7 +353,7 @@ def test_self_referencing_alias_and_deep_nesting_are_one_line(tmp_path):
 
 
 def test_error_values_are_shortened():
-    from hybridtune.config import _coerce
+    from hybridtune.config.parse import _coerce
 
     with pytest.raises(ConfigError) as e:
         _coerce(list(range(100_000)), int, "k")
@@ -392,3 +395,19 @@ def test_environment_variables_in_paths_are_refused_in_one_line(tmp_path, monkey
         load_config(p)
     p.write_text("run_name: $5 run\noutput_dir: " + str(tmp_path / "out") + "\n")  # not a path key: as written
     assert load_config(p).run_name == "$5 run"
+
+
+def test_help_and_a_config_error_answer_before_torch_loads():
+    """`hybridtune train --help` and a config error come from the config package alone, in a fresh process: torch
+    (seconds to import) is never loaded for them."""
+    code = (
+        "import sys\n"
+        "from hybridtune.cli import main\n"
+        "codes = [main(['train', '--help']), main(['train', '--lora_rnk', '4'])]\n"
+        "print('exit codes', codes, 'torch loaded', 'torch' in sys.modules)\n"
+    )
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert "did you mean 'lora_r'" in r.stderr, r.stderr
+    assert r.stdout.splitlines()[-1] == "exit codes [0, 2] torch loaded False", r.stdout[-500:]

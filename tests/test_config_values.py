@@ -220,10 +220,10 @@ def test_a_bound_names_the_file_line_or_the_command_line_of_its_key(tmp_path):
     p.write_text(f"output_dir: {tmp_path / 'o'}\nlora_r: 0\ndatasets: [{{path: a.jsonl, split: x}}]\n")
     with pytest.raises(ConfigError) as e:
         load_config(p, parse_overrides(["--micro_batch_size", "0", "--dataset", "a\0b"]), warn=False)
-    lines = str(e.value).splitlines()[1:]
-    assert lines[0].startswith("  command line: config key 'micro_batch_size' = 0 must be at least 1"), lines
+    lines = str(e.value).splitlines()[1:]  # in the keys' order (as `--help` lists them)
+    assert lines[0].startswith("  command line: config key 'dataset' = 'a\\x00b' holds a NUL"), lines
     assert lines[1].startswith(f"  {p}:2: config key 'lora_r' = 0 must be at least 1"), lines
-    assert lines[2].startswith("  command line: config key 'dataset' = 'a\\x00b' holds a NUL"), lines
+    assert lines[2].startswith("  command line: config key 'micro_batch_size' = 0 must be at least 1"), lines
     p.write_text(f'output_dir: {tmp_path / "o"}\ndatasets: [{{path: a.jsonl}}, {{path: "b\\0"}}]\n')
     with pytest.raises(ConfigError, match=rf"^{p}:2: config key 'datasets\[1\]\.path' = 'b\\x00' holds a NUL"):
         load_config(p, warn=False)
@@ -269,7 +269,7 @@ def test_eval_samples_without_held_out_examples_is_refused(tmp_path):
 def test_dataset_num_proc_past_this_machine_is_capped_and_said_past_any_machine_refused(tmp_path, caplog):
     """A count from a config written on a larger machine is capped at 4 per core with one warning (64 processes on
     2 cores tokenised 300 rows); one past any machine (10**6 would fork until memory ran out) is refused."""
-    from hybridtune.config_checks import MAX_PROCS
+    from hybridtune.config import MAX_PROCS
     from hybridtune.data.examples import resolve_num_proc
 
     _refused(["--dataset_num_proc", str(MAX_PROCS + 1)], rf"'dataset_num_proc' = {MAX_PROCS + 1} must be 0 ", tmp_path)
@@ -314,7 +314,7 @@ def test_eval_and_a_recorded_run_skip_what_only_training_reads(tmp_path):
 def test_a_run_from_a_larger_machine_loads_with_its_machine_bound_keys_dropped(tmp_path):
     # was: ModelError "the run's recorded config does not load under this hybridtune version (... 'num_threads' = 100
     # must be at most 8 (4 x the 2 CPUs of this machine ...)": the same version, on a smaller machine
-    from hybridtune.config_schema import max_num_threads
+    from hybridtune.config import max_num_threads
     from hybridtune.infer.load import run_config
 
     big = max_num_threads() + 1

@@ -27,11 +27,6 @@ LEAVES = frozenset(
         "hybridtune.versions",
         "hybridtune.files",
         "hybridtune.models.anatomy",
-        "hybridtune.config_grpo",
-        "hybridtune.config_vision",
-        "hybridtune.config_kernels",
-        "hybridtune.config_checks",
-        "hybridtune.config_foreign",
     }
 )
 # `python -m hybridtune` runs __main__, whose one job is to call the CLI.
@@ -49,7 +44,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("mixers",),
     ("ops",),
     ("config",),
-    ("config_schema",),
 )
 # The package root holds the version and lazy public entry points (`hybridtune.patch_model`): anyone may read it.
 ROOT = PACKAGE

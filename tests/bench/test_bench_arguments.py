@@ -20,7 +20,7 @@ import pytest
 from hybridtune.bench import grpo_pair, vl_data
 from hybridtune.bench.command import parse_args
 from hybridtune.cli import main as cli_main
-from hybridtune.config_schema import MAX_SEED
+from hybridtune.config import MAX_SEED
 
 BENCH_BASE = ["--modes", "ht-eager", "--steps", "1", "--warmup", "1", "--layouts", "1", "--mode_timeout", "30"]
 GEN_BASE = ["--base_model", "tiny-qwen3_5", "--rows", "1", "--new_tokens", "2", "--prompt_tokens", "2-3"]

@@ -32,8 +32,7 @@ from hybridtune.bench.data import MIN_DOC, pack_layouts
 from hybridtune.bench.flags import OneLineParser, file_path, folder, number, seconds, whole
 from hybridtune.bench.modes import OPTION_KEYS, cudagraph_warmup, parse_mode, split_modes
 from hybridtune.bench.worker import FIRST_STEP_MARKER
-from hybridtune.config import DEFAULT_LORA_TARGETS
-from hybridtune.config_schema import MAX_LEARNING_RATE, MAX_SEED
+from hybridtune.config import DEFAULT_LORA_TARGETS, MAX_LEARNING_RATE, MAX_SEED
 from hybridtune.errors import ConfigError, did_you_mean
 from hybridtune.files import atomic_write_text
 from hybridtune.kernels.environment import environment

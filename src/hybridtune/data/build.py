@@ -11,8 +11,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from hybridtune.config import TrainConfig
-from hybridtune.config_schema import PRESET_SEQUENCE_LEN
+from hybridtune.config import PRESET_SEQUENCE_LEN, TrainConfig
 from hybridtune.data.chat import check_template_kwargs
 from hybridtune.data.examples import Loaded, load_source
 from hybridtune.data.images import set_image_policy

@@ -23,8 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hybridtune.config import DatasetConfig
-from hybridtune.config_schema import THREADS_PER_CPU
+from hybridtune.config import THREADS_PER_CPU, DatasetConfig
 from hybridtune.data.formats import detect_type, to_example
 from hybridtune.data.images import image_policy, image_source, part_reference, set_image_policy
 from hybridtune.data.packing import Example

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import torch
 
-from hybridtune.config import TrainConfig, load_config
-from hybridtune.config_checks import NOT_EMPTY
+from hybridtune.config import NOT_EMPTY, TrainConfig, load_config
 from hybridtune.data.chat import template_names, with_chat_template
 from hybridtune.errors import ConfigError, ModelError
 from hybridtune.models.hub import resolve_source

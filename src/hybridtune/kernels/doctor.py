@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridtune.compiler.modules.plan import plan_model
-from hybridtune.config import bundled_configs
-from hybridtune.config_schema import TrainConfig
+from hybridtune.config import TrainConfig, bundled_configs
 from hybridtune.errors import ModelError, did_you_mean
 from hybridtune.kernels import gates
 from hybridtune.kernels.environment import dist_version, environment

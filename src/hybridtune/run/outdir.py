@@ -13,8 +13,7 @@ import stat
 from pathlib import Path
 
 import hybridtune
-from hybridtune.config import TrainConfig, to_dict
-from hybridtune.config_grpo import reward_file
+from hybridtune.config import TrainConfig, reward_file, to_dict
 from hybridtune.data.digests import data_digest, local_files
 from hybridtune.errors import OutputDirError
 from hybridtune.files import atomic_write_text, read_regular_text

@@ -23,8 +23,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from hybridtune.config import TrainConfig
-from hybridtune.config_schema import PAIR_OBJECTIVES, PRESET_LEARNING_RATE, PRESET_SEQUENCE_LEN
+from hybridtune.config import PAIR_OBJECTIVES, PRESET_LEARNING_RATE, PRESET_SEQUENCE_LEN, TrainConfig
 from hybridtune.data.build import bins_for, covering_length
 from hybridtune.models.hub import ModelSource
 from hybridtune.runtime.facts import Choice

@@ -7,7 +7,7 @@ in one process or DDP the masters move into the optimizer's state and the model 
 Under LoRA the frozen base is held in bf16 when bf16 computes (half the memory, no per-step casts), fp32 otherwise,
 and peft keeps the adapters in fp32 (QLoRA: the base's linears in NF4, runtime/quant.py). Parameters outside the text
 model (the vision tower, the merger) stay frozen as saved unless `freeze_vision_tower` / `freeze_multi_modal_projector`
-are false (config_vision.py: then they train as the language model does).
+are false (config/vision.py: then they train as the language model does).
 """
 
 from __future__ import annotations

@@ -285,7 +285,7 @@ def test_a_runs_gdn_backend_key_reaches_provisioning(fla, flash_qla):
 
 
 def test_config_key_default_and_choices():
-    from hybridtune.config_schema import TrainConfig
+    from hybridtune.config import TrainConfig
 
     assert TrainConfig().gdn_backend == "auto"
     assert "flash-qla" in str(TrainConfig.__dataclass_fields__["gdn_backend"].type)

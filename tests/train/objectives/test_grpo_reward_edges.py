@@ -309,7 +309,7 @@ def test_sys_exit_or_overflowing_rewards_mid_run_stop_with_one_line_and_keep_the
 
 def test_ctrl_c_inside_a_reward_still_saves_and_exits_130(tmp_path, monkeypatch, capsys):
     code, last = _train(tmp_path, monkeypatch, capsys, "raise KeyboardInterrupt")
-    assert code == 130 and last.endswith(  # (output_dir is made absolute at load: config_checks.absolute_paths)
+    assert code == 130 and last.endswith(  # (output_dir is made absolute at load: config.cross.absolute_paths)
         f"WARNING interrupted: saved {tmp_path / 'run' / 'checkpoint-1'}; continue with --resume_from_checkpoint latest"
     ), last
     assert (tmp_path / "run" / "checkpoint-1" / "checkpoint.json").is_file()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from hybridtune.config_grpo import reward_file
+from hybridtune.config import reward_file
 from hybridtune.errors import ConfigError, UserError, did_you_mean
 from hybridtune.textfile import not_a_file
 from hybridtune.train.objectives.reward_fence import Failed, RaisedInWorker, call, raised_line, user_function

@@ -2,7 +2,7 @@
 hybridtune's key of the same meaning or what to do instead (`FOREIGN_KEYS`, `FOREIGN_DATASET_KEYS`, `FOREIGN_VALUES`),
 and the values that change nothing here (`noop`): a config of another tool that holds them trains after one warning
 line listing them, while a key that would change training stays refused; and hybridtune's own renamed keys
-(`RENAMED_KEYS`). A leaf: `hybridtune.config` reads it."""
+(`RENAMED_KEYS`). parse.py reads it."""
 
 from __future__ import annotations
 
