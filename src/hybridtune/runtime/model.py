@@ -48,6 +48,7 @@ class RunModel:
     loaded: LoadedModel
     model: torch.nn.Module  # peft-wrapped under LoRA
     patch_report: object
+    masters: bool = False  # the weights were split for fp32 masters in the optimizer (`uses_masters`, masters.py)
 
 
 def build_model(cfg: TrainConfig, source, tokenizer, device: torch.device, bf16: bool, dist: Dist = ONE) -> RunModel:
@@ -75,7 +76,8 @@ def build_model(cfg: TrainConfig, source, tokenizer, device: torch.device, bf16:
     model = train_vision(model, cfg)  # (a vision tower or merger the run trains: runtime/vision_train.py)
     if loaded.reader is None:  # (a checkpoint the meta path cannot name loads whole: models.loading says so)
         model.to(device)
-    if uses_masters(cfg, bf16, dist):  # bf16 weights; their fp32 tensors go to the optimizer (masters.py)
+    masters = uses_masters(cfg, bf16, dist)
+    if masters:  # bf16 weights; their fp32 tensors go to the optimizer (masters.py)
         logger.info("master weights: %d fp32 tensors in the optimizer, bf16 in the model", split(model))
     model.train()
-    return RunModel(loaded, model, report)
+    return RunModel(loaded, model, report, masters)
