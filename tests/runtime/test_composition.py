@@ -17,7 +17,6 @@ from hybridtune.bench import worker
 from hybridtune.bench.modes import parse_mode
 from hybridtune.config import load_config, to_dict
 from hybridtune.runtime import compose
-from hybridtune.runtime.optim import build_optimizer
 from hybridtune.train.trainer import Trainer
 
 KEYS = "compile_regions=true,keep_mixer_cores=true,gradient_checkpointing=true,pack_layout=static"
@@ -97,7 +96,7 @@ def test_bench_and_train_build_the_same_step(tmp_path, chat_data, compiles):
         assert bench_choices.keep_mixer_cores.value is t.choices.keep_mixer_cores.value is True
         assert bench_choices.fused_loss.value is t.choices.fused_loss.value is True
         assert type(bench.engine.objective) is type(t.objective) and bench.engine.objective == t.objective
-        assert _optimizer(build_optimizer(bench.trainable(), cfg, bench.device)) == _optimizer(t.optimizer)
+        assert _optimizer(compose.optimization(bench, cfg, t.total_steps).optimizer) == _optimizer(t.optimizer)
         trained = {n: p for n, p in t.model.named_parameters() if p.requires_grad}
         for n, p in bench.model.named_parameters():  # the same seed: the same weights, adapters included
             assert torch.equal(p, dict(t.model.named_parameters())[n]), n

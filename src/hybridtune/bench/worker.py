@@ -5,7 +5,9 @@ prints `FIRST_STEP_MARKER` once its first step has finished, so the parent can s
 not start within its time limit, and writes its result (or its error) as JSON.
 
 A step is the trainer's optimizer step of one micro-batch (runtime/compose.py: forward and loss under bf16 autocast
-on a GPU, backward, global-norm clipping at train's max_grad_norm, train's AdamW, zero_grad); a hybridtune mode's
+on a GPU, backward, global-norm clipping at train's max_grad_norm, train's optimizer and learning-rate schedule over
+the mode's steps from train's builder `compose.optimization` (fp32 masters where the model's weights were split for
+them: an ht full fine-tune under bf16; an hf mode steps its weights as loaded), zero_grad); a hybridtune mode's
 model, choices and compile are train's own (`build`). It is timed with the device synchronised on both sides; the
 loss is read after the timer stops.
 """
@@ -48,7 +50,6 @@ from hybridtune.runtime.lora import applied_targets, lora_from_config
 from hybridtune.runtime.metrics import memory_gib
 from hybridtune.runtime.model import RunModel
 from hybridtune.runtime.model import build_model as build_run_model
-from hybridtune.runtime.optim import build_optimizer
 from hybridtune.runtime.profiling import grouped_gemm, profile_run
 from hybridtune.runtime.stream import to_device
 from hybridtune.train.objectives import build_objective
@@ -246,8 +247,10 @@ def run_mode(spec: dict) -> dict:
     keep = choices.keep_mixer_cores.value if choices else False
     graphs = c.cuda_graphs
     result["mode"]["gc"] = checkpointing  # (the report's GC column)
+    warmup = spec["warmup"]  # the same for every mode (stretched for CUDA graphs by the parent: cudagraph_warmup)
+    total = warmup + spec["steps"]
     params = c.trainable()
-    opt = build_optimizer(params, cfg, device)
+    opt = compose_step.optimization(c, cfg, total)  # train's optimizer, fp32 masters and schedule over the run
     result["setup_s"] = time.perf_counter() - t0
     compiled = c.strategy != "off" or mode.compile != "off"
     phase(f"model built ({result['setup_s']:.1f} s); first step next" + (" (it compiles)" if compiled else ""))
@@ -262,18 +265,15 @@ def run_mode(spec: dict) -> dict:
     def step(b: dict) -> torch.Tensor:
         """One optimizer step of one micro-batch, as `hybridtune train` runs it (runtime/compose.py)."""
         items = c.engine.objective.window_items([b])  # what the loss averages over: trained tokens, pairs
-        (loss,) = compose_step.backward(c, [b], items, params)
-        compose_step.clip(params, cfg.max_grad_norm)
+        (loss,) = compose_step.backward(c, [b], items, opt.params)
+        compose_step.clip(opt.params, cfg.max_grad_norm)
         opt.step()
-        opt.zero_grad(set_to_none=True)
         return loss
 
-    warmup = spec["warmup"]  # the same for every mode (stretched for CUDA graphs by the parent: cudagraph_warmup)
     if graphs:
         result["cudagraph_shapes"] = len({registry.batch_sizes(b) for b in batches})
     result["warmup_steps"] = warmup
     times, losses, graphs_after_warmup = [], [], 0
-    total = warmup + spec["steps"]
     for i in range(total):
         sync(device)
         start = time.perf_counter()

@@ -43,9 +43,8 @@ from hybridtune.run.integrity import meta_problem
 from hybridtune.run.merge import read_adapter_config, recorded_quantization, trained_on_nf4
 from hybridtune.run.outdir import RUN_FILE
 from hybridtune.runtime.defaults import recorded_values
-from hybridtune.runtime.lora import lora_from_config
-from hybridtune.runtime.quant import materialize_quantized, roundtrip_targets
-from hybridtune.runtime.vision_train import train_vision
+from hybridtune.runtime.model import assemble
+from hybridtune.runtime.quant import roundtrip_targets
 
 logger = logging.getLogger(__name__)
 
@@ -318,17 +317,12 @@ def _open_checkpoint(path: Path, run: TrainConfig | None, patched: bool, dtype: 
     # weights (a full fine-tune's masters, as the checkpoint holds them; LoRA's base as asked).
     source = resolve_source(run.base_model, base_revision(run, path))
     tok = checkpoint_tokenizer(path, run, source)
+    # The model as runtime/model.py's `assemble` builds it for training: a QLoRA run's NF4 base, its LoRA, its vision
+    # LoRA or trained tower's dtype, the mixers patched where asked.
     lora = run.adapter == "lora"
     held = (dtype or torch.float32) if lora else torch.float32
-    loaded = load_model(source, tok, seed=run.seed, dtype=held, meta=run.load_in_4bit)
-    if run.load_in_4bit:  # QLoRA: the NF4 base it trained on (runtime/quant.py)
-        materialize_quantized(loaded, torch.device("cpu"), held)
-    model = loaded.model
-    if patched:
-        patch_model(model)
-    if lora:
-        model = lora_from_config(model, run)
-    model = train_vision(model, run)  # (its vision LoRA, or its trained tower's dtype, as the run had them)
+    built = assemble(run, source, tok, torch.device("cpu"), held, meta=run.load_in_4bit, patched=patched)
+    loaded, model = built.loaded, built.model
     state = ckpt.load_weights(path, model, trainable_only=lora)
     if dtype is not None and not lora:
         model.to(dtype)

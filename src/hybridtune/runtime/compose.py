@@ -7,7 +7,9 @@ checkpointing the memory estimate asked for, CUDA graphs' process settings (runt
 `compile_options` (a full fine-tune's frozen dpo reference compiled beside it: `compile_reference`), and the engine
 (`distributed.LossModule` over the model and the objective, DDP/FSDP2-wrapped under torchrun). `backward` runs one
 optimizer step's micro-batches (each `[1, T]` packed, on the device) forward and backward; `clip` clips the
-gradients to `max_grad_norm` and returns their global norm (a 0-d tensor).
+gradients to `max_grad_norm` and returns their global norm (a 0-d tensor). `optimization`: the optimizer (fp32
+masters where the model's weights were split for them), what holds its gradients and the learning-rate schedule,
+the one builder of train's and the bench's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from hybridtune.runtime.choices import cuda_graph_keys
 from hybridtune.runtime.facts import Choices
 from hybridtune.runtime.model import RunModel, enable_checkpointing
 from hybridtune.runtime.objective import Objective
+from hybridtune.runtime.optim import build_optimizer, build_scheduler, grad_tensors
 
 
 def compile_options(cfg: TrainConfig, choices: Choices) -> tuple[str, dict]:
@@ -112,6 +115,33 @@ def compose(
     eval_model = c.engine.module if dist.engine == "ddp" else c.engine
     c.eval_model = cudagraphs.StepMarked(eval_model) if c.cuda_graphs else eval_model
     return c
+
+
+@dataclass
+class Optimization:
+    """What steps the weights: the optimizer, `params` (what holds the gradients the step reads: clipping, the norm,
+    the health checks; `MasterAdamW`'s fp32 masters in one process) and the learning-rate schedule."""
+
+    optimizer: torch.optim.Optimizer
+    params: list
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+
+    def step(self) -> None:
+        """The update, the schedule's next rate, the gradients freed (train's order)."""
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def optimization(
+    c: Composed, cfg: TrainConfig, total_steps: int, dist: distributed.Dist = distributed.ONE
+) -> Optimization:
+    """The optimizer over what `c` trains (fp32 masters where its model's weights were split for them:
+    `RunModel.masters`), what holds its gradients, and the schedule over `total_steps`: `hybridtune train`'s and
+    `hybridtune bench`'s, so that the bench steps what train steps."""
+    trainable = c.trainable()
+    optimizer = build_optimizer(trainable, cfg, c.device, c.bf16, dist, masters=c.run.masters)
+    return Optimization(optimizer, grad_tensors(optimizer, trainable), build_scheduler(optimizer, cfg, total_steps))
 
 
 def backward(

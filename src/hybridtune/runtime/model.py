@@ -1,5 +1,6 @@
 """The model of a run: its checkpoint or preset loaded (models/loading.py), the mixers patched, activation
-checkpointing, LoRA, on the device, in the dtypes training holds it in.
+checkpointing, LoRA, on the device, in the dtypes training holds it in. `assemble` is that sequence, once: training
+builds through it (`build_model`) and so does reopening a run's checkpoint (infer/load.py).
 
 A full fine-tune loads fp32 master weights whatever dtype the checkpoint was saved in. Under bf16 with `optim: adamw`
 in one process or DDP the masters move into the optimizer's state and the model computes on bf16 weights
@@ -48,10 +49,46 @@ class RunModel:
     loaded: LoadedModel
     model: torch.nn.Module  # peft-wrapped under LoRA
     patch_report: object
+    masters: bool = False  # the weights were split for fp32 masters in the optimizer (`uses_masters`, masters.py)
+
+
+def assemble(
+    cfg: TrainConfig,
+    source,
+    tokenizer,
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    meta: bool = False,
+    patched: bool = True,
+    checkpointing: bool = False,
+    say: bool = False,
+) -> RunModel:
+    """The one sequence that builds a run's model, for training (`build_model`) and for reopening a run's checkpoint
+    (infer/load.py): load `source` in `dtype` (`meta`: on the meta device), the QLoRA base in NF4 (`load_in_4bit`),
+    the mixers patched (`patched`), activation checkpointing (`checkpointing`), `cfg`'s LoRA, the vision tower or
+    merger the run trains, on `device` when it holds its values. `say`: the patch report logged as it is made (train's
+    log)."""
+    loaded = load_model(source, tokenizer, seed=cfg.seed, dtype=dtype, meta=meta)
+    if cfg.load_in_4bit:
+        materialize_quantized(loaded, device, dtype)
+    model = loaded.model
+    report = patch_model(model) if patched else None
+    if say:
+        logger.info("%s", report)
+    if checkpointing:
+        enable_checkpointing(model)
+    if cfg.adapter == "lora":
+        model = lora_from_config(model, cfg)
+        hold_adapter(loaded)
+    model = train_vision(model, cfg)  # (a vision tower or merger the run trains: runtime/vision_train.py)
+    if loaded.reader is None:  # (a checkpoint the meta path cannot name loads whole: models.loading says so)
+        model.to(device)
+    return RunModel(loaded, model, report)
 
 
 def build_model(cfg: TrainConfig, source, tokenizer, device: torch.device, bf16: bool, dist: Dist = ONE) -> RunModel:
-    """Load, patch the mixers, checkpointing (when set to true), LoRA, on `device`, in training mode.
+    """Load, patch the mixers, checkpointing (when set to true), LoRA, on `device`, in training mode (`assemble`).
 
     Under FSDP2 (`dist`) the model is built on the meta device and stays there: `distributed.wrap` fills each rank's
     shards after `fully_shard`, so no rank holds the whole model. Under LoRA the adapter alone has values before
@@ -61,21 +98,10 @@ def build_model(cfg: TrainConfig, source, tokenizer, device: torch.device, bf16:
         check_supported(dist.world, dist.engine)
     meta = dist.engine == "fsdp" or cfg.load_in_4bit
     dtype = master_dtype(cfg.adapter, bf16, model_dtype(cfg, bf16))
-    loaded = load_model(source, tokenizer, seed=cfg.seed, dtype=dtype, meta=meta)
-    if cfg.load_in_4bit:
-        materialize_quantized(loaded, device, dtype)
-    model = loaded.model
-    report = patch_model(model)
-    logger.info("%s", report)
-    if cfg.gradient_checkpointing is True:
-        enable_checkpointing(model)
-    if cfg.adapter == "lora":
-        model = lora_from_config(model, cfg)
-        hold_adapter(loaded)
-    model = train_vision(model, cfg)  # (a vision tower or merger the run trains: runtime/vision_train.py)
-    if loaded.reader is None:  # (a checkpoint the meta path cannot name loads whole: models.loading says so)
-        model.to(device)
-    if uses_masters(cfg, bf16, dist):  # bf16 weights; their fp32 tensors go to the optimizer (masters.py)
-        logger.info("master weights: %d fp32 tensors in the optimizer, bf16 in the model", split(model))
-    model.train()
-    return RunModel(loaded, model, report)
+    checkpointing = cfg.gradient_checkpointing is True
+    run = assemble(cfg, source, tokenizer, device, dtype, meta=meta, checkpointing=checkpointing, say=True)
+    run.masters = uses_masters(cfg, bf16, dist)
+    if run.masters:  # bf16 weights; their fp32 tensors go to the optimizer (masters.py)
+        logger.info("master weights: %d fp32 tensors in the optimizer, bf16 in the model", split(run.model))
+    run.model.train()
+    return run

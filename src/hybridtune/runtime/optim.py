@@ -105,12 +105,20 @@ def torchao_optim():
 
 
 def build_optimizer(
-    params: list[torch.nn.Parameter], cfg: TrainConfig, device: torch.device, bf16: bool = False, d: Dist = ONE
+    params: list[torch.nn.Parameter],
+    cfg: TrainConfig,
+    device: torch.device,
+    bf16: bool = False,
+    d: Dist = ONE,
+    masters: bool | None = None,
 ) -> torch.optim.Optimizer:
-    """The run's optimizer over the trainable parameters (see the module doc)."""
+    """The run's optimizer over the trainable parameters (see the module doc). `masters`: whether the model's weights
+    were split for fp32 masters (`RunModel.masters`, what `compose.optimization` passes); None: `uses_masters`."""
     name, lr, wd = optim_name(cfg), cfg.learning_rate, cfg.weight_decay
     fused = device.type == "cuda"
-    if name == "adamw" and uses_masters(cfg, bf16, d):
+    if masters is None:
+        masters = uses_masters(cfg, bf16, d)
+    if name == "adamw" and masters:
         return MasterAdamW(params, lr=lr, weight_decay=wd, fused=fused, accumulate=not d.enabled)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=wd, fused=fused)

@@ -52,7 +52,7 @@ from hybridtune.runtime.compose import compose
 from hybridtune.runtime.defaults import RESOLVED, recorded_values, resolve_defaults
 from hybridtune.runtime.metrics import MetricsLog, StepFlops, StepLog, memory_gib
 from hybridtune.runtime.model import build_model
-from hybridtune.runtime.optim import build_optimizer, build_scheduler, grad_tensors, masters_into_model
+from hybridtune.runtime.optim import masters_into_model
 from hybridtune.runtime.profiling import ProfileWindow
 from hybridtune.runtime.signals import StopRequest, sigterm_interrupts
 from hybridtune.runtime.stream import BatchStream, to_device
@@ -216,16 +216,16 @@ class Trainer:
         self.peak_flops = measure_peak(self.device)["flops_per_s"] * self.dist.world if self.step_flops else None
 
     def _setup_optimizer(self) -> None:
-        """The optimizer (`params`: what holds the gradients), the data stream and the learning-rate schedule."""
-        cfg, trainable = self.cfg, [p for p in self.engine.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(trainable, cfg, self.device, self.composed.bf16, self.dist)
-        self.params = grad_tensors(self.optimizer, trainable)  # (fp32 masters' under MasterAdamW in one process)
+        """The data stream, then the optimizer (`params`: what holds the gradients) and the learning-rate schedule
+        (runtime/compose.py's `optimization`, the bench's too)."""
+        cfg = self.cfg
         self.stream = BatchStream(self.data.bins, cfg.micro_batch_size, cfg.seed)
         per_epoch = math.ceil(self.stream.micro_batches_per_epoch() / cfg.gradient_accumulation_steps)
         self.total_steps = cfg.max_steps if cfg.max_steps >= 0 else max(1, math.ceil(per_epoch * cfg.num_epochs))
         if cfg.max_steps < 0 and self.dist.is_main and (warn := warmup_warning(cfg, self.total_steps)):
             logger.warning("%s", warn)  # (with max_steps set, load_config has said it)
-        self.scheduler = build_scheduler(self.optimizer, cfg, self.total_steps)
+        o = compose_step.optimization(self.composed, cfg, self.total_steps, self.dist)
+        self.optimizer, self.params, self.scheduler = o.optimizer, o.params, o.scheduler  # (params: fp32 masters')
         self.step, self.done_position = 0, self.stream.position()  # the data position after the last completed step
 
     def _setup_resume(self) -> None:
