@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from hybridtune.run import checkpoint as ckpt
-from hybridtune.run import integrity, write_errors
+from hybridtune.run import disk, integrity, write_errors
 
 
 def parts(seed: int = 0):
@@ -252,7 +252,7 @@ def test_save_that_cannot_fit_is_refused_before_writing(run, monkeypatch):
     out, _ = run
     before = sorted(p.name for p in out.iterdir())
     real = shutil.disk_usage
-    monkeypatch.setattr(integrity.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
     model, opt, sched = parts()
     with pytest.raises(ckpt.DiskFullError) as e:
         ckpt.save_checkpoint(out / "checkpoint-6", model, opt, sched, 6, {})
@@ -267,7 +267,7 @@ def test_estimate_counts_the_tensors():
     model, opt, sched = parts()
     step(model, opt, sched)
     n = sum(p.numel() * 4 for p in model.parameters())
-    assert integrity.state_bytes(model.state_dict(), opt.state_dict()) >= 3 * n  # weights + two moments
+    assert disk.state_bytes(model.state_dict(), opt.state_dict()) >= 3 * n  # weights + two moments
 
 
 @pytest.mark.parametrize("where", ["torch.save", "dcp write"])
@@ -282,7 +282,7 @@ def test_disk_full_midway_removes_the_partial_save_and_says_so(run, monkeypatch,
             if str(f).endswith(STATE):
                 Path(f).write_bytes(b"PK\x03\x04 partial")
                 real = shutil.disk_usage
-                monkeypatch.setattr(integrity.shutil, "disk_usage", lambda p: real(p)._replace(free=0))
+                monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: real(p)._replace(free=0))
                 raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
             return real_save(obj, f, *a, **kw)
 

@@ -32,8 +32,9 @@ import torch
 
 from hybridtune.errors import OutputDirError
 from hybridtune.files import honour_umask, read_regular_text
-from hybridtune.run import integrity, write_errors
-from hybridtune.run.integrity import CheckpointError, DiskFullError
+from hybridtune.run import disk, integrity, write_errors
+from hybridtune.run.disk import DiskFullError
+from hybridtune.run.integrity import CheckpointError
 from hybridtune.run.rng import rng_state, set_rng_state
 from hybridtune.runtime import distributed, optim_state
 from hybridtune.runtime import optim as optimizers
@@ -169,12 +170,12 @@ def state_estimate(
     the optimizer has allocated its state (torch's and torchao's do at the first step): what it holds per
     parameter once it has stepped (`memory.optimizer_state`: moments typed as the parameter, or fp32 with the fp32
     masters of MasterAdamW under `masters`, or torchao's 8-bit codes and scales). A collective under torchrun
-    (`integrity.state_bytes`)."""
+    (`disk.state_bytes`)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     msd = get_model_state_dict(model, options=_options(trainable_only))
     held = [optimizer_state(optim, p, masters) for p in params]
-    return integrity.state_bytes(msd, held, d=d)
+    return disk.state_bytes(msd, held, d=d)
 
 
 def _before_save(target: Path, need: int, previous: Path | None) -> None:
@@ -183,9 +184,7 @@ def _before_save(target: Path, need: int, previous: Path | None) -> None:
             f"'{target}' exists and was not written by hybridtune (no {MARKER} marker or checkpoint.json): a save "
             "would replace it; move it away or choose another --output_dir"
         )
-    integrity.check_free_space(
-        target.parent, need, lambda free: integrity.disk_full_message(target, need, free, previous)
-    )
+    disk.check_free_space(target.parent, need, lambda free: disk.disk_full_message(target, need, free, previous))
 
 
 def save_checkpoint(
@@ -212,7 +211,7 @@ def save_checkpoint(
     target = Path(target)
     rng = rng_state()  # (first: get_state_dict's fake step of an unstepped adamw_bf16_sr draws its rounding from it)
     msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
-    need = integrity.state_bytes(msd, osd, d=d)
+    need = disk.state_bytes(msd, osd, d=d)
     done = [p for p in list_checkpoints(target.parent) if p != target]
     previous = done[-1] if done else None
     distributed.main_only(d, lambda: _before_save(target, need, previous))
@@ -220,8 +219,8 @@ def save_checkpoint(
 
     def guarded(write: Callable[[Path], None]) -> Callable[[Path], None]:
         return write_errors.guard(
-            write, need, lambda free: integrity.disk_full_message(target, need, free, previous),
-            lambda why: integrity.write_failed_message(target, why, previous),
+            write, need, lambda free: disk.disk_full_message(target, need, free, previous),
+            lambda why: disk.write_failed_message(target, why, previous),
         )  # fmt: skip
 
     def write_all(tmp: Path) -> None:
@@ -247,11 +246,11 @@ def save_checkpoint(
     try:
         return shared_atomic_dir(target, guarded(write_all), guarded(write_main), d)
     except OSError as e:  # around the writes: the temporary directory made (a disk turned read-only), the renames
-        if integrity.is_disk_full(e, target.parent, need):
-            raise DiskFullError(integrity.disk_full_message(target, need, None, previous), need) from None
+        if disk.is_disk_full(e, target.parent, need):
+            raise DiskFullError(disk.disk_full_message(target, need, None, previous), need) from None
         if (why := write_errors.failure(e)) is None:
             raise
-        raise write_errors.WriteError(integrity.write_failed_message(target, why, previous), why) from None
+        raise write_errors.WriteError(disk.write_failed_message(target, why, previous), why) from None
 
 
 def verify_checkpoint(path: Path, d: Dist = ONE) -> str | None:
