@@ -17,9 +17,9 @@ from checkpoints import KINDS, MOE_KINDS, make_checkpoint
 from hybridtune.config import load_config
 from hybridtune.models.loading import materialize, resolve_source, tokenizer_for
 from hybridtune.runtime import distributed
-from hybridtune.runtime.choices import state_bytes
 from hybridtune.runtime.distributed import ONE, Dist
 from hybridtune.runtime.lora import AdaptersOnHost, strip_base_layer
+from hybridtune.runtime.measure import state_bytes
 from hybridtune.runtime.memory import ShardedModel
 from hybridtune.runtime.model import build_model
 

@@ -47,9 +47,10 @@ from hybridtune.run.plots import plot_run
 from hybridtune.run.space import fit_run
 from hybridtune.runtime import compose as compose_step
 from hybridtune.runtime import cudagraphs, distributed, health, oom
-from hybridtune.runtime.choices import Choices, Facts, choose_bf16, measure, pick_device, resolve
+from hybridtune.runtime.choices import Choices, Facts, choose_bf16, pick_device, resolve
 from hybridtune.runtime.compose import compose
 from hybridtune.runtime.defaults import RESOLVED, recorded_values, resolve_defaults
+from hybridtune.runtime.measure import measure
 from hybridtune.runtime.metrics import MetricsLog, StepFlops, StepLog, memory_gib
 from hybridtune.runtime.model import build_model
 from hybridtune.runtime.optim import build_optimizer, build_scheduler, grad_tensors, masters_into_model
