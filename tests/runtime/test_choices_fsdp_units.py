@@ -13,7 +13,7 @@ import torch
 
 from hybridtune.config import load_config
 from hybridtune.models.presets import preset_config
-from hybridtune.runtime import distributed
+from hybridtune.runtime import distributed, engines
 from hybridtune.runtime.choices import Facts, choose_checkpointing, least_units, resolve
 from hybridtune.runtime.measure import measure
 from hybridtune.runtime.memory import FIT_SHARE, GIB, ActivationShapes, ShardedModel, fsdp_group, step_bytes
@@ -34,7 +34,7 @@ def nine_b():
 
 def _facts(nine_b, free: int = FREE, **kw) -> Facts:
     model, shapes = nine_b
-    whole = distributed.whole_model_bytes(model, 2, True)
+    whole = engines.whole_model_bytes(model, 2, True)
     base = dict(
         device="cuda",
         bf16_supported=True,

@@ -34,7 +34,7 @@ STATIC_MAX_FILLER = 0.50
 # On the CPU, a model below this many parameters has ops too small to split over threads: extra threads only add
 # synchronisation (OpenMP threads spin-wait for a busy core).
 SMALL_MODEL_PARAMS = 50_000_000
-# The share of a GPU's memory the whole-model FSDP2 unit's own bytes (`distributed.whole_model_bytes`) may take;
+# The share of a GPU's memory the whole-model FSDP2 unit's own bytes (`engines.whole_model_bytes`) may take;
 # the rest is for activations and the allocator.
 WHOLE_MODEL_SHARE = 0.7
 # The most CUDA graphs `cuda_graphs: auto` lets one compiled graph record: one per distinct mixer size of the

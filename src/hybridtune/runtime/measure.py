@@ -14,7 +14,7 @@ import torch
 from hybridtune.config import TrainConfig
 from hybridtune.models.anatomy import param_count, router_loss, text_config
 from hybridtune.ops import nf4
-from hybridtune.runtime import distributed, quant
+from hybridtune.runtime import distributed, engines, quant
 from hybridtune.runtime.facts import Facts
 from hybridtune.runtime.memory import (
     ActivationShapes,
@@ -49,7 +49,7 @@ def measure(
     )
     if model is None:
         return base
-    share = distributed.whole_model_share(model, d, device, bf16) if cfg.fsdp_units == "auto" else None
+    share = engines.whole_model_share(model, d, device, bf16) if cfg.fsdp_units == "auto" else None
     free = None
     fsdp = d.enabled and d.engine == "fsdp"
     if cuda:  # (every choice that plans memory reads it; the `memory` line always does)
@@ -76,12 +76,12 @@ def state_bytes(model: torch.nn.Module, d: distributed.Dist, bf16: bool, cfg: Tr
     """Bytes the run allocates beside the model as loaded: each trainable parameter's gradient and the optimizer's
     state (`memory.optimizer_bytes`: `cfg.optim`'s, with fp32 masters for bf16 weights under `MasterAdamW`), DDP's
     gradient buckets, and under bf16 autocast the bf16 copies of fp32 trainable weights the backward keeps; under
-    FSDP2 what `distributed.whole_model_bytes` holds beyond the whole model now resident (its shards, the gathered model, the window's gradient)."""
+    FSDP2 what `engines.whole_model_bytes` holds beyond the whole model now resident (its shards, the gathered model, the window's gradient)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     if d.engine == "fsdp" and d.enabled:
         # A meta-built model (any model under FSDP2, filled after fully_shard) holds none of it yet (nor its LoRA
         # adapter, drawn on the host: `memory.resident_bytes`).
-        return max(0, distributed.whole_model_bytes(model, d.world, bf16) - resident_bytes(model.parameters()))
+        return max(0, engines.whole_model_bytes(model, d.world, bf16) - resident_bytes(model.parameters()))
     copies = 2 * sum(p.numel() for p in trainable if p.dtype == torch.float32) if bf16 else 0
     own = sum(p.numel() * p.element_size() for p in trainable)
     optim = optim_name(cfg) if cfg is not None else "adamw"

@@ -172,7 +172,7 @@ class ShardedModel:
         )
 
     def state_bytes(self, k: int) -> int:
-        """What units of `k` consecutive layers (the last group shorter, as `distributed.layer_groups` splits
+        """What units of `k` consecutive layers (the last group shorter, as `engines.layer_groups` splits
         them) allocate beside the resident model: the shards, the root unit, two of the largest group gathered
         and its gradient."""
         groups = [self.layers[i : i + k] for i in range(0, len(self.layers), k)]
