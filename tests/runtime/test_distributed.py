@@ -542,13 +542,13 @@ def test_more_ranks_than_gpus_is_refused_before_any_launch(tmp_path, monkeypatch
 
 
 def test_rng_state_round_trip(tmp_path):
-    from hybridtune.run import checkpoint as ckpt
+    from hybridtune.run.rng import rng_state, set_rng_state
 
     torch.manual_seed(3)
-    state = ckpt.rng_state()
+    state = rng_state()
     want = torch.rand(4)
     torch.manual_seed(99)
-    ckpt.set_rng_state(state)
+    set_rng_state(state)
     assert torch.equal(torch.rand(4), want)
 
 
