@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from hybridtune.run import checkpoint as ckpt
-from hybridtune.run import integrity, write_errors
+from hybridtune.run import disk, integrity, write_errors
+from hybridtune.run.resume import find_resume, load_checkpoint
 
 
 def parts(seed: int = 0):
@@ -55,7 +56,7 @@ def run(tmp_path):
 
 def load(path: Path, **kw) -> tuple[dict, nn.Module]:
     model, opt, sched = parts(seed=1)
-    state = ckpt.load_checkpoint(path, model, opt, sched, **kw)
+    state = load_checkpoint(path, model, opt, sched, **kw)
     return state, model
 
 
@@ -112,11 +113,11 @@ def test_corrupt_checkpoint_is_named_and_latest_falls_back_to_the_intact_one(run
     damage(out / "checkpoint-4" / rel)
     # Named explicitly: one error naming the file, no fallback (the user asked for this one).
     with pytest.raises(ckpt.CheckpointError, match=f"checkpoint-4' cannot be resumed: {why}"):
-        ckpt.find_resume(str(out / "checkpoint-4"), out)
+        find_resume(str(out / "checkpoint-4"), out)
     with pytest.raises(ckpt.CheckpointError, match=why):
         load(out / "checkpoint-4")
     # latest: the newest intact checkpoint, with a warning naming what was skipped and why.
-    path, skipped = ckpt.find_resume("latest", out)
+    path, skipped = find_resume("latest", out)
     assert path == out / "checkpoint-2"
     assert len(skipped) == 1 and skipped[0].startswith("resume_from_checkpoint latest: skipped checkpoint-4 (")
     assert skipped[0].endswith("; resuming from checkpoint-2") and __import__("re").search(why, skipped[0])
@@ -130,9 +131,9 @@ def test_latest_with_no_intact_checkpoint_names_each(run):
     (out / "checkpoint-2" / STATE).unlink()
     truncate(out / "checkpoint-4" / "state/__0_0.distcp")
     with pytest.raises(ckpt.CheckpointError, match=r"no intact checkpoint .*checkpoint-4: state/__0_0.distcp is .*"):
-        ckpt.find_resume("latest", out)
+        find_resume("latest", out)
     with pytest.raises(ckpt.CheckpointError, match="no checkpoint in"):
-        ckpt.find_resume("latest", out / "empty")
+        find_resume("latest", out / "empty")
 
 
 def test_checkpoint_of_an_older_hybridtune_without_checksums_is_refused_with_why(run):
@@ -143,7 +144,7 @@ def test_checkpoint_of_an_older_hybridtune_without_checksums_is_refused_with_why
     with pytest.raises(
         ckpt.CheckpointError, match="lists no checksums: written by an older hybridtune.*could run code"
     ):
-        ckpt.find_resume(str(out / "checkpoint-4"), out)
+        find_resume(str(out / "checkpoint-4"), out)
 
 
 def test_a_link_inside_a_checkpoint_is_refused(run, tmp_path_factory):
@@ -152,7 +153,7 @@ def test_a_link_inside_a_checkpoint_is_refused(run, tmp_path_factory):
     elsewhere.write_bytes(b"x")
     (out / "checkpoint-4" / "extra").symlink_to(elsewhere)
     with pytest.raises(ckpt.CheckpointError, match="extra is not a regular file"):
-        ckpt.find_resume(str(out / "checkpoint-4"), out)
+        find_resume(str(out / "checkpoint-4"), out)
 
 
 # -- planted code -----------------------------------------------------------------------------------------------
@@ -215,7 +216,7 @@ def test_code_planted_in_a_checkpoint_is_refused_and_never_runs(run, tmp_path_fa
         if forged:
             load(path)
         else:
-            ckpt.find_resume(str(path), out)
+            find_resume(str(path), out)
     assert not flag.exists(), "the payload ran"
     # Stale: the first changed file is named (a new DCP save changes state/.metadata too). Forged: the loader says why.
     assert "could run code" in str(e.value) if forged else rel.split("/")[0] in str(e.value)
@@ -235,7 +236,7 @@ def test_planted_metadata_is_one_line_and_latest_falls_back(run, tmp_path_factor
         with pytest.raises(ckpt.CheckpointError, match=said + r"loading it could run code\)$"):
             load(path)
     assert not flag.exists() and not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
-    found, lines = ckpt.find_resume("latest", out)
+    found, lines = find_resume("latest", out)
     assert found.name == "checkpoint-2" and not flag.exists()
     assert len(lines) == 1 and "skipped checkpoint-4 (state/.metadata is refused: global" in lines[0], lines
 
@@ -252,7 +253,7 @@ def test_save_that_cannot_fit_is_refused_before_writing(run, monkeypatch):
     out, _ = run
     before = sorted(p.name for p in out.iterdir())
     real = shutil.disk_usage
-    monkeypatch.setattr(integrity.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
     model, opt, sched = parts()
     with pytest.raises(ckpt.DiskFullError) as e:
         ckpt.save_checkpoint(out / "checkpoint-6", model, opt, sched, 6, {})
@@ -267,7 +268,7 @@ def test_estimate_counts_the_tensors():
     model, opt, sched = parts()
     step(model, opt, sched)
     n = sum(p.numel() * 4 for p in model.parameters())
-    assert integrity.state_bytes(model.state_dict(), opt.state_dict()) >= 3 * n  # weights + two moments
+    assert disk.state_bytes(model.state_dict(), opt.state_dict()) >= 3 * n  # weights + two moments
 
 
 @pytest.mark.parametrize("where", ["torch.save", "dcp write"])
@@ -282,7 +283,7 @@ def test_disk_full_midway_removes_the_partial_save_and_says_so(run, monkeypatch,
             if str(f).endswith(STATE):
                 Path(f).write_bytes(b"PK\x03\x04 partial")
                 real = shutil.disk_usage
-                monkeypatch.setattr(integrity.shutil, "disk_usage", lambda p: real(p)._replace(free=0))
+                monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: real(p)._replace(free=0))
                 raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
             return real_save(obj, f, *a, **kw)
 

@@ -17,6 +17,7 @@ import json, pathlib, sys
 import torch
 from torch import nn
 from hybridtune.run import checkpoint as ckpt
+from hybridtune.run.resume import find_resume, load_checkpoint
 from hybridtune.runtime import distributed
 
 out, engine = pathlib.Path(sys.argv[1]), sys.argv[2]
@@ -43,8 +44,8 @@ if d.is_main:  # damage a file the other rank wrote
     victim = sorted((out / "checkpoint-4").glob("rng-1.pt"))[0]
     victim.write_bytes(victim.read_bytes()[:-1] + b"?")
 distributed.barrier(d)
-path, skipped = ckpt.find_resume("latest", out, d)
-state = ckpt.load_checkpoint(path, model, opt, sched, d, verified=True)
+path, skipped = find_resume("latest", out, d)
+state = load_checkpoint(path, model, opt, sched, d, verified=True)
 got = {"intact": intact, "path": path.name, "skipped": skipped, "step": state["step"]}
 (out / f"rank{d.rank}.json").write_text(json.dumps(got))
 distributed.shutdown(d)

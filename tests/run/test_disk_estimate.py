@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hybridtune.cli import main
-from hybridtune.run import integrity
+from hybridtune.run import disk
 from hybridtune.run.space import Room, need, plan
 
 GIB = 2**30
@@ -69,7 +69,7 @@ def test_a_last_checkpoint_that_leaves_no_room_for_final_is_said():
 
 
 def test_not_even_the_final_model_is_refused_in_one_line():
-    with pytest.raises(integrity.DiskFullError) as e:
+    with pytest.raises(disk.DiskFullError) as e:
         plan(room(10, 4, 3), 2, 0, 0, 5)
     msg = str(e.value)
     assert msg.startswith("disk full: this run's final model alone needs about 4.00 GiB (each checkpoint ~10.00 GiB")
@@ -121,7 +121,7 @@ def test_a_disk_too_small_for_checkpoints_still_ends_with_final(tmp_path, monkey
     """tiny-qwen3_5, full fine-tune: a checkpoint ~10.7 MiB, final/ ~3.7 MiB; 7 MB free."""
     out = tmp_path / "run"
     real = shutil.disk_usage
-    monkeypatch.setattr(integrity.shutil, "disk_usage", lambda p: real(p)._replace(free=7_000_000))
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: real(p)._replace(free=7_000_000))
     assert main([*ARGV, "--max_steps", "3", "--save_steps", "1", "--output_dir", str(out)]) == 0
     err = capfd.readouterr().err
     warning = [x for x in err.splitlines() if "the checkpoints do not all fit" in x]
@@ -134,7 +134,7 @@ def test_a_disk_too_small_for_checkpoints_still_ends_with_final(tmp_path, monkey
 def test_a_disk_too_small_for_the_final_model_is_refused_before_anything_is_written(tmp_path, monkeypatch, capfd):
     out = tmp_path / "run"
     real = shutil.disk_usage
-    monkeypatch.setattr(integrity.shutil, "disk_usage", lambda p: real(p)._replace(free=1_000_000))
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: real(p)._replace(free=1_000_000))
     assert main([*ARGV, "--max_steps", "3", "--output_dir", str(out)]) == 2
     err = capfd.readouterr().err
     lines = [x for x in err.splitlines() if x.startswith("error: ")]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 
 from hybridtune.cli import main
-from hybridtune.run import integrity
+from hybridtune.run import disk
 
 
 def test_final_model_is_kept_when_the_last_checkpoint_does_not_fit(tmp_path, monkeypatch, capfd):
@@ -14,7 +14,7 @@ def test_final_model_is_kept_when_the_last_checkpoint_does_not_fit(tmp_path, mon
     params = 869_560  # tiny-qwen3_5: a full fine-tune's checkpoint is about 3 x 4 bytes each, its final/ 4 bytes each
     real = shutil.disk_usage
     free = 8 * params  # room for final/ (about 3.5 MB), not for the checkpoint (about 10.7 MB)
-    monkeypatch.setattr(integrity.shutil, "disk_usage", lambda p: real(p)._replace(free=free))
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: real(p)._replace(free=free))
     argv = ["train", "--max_steps", "2", "--sequence_len", "128", "--eval_steps", "0", "--output_dir", str(out)]
     assert main(argv) == 0
     assert (out / "final" / "config.json").is_file()

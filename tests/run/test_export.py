@@ -17,7 +17,7 @@ import safetensors.torch
 from safetensors import SafetensorError
 
 from hybridtune.run import checkpoint as ckpt
-from hybridtune.run import integrity
+from hybridtune.run import disk
 from hybridtune.train.trainer import Trainer
 from train_runs import make_cfg
 
@@ -86,7 +86,7 @@ def test_export_that_cannot_fit_is_refused_before_writing(request, monkeypatch, 
     last = ckpt.list_checkpoints(t.out)[-1]
     before = snapshot(t.out)
     real = shutil.disk_usage
-    monkeypatch.setattr(integrity.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
     with pytest.raises(ckpt.DiskFullError) as e:
         t.save_final()
     msg = str(e.value)

@@ -14,7 +14,7 @@ import torch
 
 from hybridtune.config import load_config, parse_overrides, to_dict
 from hybridtune.errors import ConfigError
-from hybridtune.runtime import choices, distributed, facts
+from hybridtune.runtime import choices, distributed, facts, measure
 from hybridtune.runtime.choices import Facts, choose_compile_regions
 
 
@@ -113,6 +113,6 @@ def test_torchrun_with_one_process_counts_as_one_process(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("RANK", "0")
     cfg = load_config(None, {"compile": "loop"})
-    facts = choices.measure(cfg, torch.device("cpu"), distributed.from_env())
+    facts = measure.measure(cfg, torch.device("cpu"), distributed.from_env())
     assert facts.engine == "none"
     assert choose_compile_regions(cfg, facts, "loop").value is True

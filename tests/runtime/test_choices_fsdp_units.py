@@ -13,8 +13,9 @@ import torch
 
 from hybridtune.config import load_config
 from hybridtune.models.presets import preset_config
-from hybridtune.runtime import distributed
-from hybridtune.runtime.choices import Facts, choose_checkpointing, least_units, measure, resolve
+from hybridtune.runtime import distributed, engines
+from hybridtune.runtime.choices import Facts, choose_checkpointing, least_units, resolve
+from hybridtune.runtime.measure import measure
 from hybridtune.runtime.memory import FIT_SHARE, GIB, ActivationShapes, ShardedModel, fsdp_group, step_bytes
 
 TOTAL = 139 * GIB  # an H200
@@ -33,7 +34,7 @@ def nine_b():
 
 def _facts(nine_b, free: int = FREE, **kw) -> Facts:
     model, shapes = nine_b
-    whole = distributed.whole_model_bytes(model, 2, True)
+    whole = engines.whole_model_bytes(model, 2, True)
     base = dict(
         device="cuda",
         bf16_supported=True,
@@ -41,7 +42,7 @@ def _facts(nine_b, free: int = FREE, **kw) -> Facts:
         world=2,
         whole_model_share=whole / TOTAL,
         gpu_free_bytes=free,
-        state_bytes=whole,  # what `choices.state_bytes` measures of a meta-built model under FSDP2
+        state_bytes=whole,  # what `measure.state_bytes` measures of a meta-built model under FSDP2
         shapes=shapes,
         sharded=ShardedModel.of(model, 2, True),
     )

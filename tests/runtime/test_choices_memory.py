@@ -128,7 +128,7 @@ def test_state_bytes_counts_gradients_moments_buckets_and_bf16_copies():
     import torch
 
     from hybridtune.runtime import distributed
-    from hybridtune.runtime.choices import state_bytes
+    from hybridtune.runtime.measure import state_bytes
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 4, bias=False), torch.nn.Linear(4, 3, bias=False))
     model[0].weight.requires_grad_(False)  # frozen: no gradient, no moments
@@ -144,14 +144,14 @@ def test_state_bytes_of_a_meta_built_fsdp_model_counts_the_whole_model():
     bytes are resident yet, so the state is all of what FSDP2 holds, not that less the model's own size."""
     import torch
 
-    from hybridtune.runtime import distributed
-    from hybridtune.runtime.choices import state_bytes
+    from hybridtune.runtime import distributed, engines
+    from hybridtune.runtime.measure import state_bytes
 
     fsdp = dataclasses.replace(distributed.ONE, engine="fsdp", world=2, rank=0)
     with torch.device("meta"):
         meta = torch.nn.Linear(8, 4, bias=False)
     real = torch.nn.Linear(8, 4, bias=False)
-    need = distributed.whole_model_bytes(real, 2, True)
+    need = engines.whole_model_bytes(real, 2, True)
     assert state_bytes(meta, fsdp, bf16=True) == need
     assert state_bytes(real, fsdp, bf16=True) == need - 32 * 4  # the whole model already resident
 

@@ -15,8 +15,9 @@ from hybridtune.errors import ConfigError
 from hybridtune.models.loading import load_model
 from hybridtune.models.presets import preset_config
 from hybridtune.runtime import distributed, lora
-from hybridtune.runtime.choices import measure, resolve
+from hybridtune.runtime.choices import resolve
 from hybridtune.runtime.facts import Facts
+from hybridtune.runtime.measure import measure
 from hybridtune.runtime.memory import GIB, ActivationShapes, optimizer_bytes, step_bytes
 from hybridtune.runtime.memory_fit import HOST_REFUSE, choose_memory, host_memory
 

@@ -44,7 +44,7 @@ from torchrun_runs import (
 from hybridtune.config import load_config
 from hybridtune.errors import ConfigError
 from hybridtune.run import checkpoint as ckpt
-from hybridtune.runtime import distributed
+from hybridtune.runtime import distributed, engines
 
 
 def eval_packs(data: str) -> int:
@@ -128,7 +128,7 @@ def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch,
             units, "decoder layers + the rest"
         )
         assert said in err, err
-        # built on the meta device, each rank filling its own shards (runtime/model.py, distributed.wrap); under LoRA
+        # built on the meta device, each rank filling its own shards (runtime/model.py, engines.wrap); under LoRA
         # the model is the fp32 base (bf16 is off on the CPU) and the adapter, both sharded
         held = {"full": "1.7 MiB of the model's 3.3 MiB", "lora": "1.9 MiB of the model's 3.9 MiB"}[adapter]
         assert f"sharded load: rank 1 holds {held}" in err, err
@@ -195,7 +195,7 @@ from hybridtune.data import PackedCollator
 from hybridtune.data.packing import Example
 from hybridtune.models.loading import load_model
 from hybridtune.models.patching import patch_model
-from hybridtune.runtime import distributed
+from hybridtune.runtime import distributed, engines
 from hybridtune.train.objectives import SFT
 
 OUT, BACKEND = pathlib.Path(sys.argv[1]), sys.argv[2]
@@ -209,7 +209,7 @@ def compiled_loop(d):
     model = load_model("tiny-qwen3_5").model
     patch_model(model)
     # The compiled loop is one graph over every layer: FSDP2 shards the model as one unit under it.
-    wrapped = distributed.wrap(distributed.LossModule(model, SFT(fused=True)), d, torch.device("cpu"), False)
+    wrapped = engines.wrap(distributed.LossModule(model, SFT(fused=True)), d, torch.device("cpu"), False)
     mine = PACKS[d.rank :: d.world]
 
     def step(sizes):
@@ -247,13 +247,13 @@ def counted_collectives(calls):
 def window(d, windowed):
     torch.manual_seed(0)
     model = load_model("tiny-qwen3_5").model
-    wrapped = distributed.wrap(distributed.LossModule(model, SFT(fused=True)), d, torch.device("cpu"), False)
+    wrapped = engines.wrap(distributed.LossModule(model, SFT(fused=True)), d, torch.device("cpu"), False)
     packs = PACKS[d.rank :: d.world]  # 2 micro-batches per rank
     calls = {"gather": 0, "reduce": 0}
     with counted_collectives(calls):
         for i, sizes in enumerate(packs):
             last = i == len(packs) - 1
-            ctx = distributed.accumulation(wrapped, d, last) if windowed else contextlib.nullcontext()
+            ctx = engines.accumulation(wrapped, d, last) if windowed else contextlib.nullcontext()
             with ctx:
                 (wrapped(batch(sizes), 300) * d.world).backward()
     # Every parameter's whole gradient (FSDP2's are DTensor shards: gathered), in one order on every engine.
@@ -542,13 +542,13 @@ def test_more_ranks_than_gpus_is_refused_before_any_launch(tmp_path, monkeypatch
 
 
 def test_rng_state_round_trip(tmp_path):
-    from hybridtune.run import checkpoint as ckpt
+    from hybridtune.run.rng import rng_state, set_rng_state
 
     torch.manual_seed(3)
-    state = ckpt.rng_state()
+    state = rng_state()
     want = torch.rand(4)
     torch.manual_seed(99)
-    ckpt.set_rng_state(state)
+    set_rng_state(state)
     assert torch.equal(torch.rand(4), want)
 
 
@@ -677,17 +677,17 @@ def test_an_error_inside_a_window_puts_fsdp2_back_to_reducing():
 
     d = distributed.Dist(rank=0, world=2, engine="fsdp", units="model")
     unit = Unit()
-    with distributed.accumulation(unit, d, last=False):
+    with engines.accumulation(unit, d, last=False):
         assert (unit.sync, unit.reshard) == (False, False)
     assert (unit.sync, unit.reshard) == (False, False)  # a window goes on: the last micro-batch turns them on
-    with distributed.accumulation(unit, d, last=True):
+    with engines.accumulation(unit, d, last=True):
         assert (unit.sync, unit.reshard) == (True, True)
     with pytest.raises(RuntimeError, match="boom"):
-        with distributed.accumulation(unit, d, last=False):
+        with engines.accumulation(unit, d, last=False):
             raise RuntimeError("boom")
     assert (unit.sync, unit.reshard) == (True, True)
     layer = Unit()
-    with distributed.accumulation(layer, distributed.Dist(rank=0, world=2, engine="fsdp", units="layer"), last=False):
+    with engines.accumulation(layer, distributed.Dist(rank=0, world=2, engine="fsdp", units="layer"), last=False):
         assert (layer.sync, layer.reshard) == (True, True)  # per layer: every micro-batch reduces
 
 
@@ -704,21 +704,21 @@ def test_fsdp_units_auto_shards_per_layer_when_the_whole_model_would_not_fit(mon
     assert model.lm_head.weight is model.model.embed_tokens.weight  # counted once
     assert n < sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
     # fp32 shards of parameter, gradient and 2 moments; gathered: bf16 copy, fp32 window gradient, bf16 gradient
-    assert distributed.whole_model_bytes(model, 2) == n * 16 // 2 + n * (2 + 4 + 2)
-    assert distributed.whole_model_bytes(model, 2, bf16=False) == n * 16 // 2 + n * (4 + 4 + 4)
+    assert engines.whole_model_bytes(model, 2) == n * 16 // 2 + n * (2 + 4 + 2)
+    assert engines.whole_model_bytes(model, 2, bf16=False) == n * 16 // 2 + n * (4 + 4 + 4)
     # LoRA-like: a frozen bf16 base (its shard and its gathered copy) and fp32 adapters (as a full fine-tune)
     lora = torch.nn.ModuleDict({"base": torch.nn.Linear(10, 10).to(torch.bfloat16), "a": torch.nn.Linear(10, 2)})
     lora["base"].requires_grad_(False)
-    assert distributed.whole_model_bytes(lora, 2) == (110 * 2 + 22 * 16) // 2 + 110 * 2 + 22 * (2 + 4 + 2)
+    assert engines.whole_model_bytes(lora, 2) == (110 * 2 + 22 * 16) // 2 + 110 * 2 + 22 * (2 + 4 + 2)
 
     # The trainer measures the share against the GPU (max over ranks) ...
-    need = distributed.whole_model_bytes(model, 2)
+    need = engines.whole_model_bytes(model, 2)
     monkeypatch.setattr(distributed, "all_max", lambda value, d: value)  # no process group here: this rank decides
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: types.SimpleNamespace(total_memory=4 * need))
     fsdp = distributed.Dist(rank=0, world=2, engine="fsdp")
-    assert distributed.whole_model_share(model, fsdp, torch.device("cuda", 0), True) == pytest.approx(0.25)
-    assert distributed.whole_model_share(model, fsdp, torch.device("cpu"), True) is None
-    assert distributed.whole_model_share(model, distributed.Dist(0, 2), torch.device("cuda", 0), True) is None
+    assert engines.whole_model_share(model, fsdp, torch.device("cuda", 0), True) == pytest.approx(0.25)
+    assert engines.whole_model_share(model, fsdp, torch.device("cpu"), True) is None
+    assert engines.whole_model_share(model, distributed.Dist(0, 2), torch.device("cuda", 0), True) is None
     # ... and the choice reads it
     roomy, tight = choices.WHOLE_MODEL_SHARE - 0.01, choices.WHOLE_MODEL_SHARE + 0.01
     assert _strategy(model, "fsdp", "cuda", roomy)[:2] == ("loop", "model")

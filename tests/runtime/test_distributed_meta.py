@@ -1,5 +1,5 @@
 """Under FSDP2 over 2 processes (torchrun, gloo, CPU), a model built on the meta device, sharded, and then filled rank
-by rank (`distributed.load_sharded`) equals the plain load, every parameter gathered whole, for a preset and for the
+by rank (`engines.load_sharded`) equals the plain load, every parameter gathered whole, for a preset and for the
 tiny checkpoints (text, vision-language with its frozen tower, MoE with per-expert files), per-layer and whole-model
 units alike; each rank holds and stages less than the whole model. And the mixed precision FSDP2 runs under bf16 is
 the stated one: fp32 sharded masters and gradients, bf16 gathered parameters in the forward and backward, fp32
@@ -24,7 +24,7 @@ from hybridtune.data import PackedCollator
 from hybridtune.data.packing import Example
 from hybridtune.models.anatomy import decoder_layers
 from hybridtune.models.loading import load_model
-from hybridtune.runtime import distributed
+from hybridtune.runtime import distributed, engines
 from hybridtune.train.objectives import SFT
 sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]).parent)]  # this file, tests/checkpoints.py
 from torchrun_runs import mismatches
@@ -37,9 +37,9 @@ CPU = torch.device("cpu")
 def compare(source, units):
     plain = load_model(source, seed=3, dtype=torch.float32).model
     loaded = load_model(source, seed=3, dtype=torch.float32, meta=True)
-    engine = distributed.wrap(distributed.LossModule(loaded.model, SFT(fused=True)), dataclasses.replace(d, units=units), CPU, False)
+    engine = engines.wrap(distributed.LossModule(loaded.model, SFT(fused=True)), dataclasses.replace(d, units=units), CPU, False)
     assert all(p.is_meta for p in engine.parameters())
-    records = distributed.load_sharded(loaded, engine, d, CPU)
+    records = engines.load_sharded(loaded, engine, d, CPU)
     want = dict(plain.named_parameters())
     got = {n.removeprefix("model."): p for n, p in engine.named_parameters()}
     bad = mismatches(want, got)
@@ -49,8 +49,8 @@ def compare(source, units):
 
 def mixed_precision():
     loaded = load_model("tiny-qwen3_5", seed=3, dtype=torch.float32, meta=True)
-    engine = distributed.wrap(distributed.LossModule(loaded.model, SFT(fused=True)), dataclasses.replace(d, units="layer"), CPU, True)
-    distributed.load_sharded(loaded, engine, d, CPU)
+    engine = engines.wrap(distributed.LossModule(loaded.model, SFT(fused=True)), dataclasses.replace(d, units="layer"), CPU, True)
+    engines.load_sharded(loaded, engine, d, CPU)
     seen = {}
     layer = decoder_layers(loaded.model)[1]
     def hook(module, args):
@@ -93,7 +93,7 @@ def groups():
                     ("group:3", dataclasses.replace(d, units="group:3"))]:
         torch.manual_seed(0)
         loaded = load_model("tiny-qwen3_5", seed=3, meta=True)
-        engine = distributed.wrap(distributed.LossModule(loaded.model, SFT(fused=True)), dd, CPU, False, loaded)
+        engine = engines.wrap(distributed.LossModule(loaded.model, SFT(fused=True)), dd, CPU, False, loaded)
         gathers = [0]
         dist = torch.distributed
         name = next(n for n in ("all_gather_single", "all_gather_into_tensor") if hasattr(dist, n))
@@ -106,7 +106,7 @@ def groups():
         try:
             for sizes in [(65, 23), (40, 23, 9), (90, 30), (12, 7, 50)][d.rank :: d.world]:
                 batch = PackedCollator()([Example(list(range(5, 5 + n)), [1] * n) for n in sizes])
-                with distributed.accumulation(engine, dd, last=len(losses) == 1):
+                with engines.accumulation(engine, dd, last=len(losses) == 1):
                     loss = engine(batch, 300)
                     (loss * d.world).backward()
                 losses.append(float(loss))
@@ -198,7 +198,7 @@ def test_fsdp2_layer_groups_train_what_ddp_trains_with_one_gather_per_group(rank
 
 def test_layer_group_units_are_checked():
     from hybridtune.errors import ConfigError
-    from hybridtune.runtime.distributed import layer_groups
+    from hybridtune.runtime.engines import layer_groups
 
     assert layer_groups(list(range(7)), "group:3") == [[0, 1, 2], [3, 4, 5], [6]]
     assert layer_groups(list(range(3)), "group:1") == layer_groups(list(range(3)), "layer") == [[0], [1], [2]]
@@ -211,12 +211,12 @@ def test_layer_group_units_are_checked():
 def test_wrap_fills_a_meta_built_model_whole_in_one_process():
     """Off FSDP2 (one process here; DDP likewise) `wrap` gives a meta-built model its values whole, as loaded plainly."""
     from hybridtune.models.loading import load_model
-    from hybridtune.runtime import distributed
+    from hybridtune.runtime import distributed, engines
     from hybridtune.train.objectives import SFT
 
     want = load_model("tiny-qwen3_5", seed=4).model
     loaded = load_model("tiny-qwen3_5", seed=4, meta=True)
-    engine = distributed.wrap(
+    engine = engines.wrap(
         distributed.LossModule(loaded.model, SFT(fused=True)), distributed.ONE, torch.device("cpu"), False, loaded
     )
     assert loaded.reader is None and engine.model is loaded.model

@@ -1,4 +1,4 @@
-"""`distributed.wrap` under FSDP2 with layer or group units chains explicit prefetches: the root's forward issues the
+"""`engines.wrap` under FSDP2 with layer or group units chains explicit prefetches: the root's forward issues the
 first unit's all-gather, each unit's forward the next one's (so it runs while the unit before computes), and each
 unit's backward the previous one's. Checked in one process over a gloo group of one rank (`fully_shard` works on a
 mesh of one), with the step still computing what the unwrapped model computes."""
@@ -14,7 +14,7 @@ from hybridtune.data import PackedCollator
 from hybridtune.data.packing import Example
 from hybridtune.models.anatomy import decoder_layers
 from hybridtune.models.loading import load_model
-from hybridtune.runtime import distributed
+from hybridtune.runtime import distributed, engines
 from hybridtune.train.objectives import SFT
 
 CPU = torch.device("cpu")
@@ -43,7 +43,7 @@ def test_each_unit_prefetches_the_next_in_forward_and_the_previous_in_backward(o
     model = load_model("tiny-qwen3_5", seed=3).model
     layers = decoder_layers(model)
     assert len(layers) == sum(sizes) == 4
-    engine = distributed.wrap(
+    engine = engines.wrap(
         distributed.LossModule(model, SFT(fused=True)), dataclasses.replace(FSDP, units=units), CPU, False
     )
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
@@ -91,7 +91,7 @@ def test_each_unit_prefetches_the_next_in_forward_and_the_previous_in_backward(o
 
 def test_the_whole_model_unit_prefetches_nothing(one_rank_group):
     model = load_model("tiny-qwen3_5", seed=3).model
-    engine = distributed.wrap(
+    engine = engines.wrap(
         distributed.LossModule(model, SFT(fused=True)), dataclasses.replace(FSDP, units="model"), CPU, False
     )
     assert _state(engine)._states_to_forward_prefetch == [] and _state(engine)._states_to_backward_prefetch == []

@@ -16,10 +16,10 @@ from torchrun_runs import launch_ranks
 from checkpoints import KINDS, MOE_KINDS, make_checkpoint
 from hybridtune.config import load_config
 from hybridtune.models.loading import materialize, resolve_source, tokenizer_for
-from hybridtune.runtime import distributed
-from hybridtune.runtime.choices import state_bytes
+from hybridtune.runtime import distributed, engines
 from hybridtune.runtime.distributed import ONE, Dist
 from hybridtune.runtime.lora import AdaptersOnHost, strip_base_layer
+from hybridtune.runtime.measure import state_bytes
 from hybridtune.runtime.memory import ShardedModel
 from hybridtune.runtime.model import build_model
 
@@ -120,7 +120,7 @@ import json, logging, pathlib, sys, torch
 sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]).parent)]  # this file, tests/checkpoints.py
 from test_lora_meta import build, lora_cfg
 from torchrun_runs import mismatches
-from hybridtune.runtime import distributed
+from hybridtune.runtime import distributed, engines
 from hybridtune.train.objectives import SFT
 from hybridtune.runtime.distributed import ONE
 
@@ -133,9 +133,9 @@ def compare(source):
     cfg = lora_cfg(source, moe="next" in source or "moe" in source)
     plain = build(cfg, True, ONE).model
     built = build(cfg, True, d)
-    engine = distributed.wrap(distributed.LossModule(built.model, SFT(fused=True)), d, CPU, True)
+    engine = engines.wrap(distributed.LossModule(built.model, SFT(fused=True)), d, CPU, True)
     assert all(p.is_meta for n, p in engine.named_parameters() if not p.requires_grad)
-    records = distributed.load_sharded(built.loaded, engine, d, CPU)
+    records = engines.load_sharded(built.loaded, engine, d, CPU)
     want = dict(plain.named_parameters())
     got = {n.removeprefix("model."): p for n, p in engine.named_parameters()}
     bad = mismatches(want, got)
@@ -201,7 +201,7 @@ def test_a_meta_built_lora_counts_nothing_resident_on_the_gpu():
     model = build_model(cfg, source, tokenizer_for(source), CPU, True, fsdp).model
     assert any(p.is_meta for p in model.parameters()) and any(not p.is_meta for p in model.parameters())
     assert ShardedModel.of(model, 2, True).resident == 0
-    assert state_bytes(model, fsdp, True) == distributed.whole_model_bytes(model, 2, True)
+    assert state_bytes(model, fsdp, True) == engines.whole_model_bytes(model, 2, True)
 
 
 def test_adapters_on_host_leaves_other_moves_as_to_makes_them():

@@ -138,10 +138,10 @@ def test_qlora_and_load_in_4bit_in_config():
 
 
 def test_the_step_estimate_counts_the_dequantised_transient():
-    """`choices.state_bytes` (what the checkpointing choice weighs before the first step) adds the largest NF4
+    """`measure.state_bytes` (what the checkpointing choice weighs before the first step) adds the largest NF4
     weight dequantised twice in bf16 to a QLoRA run's trainable state."""
-    from hybridtune.runtime.choices import state_bytes
     from hybridtune.runtime.distributed import ONE
+    from hybridtune.runtime.measure import state_bytes
 
     model, _ = qlora_model("tiny-qwen3_5_moe", experts=True, layers=["linear_attention"])
     largest = max(p.numel() for p in model.parameters() if nf4.is_nf4(p))

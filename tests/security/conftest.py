@@ -1,11 +1,11 @@
 """Fixtures of the security tests: a tiny Qwen3.5 model directory per test module, the one error line of a
 command that must fail with exit code 2 (never a traceback), a run stopped after its first step to resume, a
-finished two-step LoRA run (and a copy of it to damage), and the tiny vision-language tokenizer and `Vision`."""
+finished two-step LoRA run (and a copy of it to damage), and the tiny vision-language tokenizer and `Vision`
+(tests/vl_fixtures.py, shared with tests/data/vision)."""
 
 from __future__ import annotations
 
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,9 +14,7 @@ from resumes import interrupted, keys, lora_run
 
 from checkpoints import make_checkpoint
 from hybridtune.cli import main
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "vision"))
-import vl_tiny  # noqa: E402
+from vl_fixtures import tok, vision  # noqa: F401  (the fixtures, taken by this folder's tests)
 
 
 @pytest.fixture(scope="module")
@@ -72,15 +70,3 @@ def lora_run_copy(lora_run_dir, tmp_path) -> Path:
     out = tmp_path / "run"
     shutil.copytree(lora_run_dir, out)
     return out
-
-
-@pytest.fixture(scope="module")
-def tok():
-    """The bundled tokenizer with the tiny vision-language checkpoint's vision tokens added."""
-    return vl_tiny.tokenizer()
-
-
-@pytest.fixture(scope="module")
-def vision(tok):
-    """The data side's `Vision` of the tiny checkpoint (its image and video processors), without a directory."""
-    return vl_tiny.vision_of(tok)

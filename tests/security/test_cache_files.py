@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from hybridtune import files
-from hybridtune.data import examples
+from hybridtune.data import example_cache
 
 KEY = "ab" * 32
 
@@ -21,7 +21,7 @@ def _table():
 
 @pytest.fixture
 def cache(tmp_path):
-    d = tmp_path / "dc" / examples.CACHE_SUBDIR
+    d = tmp_path / "dc" / example_cache.CACHE_SUBDIR
     d.mkdir(parents=True)
     victim = tmp_path / "precious.txt"
     victim.write_text("precious")
@@ -36,10 +36,10 @@ def test_a_cache_write_never_follows_a_planted_link(cache):
     pid = os.getpid()
     for p in range(pid - 50, pid + 50):
         os.symlink(victim, d / f".{path.name}.{p}.tmp")
-    examples._write_cache(path, KEY, _table(), "data.jsonl", "chat")
+    example_cache.write_cache(path, KEY, _table(), "data.jsonl", "chat")
     assert victim.read_text() == "precious"
     assert path.is_file() and not path.is_symlink()
-    assert examples._read_cache(path, KEY)[0][1].input_ids == [4, 5]
+    assert example_cache.read_cache(path, KEY)[0][1].input_ids == [4, 5]
 
 
 def test_the_atomic_write_takes_another_name_when_a_link_holds_its_first(tmp_path, monkeypatch):
@@ -58,15 +58,15 @@ def test_a_cache_entry_that_is_a_link_is_not_read(cache, caplog):
     """The bug this guards: an entry linked to a Parquet file elsewhere (someone else's rows) was trained on."""
     d, victim = cache
     elsewhere = d.parent / "theirs.parquet"
-    examples._write_cache(elsewhere, KEY, _table(), "data.jsonl", "chat")  # a valid entry, under the right key
+    example_cache.write_cache(elsewhere, KEY, _table(), "data.jsonl", "chat")  # a valid entry, under the right key
     path = d / f"{KEY}.parquet"
     os.symlink(elsewhere, path)
     with caplog.at_level(logging.WARNING):
-        assert examples._read_cache(path, KEY) is None
+        assert example_cache.read_cache(path, KEY) is None
     assert "symbolic link" in caplog.text
     # Tokenised again, the entry is written as a file of its own: the link is replaced, its target untouched.
     before = elsewhere.read_bytes()
-    examples._write_cache(path, KEY, _table(), "data.jsonl", "chat")
+    example_cache.write_cache(path, KEY, _table(), "data.jsonl", "chat")
     assert not path.is_symlink() and elsewhere.read_bytes() == before
 
 
@@ -74,6 +74,6 @@ def test_a_cache_entry_that_is_a_fifo_never_blocks(cache):
     d, _ = cache
     path = d / f"{KEY}.parquet"
     os.mkfifo(path)
-    assert examples._read_cache(path, KEY) is None
+    assert example_cache.read_cache(path, KEY) is None
     with pytest.raises(OSError, match="not a regular file"):
         files.open_regular(path)

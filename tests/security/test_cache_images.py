@@ -1,4 +1,4 @@
-"""A tokenisation cache entry's image references (data/examples.py `_foreign_images`): a text model's entry holding
+"""A tokenisation cache entry's image references (data/example_cache.py `_foreign_images`): a text model's entry holding
 images, or a vision-language entry whose image source is none the rows name (a writable shared cache pointing
 training at another local file), is not trusted: one warning and the data is tokenised again, never a traceback
 (`eval` gave "a pack with images needs PackedCollator(vision=...)") nor a read of the planted file."""
@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from hybridtune.cli import main
 from hybridtune.config import DatasetConfig
-from hybridtune.data import examples
+from hybridtune.data import example_cache, examples
 from hybridtune.data.sources import datasets_cache_dir
 from hybridtune.models.tokenizer_files import bundled_tokenizer
 
@@ -41,7 +41,7 @@ def test_a_text_models_entry_with_images_is_tokenised_again_and_eval_gives_no_tr
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     loaded = examples.load_source(DatasetConfig(path=str(data)), bundled_tokenizer())
-    entry = Path(datasets_cache_dir()) / examples.CACHE_SUBDIR / f"{loaded.key}.parquet"
+    entry = Path(datasets_cache_dir()) / example_cache.CACHE_SUBDIR / f"{loaded.key}.parquet"
     _with_images(entry, str(tmp_path / "secret.png"))
     with caplog.at_level(logging.WARNING, logger="hybridtune"):
         again = examples.load_source(DatasetConfig(path=str(data)), bundled_tokenizer())
@@ -61,7 +61,7 @@ def test_a_vl_entry_pointing_at_a_file_the_rows_do_not_name_is_not_trusted(tmp_p
     data = vl_tiny.write_rows(tmp_path / "d.jsonl", [vl_tiny.chat({"type": "image", "image": "a.png"}, "?")] * 2)
     ds = DatasetConfig(path=str(data))
     loaded = examples.load_source(ds, tok, vision=vision)
-    entry = Path(datasets_cache_dir()) / examples.CACHE_SUBDIR / f"{loaded.key}.parquet"
+    entry = Path(datasets_cache_dir()) / example_cache.CACHE_SUBDIR / f"{loaded.key}.parquet"
     ref = loaded.examples[0].images[0]
     _with_images(entry, str(tmp_path / "planted.png"), ref.grid, ref.tokens)
     with caplog.at_level(logging.WARNING, logger="hybridtune"):

@@ -1,4 +1,4 @@
-"""A tokenisation cache entry is trusted only when its rows can be what tokenising wrote (data/examples.py
+"""A tokenisation cache entry is trusted only when its rows can be what tokenising wrote (data/example_cache.py
 `_mismatch`): ids inside the tokenizer's vocabulary, a loss mask as long as its ids with values 0 and 1, and the row
 count written with it. Otherwise one warning and the data is tokenised again (and the entry replaced), instead of an
 IndexError traceback in the embedding (a device assert on a GPU) or a wrong diagnosis that blames the data."""
@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from hybridtune.config import DatasetConfig
-from hybridtune.data import examples
+from hybridtune.data import example_cache, examples
 from hybridtune.data.sources import datasets_cache_dir
 from hybridtune.models.tokenizer_files import bundled_tokenizer
 
@@ -31,7 +31,7 @@ def cached(tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     ds = DatasetConfig(path=str(data))
     loaded = examples.load_source(ds, bundled_tokenizer())
-    path = Path(datasets_cache_dir()) / examples.CACHE_SUBDIR / f"{loaded.key}.parquet"
+    path = Path(datasets_cache_dir()) / example_cache.CACHE_SUBDIR / f"{loaded.key}.parquet"
     assert path.is_file()
     return ds, path, loaded.examples
 
@@ -75,7 +75,7 @@ def _mask_values(ids, mask):
     ],
 )
 def test_a_tampered_entry_is_tokenised_again_with_one_warning(cached, caplog, change, said):
-    """The bug this guards: `_read_cache` checked the key only, and returned these rows to the trainer."""
+    """The bug this guards: `read_cache` checked the key only, and returned these rows to the trainer."""
     ds, path, fresh = cached
     _rewrite(path, change)
     with caplog.at_level(logging.WARNING, logger="hybridtune"):

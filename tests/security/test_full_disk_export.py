@@ -14,7 +14,7 @@ from safetensors import SafetensorError
 
 from hybridtune.cli import main
 from hybridtune.run import checkpoint as ckpt
-from hybridtune.run import integrity
+from hybridtune.run import disk
 from hybridtune.run.outdir import LOCK_FILE
 
 ENOSPC = 'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
@@ -48,7 +48,7 @@ def tree(root: Path) -> dict[str, tuple[int, int]]:
 def test_an_export_that_cannot_fit_is_refused_with_the_figures(checkpoint, tmp_path, monkeypatch, capsys):
     out = tmp_path / "export"
     real = shutil.disk_usage
-    monkeypatch.setattr(integrity.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
     msg = error_of(["export", str(checkpoint), str(out)], capsys)
     assert msg.startswith(f"error: disk full: exporting '{checkpoint}' needs about "), msg
     assert f"'{tmp_path}' has 1000 bytes free; nothing was changed." in msg, msg
@@ -61,7 +61,7 @@ def test_a_refused_overwrite_leaves_the_earlier_export_as_it_was(checkpoint, tmp
     assert main(["export", str(checkpoint), str(out)]) == 0
     before = tree(out)
     real = shutil.disk_usage
-    monkeypatch.setattr(integrity.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
     msg = error_of(["export", str(checkpoint), str(out), "--overwrite"], capsys)
     assert f"'{out}' has 1000 bytes free; nothing was changed." in msg, msg
     assert tree(out) == before

@@ -20,6 +20,7 @@ from torch import nn
 
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run.checkpoint import CheckpointError
+from hybridtune.run.resume import load_checkpoint
 from hybridtune.runtime.masters import MasterAdamW, split
 from hybridtune.runtime.optim import _Schedule, lr_lambda, torchao_optim
 from hybridtune.runtime.optim_state import state_problem
@@ -95,7 +96,7 @@ def saved(out, optim: str = "adamw", lagging: bool = False):
 def refused(path, optim: str = "adamw") -> str:
     model, opt, sched = build(optim, 1)
     with pytest.raises(CheckpointError) as e:
-        ckpt.load_checkpoint(path, model, opt, sched)
+        load_checkpoint(path, model, opt, sched)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"checkpoint '{path}' cannot be resumed: "), msg
     return msg
@@ -158,7 +159,7 @@ def test_an_untouched_state_resumes_exactly_and_a_lagging_step_is_no_error(tmp_p
     """A parameter without a gradient in some steps has a smaller step than its checkpoint (torch skips it): legal."""
     path = saved(tmp_path, lagging=True)
     model, opt, sched = build("adamw", 1)
-    ckpt.load_checkpoint(path, model, opt, sched)
+    load_checkpoint(path, model, opt, sched)
     held = {k: v for k, v in zip(("0.weight", "0.bias", "2.weight", "2.bias"), opt.state.values())}
     assert [float(v["step"]) for v in held.values()] == [3.0, 3.0, 1.0, 1.0]
     ref_model, ref_opt, ref_sched = build("adamw", 0)
@@ -175,7 +176,7 @@ def test_a_group_key_the_checkpoint_lacks_resumes_as_the_configs(tmp_path):
     path = saved(tmp_path)
     tamper(path, lambda optim: optim["param_groups"][0].pop("decoupled_weight_decay"), part=None)
     model, opt, sched = build("adamw", 1)
-    assert ckpt.load_checkpoint(path, model, opt, sched)["step"] == 3
+    assert load_checkpoint(path, model, opt, sched)["step"] == 3
     assert opt.param_groups[0]["decoupled_weight_decay"] is True
     ref_model, ref_opt, ref_sched = build("adamw", 0)
     steps(ref_model, ref_opt, ref_sched, 3)
@@ -201,12 +202,12 @@ def test_a_checkpoint_saved_before_the_first_step_resumes_as_never_stepped(tmp_p
     model, opt, sched = build(optim, 0)
     zero = ckpt.save_checkpoint(tmp_path / "checkpoint-0", model, opt, sched, 0, {"epoch": 0, "index": 0})
     model, opt, sched = build(optim, 1)
-    assert ckpt.load_checkpoint(zero, model, opt, sched)["step"] == 0
+    assert load_checkpoint(zero, model, opt, sched)["step"] == 0
     assert {float(v["step"]) for v in opt.state.values()} <= {0.0}  # none yet, or MasterAdamW's at 0
     steps(model, opt, sched, 1)  # (checkpoint-0's RNG: the uninterrupted run's batch)
     one = ckpt.save_checkpoint(tmp_path / "checkpoint-1", model, opt, sched, 1, {"epoch": 0, "index": 1})
     model, opt, sched = build(optim, 2)
-    assert ckpt.load_checkpoint(one, model, opt, sched)["step"] == 1
+    assert load_checkpoint(one, model, opt, sched)["step"] == 1
     assert {float(v["step"]) for v in opt.state.values()} == {1.0}
     steps(model, opt, sched, 1)
     ref_model, ref_opt, ref_sched = build(optim, 0)
@@ -284,7 +285,7 @@ def test_torchao_8bit_state_resumes_quantised_and_exact(tmp_path):
     pytest.importorskip("torchao.optim")
     path = saved(tmp_path, "adamw_8bit")
     model, opt, sched = build("adamw_8bit", 1)
-    ckpt.load_checkpoint(path, model, opt, sched)
+    load_checkpoint(path, model, opt, sched)
     big = opt.state[model[0].weight]["exp_avg_sq"]
     assert hasattr(big, "codes") and big.codes.dtype == torch.uint8  # still 8-bit, not a dequantised copy
     ref_model, ref_opt, ref_sched = build("adamw_8bit", 0)

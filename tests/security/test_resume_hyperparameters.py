@@ -23,6 +23,7 @@ from torch import nn
 from hybridtune.config import load_config
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run.checkpoint import CheckpointError
+from hybridtune.run.resume import load_checkpoint
 from hybridtune.runtime.optim import _Schedule, lr_lambda
 from train_runs import metrics_rows, run
 
@@ -87,14 +88,14 @@ def resumed(path, caplog, into=None) -> list[str]:
     """Resume `path` into `into` (default: this run's parts: the config's LR, WD, BETAS): the warnings it said."""
     model, opt, sched = into or parts(seed=1)
     with caplog.at_level(logging.WARNING):
-        ckpt.load_checkpoint(path, model, opt, sched)
+        load_checkpoint(path, model, opt, sched)
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def refused(path) -> str:
     model, opt, sched = parts(seed=1)
     with pytest.raises(CheckpointError) as e:
-        ckpt.load_checkpoint(path, model, opt, sched)
+        load_checkpoint(path, model, opt, sched)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"checkpoint '{path}' cannot be resumed: "), msg
     return msg

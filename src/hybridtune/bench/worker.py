@@ -44,9 +44,10 @@ from hybridtune.models.hub import resolve_source
 from hybridtune.models.loading import load_model, tokenizer_for
 from hybridtune.runtime import compose as compose_step
 from hybridtune.runtime import cudagraphs, distributed
-from hybridtune.runtime.choices import choose_bf16, measure, resolve
+from hybridtune.runtime.choices import choose_bf16, resolve
 from hybridtune.runtime.compose import Composed, compose
 from hybridtune.runtime.lora import applied_targets, lora_from_config
+from hybridtune.runtime.measure import measure
 from hybridtune.runtime.metrics import memory_gib
 from hybridtune.runtime.model import RunModel
 from hybridtune.runtime.model import build_model as build_run_model

@@ -32,8 +32,9 @@ from hybridtune.data.sources import ACCEPTED, open_source
 from hybridtune.errors import ConfigError, DataError
 from hybridtune.infer.generate import MODEL_HELP, template_kwargs, vision_of
 from hybridtune.infer.load import Opened, open_model, recorded_run
-from hybridtune.runtime.choices import choose_bf16, measure, pick_device
+from hybridtune.runtime.choices import choose_bf16, pick_device
 from hybridtune.runtime.distributed import ONE, LossModule
+from hybridtune.runtime.measure import measure
 from hybridtune.runtime.model import master_dtype
 from hybridtune.train.evaluation import evaluate
 from hybridtune.train.objectives.preference import prepare_pairs

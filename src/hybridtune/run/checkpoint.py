@@ -12,15 +12,13 @@ checkpoint-120/
 DCP reshards on load, so a checkpoint written by N processes resumes in M. The rename, by rank 0 after every rank has
 written, is the commit point. `checkpoint.json`, written last, lists every other file's size and sha256; a resume
 verifies them all before reading and loads nothing that could run code (`integrity`). `resume_from_checkpoint
-latest` falls back to the newest intact checkpoint, saying what it skipped and why (`find_resume`).
+latest` falls back to the newest intact checkpoint, saying what it skipped and why (run/resume.py).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
-import random
 import shutil
 import tempfile
 import warnings
@@ -32,17 +30,15 @@ import torch
 
 from hybridtune.errors import OutputDirError
 from hybridtune.files import honour_umask, read_regular_text
-from hybridtune.run import integrity, write_errors
-from hybridtune.run.integrity import CheckpointError, DiskFullError
-from hybridtune.run.rng import rng_state, set_rng_state
-from hybridtune.runtime import distributed, optim_state
-from hybridtune.runtime import optim as optimizers
+from hybridtune.run import disk, integrity, write_errors
+from hybridtune.run.disk import DiskFullError
+from hybridtune.run.integrity import CheckpointError
+from hybridtune.run.rng import rng_state
+from hybridtune.runtime import distributed
 from hybridtune.runtime.distributed import ONE, Dist
 from hybridtune.runtime.memory import optimizer_state
 
-__all__ = ["CheckpointError", "DiskFullError", "rng_state", "set_rng_state"]  # re-exported: callers use them from here
-
-logger = logging.getLogger("hybridtune")
+__all__ = ["CheckpointError", "DiskFullError", "rng_state"]  # re-exported: callers use them from here
 
 STATE_DIR = "state"
 STATE_FILE = "trainer_state.pt"
@@ -142,14 +138,14 @@ def shared_atomic_dir(target: Path, write_all: Callable[[Path], None], write_mai
 
 
 @contextmanager
-def _quiet_single_process():
+def quiet_single_process():
     """DCP warns on every call that it assumes one process when no process group exists: that is the intent."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
         yield
 
 
-def _options(trainable_only: bool, load: bool = False):
+def state_options(trainable_only: bool, load: bool = False):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     # LoRA: only the adapter and its optimizer state are saved; the frozen base is rebuilt from base_model,
@@ -169,12 +165,12 @@ def state_estimate(
     the optimizer has allocated its state (torch's and torchao's do at the first step): what it holds per
     parameter once it has stepped (`memory.optimizer_state`: moments typed as the parameter, or fp32 with the fp32
     masters of MasterAdamW under `masters`, or torchao's 8-bit codes and scales). A collective under torchrun
-    (`integrity.state_bytes`)."""
+    (`disk.state_bytes`)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    msd = get_model_state_dict(model, options=_options(trainable_only))
+    msd = get_model_state_dict(model, options=state_options(trainable_only))
     held = [optimizer_state(optim, p, masters) for p in params]
-    return integrity.state_bytes(msd, held, d=d)
+    return disk.state_bytes(msd, held, d=d)
 
 
 def _before_save(target: Path, need: int, previous: Path | None) -> None:
@@ -183,9 +179,7 @@ def _before_save(target: Path, need: int, previous: Path | None) -> None:
             f"'{target}' exists and was not written by hybridtune (no {MARKER} marker or checkpoint.json): a save "
             "would replace it; move it away or choose another --output_dir"
         )
-    integrity.check_free_space(
-        target.parent, need, lambda free: integrity.disk_full_message(target, need, free, previous)
-    )
+    disk.check_free_space(target.parent, need, lambda free: disk.disk_full_message(target, need, free, previous))
 
 
 def save_checkpoint(
@@ -211,8 +205,8 @@ def save_checkpoint(
 
     target = Path(target)
     rng = rng_state()  # (first: get_state_dict's fake step of an unstepped adamw_bf16_sr draws its rounding from it)
-    msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
-    need = integrity.state_bytes(msd, osd, d=d)
+    msd, osd = get_state_dict(model, optimizer, options=state_options(trainable_only))
+    need = disk.state_bytes(msd, osd, d=d)
     done = [p for p in list_checkpoints(target.parent) if p != target]
     previous = done[-1] if done else None
     distributed.main_only(d, lambda: _before_save(target, need, previous))
@@ -220,12 +214,12 @@ def save_checkpoint(
 
     def guarded(write: Callable[[Path], None]) -> Callable[[Path], None]:
         return write_errors.guard(
-            write, need, lambda free: integrity.disk_full_message(target, need, free, previous),
-            lambda why: integrity.write_failed_message(target, why, previous),
+            write, need, lambda free: disk.disk_full_message(target, need, free, previous),
+            lambda why: disk.write_failed_message(target, why, previous),
         )  # fmt: skip
 
     def write_all(tmp: Path) -> None:
-        with _quiet_single_process():
+        with quiet_single_process():
             dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / STATE_DIR))
         torch.save(rng, tmp / RNG_FILE.format(rank=d.rank))
         distributed.barrier(d)  # every rank's files are complete: hash them, each rank its share
@@ -247,11 +241,11 @@ def save_checkpoint(
     try:
         return shared_atomic_dir(target, guarded(write_all), guarded(write_main), d)
     except OSError as e:  # around the writes: the temporary directory made (a disk turned read-only), the renames
-        if integrity.is_disk_full(e, target.parent, need):
-            raise DiskFullError(integrity.disk_full_message(target, need, None, previous), need) from None
+        if disk.is_disk_full(e, target.parent, need):
+            raise DiskFullError(disk.disk_full_message(target, need, None, previous), need) from None
         if (why := write_errors.failure(e)) is None:
             raise
-        raise write_errors.WriteError(integrity.write_failed_message(target, why, previous), why) from None
+        raise write_errors.WriteError(disk.write_failed_message(target, why, previous), why) from None
 
 
 def verify_checkpoint(path: Path, d: Dist = ONE) -> str | None:
@@ -259,128 +253,6 @@ def verify_checkpoint(path: Path, d: Dist = ONE) -> str | None:
     intact: every file listed with its checksum in checkpoint.json, nothing missing, changed or added.
     A collective (each rank hashes its share)."""
     return integrity.check(Path(path), META_FILE, REQUIRED, d)
-
-
-def find_resume(where: str, output_dir: Path, d: Dist = ONE) -> tuple[Path, list[str]]:
-    """The verified checkpoint to resume from, and one warning line per newer checkpoint skipped on the way.
-
-    `where` is `latest` (the newest intact checkpoint of `output_dir`; newer ones that fail verification are
-    skipped, each named with why) or the path of one checkpoint (which must be intact: no fallback, since the
-    user named it). Raises CheckpointError, one line naming the file that failed. A collective.
-    """
-    if where != "latest":
-        path = Path(where)
-        if not path.is_dir():
-            raise CheckpointError(f"resume_from_checkpoint '{where}': no such checkpoint directory")
-        why = verify_checkpoint(path, d)
-        if why:
-            raise CheckpointError(f"resume_from_checkpoint '{where}' cannot be resumed: {why}")
-        return path, []
-    skipped: list[tuple[Path, str]] = []
-    for path in reversed(_candidates(output_dir)):
-        why = verify_checkpoint(path, d)
-        if why is None:
-            lines = [
-                f"resume_from_checkpoint latest: skipped {p.name} ({why}); resuming from {path.name}"
-                for p, why in skipped
-            ]
-            return path, lines
-        skipped.append((path, why))
-    if not skipped:
-        raise CheckpointError(
-            f"resume_from_checkpoint 'latest': no checkpoint in '{output_dir}' (the run stopped "
-            "before its first save): run the same command without it, which starts the run again"
-        )
-    raise CheckpointError(
-        f"resume_from_checkpoint 'latest': no intact checkpoint in '{output_dir}' ("
-        + "; ".join(f"{p.name}: {why}" for p, why in skipped)
-        + "); start a new run with --overwrite, or resume from a copy you trust"
-    )
-
-
-def load_checkpoint(
-    path: Path,
-    model: torch.nn.Module,
-    optimizer,
-    scheduler,
-    d: Dist = ONE,
-    trainable_only: bool = False,
-    verified: bool = False,
-) -> dict:
-    """Load weights, optimizer, scheduler and this rank's RNG from checkpoint `path` (written by any number of
-    processes); returns the trainer state (`step`, `data_position`, `world`).
-
-    The checkpoint is verified first unless `verified` (it came from `find_resume`); nothing in it is unpickled
-    beyond tensors, plain values and DCP's metadata classes. Raises CheckpointError naming the file.
-
-    The run's config is the truth for the hyperparameters, not the files (checksums prove a file is the one its
-    checkpoint.json lists, not who wrote both: an edited lr with its checksums redone passed them). A loaded rate or
-    weight decay that the checkpoint's run record also gives is a config changed since (--overwrite): one warning
-    line. Any other difference (an edited lr, base rate, betas, eps) is refused in one line rather than put back
-    quietly: files changed after the save leave nothing in the checkpoint to trust, weights included. Then every
-    group key and base rate is the config's, the step's rate its schedule's (`optim.resumed_differences`).
-    """
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    path = Path(path)
-    if not verified and (why := verify_checkpoint(path, d)):
-        raise CheckpointError(f"checkpoint '{path}' cannot be resumed: {why}")
-    unstepped = not optimizer.state  # (no state yet: torch's and torchao's get_state_dict below fakes a step for it)
-    msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
-    state = {"model": msd, "optim": osd}
-    # The config's hyperparameters, before the checkpoint's are loaded over them.
-    fresh = optimizers.hyperparameters(optimizer, scheduler)
-    meta = meta_of(path)
-    try:
-        saved = integrity.read_dcp_metadata((path / STATE_DIR / ".metadata").read_bytes()).state_dict_metadata
-        if why := optimizers.layout_problem(state["optim"], optimizer, saved, meta.get("run"), not trainable_only):
-            raise CheckpointError(why)  # (another optim wrote it: said before DCP names its keys)
-        with _quiet_single_process(), optimizers.saved_group_keys_only(state["optim"], saved):
-            integrity.safe_dcp_load(state, path / STATE_DIR)
-        trainer = load_trainer_state(path)
-        rng = path / RNG_FILE.format(rank=d.rank)
-        rng_saved = integrity.load_plain(rng) if rng.is_file() else None
-        if not isinstance(trainer, dict) or not {"scheduler", "step", "data_position"} <= trainer.keys():
-            raise CheckpointError(f"{STATE_FILE} holds no step, data position and schedule")
-        why = optimizers.schedule_problem(trainer["scheduler"], scheduler, trainer["step"])
-        if "step" in meta and meta["step"] != trainer["step"]:
-            why = f"its {META_FILE} is at step {meta['step']!r} but its {STATE_FILE} at {trainer['step']!r}"
-        if why:
-            raise CheckpointError(f"{why}: its files disagree; resume from another checkpoint")
-        optim_state.drop_fake_step(state["optim"], trainer["step"], unstepped)  # (saved before the first step)
-        if why := optim_state.state_problem(state["optim"], state["model"], trainer["step"], d):
-            raise CheckpointError(why)  # (NaN, a negative second moment, a wrong shape or step: before training)
-    except CheckpointError as e:
-        raise CheckpointError(f"checkpoint '{path}' cannot be resumed: {e}") from None
-    set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=state["model"],
-        optim_state_dict=state["optim"],
-        options=_options(trainable_only, load=True),
-    )
-    scheduler.load_state_dict(trainer["scheduler"])
-    recorded = optimizers.recorded_hyperparameters(meta.get("run"))
-    unexplained, changed = optimizers.resumed_differences(optimizer, scheduler, fresh, recorded)
-    if unexplained:
-        raise CheckpointError(
-            f"checkpoint '{path}' cannot be resumed: it holds {'; '.join(unexplained)}, which neither this run's "
-            f"config nor the run its {META_FILE} records gives: its files were changed after the save (checksums "
-            "redone), so its weights cannot be trusted either; resume from a checkpoint you trust, or start the run "
-            "again with --overwrite"
-        )
-    if changed:
-        logger.warning("resuming %s with this run's config, changed since it was written: %s", path, "; ".join(changed))
-    optimizers.reapply_config(optimizer, scheduler, fresh, trainer["step"])
-    if rng_saved is not None:
-        set_rng_state(rng_saved)
-    else:
-        # Resumed on more ranks than wrote it: a rank without its own state gets a fresh stream of its own
-        # (only dropout reads it), seeded by rank and step so that the resume is still reproducible.
-        seed = d.rank * 1_000_003 + int(trainer["step"])
-        random.seed(seed)
-        torch.manual_seed(seed)
-    return trainer
 
 
 def load_weights(path: Path, model: torch.nn.Module, trainable_only: bool) -> dict:
@@ -395,14 +267,14 @@ def load_weights(path: Path, model: torch.nn.Module, trainable_only: bool) -> di
     if why:
         raise CheckpointError(f"checkpoint '{path}' cannot be loaded: {why}")
     wrapped = distributed.LossModule(model)
-    state = {"model": get_model_state_dict(wrapped, options=_options(trainable_only))}
+    state = {"model": get_model_state_dict(wrapped, options=state_options(trainable_only))}
     try:
-        with _quiet_single_process():
+        with quiet_single_process():
             integrity.safe_dcp_load(state, path / STATE_DIR)
         trainer = load_trainer_state(path)
     except CheckpointError as e:
         raise CheckpointError(f"checkpoint '{path}' cannot be loaded: {e}") from None
-    set_model_state_dict(wrapped, state["model"], options=_options(trainable_only, load=True))
+    set_model_state_dict(wrapped, state["model"], options=state_options(trainable_only, load=True))
     return trainer
 
 
@@ -418,13 +290,6 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
     """Complete checkpoints in `output_dir`, oldest first (temp dirs never match)."""
     out = [p for p in Path(output_dir).glob("checkpoint-*") if is_step_dir(p) and (p / META_FILE).is_file()]
     return sorted(out, key=step_of)
-
-
-def _candidates(output_dir: Path) -> list[Path]:
-    """Checkpoints `latest` considers, oldest first: the complete ones, and hybridtune's own that lost their
-    checkpoint.json (named when skipped, not silently passed over)."""
-    out = [p for p in Path(output_dir).glob("checkpoint-*") if is_step_dir(p) and is_ours(p)]
-    return sorted(set(out) | set(list_checkpoints(output_dir)), key=step_of)
 
 
 def _json(path: Path):

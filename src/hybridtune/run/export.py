@@ -30,7 +30,7 @@ from hybridtune.models import source
 from hybridtune.models.anatomy import text_model, unwrap
 from hybridtune.models.loading import LoadedModel
 from hybridtune.models.patching import original_config
-from hybridtune.run import adapter_base, guarded, integrity, serving
+from hybridtune.run import adapter_base, disk, guarded, serving
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.runtime import distributed, quant
 from hybridtune.runtime.lora import strip_base_layer
@@ -97,7 +97,7 @@ def _serving(model, adapter_state: dict) -> tuple[dict, str | None]:
 def tensor_bytes(state: dict, dtype: torch.dtype | None = None) -> int:
     """The bytes a safetensors file of `state` holds (its floating tensors in `dtype`, when given): each tensor's
     data once (tied weights share one), plus its header entry and some slack."""
-    seen, total = set(), integrity.SLACK_BYTES
+    seen, total = set(), disk.SLACK_BYTES
     for t in state.values():
         if not isinstance(t, torch.Tensor):
             continue
@@ -108,7 +108,7 @@ def tensor_bytes(state: dict, dtype: torch.dtype | None = None) -> int:
             continue
         seen.add(key)
         size = dtype.itemsize if dtype is not None and local.is_floating_point() else local.element_size()
-        total += local.numel() * size + integrity.ENTRY_BYTES
+        total += local.numel() * size + disk.ENTRY_BYTES
     return total
 
 
@@ -120,7 +120,7 @@ def tokenizer_bytes(tokenizer) -> int:
 
 
 def disk_full_message(out: Path, what: str, need: int, free: int | None, previous: Path | None) -> str:
-    has = f"{integrity.gib(free)} free" if free is not None else "no space left"
+    has = f"{disk.gib(free)} free" if free is not None else "no space left"
     if previous is not None:
         kept = f"the last checkpoint {previous.name} is intact"
         then = (
@@ -130,7 +130,7 @@ def disk_full_message(out: Path, what: str, need: int, free: int | None, previou
     else:
         kept, then = "no checkpoint was saved", "run again"
     return (
-        f"disk full: exporting {what} needs about {integrity.gib(need)} and '{out}' has {has}; {kept}. Free some "
+        f"disk full: exporting {what} needs about {disk.gib(need)} and '{out}' has {has}; {kept}. Free some "
         f"space (or use an output_dir on a larger disk) and {then}"
     )
 

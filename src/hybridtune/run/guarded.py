@@ -32,7 +32,7 @@ import torch
 from hybridtune.errors import ModelError, OutputDirError
 from hybridtune.files import honour_umask_tree
 from hybridtune.run import checkpoint as ckpt
-from hybridtune.run import integrity, write_errors
+from hybridtune.run import disk, write_errors
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def free_space_at(where: Path) -> Path:
 
 def check_space(where: Path, need: int, message: Callable[[int | None], str]) -> None:
     """DiskFullError(message(free)) before anything is written, when `need` bytes do not fit at `where`."""
-    integrity.check_free_space(free_space_at(where), need, message)
+    disk.check_free_space(free_space_at(where), need, message)
 
 
 def _state(path: Path) -> tuple[int, int, int] | None:
@@ -101,11 +101,11 @@ def full_disk_said(what: str, out: Path, names: Iterable[str], again: str) -> It
         yield
     except write_errors.WriteError as e:
         raise write_errors.WriteError(_failed_line(what, out, before, again, e.why), e.why) from None
-    except integrity.DiskFullError as e:
-        raise integrity.DiskFullError(_full_disk_line(what, out, before, again, e.need, e.free), e.need) from None
+    except disk.DiskFullError as e:
+        raise disk.DiskFullError(_full_disk_line(what, out, before, again, e.need, e.free), e.need) from None
     except OSError as e:
-        if integrity.is_disk_full(e, out, 0):
-            raise integrity.DiskFullError(_full_disk_line(what, out, before, again, None, None)) from None
+        if disk.is_disk_full(e, out, 0):
+            raise disk.DiskFullError(_full_disk_line(what, out, before, again, None, None)) from None
         why = write_errors.failure(e)
         if why is None:
             raise
@@ -125,12 +125,12 @@ def _failed_line(what: str, out: Path, before: dict, again: str, why: str) -> st
 
 def _full_disk_line(what: str, out: Path, before: dict, again: str, need: int | None, free: int | None) -> str:
     where = free_space_at(out)
-    size = f"about {integrity.gib(need)}" if need is not None else "more room"
+    size = f"about {disk.gib(need)}" if need is not None else "more room"
     if free is not None:  # refused before writing
-        room = f"{what} needs {size} and '{where}' has {integrity.gib(free)} free"
+        room = f"{what} needs {size} and '{where}' has {disk.gib(free)} free"
     else:
         try:
-            now = f"{integrity.gib(shutil.disk_usage(where).free)} free now"
+            now = f"{disk.gib(shutil.disk_usage(where).free)} free now"
         except OSError:
             now = "no space left"
         room = f"{what} ran out of space while writing ({size} was estimated; '{where}' has {now})"
@@ -187,8 +187,8 @@ def atomic_dir(
     try:
         return ckpt.atomic_dir(target, write_errors.guard(held_write, need, message, said))
     except OSError as e:  # around the write: its temporary directory made (a read-only disk), the commit's renames
-        if integrity.is_disk_full(e, target.parent, need):
-            raise integrity.DiskFullError(message(None), need) from None
+        if disk.is_disk_full(e, target.parent, need):
+            raise disk.DiskFullError(message(None), need) from None
         if (why := write_errors.failure(e)) is None:
             raise
         raise write_errors.WriteError(said(why), why) from None

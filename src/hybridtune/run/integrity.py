@@ -1,4 +1,4 @@
-"""What makes a checkpoint safe to resume: checksums, loading that runs no code, and room on the disk.
+"""What makes a checkpoint safe to resume: checksums and loading that runs no code (room on the disk: `disk.py`).
 
 - Checksums. `checkpoint.json` lists every other file of the checkpoint with its size and sha256, written at
   save once every file is complete and before the atomic rename. `verify` checks them all (split over the ranks)
@@ -9,19 +9,15 @@
   DCP's non-tensor entries (the optimizer's hyperparameters) load with `weights_only=True` (`SafePlanner`).
   A checkpoint from someone else can therefore fail to load, but cannot run code when it is loaded, even with a
   forged `checkpoint.json`.
-- Disk space. `check_free_space` refuses a save that cannot fit before anything is written; `is_disk_full` tells
-  a failed write from other errors so that the save reports the full disk in one line (`DiskFullError`).
 """
 
 from __future__ import annotations
 
-import errno
 import io
 import os
 import pickle
-import shutil
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,21 +30,10 @@ from hybridtune.runtime import distributed
 from hybridtune.runtime.distributed import ONE, Dist
 
 FORMAT = 2  # checkpoint.json "format": 2 lists "files" with their checksums
-SLACK_BYTES = 256 * 2**10  # per rank, beyond the tensors: RNG and trainer state, JSON, file headers
-ENTRY_BYTES = 1024  # per tensor or value saved: its entry in DCP's metadata (about 350 bytes each)
 
 
 class CheckpointError(UserError):
     """A checkpoint is incomplete, corrupt, changed since it was saved, or holds something unsafe to load."""
-
-
-class DiskFullError(UserError):
-    """A save does not fit on the output directory's disk; the previous checkpoint is intact. `need`: the bytes the
-    write was estimated at; `free`: the free bytes when it was refused before writing (None: it failed midway)."""
-
-    def __init__(self, message: str, need: int | None = None, free: int | None = None) -> None:
-        super().__init__(message)
-        self.need, self.free = need, free
 
 
 # -- checksums ---------------------------------------------------------------------------------------------
@@ -341,117 +326,3 @@ _NO_REASON = {
     EOFError: "a read ran past the end of a file of state/ (its metadata names an offset or length beyond the file: "
     "edited or truncated after the save); resume from another checkpoint"
 }
-
-
-# -- disk space ----------------------------------------------------------------------------------------------
-
-
-def state_bytes(*states, d: Dist = ONE) -> int:
-    """The bytes a DCP save of `states` writes over all ranks, estimated from their tensors (plus slack).
-
-    Sharded (FSDP2) ranks each write their own shard: summed. Replicated (DDP, one process) state is written once.
-    """
-    mine = 0
-
-    def visit(x) -> None:
-        nonlocal mine
-        mine += ENTRY_BYTES
-        if isinstance(x, torch.Tensor):
-            local = x.to_local() if hasattr(x, "to_local") else x
-            mine += local.numel() * local.element_size()
-        elif isinstance(x, dict):
-            for v in x.values():
-                visit(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                visit(v)
-
-    for s in states:
-        visit(s)
-    if d.enabled:
-        total = distributed.all_sum([float(mine)], d)[0] if d.engine == "fsdp" else distributed.all_max(mine, d)
-        return int(total) + SLACK_BYTES * d.world
-    return mine + SLACK_BYTES
-
-
-def gib(n: float) -> str:
-    if n >= 2**28:
-        return f"{n / 2**30:.2f} GiB"
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{int(n)} bytes"
-
-
-def _kept_then(previous: Path | None) -> tuple[str, str]:
-    if previous is not None:
-        return f"the previous checkpoint {previous.name} is intact", "continue with --resume_from_checkpoint latest"
-    return "no earlier checkpoint exists, so the run starts again", "run again"
-
-
-def disk_full_message(target: Path, need: int, free: int | None, previous: Path | None) -> str:
-    where = Path(target).parent
-    has = f"{gib(free)} free" if free is not None else "no space left"
-    kept, then = _kept_then(previous)
-    return (
-        f"disk full: saving {Path(target).name} needs about {gib(need)} and '{where}' has {has}; {kept}. Free "
-        f"some space (or lower save_total_limit, or use an output_dir on a larger disk) and {then}"
-    )
-
-
-def write_failed_message(target: Path, why: str, previous: Path | None) -> str:
-    """A save the system refused for another reason than space (run/write_errors.py: `why` names the errno)."""
-    kept, then = _kept_then(previous)
-    return (
-        f"cannot write {Path(target).name} in '{Path(target).parent}': {why}; nothing of it was kept and {kept}; {then}"
-    )
-
-
-def check_free_space(where: Path, need: int, message: Callable[[int | None], str]) -> None:
-    """Refuse a write of about `need` bytes into directory `where` before anything is written, when it cannot fit:
-    DiskFullError(message(free bytes))."""
-    free = shutil.disk_usage(where).free
-    if free < need:
-        raise DiskFullError(message(free), need, free)
-
-
-_WRITE_FAILED = ("unexpected pos", "failed writing", "file write failed", "no space left")
-
-
-# The text of an out-of-space error where it comes as a plain Exception (safetensors: `IoError(Os { code: 28, kind:
-# StorageFull, ... })`) rather than an OSError with its errno.
-_NO_SPACE = ("no space left on device", "storagefull", "disk quota exceeded", "os error 28", "code: 28")
-
-
-def is_disk_full(exc: BaseException, where: Path, need: int) -> bool:
-    """Whether a save failed for lack of space; call it while the partial save is still on the disk.
-
-    ENOSPC or EDQUOT anywhere in the causes (DCP wraps every rank's failure), its text in an error that carries no
-    errno (safetensors), or a short write (torch.save's
-    zip writer says 'unexpected pos') on a disk that now has less room than the whole save needs.
-    """
-    for e in causes(exc):
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if any(s in str(e).lower() for s in _NO_SPACE):
-            return True
-        if isinstance(e, (RuntimeError, OSError)) and any(s in str(e).lower() for s in _WRITE_FAILED):
-            try:
-                if shutil.disk_usage(where).free < need:
-                    return True
-            except OSError:
-                pass
-    return False
-
-
-def causes(exc: BaseException) -> Iterator[BaseException]:
-    """`exc` and every exception behind it, each once: causes, contexts and each rank's failure DCP wraps."""
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    seen, todo = set(), [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        if isinstance(e, CheckpointException):
-            todo += [f[0] for f in e.failures.values()]
-        todo += [e.__cause__, e.__context__]

@@ -30,7 +30,7 @@ from hybridtune.models.anatomy import text_model
 from hybridtune.models.hub import looks_like_hub_id, resolve_source
 from hybridtune.models.loading import model_class
 from hybridtune.models.trust import NO_CODE, refuse_custom_code
-from hybridtune.run import guarded, integrity
+from hybridtune.run import disk, guarded
 from hybridtune.run.adapter_base import adapter_base
 from hybridtune.run.card import QLORA_TAG
 from hybridtune.run.checkpoint import FINAL_META, MARKER, is_ours
@@ -122,10 +122,10 @@ def _merge(adapter_dir: Path, out_dir: Path, overwrite: bool, base_quantization:
         )
 
     def message(free: int | None) -> str:
-        has = f"{integrity.gib(free)} free" if free is not None else "no space left"
+        has = f"{disk.gib(free)} free" if free is not None else "no space left"
         where = guarded.free_space_at(out_dir.parent)
         return (
-            f"disk full: the merged model needs about {integrity.gib(need)} and '{where}' has {has}; nothing was "
+            f"disk full: the merged model needs about {disk.gib(need)} and '{where}' has {has}; nothing was "
             "written. Free some space or give an OUT_DIR on a larger disk"
         )
 

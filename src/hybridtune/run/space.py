@@ -30,7 +30,7 @@ from hybridtune.models.anatomy import unwrap
 from hybridtune.models.loading import LoadedModel
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run import export, guarded
-from hybridtune.run.integrity import DiskFullError, gib
+from hybridtune.run.disk import DiskFullError, gib
 from hybridtune.runtime import distributed
 from hybridtune.runtime.distributed import Dist
 from hybridtune.runtime.optim import optim_name, uses_masters

@@ -1,4 +1,4 @@
-"""A write the system refused, said in one line: no space (integrity.DiskFullError), and every other refusal a save,
+"""A write the system refused, said in one line: no space (disk.DiskFullError), and every other refusal a save,
 an export or a merge can meet (a file larger than `ulimit -f` or the filesystem allows, an I/O error, a read-only
 filesystem, no permission). torch.save says only "unexpected pos" and safetensors "os error 27"; `failure` names
 the errno and what to do. `guard` wraps the write of an atomic directory, whose caller then removes the partial
@@ -14,8 +14,8 @@ import resource
 from collections.abc import Callable
 from pathlib import Path
 
-from hybridtune.run import integrity
-from hybridtune.run.integrity import DiskFullError
+from hybridtune.run import disk
+from hybridtune.run.disk import DiskFullError
 
 # What to do about each errno a write can be refused with (ENOSPC and EDQUOT are DiskFullError's).
 HINTS = {
@@ -61,7 +61,7 @@ def failure(exc: BaseException) -> str | None:
     from safetensors import SafetensorError
 
     short = None
-    for e in integrity.causes(exc):
+    for e in disk.causes(exc):
         if isinstance(e, OSError) and e.errno is not None and e.errno not in (errno.ENOENT, errno.EEXIST):
             return _said(e.errno)
         text = str(e)
@@ -73,7 +73,7 @@ def failure(exc: BaseException) -> str | None:
         return None
     limit = file_size_limit()
     if limit is not None:
-        return f"{_said(errno.EFBIG)} (a file reached this process's limit of {integrity.gib(limit)})"
+        return f"{_said(errno.EFBIG)} (a file reached this process's limit of {disk.gib(limit)})"
     return f"a write stopped short ({short}); check the disk, or write elsewhere"
 
 
@@ -95,7 +95,7 @@ def guard(
         except DiskFullError:
             raise
         except BaseException as e:  # DCP's CheckpointException is a BaseException
-            if integrity.is_disk_full(e, tmp.parent, need):  # asked while the partial write is still there
+            if disk.is_disk_full(e, tmp.parent, need):  # asked while the partial write is still there
                 raise DiskFullError(message(None), need) from None
             why = failure(e)
             if why is None:

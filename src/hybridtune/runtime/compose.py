@@ -21,7 +21,7 @@ import torch
 
 from hybridtune.compiler.strategies import compile_model
 from hybridtune.config import TrainConfig, compile_overrides
-from hybridtune.runtime import cudagraphs, distributed
+from hybridtune.runtime import cudagraphs, distributed, engines
 from hybridtune.runtime.choices import cuda_graph_keys
 from hybridtune.runtime.facts import Choices
 from hybridtune.runtime.model import RunModel, enable_checkpointing
@@ -107,7 +107,7 @@ def compose(
         if strategy != "off":
             c.compile_handle = compile_model(run.model, strategy, **opts, **({"backend": backend} if backend else {}))
             compile_reference(objective, strategy, opts, backend)
-        c.engine = distributed.wrap(distributed.LossModule(run.model, objective), dist, device, c.bf16, run.loaded)
+        c.engine = engines.wrap(distributed.LossModule(run.model, objective), dist, device, c.bf16, run.loaded)
     except BaseException:
         if c.conv_before is not None:  # a failed setup leaves the process as it found it
             cudagraphs.restore(c.conv_before)
@@ -153,7 +153,7 @@ def backward(
     if c.cuda_graphs and len(batches) > 1:
         cudagraphs.stable_grads(params)  # accumulated outside the graphs' pool
     for i, b in enumerate(batches):
-        with distributed.accumulation(c.engine, dist, last=i == len(batches) - 1):
+        with engines.accumulation(c.engine, dist, last=i == len(batches) - 1):
             cudagraphs.step_begin(c.cuda_graphs)
             with c.autocast():
                 loss = c.engine(b, n_tokens)

@@ -1,4 +1,4 @@
-"""What the run's choices read and what they are: `Facts` (measured by `choices.measure` before `choices.resolve`),
+"""What the run's choices read and what they are: `Facts` (measured by `measure.measure` before `choices.resolve`),
 `Choice` (a value with its reason and its warnings) and `Choices` (every choice of a run, logged a line each in
 `ORDER`, each line followed by its choice's warnings)."""
 

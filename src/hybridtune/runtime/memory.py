@@ -172,7 +172,7 @@ class ShardedModel:
         )
 
     def state_bytes(self, k: int) -> int:
-        """What units of `k` consecutive layers (the last group shorter, as `distributed.layer_groups` splits
+        """What units of `k` consecutive layers (the last group shorter, as `engines.layer_groups` splits
         them) allocate beside the resident model: the shards, the root unit, two of the largest group gathered
         and its gradient."""
         groups = [self.layers[i : i + k] for i in range(0, len(self.layers), k)]
@@ -253,7 +253,7 @@ def optimizer_bytes(optim: str, n: int, param_bytes: int, masters: bool) -> int:
 
 def optimizer_state(optim: str, p, masters: bool) -> dict:
     """What the optimizer `optim` holds for parameter `p` once it has stepped, as meta tensors of its shapes and
-    dtypes (what a checkpoint saves of it; `integrity.state_bytes` sizes them): a step count and two moments, typed
+    dtypes (what a checkpoint saves of it; `disk.state_bytes` sizes them): a step count and two moments, typed
     as `p` (torch's AdamW; torchao's bf16 AdamW over bf16 weights), fp32 with a fp32 master for a weight that is
     not fp32 under `masters` (MasterAdamW), or 8-bit codes with their block scales and map (`adamw_8bit`, for
     tensors it quantises). Under FSDP2, the rank's shard of `p` (a DTensor's local tensor)."""

@@ -1,7 +1,7 @@
 """The `memory` choice: whether the weights and optimizer as configured fit the GPU, said before the first step.
 
 The configured setup's peak is estimated as the model's bytes as loaded plus the step's (`memory.step_bytes`, with
-the run's checkpointing, beside the gradients and optimizer state `choices.state_bytes` counted). When it fills more
+the run's checkpointing, beside the gradients and optimizer state `measure.state_bytes` counted). When it fills more
 than `FIT_SHARE` of the free memory, one warning names the lighter setups that would fit, each with its estimate
 and the key to set: LoRA on a bf16 base -> `load_in_4bit: true` (QLoRA: its targets in NF4, `memory.nf4_bytes`,
 plus the dequantised transient of its largest weight); a full fine-tune with AdamW -> `optim: adamw_8bit` or
@@ -53,7 +53,7 @@ def alternatives(cfg: TrainConfig, facts: Facts, bf16: bool) -> list[tuple[str, 
         n, width_now = facts.trainable, facts.trainable_bytes // facts.trainable
         for alt in LIGHTER_OPTIMS if bf16 else LIGHTER_OPTIMS[:1]:
             width = master_dtype("full", bf16, model_dtype(dataclasses.replace(cfg, optim=alt), bf16)).itemsize
-            # (under bf16 autocast the backward keeps a bf16 copy of each fp32 weight: `choices.state_bytes`)
+            # (under bf16 autocast the backward keeps a bf16 copy of each fp32 weight: `measure.state_bytes`)
             copies = 2 * n * (bf16 and width == 4) - 2 * n * (bf16 and width_now == 4)
             state = optimizer_bytes(alt, n, width, False) - now + copies
             out.append((f"optim: {alt}", n * width - facts.trainable_bytes, state))

@@ -44,12 +44,14 @@ from hybridtune.run.base import base_identity, base_revision
 from hybridtune.run.card import model_card
 from hybridtune.run.outdir import DATA_REPORT, RUN_FILE, OutputLock, claim_output_dir, tidy, write_run_file
 from hybridtune.run.plots import plot_run
+from hybridtune.run.resume import find_resume, load_checkpoint
 from hybridtune.run.space import fit_run
 from hybridtune.runtime import compose as compose_step
 from hybridtune.runtime import cudagraphs, distributed, health, oom
-from hybridtune.runtime.choices import Choices, Facts, choose_bf16, measure, pick_device, resolve
+from hybridtune.runtime.choices import Choices, Facts, choose_bf16, pick_device, resolve
 from hybridtune.runtime.compose import compose
 from hybridtune.runtime.defaults import RESOLVED, recorded_values, resolve_defaults
+from hybridtune.runtime.measure import measure
 from hybridtune.runtime.metrics import MetricsLog, StepFlops, StepLog, memory_gib
 from hybridtune.runtime.model import build_model
 from hybridtune.runtime.optim import masters_into_model
@@ -151,7 +153,7 @@ class Trainer:
     def _find_resume(self) -> Path | None:
         if not self.cfg.resume_from_checkpoint:
             return None
-        path, skipped = ckpt.find_resume(self.cfg.resume_from_checkpoint, self.out, self.dist)
+        path, skipped = find_resume(self.cfg.resume_from_checkpoint, self.out, self.dist)
         for line in skipped:  # (`latest` skips a damaged newest one, saying so)
             logger.warning("%s", line)
         return path
@@ -237,7 +239,7 @@ class Trainer:
         if path is None:
             return
         lora = self.cfg.adapter == "lora"
-        state = ckpt.load_checkpoint(
+        state = load_checkpoint(
             path, self.engine, self.optimizer, self.scheduler, self.dist, trainable_only=lora, verified=True
         )
         self.stream.seek(state["data_position"])
