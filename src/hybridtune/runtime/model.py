@@ -90,7 +90,7 @@ def assemble(
 def build_model(cfg: TrainConfig, source, tokenizer, device: torch.device, bf16: bool, dist: Dist = ONE) -> RunModel:
     """Load, patch the mixers, checkpointing (when set to true), LoRA, on `device`, in training mode (`assemble`).
 
-    Under FSDP2 (`dist`) the model is built on the meta device and stays there: `distributed.wrap` fills each rank's
+    Under FSDP2 (`dist`) the model is built on the meta device and stays there: `engines.wrap` fills each rank's
     shards after `fully_shard`, so no rank holds the whole model. Under LoRA the adapter alone has values before
     that: peft draws it on the host as over a plain base (`lora.apply_lora`), and `lora.hold_adapter` keeps it for
     the fill."""
