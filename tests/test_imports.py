@@ -32,6 +32,7 @@ LEAVES = frozenset(
         "hybridtune.config_kernels",
         "hybridtune.config_checks",
         "hybridtune.config_foreign",
+        "hybridtune.config_objectives",
     }
 )
 # `python -m hybridtune` runs __main__, whose one job is to call the CLI.

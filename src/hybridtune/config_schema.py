@@ -16,6 +16,7 @@ from typing import Any, Literal, Union
 from hybridtune.config_checks import MAX_INT
 from hybridtune.config_grpo import GRPOKeys, grpo_checks
 from hybridtune.config_kernels import KernelKeys
+from hybridtune.config_objectives import known_objective, unknown_objective
 from hybridtune.config_vision import VisionKeys
 
 # Default LoRA targets: attention projections, the linear-attention mixers' projections and the MLP (dense and MoE
@@ -41,8 +42,6 @@ BUNDLED_DATASET = "hybridtune:sample/arithmetic.jsonl"
 # them for a checkpoint), and `sequence_len: auto` where nothing resolves it (data.build.prepare called as a library).
 PRESET_SEQUENCE_LEN = 256
 PRESET_LEARNING_RATE = 1e-3
-# The objectives that train on preference pairs (prompt, chosen, rejected), packed whole (data/pairs.py).
-PAIR_OBJECTIVES = ("dpo", "simpo", "orpo")
 
 MAX_SEED = MAX_INT  # torch.manual_seed takes a 64-bit value (every int key's bound) and the trainer adds the rank
 # No real fine-tune uses a learning rate above ~1 (they sit between 1e-6 and 1e-2); tests force a divergence with
@@ -199,7 +198,7 @@ class TrainConfig(GRPOKeys, VisionKeys, KernelKeys):
         "static = every batch filled to one shape with filler documents (fewer recompiles), dynamic = no filler, "
         "auto = static under a compiled run when the filler is cheap and the model has no router loss",
     )
-    objective: Literal["sft", "dpo", "simpo", "orpo", "grpo"] = _f(
+    objective: str = _f(  # one of config_objectives' registry (the built-ins, and any registered objective)
         "sft",
         "what training minimises: sft = next-token cross-entropy on the trained tokens; dpo, simpo, orpo = "
         "preference tuning on prompt/chosen/rejected pairs; grpo = RL on rewarded samples",
@@ -372,6 +371,7 @@ def range_checks(cfg: TrainConfig) -> list[tuple[bool, str, Any, str]]:
         (cfg.profile_steps >= 0, "profile_steps", cfg.profile_steps, "must be 0 (off) or more"),
         (cfg.eval_samples >= 0, "eval_samples", cfg.eval_samples, "must be 0 (off) or more"),
         (cfg.eval_max_new_tokens >= 1, "eval_max_new_tokens", cfg.eval_max_new_tokens, "must be at least 1"),
+        (known_objective(cfg.objective), "objective", cfg.objective, unknown_objective(cfg.objective)),
         (cfg.beta > 0 or (cfg.beta == 0 and cfg.objective == "grpo"), "beta", cfg.beta, "must be > 0 (grpo: >= 0)"),
         *grpo_checks(cfg),
         (0 <= cfg.label_smoothing < 0.5, "label_smoothing", cfg.label_smoothing, "must be in [0, 0.5)"),

@@ -59,7 +59,7 @@ def test_build_objective_takes_the_config_and_the_loss_choice():
     sft = build_objective(TrainConfig(), fused_loss=False)
     assert sft == SFT(fused=False) and isinstance(sft, Objective)
     assert build_objective(TrainConfig(), fused_loss=True).fused
-    assert set(OBJECTIVES) == {"sft", "dpo", "simpo", "orpo", "grpo"}
+    assert {"sft", "dpo", "simpo", "orpo", "grpo"} <= set(OBJECTIVES)  # (and any a test registered)
 
 
 def test_an_unknown_objective_is_one_line():

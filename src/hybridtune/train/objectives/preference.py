@@ -22,7 +22,8 @@ from hybridtune.batch import CU_SEQ_LENS_Q, LABELS, NUM_PAIRS, PAIR_INDEX, PAIR_
 from hybridtune.compiler.strategies import is_compiled
 from hybridtune.config import TrainConfig
 from hybridtune.config_grpo import GRPOKeys
-from hybridtune.config_schema import PAIR_OBJECTIVES, PRESET_SEQUENCE_LEN
+from hybridtune.config_objectives import PAIR_OBJECTIVES
+from hybridtune.config_schema import PRESET_SEQUENCE_LEN
 from hybridtune.data import IGNORE_INDEX, PackedCollator
 from hybridtune.data.build import LoadedData, PreparedData, prepare
 from hybridtune.data.pairs import CHOSEN, PREFERENCE, PairCollator, PairDoc, fit_pairs, log_pair_records, pack_pairs
