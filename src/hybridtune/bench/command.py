@@ -33,6 +33,7 @@ from hybridtune.bench.flags import OneLineParser, file_path, folder, number, sec
 from hybridtune.bench.modes import OPTION_KEYS, cudagraph_warmup, parse_mode, split_modes
 from hybridtune.bench.worker import FIRST_STEP_MARKER
 from hybridtune.config import DEFAULT_LORA_TARGETS
+from hybridtune.config_objectives import objective_traits
 from hybridtune.config_schema import MAX_LEARNING_RATE, MAX_SEED
 from hybridtune.errors import ConfigError, did_you_mean
 from hybridtune.files import atomic_write_text
@@ -373,7 +374,7 @@ def main(argv: list[str]) -> int:
     if vision:
         doc["data"]["distribution"] = vision.pop("distribution")
         doc["vision"] = vision
-    if any(m.objective != "sft" for m in modes):  # (the pairs' lengths do not depend on the vocabulary)
+    if any(objective_traits(m.objective).unit == "pairs" for m in modes):  # (pairs' lengths: any vocabulary's)
         doc["pairs"] = pairs.describe(
             pairs.make_pairs(settings["seq_len"], settings["layouts"], 2, args.seed), settings["seq_len"]
         )

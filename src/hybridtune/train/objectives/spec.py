@@ -36,7 +36,9 @@ class ObjectiveSpec:
     tokenizer, model, device, autocast, world)` -> what gives each step's window (`window(stream, micro_batches,
     step)` and the window's document lengths `lens`). `preview(cfg, tokenizer, vision, rows, out)`: its own
     `hybridtune data` output (None: the rows as trained, data_preview.py's). `keeps_steps`: errors of the user's code
-    it runs (a reward function) after which the trainer saves the steps done before it stops."""
+    it runs (a reward function) after which the trainer saves the steps done before it stops. `bench_packs(seq_len,
+    layouts, vocab_size, seed)`: `hybridtune bench`'s packs of its documents for the bench's document lengths
+    `layouts` (None: the bench's own, random documents, or its preference pairs for an objective of pairs)."""
 
     traits: ObjectiveTraits
     build: Callable[..., Objective]
@@ -46,6 +48,7 @@ class ObjectiveSpec:
     rollouts: Callable[..., Any] | None = None
     preview: Callable[..., PreparedData] | None = None
     keeps_steps: tuple[type[BaseException], ...] = ()
+    bench_packs: Callable[[int, list[list[int]], int, int], list[list[Any]]] | None = None
 
     @property
     def name(self) -> str:
