@@ -1,6 +1,6 @@
 """The objectives the config knows (a leaf): each name with what the layers below the trainer read of it
 (`ObjectiveTraits`: what its data rows are, whether its sequences are sampled during the step, the files beside the
-data that its run's identity hashes). The config's `objective` is checked against this registry (did-you-mean);
+data that its run's identity hashes, the config keys it owns). The config's `objective` is checked against this registry (did-you-mean);
 `train.objectives.register_objective` adds an objective's traits here beside its spec, so an objective registered
 from outside src/ (a test's) is a config value like the built-ins listed below.
 """
@@ -8,9 +8,9 @@ from outside src/ (a test's) is a config value like the built-ins listed below.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
-from hybridtune.config_grpo import reward_file
+from hybridtune.config_grpo import GRPOKeys, reward_file
 from hybridtune.errors import did_you_mean
 
 
@@ -31,6 +31,8 @@ class ObjectiveTraits:
     unit: str = "examples"  # what its training rows are, as the defaults' log lines count them: examples, pairs
     sampled: bool = False  # its trained sequences are sampled during the step (on-policy): its rows are prompts
     identity_files: Callable[..., list[str]] = field(default=_no_files)  # cfg -> files its run's identity hashes
+    keys: tuple[str, ...] = ()  # the config keys it owns (set for another objective: one line, `owners`)
+    loss_types: tuple[str, ...] = ()  # the values its `loss_type` takes (besides auto), when it owns the key
 
     @property
     def packed(self) -> bool:
@@ -42,10 +44,22 @@ _KNOWN: dict[str, ObjectiveTraits] = {
     t.name: t
     for t in (
         ObjectiveTraits("sft"),
-        ObjectiveTraits("dpo", unit="pairs"),
-        ObjectiveTraits("simpo", unit="pairs"),
-        ObjectiveTraits("orpo", unit="pairs"),
-        ObjectiveTraits("grpo", unit="prompts", sampled=True, identity_files=_reward_files),
+        ObjectiveTraits(
+            "dpo",
+            unit="pairs",
+            keys=("beta", "loss_type", "label_smoothing", "rpo_alpha"),
+            loss_types=("sigmoid", "ipo", "hinge", "robust"),
+        ),
+        ObjectiveTraits("simpo", unit="pairs", keys=("beta", "label_smoothing", "rpo_alpha", "simpo_gamma")),
+        ObjectiveTraits("orpo", unit="pairs", keys=("beta",)),
+        ObjectiveTraits(
+            "grpo",
+            unit="prompts",
+            sampled=True,
+            identity_files=_reward_files,
+            keys=("beta", "loss_type", *(f.name for f in fields(GRPOKeys))),
+            loss_types=("grpo", "dr_grpo", "dapo"),
+        ),
     )
 }
 # The objectives that train on preference pairs (prompt, chosen, rejected), packed whole (data/pairs.py).
@@ -68,6 +82,16 @@ def objective_traits(name: str) -> ObjectiveTraits:
 
 def known_objective(name) -> bool:
     return isinstance(name, str) and name in _KNOWN
+
+
+def owned_keys() -> tuple[str, ...]:
+    """Every config key some objective owns, in the order the registry first names them."""
+    return tuple(dict.fromkeys(k for t in _KNOWN.values() for k in t.keys))
+
+
+def owners(key: str) -> tuple[str, ...]:
+    """The objectives that own config key `key`."""
+    return tuple(n for n, t in _KNOWN.items() if key in t.keys)
 
 
 def unknown_objective(name) -> str:

@@ -43,7 +43,7 @@ from hybridtune.runtime.signals import StopRequest, sigterm_interrupts
 from hybridtune.runtime.stream import BatchStream
 from hybridtune.runtime.vision import vision_for
 from hybridtune.train.evaluation import eval_batches
-from hybridtune.train.objectives import spec_of
+from hybridtune.train.objectives import check_keys, spec_of
 from hybridtune.train.trackers import open_metrics
 
 logger = logging.getLogger(__name__)
@@ -118,6 +118,7 @@ class TrainerSetup:
         self.vision = vision_for(self.source, self.tokenizer, self.cfg.min_pixels, self.cfg.max_pixels)
         # The objective's data: its own loading and checks (preference pairs, an on-policy objective's prompts).
         self.spec = spec_of(self.cfg.objective)
+        check_keys(self.cfg)  # (another objective's keys set for this one: one line)
         loaded = self.spec.load(self.cfg, self.tokenizer, self.vision)
         # learning_rate and sequence_len `auto` by what the model is, before packing; a resume keeps its run's.
         recorded = recorded_values(ckpt.meta_of(self.resume_at).get("run")) if self.resume_at else {}

@@ -24,15 +24,16 @@ from hybridtune.batch import CU_SEQ_LENS_Q, LABELS
 from hybridtune.bench import worker
 from hybridtune.bench.modes import parse_mode
 from hybridtune.cli import main
+from hybridtune.config import load_config
 from hybridtune.config_objectives import ObjectiveTraits
 from hybridtune.data import IGNORE_INDEX, PackedCollator
 from hybridtune.data.build import PreparedData
 from hybridtune.data.packing import Example, PackStats, pack
 from hybridtune.data.sources import open_source
-from hybridtune.errors import DataError
+from hybridtune.errors import ConfigError, DataError
 from hybridtune.runtime import distributed
 from hybridtune.runtime.step import model_inputs, shifted_targets
-from hybridtune.train.objectives import ObjectiveSpec, register_objective
+from hybridtune.train.objectives import ObjectiveSpec, check_keys, register_objective
 from train_runs import make_cfg, metrics_rows, run
 
 SIGN = "toy_sign"  # float [N]: +1 a good document, -1 a bad one, 0 a static layout's filler
@@ -145,8 +146,8 @@ def bench_labelled(seq_len, layouts, vocab_size, seed):
 
 TOY = register_objective(
     ObjectiveSpec(
-        ObjectiveTraits("toy"), lambda cfg, fused, model=None: PointwiseKTO(beta=cfg.beta), load=load_labelled,
-        prepare=prepare_labelled, collator=lambda data: LabelCollator, preview=preview_labelled,
+        ObjectiveTraits("toy", keys=("beta",)), lambda cfg, fused, model=None: PointwiseKTO(beta=cfg.beta),
+        load=load_labelled, prepare=prepare_labelled, collator=lambda data: LabelCollator, preview=preview_labelled,
         bench_packs=bench_labelled,
     )
 )  # fmt: skip
@@ -215,3 +216,12 @@ def test_the_toy_benches_through_the_bench_worker():
     result = worker.run_mode(spec)
     assert len(result["losses"]) == 3 and all(math.isfinite(x) for x in result["losses"])
     assert result["median_step_s"] > 0 and "reference_flops_per_step" not in result  # (no reference: none charged)
+
+
+def test_the_toy_owns_its_config_keys():
+    with pytest.raises(ConfigError, match="'num_generations' is set but means nothing for objective 'toy'"):
+        check_keys(load_config(None, {"objective": "toy", "num_generations": 4}))
+    with pytest.raises(ConfigError, match=r"'beta' is set but means nothing for objective 'sft' \(it is for .* toy\)"):
+        check_keys(load_config(None, {"beta": 0.5}))
+    with pytest.raises(ConfigError, match="config key 'objective' = 'tyo' must be one of: .*toy. Did you mean 'toy'"):
+        load_config(None, {"objective": "tyo"})

@@ -20,7 +20,7 @@ from hybridtune.train.objectives.grpo_rollouts import Rollouts, load_prompts, pr
 from hybridtune.train.objectives.preference import collator_for, prepare_data
 from hybridtune.train.objectives.rewards import RewardError
 from hybridtune.train.objectives.sft import SFT
-from hybridtune.train.objectives.spec import OBJECTIVES, ObjectiveSpec, register_objective, spec_of
+from hybridtune.train.objectives.spec import OBJECTIVES, ObjectiveSpec, check_keys, register_objective, spec_of
 
 
 def _sft(cfg: TrainConfig, fused_loss: bool, model: torch.nn.Module | None = None) -> Objective:
@@ -56,5 +56,5 @@ def build_objective(cfg: TrainConfig, fused_loss: bool, model: torch.nn.Module |
     return spec_of(cfg.objective).build(cfg, fused_loss, model)
 
 
-__all__ = ["GRPO", "OBJECTIVES", "SFT", "ObjectiveSpec", "Preference", "build_objective", "register_objective",
-           "spec_of"]  # fmt: skip
+__all__ = ["GRPO", "OBJECTIVES", "SFT", "ObjectiveSpec", "Preference", "build_objective", "check_keys",
+           "register_objective", "spec_of"]  # fmt: skip

@@ -28,7 +28,8 @@ from hybridtune.models.anatomy import output_head, text_model, unwrap
 from hybridtune.ops.loss import linear_log_probs
 from hybridtune.runtime import distributed, lora
 from hybridtune.runtime.step import model_inputs, shifted_targets
-from hybridtune.train.objectives.preference import check_keys, frozen_copy
+from hybridtune.train.objectives.preference import frozen_copy
+from hybridtune.train.objectives.spec import check_keys
 
 GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
 # Batch keys of a pack of completions (`CompletionCollator`, `GRPO.prepare`).

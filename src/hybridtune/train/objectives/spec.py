@@ -12,7 +12,15 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from hybridtune.config_objectives import ObjectiveTraits, objective_names, register_traits
+from hybridtune.config import TrainConfig
+from hybridtune.config_objectives import (
+    ObjectiveTraits,
+    objective_names,
+    objective_traits,
+    owned_keys,
+    owners,
+    register_traits,
+)
 from hybridtune.data import PackedCollator
 from hybridtune.data.build import PreparedData, load_data
 from hybridtune.errors import ConfigError, did_you_mean
@@ -56,6 +64,25 @@ class ObjectiveSpec:
 
 
 OBJECTIVES: dict[str, ObjectiveSpec] = {}  # every registered objective by name
+
+
+def check_keys(cfg: TrainConfig) -> None:
+    """Keys another objective owns (`config_objectives.ObjectiveTraits.keys`), set for this one, are one line each,
+    before anything loads; so is a `loss_type` that is not one of this objective's."""
+    defaults, traits = TrainConfig(), objective_traits(cfg.objective)
+    for key in owned_keys():
+        if getattr(cfg, key) != getattr(defaults, key) and key not in traits.keys:
+            raise ConfigError(
+                f"config key '{key}' is set but means nothing for objective '{cfg.objective}' (it is for "
+                f"{' and '.join(owners(key))}); remove it or set objective"
+            )
+    if cfg.loss_type != "auto" and traits.loss_types and cfg.loss_type not in traits.loss_types:
+        raise ConfigError(
+            f"config key 'loss_type' = '{cfg.loss_type}' is not a loss of objective '{cfg.objective}'; use one of "
+            f"{', '.join(traits.loss_types)} (or auto)"
+        )
+    if cfg.label_smoothing and cfg.loss_type in ("hinge", "ipo"):
+        raise ConfigError(f"config key 'label_smoothing' has no meaning for loss_type '{cfg.loss_type}'; remove it")
 
 
 def register_objective(spec: ObjectiveSpec) -> ObjectiveSpec:
