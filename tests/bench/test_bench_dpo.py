@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from hybridtune.batch import NUM_PAIRS, NUM_TOKENS
-from hybridtune.bench import pairs, trl_dpo
+from hybridtune.bench import pairs, trl_dpo, worker
 from hybridtune.bench.modes import parse_mode
 from hybridtune.cli import main
 from hybridtune.config import load_config
@@ -123,3 +123,15 @@ def test_bench_dpo_beside_trl_cpu(tmp_path):
     assert rows[0]["status"] == rows[1]["status"] == "ok"
     assert rows[0]["loss_last10"] == pytest.approx(rows[1]["loss_last10"], rel=1e-4)
     assert "vs trl-dpo" in (out / "bench.md").read_text()
+
+
+def test_a_full_fine_tune_dpo_mode_has_its_reference():
+    """The worker builds the objective with the model, as train does: a full fine-tune's dpo has its frozen copy as
+    the reference (step 1: policy == reference, the loss ln 2), and the reference's forward is in the FLOPs."""
+    spec = {"kind": "mode", "mode": "ht-eager:objective=dpo", "preset": "tiny-qwen3_5", "seq_len": 256, "layouts": 2,
+            "seed": 0, "warmup": 1, "steps": 1, "adapter": "full", "lora_r": 4, "lr": 1e-4,
+            "lora_targets": ["q_proj"]}  # fmt: skip
+    result = worker.run_mode(spec)
+    assert len(result["losses"]) == 2 and all(math.isfinite(x) for x in result["losses"])
+    assert result["loss_step1"] == pytest.approx(math.log(2), abs=1e-6)
+    assert result["reference_flops_per_step"] > 0

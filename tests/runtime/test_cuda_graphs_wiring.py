@@ -21,7 +21,7 @@ import torch
 from hybridtune.mixers.gdn import fla_adapter
 from hybridtune.mixers.gdn.ops import conv_in_graph
 from hybridtune.runtime import choices, compose, oom
-from hybridtune.train import trainer as trainer_mod
+from hybridtune.train import setup as trainer_setup
 from hybridtune.train.evaluation import eval_batches
 from hybridtune.train.trainer import Trainer
 from train_runs import make_cfg, run_static
@@ -125,14 +125,14 @@ def test_compile_regions_without_the_loop_says_it_does_nothing(tmp_path, small_d
 
 
 def test_checkpointing_auto_from_the_estimate_is_on_before_the_compile(tmp_path, small_data, monkeypatch, fake_compile):
-    real = trainer_mod.measure
+    real = trainer_setup.measure
 
     def gpu_facts(cfg, device, d, model=None, bf16=False, packs=()):
         facts = real(cfg, device, d, model, bf16, packs)
         # A GPU with 1 MiB free: no step fits without checkpointing.
         return facts if model is None else dataclasses.replace(facts, device="cuda", gpu_free_bytes=2**20)
 
-    monkeypatch.setattr(trainer_mod, "measure", gpu_facts)
+    monkeypatch.setattr(trainer_setup, "measure", gpu_facts)  # (the trainer's setup measures)
     monkeypatch.setattr(oom, "retry_with_checkpointing", lambda *a: pytest.fail("the first step was the OOM retry"))
     cfg = make_cfg(tmp_path / "a", small_data, max_steps=2, compile="modules", gradient_checkpointing="auto")
     t = Trainer(cfg)

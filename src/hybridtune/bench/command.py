@@ -32,7 +32,7 @@ from hybridtune.bench.data import MIN_DOC, pack_layouts
 from hybridtune.bench.flags import OneLineParser, file_path, folder, number, seconds, whole
 from hybridtune.bench.modes import OPTION_KEYS, cudagraph_warmup, parse_mode, split_modes
 from hybridtune.bench.worker import FIRST_STEP_MARKER
-from hybridtune.config import DEFAULT_LORA_TARGETS, MAX_LEARNING_RATE, MAX_SEED
+from hybridtune.config import DEFAULT_LORA_TARGETS, MAX_LEARNING_RATE, MAX_SEED, objective_traits
 from hybridtune.errors import ConfigError, did_you_mean
 from hybridtune.files import atomic_write_text
 from hybridtune.kernels.environment import environment
@@ -372,7 +372,7 @@ def main(argv: list[str]) -> int:
     if vision:
         doc["data"]["distribution"] = vision.pop("distribution")
         doc["vision"] = vision
-    if any(m.objective != "sft" for m in modes):  # (the pairs' lengths do not depend on the vocabulary)
+    if any(objective_traits(m.objective).unit == "pairs" for m in modes):  # (pairs' lengths: any vocabulary's)
         doc["pairs"] = pairs.describe(
             pairs.make_pairs(settings["seq_len"], settings["layouts"], 2, args.seed), settings["seq_len"]
         )

@@ -19,6 +19,14 @@ import yaml
 from hybridtune.config import load_config
 from hybridtune.errors import ConfigError, did_you_mean
 from hybridtune.mixers import registry
+from hybridtune.train.objectives import OBJECTIVES
+
+
+def bench_objectives() -> tuple[str, ...]:
+    """The objectives a bench mode may train: every registered one that samples nothing during its step (a step of
+    an on-policy objective, grpo's, is benched by grpo_pair.py)."""
+    return tuple(name for name, spec in OBJECTIVES.items() if not spec.traits.sampled)
+
 
 # Train keys a mode may set, with the values the help lists (load_config checks them).
 TRAIN_KEYS = {
@@ -28,7 +36,7 @@ TRAIN_KEYS = {
     "gradient_checkpointing": ("auto", "true", "false"),
     "pack_layout": ("auto", "static", "dynamic"),
     "loss": ("auto", "fused", "plain"),
-    "objective": ("sft", "dpo", "simpo", "orpo"),  # a preference objective trains on the bench's pairs (pairs.py)
+    "objective": bench_objectives(),  # a preference objective trains on the bench's pairs (pairs.py)
 }
 FORMS = registry.graph_forms()  # a mixer's option -> its forms in compiled graphs
 OPTION_KEYS = {**TRAIN_KEYS, **FORMS}  # (listed in `hybridtune bench --help`)
@@ -214,8 +222,8 @@ def parse_mode(spec: str) -> Mode:
         if not mode.patch or mode.train["compile"] == "off":
             raise ConfigError(f"bench mode '{spec}': {key}= chooses the form of hybridtune's {key} in a compiled mode")
     train = {k: _canonical(k, v, spec) for k, v in options.items() if k not in FORMS}
-    if train.get("objective", "sft") not in TRAIN_KEYS["objective"]:
-        raise ConfigError(f"bench mode '{spec}': objective= takes {'|'.join(TRAIN_KEYS['objective'])} in a bench")
+    if train.get("objective", "sft") not in (benched := bench_objectives()):
+        raise ConfigError(f"bench mode '{spec}': objective= takes {'|'.join(benched)} in a bench")
     options = {k: _word(train.get(k, v)) for k, v in options.items()}
     if mode.patch:
         return replace(mode, train={**mode.train, **train}, forms=forms, options=options)

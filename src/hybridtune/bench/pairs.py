@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 
+from hybridtune.config import ObjectiveTraits
 from hybridtune.data.collator import StaticLayout
 from hybridtune.data.pairs import CHOSEN, Pair, PairCollator, PairDoc, pack_pairs
 from hybridtune.mixers import MIXERS
@@ -71,13 +72,23 @@ def make_pairs(seq_len: int, layouts: int, vocab_size: int, seed: int = 0) -> li
     ]
 
 
+def packs_for(traits: ObjectiveTraits):
+    """What makes the bench's packs for an objective of these traits that has no bench data of its own: the pairs
+    here for an objective of pairs (`make_pairs`, as `ObjectiveSpec.bench_packs` is called); None: the bench's
+    random documents."""
+    if traits.unit != "pairs":
+        return None
+    return lambda seq_len, layouts, vocab_size, seed: make_pairs(seq_len, len(layouts), vocab_size, seed)
+
+
 def doc_lens(packs: list[list[PairDoc]]) -> list[list[int]]:
     return [[len(d) for d in p] for p in packs]
 
 
-def pair_batches(packs: list[list[PairDoc]], static: StaticLayout | None = None) -> list[dict]:
-    """Collated packs (`PairCollator`; filled to `static` when given), each with its `doc_lens`."""
-    collate = PairCollator(layout=static)
+def pair_batches(packs: list[list[PairDoc]], static: StaticLayout | None = None, collator=PairCollator) -> list[dict]:
+    """Collated packs (`collator`, the objective's: `PairCollator` for pairs; filled to `static` when given), each
+    with its `doc_lens`."""
+    collate = collator(layout=static)
     out = []
     for p in packs:
         batch = collate(p)

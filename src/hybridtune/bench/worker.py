@@ -32,7 +32,9 @@ from hybridtune.bench.data import make_batches, pack_layouts
 from hybridtune.bench.modes import parse_mode
 from hybridtune.bench.trl_dpo import NotRun, build_trl
 from hybridtune.config import TrainConfig, load_config
+from hybridtune.data.build import PreparedData
 from hybridtune.data.collator import StaticLayout
+from hybridtune.data.packing import PackStats
 from hybridtune.files import atomic_write_text
 from hybridtune.kernels import tuned
 from hybridtune.kernels.provision import provision_kernels
@@ -53,7 +55,7 @@ from hybridtune.runtime.model import RunModel
 from hybridtune.runtime.model import build_model as build_run_model
 from hybridtune.runtime.profiling import grouped_gemm, profile_run
 from hybridtune.runtime.stream import to_device
-from hybridtune.train.objectives import build_objective
+from hybridtune.train.objectives import build_objective, spec_of
 
 FIRST_STEP_MARKER = "HYBRIDTUNE_BENCH_FIRST_STEP"
 
@@ -183,8 +185,9 @@ def build(spec: dict, mode, device: torch.device, result: dict):
     tokenizer = tokenizer_for(source)
     _kernels(mode, source.config_ref, device, result)
     layouts, packs = pack_layouts(spec["seq_len"], spec["layouts"], spec["seed"]), None
-    if mode.objective != "sft":  # preference pairs (bench/pairs.py), the same for every mode that trains on them
-        packs = bench_pairs.make_pairs(spec["seq_len"], spec["layouts"], len(tokenizer), spec["seed"])
+    trains = spec_of(mode.objective)  # its own packs, the bench's pairs (bench/pairs.py) or its random documents
+    if (make := trains.bench_packs or bench_pairs.packs_for(trains.traits)) is not None:
+        packs = make(spec["seq_len"], layouts, len(tokenizer), spec["seed"])  # (the same for every mode)
         layouts = bench_pairs.doc_lens(packs)
     if spec.get("vision"):  # image-text documents (bench/vl_data.py), the same packs for every mode
         layouts = vl_modes.doc_layouts(spec)
@@ -204,7 +207,7 @@ def build(spec: dict, mode, device: torch.device, result: dict):
         run = build_run_model(cfg, source, tokenizer, device, bf16)
         facts = measure(cfg, device, distributed.ONE, run.model, bf16, [tuple(p) for p in layouts])
         choices = resolve(cfg, facts)
-        objective = build_objective(cfg, choices.fused_loss.value)
+        objective = trains.build(cfg, choices.fused_loss.value, run.model)  # (a full fine-tune's dpo: its reference)
         c = compose(run, cfg, choices, objective, device, distributed.ONE, facts.packs, result["compile_backend"])
         for key, form in mode.forms.items():  # (after compose, whose CUDA-graph settings pick forms; traced later)
             registry.graph_setup(f"{key}={form}")
@@ -222,7 +225,8 @@ def build(spec: dict, mode, device: torch.device, result: dict):
         vcfg = c.run.loaded.model.config.vision_config
         batches = [vl_modes.to_device(b, device) for b in vl_modes.batches(spec, mode, source, tokenizer, layout, vcfg)]
     elif packs is not None:
-        batches = [to_device(b, device) for b in bench_pairs.pair_batches(packs, layout)]
+        collator = trains.collator(PreparedData(packs, [], PackStats()))
+        batches = [to_device(b, device) for b in bench_pairs.pair_batches(packs, layout, collator)]
     else:
         batches = [to_device(b, device) for b in make_batches(layouts, vocab, spec["seed"], layout)]
     return cfg, c, choices, batches
@@ -315,7 +319,8 @@ def run_mode(spec: dict) -> dict:
         result["peak_rss_gib"] = memory_gib(device)
     model_config = c.run.loaded.model.config
     result["step_tokens"] = timed_tokens
-    _flops(spec, checkpointing, keep, model_config, batches, timed, result, reference=mode.objective == "dpo")
+    reference = getattr(c.engine.objective, "needs_reference", mode.trl)  # (TRL's DPOTrainer: dpo's reference)
+    _flops(spec, checkpointing, keep, model_config, batches, timed, result, reference=reference)
     if spec.get("save_kernel_configs") and device.type == "cuda" and mode.patch:
         path = Path(spec["save_kernel_configs"])
         try:  # the timed steps are measured already: a table that cannot be written must not lose them

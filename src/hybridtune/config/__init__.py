@@ -29,12 +29,23 @@ from hybridtune.config.load import (
     warmup_warning,
 )
 from hybridtune.config.model import ModelKeys
-from hybridtune.config.objective import PAIR_OBJECTIVES, ObjectiveKeys
+from hybridtune.config.objective import ObjectiveKeys
 from hybridtune.config.optimisation import MAX_LEARNING_RATE, PRESET_LEARNING_RATE, OptimKeys
 from hybridtune.config.preference import MAX_PREFERENCE, PreferenceKeys
 from hybridtune.config.run import MAX_SEED, RunKeys
 from hybridtune.config.schema import NOT_EMPTY, PATH_KEYS, TrainConfig, config_help
 from hybridtune.config.speed import THREADS_PER_CPU, SpeedKeys, max_num_threads
+from hybridtune.config.traits import (
+    PAIR_OBJECTIVES,
+    ObjectiveTraits,
+    known_objective,
+    objective_names,
+    objective_traits,
+    owned_keys,
+    owners,
+    register_traits,
+    unknown_objective,
+)
 from hybridtune.config.vision import VisionKeys
 from hybridtune.config.yaml_tree import load_yaml
 
@@ -69,6 +80,7 @@ __all__ = [
     "LossKeys",
     "ModelKeys",
     "ObjectiveKeys",
+    "ObjectiveTraits",
     "OptimKeys",
     "PreferenceKeys",
     "RunKeys",
@@ -82,16 +94,23 @@ __all__ = [
     "config_warnings",
     "grpo_warnings",
     "key",
+    "known_objective",
     "load_config",
     "load_yaml",
     "max_num_threads",
+    "objective_names",
+    "objective_traits",
+    "owned_keys",
+    "owners",
     "parse_overrides",
     "read_config_text",
+    "register_traits",
     "resolve_config_path",
     "reward_file",
     "to_dict",
     "together",
     "type_name",
+    "unknown_objective",
     "validate",
     "warmup_warning",
 ]

@@ -7,7 +7,8 @@
   orpo        the odds-ratio term's weight                   (unused)
   grpo        the KL coefficient (0 = none)                  grpo, dr_grpo or dapo (auto: dapo)
 
-The keys only one objective reads are its own module's: preference.py (dpo, simpo, orpo), grpo.py."""
+The keys only one objective reads are its own module's: preference.py (dpo, simpo, orpo), grpo.py; which keys each
+objective owns, and what the layers below the trainer know of it, traits.py's registry."""
 
 from __future__ import annotations
 
@@ -16,17 +17,16 @@ from typing import Literal
 
 from hybridtune.config.keys import Bound, key
 from hybridtune.config.preference import trl_range
-
-# The objectives that train on preference pairs (prompt, chosen, rejected), packed whole (data/pairs.py).
-PAIR_OBJECTIVES = ("dpo", "simpo", "orpo")
+from hybridtune.config.traits import known_objective, unknown_objective
 
 
 @dataclass
 class ObjectiveKeys:
-    objective: Literal["sft", "dpo", "simpo", "orpo", "grpo"] = key(
+    objective: str = key(  # one of traits.py's registry (the built-ins, and any registered objective)
         "sft",
         "what training minimises: sft = next-token cross-entropy on the trained tokens; dpo, simpo, orpo = "
         "preference tuning on prompt/chosen/rejected pairs; grpo = RL on rewarded samples",
+        Bound(lambda v, cfg: known_objective(v), lambda cfg: unknown_objective(cfg.objective)),
     )
     beta: float = key(
         0.1,

@@ -4,9 +4,10 @@ and videos, whose runs of visual tokens are shown as one token and its count).
 
 Renders the first N rows of each data source with the chat template, the trained tokens marked (green on a
 terminal; between [[ and ]] elsewhere), with each row's token counts and what sequence_len does to it; then the
-packing summary (bins, fill, truncations, drops: the trainer's own data preparation, data/build.py, and for
-preference data its pair filters, train/objectives/preference.py) and each source's tokenisation cache key. What a
-row holds is shown, never obeyed: its terminal control characters are printed escaped (`printable`).
+packing summary (bins, fill, truncations, drops: the trainer's own data preparation, the objective's spec's, e.g.
+for preference data its pair filters, train/objectives/preference.py) and each source's tokenisation cache key. An
+objective whose spec has a preview of its own (grpo's prompts) prints that instead. What a row holds is shown, never
+obeyed: its terminal control characters are printed escaped (`printable`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections import Counter
 from typing import TextIO
 
 from hybridtune.config import TrainConfig, config_help, load_config, parse_overrides
-from hybridtune.data.build import PreparedData, load_data
+from hybridtune.data.build import PreparedData
 from hybridtune.data.chat import with_chat_template
 from hybridtune.data.examples import Loaded
 from hybridtune.data.pairs import PREFERENCE
@@ -28,7 +29,7 @@ from hybridtune.errors import ConfigError, printable
 from hybridtune.models.hub import resolve_source
 from hybridtune.models.loading import tokenizer_for
 from hybridtune.runtime.defaults import resolve_defaults
-from hybridtune.train.objectives.preference import prepare_data
+from hybridtune.train.objectives import spec_of
 
 logger = logging.getLogger(__name__)
 
@@ -104,13 +105,14 @@ def preview(cfg: TrainConfig, rows: int, out: TextIO, color: bool = False) -> Pr
     from hybridtune.runtime.vision import vision_for  # why here: torch-bound, past argument parsing
 
     vision = vision_for(source, tokenizer, cfg.min_pixels, cfg.max_pixels)  # None: a text model
-    if cfg.objective == "grpo":  # prompts, not trained text: their completions are sampled during training
-        return _preview_prompts(cfg, tokenizer, vision, rows, out)
-    loaded = load_data(cfg, tokenizer, vision)
+    spec = spec_of(cfg.objective)
+    if spec.preview is not None:  # the objective's own (grpo's prompts, whose completions are sampled in training)
+        return spec.preview(cfg, tokenizer, vision, rows, out)
+    loaded = spec.load(cfg, tokenizer, vision)
     defaults = resolve_defaults(cfg, source, loaded.train_lengths())  # sequence_len: auto, as training decides it
     defaults.log(logger)
     cfg = defaults.apply(cfg)
-    data = prepare_data(cfg, tokenizer, loaded)  # train's own: preference pairs filtered and fitted whole
+    data = spec.prepare(cfg, tokenizer, loaded)  # train's own: preference pairs filtered and fitted whole
     notes = {r["where"]: r for r in data.report}
     mark = "green" if color else f"between {OPEN} and {CLOSE}"
     print(printable(f"data for {cfg.base_model}'s tokenizer, sequence_len {cfg.sequence_len}; trained text {mark}"),
@@ -121,27 +123,6 @@ def preview(cfg: TrainConfig, rows: int, out: TextIO, color: bool = False) -> Pr
         for i in range(shown):
             print("\n".join(row_lines(src, i, tokenizer, notes, color)), file=out)
     print("", *summary(data, cfg), sep="\n", file=out)
-    return data
-
-
-def _preview_prompts(cfg: TrainConfig, tokenizer, vision, rows: int, out: TextIO) -> PreparedData:
-    """objective grpo: each prompt as the model is given it (the chat template's generation prompt), its tokens and
-    the columns its rewards read; then what a step samples (train's own prompt loading)."""
-    from hybridtune.train.objectives.grpo_rollouts import load_prompts, prepare_prompts
-
-    loaded = load_prompts(cfg, tokenizer, vision)
-    data = prepare_prompts(cfg, tokenizer, loaded)
-    print(f"prompts for {printable(cfg.base_model)}'s tokenizer (objective grpo: nothing here is trained; the "
-          f"completions are sampled), max_prompt_length {cfg.max_prompt_length}", file=out)  # fmt: skip
-    for doc in loaded.prompts[:rows]:
-        columns = ", ".join(f"{k}={str(v)[:60]!r}" for k, v in doc.columns.items()) or "none"
-        print(printable(f"\n--- {doc.where} (prompt): {len(doc)} tokens; columns for the rewards: {columns}"), file=out)
-        text = tokenizer.decode(doc.input_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        print(printable(text), file=out)
-    batch = cfg.micro_batch_size * cfg.gradient_accumulation_steps
-    print(f"\nprompts: {len(loaded.prompts)}; each step samples {cfg.num_generations} completions of up to "
-          f"{cfg.max_completion_length} tokens for each of its {batch} prompt{'s' * (batch != 1)}, scored by "
-          f"{', '.join(cfg.reward_funcs) or '(no reward_funcs: train refuses)'}", file=out)  # fmt: skip
     return data
 
 

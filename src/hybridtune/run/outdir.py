@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 
 import hybridtune
-from hybridtune.config import TrainConfig, reward_file, to_dict
+from hybridtune.config import TrainConfig, objective_traits, reward_file, to_dict
 from hybridtune.data.digests import data_digest, local_files
 from hybridtune.errors import OutputDirError
 from hybridtune.files import atomic_write_text, read_regular_text
@@ -75,9 +75,10 @@ def data_fingerprint(cfg: TrainConfig) -> dict[str, str]:
 
 
 def reward_files(cfg: TrainConfig) -> list[str]:
-    """grpo's reward_funcs files that exist, as written (relative to the working directory, as data paths are)."""
-    files = dict.fromkeys(reward_file(spec) for spec in cfg.reward_funcs) if cfg.objective == "grpo" else {}
-    return [p for p in files if p and Path(p).expanduser().is_file()]
+    """The objective's own files in the run's identity that exist (grpo's reward_funcs files: its traits'
+    `identity_files`), as written (relative to the working directory, as data paths are)."""
+    files = objective_traits(cfg.objective).identity_files(cfg)
+    return [p for p in dict.fromkeys(files) if p and Path(p).expanduser().is_file()]
 
 
 def run_record(cfg: TrainConfig) -> dict:

@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from hybridtune.config import PAIR_OBJECTIVES, PRESET_LEARNING_RATE, PRESET_SEQUENCE_LEN, TrainConfig
+from hybridtune.config import PRESET_LEARNING_RATE, PRESET_SEQUENCE_LEN, TrainConfig, objective_traits
 from hybridtune.data.build import bins_for, covering_length
 from hybridtune.models.hub import ModelSource
 from hybridtune.runtime.facts import Choice
@@ -96,8 +96,9 @@ def choose_learning_rate(cfg: TrainConfig, preset: bool, recorded: dict) -> Choi
 
 
 def packs(cfg: TrainConfig) -> bool:
-    """Whether `cfg`'s training data are packed into bins of sequence_len (grpo's bins are its completions)."""
-    return cfg.sample_packing and cfg.objective != "grpo"
+    """Whether `cfg`'s training data are packed into bins of sequence_len (a sampling objective's, grpo's, bins are
+    its completions)."""
+    return cfg.sample_packing and objective_traits(cfg.objective).packed
 
 
 def bins_per_step(cfg: TrainConfig) -> int:
@@ -153,7 +154,7 @@ def choose_sequence_len(
             why = f"the smallest power of two holding {COVER:.0%} of them{ctx}"
     n = pack_length(lengths, start, context or max(start, MAX_PACK), steps) if packs(cfg) and lengths else start
     if n > start:
-        unit = "pairs" if pairs(cfg) else "examples"
+        unit = objective_traits(cfg.objective).unit
         few = len(lengths) / steps(start)
         why += (
             f", {start}, packs {few:.1f} {unit} a step: raised to pack at least {PACK_EXAMPLES} a step while an "
@@ -162,19 +163,16 @@ def choose_sequence_len(
     return Choice(n, f"auto: {why}; {_fits(lengths, n)}")
 
 
-def pairs(cfg: TrainConfig) -> bool:
-    return cfg.objective in PAIR_OBJECTIVES
-
-
 def choose_batch(cfg: TrainConfig, lengths: list[int], seq_len: int, steps=None) -> Choice:
     """What an optimizer step holds at `seq_len`: examples (pairs) and tokens, on average over an epoch."""
-    if cfg.objective == "grpo":
-        return Choice(None, "grpo: a step holds micro_batch_size x gradient_accumulation_steps prompts' completions")
+    if (traits := objective_traits(cfg.objective)).sampled:
+        what = f"{traits.name}: a step holds micro_batch_size x gradient_accumulation_steps {traits.unit}' completions"
+        return Choice(None, what)
     if not lengths:
         return Choice(None, "no training examples")
     steps, per = (steps or stepper(cfg, lengths))(seq_len), bins_per_step(cfg)
     tokens = sum(min(n, seq_len) for n in lengths)
-    value = {"examples": len(lengths) / steps, "tokens": tokens / steps, "unit": "pairs" if pairs(cfg) else "examples"}
+    value = {"examples": len(lengths) / steps, "tokens": tokens / steps, "unit": traits.unit}
     how = "" if packs(cfg) else ", one example a bin (sample_packing: false)"
     world = per // (cfg.micro_batch_size * cfg.gradient_accumulation_steps)
     why = (

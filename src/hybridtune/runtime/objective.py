@@ -3,8 +3,8 @@
 The engine (`runtime.distributed.LossModule`, wrapped by DDP/FSDP2, compiled by the loop) calls
 `objective.loss(model, batch, num_items)` for every micro-batch and backpropagates what it returns: the sum of the
 micro-batch's per-item losses divided by `num_items`, the count over the whole accumulation window, so the
-micro-batches of a window add up to its mean. Objectives live in `train/objectives/` (`sft.py`, `dpo.py`); the
-runtime names none of them.
+micro-batches of a window add up to its mean. Objectives live in `train/objectives/` (`sft.py`, `dpo.py`, `grpo.py`),
+each with its spec there (`spec.ObjectiveSpec`: its data, collator, rollouts); the runtime names none of them.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from hybridtune.runtime.distributed import LossModule
 from hybridtune.runtime.model import build_model
 from hybridtune.train.objectives import build_objective
 from hybridtune.train.objectives.grpo import Completion, CompletionCollator, group_advantages, pack_completions
-from hybridtune.train.objectives.preference import check_keys
+from hybridtune.train.objectives.spec import check_keys
 
 SEED = 5
 G = 4  # num_generations

@@ -28,12 +28,12 @@ from hybridtune.runtime import distributed, lora
 from hybridtune.train.objectives.preference import (
     WINDOW_CHOSEN_TOKENS,
     WindowMetrics,
-    check_keys,
     chosen_tokens,
     frozen_copy,
     pair_logps,
     reference_logps,
 )
+from hybridtune.train.objectives.spec import check_keys
 
 logger = logging.getLogger(__name__)
 

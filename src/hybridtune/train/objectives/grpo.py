@@ -4,7 +4,7 @@ Each prompt's `num_generations` completions form a group; a completion's advanta
 mean, divided by the group's (`scale_rewards: group`), the step's (`batch`) reward std + 1e-4, or not (`none`).
 Per completion token, with r = exp(logp - old_logp) (old = logp detached when `num_iterations` is 1) and A its
 completion's advantage: loss_t = -min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A) + beta kl_t, kl_t =
-exp(ref - logp) - (ref - logp) - 1 (the reference: adapters off under LoRA, a frozen copy otherwise; only when
+exp(ref - logp) - (ref - logp) - 1 (the reference: adapters off as data under LoRA, a frozen copy otherwise; only when
 beta > 0). Log-probs are of logits / temperature, from the chunked head (no [tokens, vocab] logits).
 The step's loss (its window: every completion of the step) is, by `loss_type`: grpo = mean over completions of each
 completion's token mean; dr_grpo = token sum / (completions x max_completion_length); dapo = token mean over the step.
@@ -26,9 +26,10 @@ from hybridtune.data.packing import Example, pack
 from hybridtune.errors import ConfigError
 from hybridtune.models.anatomy import output_head, text_model, unwrap
 from hybridtune.ops.loss import linear_log_probs
-from hybridtune.runtime import distributed
+from hybridtune.runtime import distributed, lora
 from hybridtune.runtime.step import model_inputs, shifted_targets
-from hybridtune.train.objectives.preference import check_keys, frozen_copy
+from hybridtune.train.objectives.preference import frozen_copy
+from hybridtune.train.objectives.spec import check_keys
 
 GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
 # Batch keys of a pack of completions (`CompletionCollator`, `GRPO.prepare`).
@@ -139,7 +140,7 @@ class GRPO:
                 "grpo with beta > 0 needs a reference: under LoRA the adapters are switched off; under a full "
                 "fine-tune the objective is built with a frozen copy of the starting model"
             )
-        with model.disable_adapter():
+        with lora.adapters_off(model):  # (each LoRA layer's scale 0 as data: the policy's own compiled code)
             return completion_logps(model, batch, self.fused, self.temperature)
 
     def window_items(self, batches: list[dict]) -> int:
@@ -205,7 +206,9 @@ def build_grpo(cfg: TrainConfig, fused: bool, model: torch.nn.Module | None = No
     """The objective of `cfg`; `model` (the freshly built one) gives a full fine-tune with beta > 0 its reference."""
     check_keys(cfg)
     reference = None
-    if cfg.beta > 0 and cfg.adapter != "lora" and model is not None:
+    if cfg.beta > 0 and cfg.adapter == "lora" and model is not None:
+        lora.live_scales(model)  # the scales are tensors from the first forward on: no recompile
+    elif cfg.beta > 0 and model is not None:
         reference = frozen_copy(model)
     return GRPO(
         fused=fused, beta=cfg.beta, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, temperature=cfg.temperature,

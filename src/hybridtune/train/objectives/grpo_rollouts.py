@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from transformers import TrainerState
@@ -29,7 +29,7 @@ from hybridtune.data.formats import field_text, parse_messages
 from hybridtune.data.packing import Example, PackStats
 from hybridtune.data.rows import MEDIA_COLUMNS, MEDIA_PLACEHOLDERS, decode_json_cells
 from hybridtune.data.sources import open_source
-from hybridtune.errors import ConfigError, DataError
+from hybridtune.errors import ConfigError, DataError, printable
 from hybridtune.runtime.generation import eos_ids
 from hybridtune.runtime.rollout import sample_groups
 from hybridtune.runtime.stream import to_device
@@ -37,10 +37,6 @@ from hybridtune.train.objectives.grpo import Completion, CompletionCollator, gro
 from hybridtune.train.objectives.rewards import load_reward_funcs, reward_metrics, score, total_rewards
 
 logger = logging.getLogger(__name__)
-
-
-def on_policy(cfg: TrainConfig) -> bool:
-    return cfg.objective == "grpo"
 
 
 @dataclass
@@ -157,6 +153,25 @@ def prepare_prompts(cfg: TrainConfig, tokenizer, loaded: PromptData) -> Prepared
         n, cfg.num_generations, cfg.micro_batch_size * cfg.gradient_accumulation_steps,
     )  # fmt: skip
     return PreparedData([[p] for p in loaded.prompts], [], stats, [], [], cfg.sequence_len)
+
+
+def preview_prompts(cfg: TrainConfig, tokenizer, vision, rows: int, out: TextIO) -> PreparedData:
+    """`hybridtune data` for grpo: each prompt as the model is given it (the chat template's generation prompt), its
+    tokens and the columns its rewards read; then what a step samples (train's own prompt loading)."""
+    loaded = load_prompts(cfg, tokenizer, vision)
+    data = prepare_prompts(cfg, tokenizer, loaded)
+    print(f"prompts for {printable(cfg.base_model)}'s tokenizer (objective grpo: nothing here is trained; the "
+          f"completions are sampled), max_prompt_length {cfg.max_prompt_length}", file=out)  # fmt: skip
+    for doc in loaded.prompts[:rows]:
+        columns = ", ".join(f"{k}={str(v)[:60]!r}" for k, v in doc.columns.items()) or "none"
+        print(printable(f"\n--- {doc.where} (prompt): {len(doc)} tokens; columns for the rewards: {columns}"), file=out)
+        text = tokenizer.decode(doc.input_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        print(printable(text), file=out)
+    batch = cfg.micro_batch_size * cfg.gradient_accumulation_steps
+    print(f"\nprompts: {len(loaded.prompts)}; each step samples {cfg.num_generations} completions of up to "
+          f"{cfg.max_completion_length} tokens for each of its {batch} prompt{'s' * (batch != 1)}, scored by "
+          f"{', '.join(cfg.reward_funcs) or '(no reward_funcs: train refuses)'}", file=out)  # fmt: skip
+    return data
 
 
 class Rollouts:

@@ -12,7 +12,6 @@ pack's order.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 from collections import Counter
 
@@ -20,7 +19,7 @@ import torch
 
 from hybridtune.batch import CU_SEQ_LENS_Q, LABELS, NUM_PAIRS, PAIR_INDEX, PAIR_SIDE
 from hybridtune.compiler.strategies import is_compiled
-from hybridtune.config import PAIR_OBJECTIVES, PRESET_SEQUENCE_LEN, GRPOKeys, TrainConfig
+from hybridtune.config import PAIR_OBJECTIVES, PRESET_SEQUENCE_LEN, TrainConfig
 from hybridtune.data import IGNORE_INDEX, PackedCollator
 from hybridtune.data.build import LoadedData, PreparedData, prepare
 from hybridtune.data.pairs import CHOSEN, PREFERENCE, PairCollator, PairDoc, fit_pairs, log_pair_records, pack_pairs
@@ -30,6 +29,7 @@ from hybridtune.ops.loss import linear_log_probs
 from hybridtune.runtime import distributed
 from hybridtune.runtime.lora import adapters_off
 from hybridtune.runtime.step import model_inputs, shifted_targets
+from hybridtune.train.objectives.spec import check_keys
 
 logger = logging.getLogger(__name__)
 
@@ -88,33 +88,6 @@ def prepare_pairs(cfg: TrainConfig, loaded: LoadedData) -> PreparedData:
     )  # fmt: skip
     log_pair_records(report + held_report)
     return PreparedData(bins, [p.docs()[0] for p in held], stats, report + held_report, loaded.sources, seq_len)
-
-
-def check_keys(cfg: TrainConfig) -> None:
-    """Keys of one preference objective set for another (or for sft) are one line each, before anything loads."""
-    defaults = TrainConfig()
-    owners = {
-        "beta": ("dpo", "simpo", "orpo", "grpo"),
-        "loss_type": ("dpo", "grpo"),
-        "label_smoothing": ("dpo", "simpo"),
-        "rpo_alpha": ("dpo", "simpo"),
-        "simpo_gamma": ("simpo",),
-        **{f.name: ("grpo",) for f in dataclasses.fields(GRPOKeys)},
-    }
-    for key, objectives in owners.items():
-        if getattr(cfg, key) != getattr(defaults, key) and cfg.objective not in objectives:
-            raise ConfigError(
-                f"config key '{key}' is set but means nothing for objective '{cfg.objective}' (it is for "
-                f"{' and '.join(objectives)}); remove it or set objective"
-            )
-    kinds = {"dpo": ("sigmoid", "ipo", "hinge", "robust"), "grpo": ("grpo", "dr_grpo", "dapo")}
-    if cfg.loss_type != "auto" and cfg.loss_type not in kinds.get(cfg.objective, (cfg.loss_type,)):
-        raise ConfigError(
-            f"config key 'loss_type' = '{cfg.loss_type}' is not a loss of objective '{cfg.objective}'; use one of "
-            f"{', '.join(kinds[cfg.objective])} (or auto)"
-        )
-    if cfg.label_smoothing and cfg.loss_type in ("hinge", "ipo"):
-        raise ConfigError(f"config key 'label_smoothing' has no meaning for loss_type '{cfg.loss_type}'; remove it")
 
 
 def collator_for(data: PreparedData) -> type[PackedCollator]:
