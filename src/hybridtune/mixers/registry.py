@@ -5,7 +5,7 @@ A spec says, for its kind: which HF modules it routes and how (`routing`), the `
 serves and what they cost (`flops`, `activations`: per token), the per-batch metadata the collator adds for it
 (`metadata`, keyed `batch_keys`; `size` counts a batch's rows of its dim-0-dynamic keys), the ops whose outputs a
 checkpoint may keep (`core_ops`), the kernel packages it needs (`kernels`), its device self-test (`selftest`, a
-`SelfTestSuite`), the process settings its ops need before a graph is compiled (`graph_setup`), the profiler's
+`SelfTestSuite`: its checks, the backend a user may pin and the autotuning tables it seeds), the process settings its ops need before a graph is compiled (`graph_setup`), the profiler's
 kernel-name patterns (`profile_patterns`) and the path report of a routed module (`path`). Everything here is
 torch-free at import: fields that need torch are callables the consumers call when they run.
 """
@@ -70,6 +70,17 @@ class KernelPackage:
     turn_off: Callable[[str | None], None] | None = None
 
 
+@dataclass(frozen=True)
+class BackendOption:
+    """A user's choice among a mixer's kernel backends: the config key, the environment variable that overrides it,
+    and the choices; its suite's `pin` checks one and sets it for the process, before the kernels are imported."""
+
+    key: str
+    env: str
+    choices: tuple[str, ...]
+    default: str = "auto"
+
+
 # What `graph_setup` is asked for: graphs about to be recorded as CUDA graphs (what the ops need to be correct
 # there), and a training step under CUDA graphs (that, and the op forms fastest there).
 CUDA_GRAPHS = "cuda_graphs"
@@ -88,6 +99,7 @@ class SelfTestSuite(Protocol):
     guard_note: str  # doctor's line while the guard is active
     guard_fix: str  # the fix when a guarded kernel fails while its guard is active
     report_key: str  # the bench result's key for `granted()` or `bypass()`
+    option: BackendOption | None  # the backend a user may pin (kernels/provision.py pins it), or None
 
     def layouts(self, config: Any) -> list: ...  # a transformers config -> its layouts (empty: none of this mixer)
     def parse_layout(self, text: str) -> Any: ...  # ValueError when it is not one
@@ -100,7 +112,16 @@ class SelfTestSuite(Protocol):
     def revoke(self, layout: Any) -> None: ...
     def granted(self) -> dict[str, str]: ...  # layout key -> who granted it
     def bypass(self) -> str | None: ...  # the guard off for the whole process (plain transformers): the note
-    def prepare(self) -> None: ...  # import the kernel modules (before kernels.tuned seeds their autotuners)
+    def prepare(self) -> None: ...  # import the kernel modules (before `seed_tuning` seeds their autotuners)
+    def pin(self, choice: str | None, where: str) -> str: ...  # `option`'s choice set (ConfigError naming `where`)
+    # (variant, label) of each backend a kernel's verdicts run on; variant None: the suite's only backend
+    def variants(self, kernel: str, layout: Any, device: Any) -> list[tuple[str | None, str]]: ...
+    def variant_fix(self, variant: str | None) -> str: ...  # what runs when `variant` fails ("": `guard_fix`)
+    def configs_key(self, variant: str | None, device: str) -> str: ...  # what else a verdict holds for
+    def backend_lines(self, layouts: list) -> list[str]: ...  # the report's lines: what the ops run per layout
+    # Its shipped autotuning choices for GPU kind `device` put into its kernels before the self-test: the line said
+    def seed_tuning(self, device: str) -> str: ...
+    def save_tuning(self, path: Any, device: str) -> int: ...  # this process's choices added to a table: entries
 
 
 @dataclass(frozen=True)
