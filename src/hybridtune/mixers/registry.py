@@ -154,12 +154,26 @@ class MixerSpec:
 
 
 MIXERS: dict[str, MixerSpec] = {}
+# What consumers keep of the registry (a cached set of ops, a table of kernel-name patterns): cleared on a change.
+_CACHES: list[Callable[[], None]] = []
+
+
+def on_change(clear: Callable[[], None]) -> Callable[[], None]:
+    """Have `register` and `unregister` call `clear` (a consumer's `cache_clear` of what it derived from `MIXERS`),
+    so a mixer registered after the cache was filled is taken. Returns it."""
+    _CACHES.append(clear)
+    return clear
+
+
+def _changed() -> None:
+    for clear in _CACHES:
+        clear()
 
 
 def register(spec: MixerSpec, *, replace: bool = False, first: bool = False) -> MixerSpec:
     """Add `spec` to `MIXERS` (a second kind of the same name needs `replace=True`). `first`: ahead of the others,
-    so its families and layer types win over theirs (a mixer that takes over modules another one routes). Returns
-    it."""
+    so its families and layer types win over theirs (a mixer that takes over modules another one routes). Clears
+    the consumers' caches (`on_change`). Returns it."""
     if spec.kind in MIXERS and not replace:
         raise ValueError(f"mixer kind {spec.kind!r} is already registered; pass replace=True or unregister it first")
     MIXERS[spec.kind] = spec
@@ -167,12 +181,17 @@ def register(spec: MixerSpec, *, replace: bool = False, first: bool = False) -> 
         rest = {k: v for k, v in MIXERS.items() if k != spec.kind}
         MIXERS.clear()
         MIXERS.update({spec.kind: spec, **rest})
+    _changed()
     return spec
 
 
 def unregister(kind: str) -> MixerSpec | None:
-    """Remove a registered kind (tests that register their own); returns it, or None when absent."""
-    return MIXERS.pop(kind, None)
+    """Remove a registered kind (tests that register their own), clearing the consumers' caches; returns it, or
+    None when absent."""
+    spec = MIXERS.pop(kind, None)
+    if spec is not None:
+        _changed()
+    return spec
 
 
 def for_layer_type(layer_type: str) -> MixerSpec | None:
