@@ -34,7 +34,7 @@ from hybridtune.data.collator import StaticLayout
 from hybridtune.files import atomic_write_text
 from hybridtune.kernels.provision import provision_kernels
 from hybridtune.mixers import registry
-from hybridtune.mixers.moe import experts
+from hybridtune.models import experts
 from hybridtune.models.anatomy import text_config
 from hybridtune.models.flops import linear_terms, measure_peak, step_flops
 from hybridtune.models.hub import resolve_source

@@ -24,7 +24,7 @@ import torch
 
 from hybridtune.mixers import MIXERS, registry
 from hybridtune.mixers.attention import varlen as attention
-from hybridtune.mixers.moe import experts
+from hybridtune.models import experts
 from hybridtune.models.anatomy import PATCHED_FORWARD_ATTR
 
 _ORIGINAL = PATCHED_FORWARD_ATTR

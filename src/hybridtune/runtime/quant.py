@@ -20,7 +20,7 @@ import logging
 import torch
 
 from hybridtune.errors import ConfigError
-from hybridtune.mixers.moe import experts
+from hybridtune.models import experts
 from hybridtune.models.anatomy import text_model
 from hybridtune.models.meta import reset_buffers
 from hybridtune.ops import nf4
