@@ -220,7 +220,6 @@ def _verify_one(suite, kernel, lay, variant, label, device, device_index, cache,
 
     guarded = suite.guarded(kernel)
     dev_name = torch.cuda.get_device_name(device_index)
-    keyed = {} if variant is None else {"backend": variant}
     fallback = suite.variant_fix(variant)  # a non-default backend: what runs instead
     v = Verdict(kernel, lay, None, backend=label, device=dev_name, guard_active=guard and guarded and not fallback)
     v.fallback = fallback
@@ -235,17 +234,17 @@ def _verify_one(suite, kernel, lay, variant, label, device, device_index, cache,
         )
     else:
         if guarded:  # the trial itself needs the guard lifted for this layout
-            suite.grant(lay, f"kernels.selftest: trial on {dev_name}", **keyed)
+            suite.grant(lay, f"kernels.selftest: trial on {dev_name}", variant)
         _run(suite, v, device, variant)
         if v.errors or v.passed is not None:
             _store(v.fingerprint, v)
     if guarded:
         if v.passed:
             worst = max(v.errors.values(), default=0.0)
-            suite.grant(lay, f"kernels.selftest: max rel err {worst:.4f} on {dev_name}", **keyed)
+            suite.grant(lay, f"kernels.selftest: max rel err {worst:.4f} on {dev_name}", variant)
             v.granted = True
         else:
-            suite.revoke(lay, **keyed)
+            suite.revoke(lay, variant)
     if v.passed is False:
         logger.error(
             "kernel self-test FAILED: %s %s (%s) on %s: %s. Fix: %s", kernel, lay, label, dev_name, v.reason, v.fix
@@ -257,7 +256,7 @@ def _run(suite: SelfTestSuite, v: Verdict, device, variant: str | None = None) -
     """One check (on backend `variant` when the suite has several), timed, its errors and pass or fail into `v`."""
     t0 = time.perf_counter()
     try:
-        v.errors = suite.check(v.kernel, v.layout, device, **({} if variant is None else {"variant": variant}))
+        v.errors = suite.check(v.kernel, v.layout, device, variant)
         bad = {n: e for n, e in v.errors.items() if not e <= TOLERANCE}
         v.passed = not bad
         v.reason = "" if v.passed else "rel err over tolerance: " + ", ".join(f"{n} {e:.4g}" for n, e in bad.items())

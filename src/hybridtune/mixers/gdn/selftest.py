@@ -214,11 +214,11 @@ class Suite:
     def guard_active(self) -> bool:
         return fla_guard.guard_active()
 
-    def grant(self, layout: Layout, source: str, backend: str = fla_guard.TRITON) -> None:
-        fla_guard.grant(layout.key, source, backend)
+    def grant(self, layout: Layout, source: str, variant: str | None = None) -> None:
+        fla_guard.grant(layout.key, source, variant or fla_guard.TRITON)
 
-    def revoke(self, layout: Layout, backend: str = fla_guard.TRITON) -> None:
-        fla_guard.revoke(layout.key, backend)
+    def revoke(self, layout: Layout, variant: str | None = None) -> None:
+        fla_guard.revoke(layout.key, variant or fla_guard.TRITON)
 
     def granted(self) -> dict[str, str]:
         out = {str(k): v for k, v in fla_guard.granted().items()}
