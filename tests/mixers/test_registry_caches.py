@@ -8,11 +8,24 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hybridtune.compiler import recompute  # noqa: E402
+from hybridtune.kernels.needs import GATES, kernel_spec  # noqa: E402
 from hybridtune.mixers import MIXERS, MixerSpec, register, registry, unregister  # noqa: E402
+from hybridtune.mixers.registry import KernelPackage  # noqa: E402
 from hybridtune.runtime import profiling  # noqa: E402
 
 KIND = "cache-probe"
 KERNEL = "cache_probe_scan_fwd_kernel"
+GATE = "is_cache_probe_available"
+PACKAGE = KernelPackage(
+    name="cache_probe",
+    distributions=(),
+    check_code="import cache_probe",
+    accelerates="a probe",
+    fallback_cost="none",
+    fix="none",
+    gates=(GATE,),
+    covers=("mamba_ssm",),
+)
 
 
 def _spec() -> MixerSpec:
@@ -20,6 +33,7 @@ def _spec() -> MixerSpec:
         kind=KIND,
         core_ops=lambda: {torch.ops.aten.cumsum.default},
         profile_patterns=("cache probe", ("cache_probe_",)),
+        kernels=(PACKAGE,),
     )
 
 
@@ -39,6 +53,16 @@ def test_a_mixer_registered_after_the_caches_filled_is_taken(probe):
     assert ("cache probe", ("cache_probe_",)) in profiling.kernel_groups()
     unregister(KIND)
     assert recompute.core_ops() == kept and profiling.kernel_group(KERNEL) == group
+
+
+def test_a_mixers_kernel_package_brings_its_gates_and_what_it_covers(probe):
+    """The kernel resolver's gate table (filled at import) and the substitutes follow the registry."""
+    assert GATE not in GATES and kernel_spec("mamba_ssm").substitute is None
+    register(_spec())
+    assert GATES[GATE] == "cache_probe" and kernel_spec("mamba_ssm").substitute == "cache_probe"
+    unregister(KIND)
+    assert GATE not in GATES and kernel_spec("mamba_ssm").substitute is None
+    assert GATES["is_flash_linear_attention_available"] == "fla" == kernel_spec("causal_conv1d").substitute
 
 
 def test_on_change_runs_on_register_and_unregister_only(probe):

@@ -66,6 +66,8 @@ class KernelPackage:
     fallback_cost: str
     fix: str  # the command (or step) that closes the gap
     substitute: str | None = None  # a kernel whose own op replaces this one on hybridtune's path
+    gates: tuple[str, ...] = ()  # transformers' availability gates that ask for it (`is_..._available`)
+    covers: tuple[str, ...] = ()  # other packages whose work its ops do on hybridtune's path (their `substitute`)
     # Keep hybridtune's ops off this package in this process (`kernels: off`, the reason), or allow it again (None).
     turn_off: Callable[[str | None], None] | None = None
 
