@@ -5,9 +5,11 @@ A spec says, for its kind: which HF modules it routes and how (`routing`), the `
 serves and what they cost (`flops`, `activations`: per token), the per-batch metadata the collator adds for it
 (`metadata`, keyed `batch_keys`; `size` counts a batch's rows of its dim-0-dynamic keys), the ops whose outputs a
 checkpoint may keep (`core_ops`), the kernel packages it needs (`kernels`), its device self-test (`selftest`, a
-`SelfTestSuite`: its checks, the backend a user may pin and the autotuning tables it seeds), the process settings its ops need before a graph is compiled (`graph_setup`), the profiler's
-kernel-name patterns (`profile_patterns`) and the path report of a routed module (`path`). Everything here is
-torch-free at import: fields that need torch are callables the consumers call when they run.
+`SelfTestSuite`: its checks, the backend a user may pin, the autotuning tables it seeds), the process settings its
+ops need before a graph is compiled (`graph_setup`), the profiler's kernel-name patterns (`profile_patterns`) and
+the path report of a routed module (`path`). Everything here is torch-free at import: fields that need torch are
+callables the consumers call when they run. A consumer that caches what it derived from `MIXERS` hands its
+`cache_clear` to `on_change`.
 """
 
 from __future__ import annotations
