@@ -7,6 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from hybridtune.bench import modes  # noqa: E402
 from hybridtune.compiler import recompute  # noqa: E402
 from hybridtune.kernels.needs import GATES, kernel_spec  # noqa: E402
 from hybridtune.mixers import MIXERS, MixerSpec, register, registry, unregister  # noqa: E402
@@ -34,6 +35,7 @@ def _spec() -> MixerSpec:
         core_ops=lambda: {torch.ops.aten.cumsum.default},
         profile_patterns=("cache probe", ("cache_probe_",)),
         kernels=(PACKAGE,),
+        graph_forms={"probe": ("one", "two")},
     )
 
 
@@ -53,6 +55,14 @@ def test_a_mixer_registered_after_the_caches_filled_is_taken(probe):
     assert ("cache probe", ("cache_probe_",)) in profiling.kernel_groups()
     unregister(KIND)
     assert recompute.core_ops() == kept and profiling.kernel_group(KERNEL) == group
+
+
+def test_the_bench_takes_a_mixers_graph_forms_as_mode_options(probe):
+    assert "probe" not in modes.OPTION_KEYS
+    register(_spec())
+    assert modes.FORMS["probe"] == modes.OPTION_KEYS["probe"] == ("one", "two")
+    unregister(KIND)
+    assert "probe" not in modes.FORMS and modes.OPTION_KEYS["conv"] == modes.FORMS["conv"]
 
 
 def test_a_mixers_kernel_package_brings_its_gates_and_what_it_covers(probe):
