@@ -7,7 +7,7 @@
 #
 #   cuda        the whole `-m cuda` tier (pytest -n NPROC=8, at most T_TIER = T0 - 150 s), every test's FLA
 #               autotuning choices saved per xdist worker and folded into $OUT/<GPU>.json (the tuned table of this
-#               GPU kind: copy it to src/hybridtune/kernels/tuned/, the way a table is made for any card), then
+#               GPU kind: copy it to src/hybridtune/mixers/gdn/tuned/, the way a table is made for any card), then
 #               `python -m hybridtune.bench.generation` (GEN_MODEL qwen3_5-2b, ROWS 64 x NEW 512 tokens: the rollout
 #               decoder beside transformers' generate, greedy agreement on 8 prompts; GEN=0: the tier alone,
 #               TIER=0: the generation alone)
@@ -74,9 +74,9 @@ cuda_tier() { # $1: seconds at most, $2: where the FLA choices are saved, $3: th
     | cut -c1-220 | tee -a "$LOG"
   if ls "$2".* > /dev/null 2>&1; then
     device=$($PY -c "import torch; print(torch.cuda.get_device_name(0))")
-    slug=$($PY -c "import sys; from hybridtune.kernels.tuned import device_slug; print(device_slug(sys.argv[1]))" "$device")
-    [ -f "src/hybridtune/kernels/tuned/$slug.json" ] && cp "src/hybridtune/kernels/tuned/$slug.json" "$R/tuned/$slug.json"
-    $PY -m hybridtune.kernels.tuned merge "$R/tuned/$slug.json" "$2".* 2>&1 | tee -a "$LOG"
+    slug=$($PY -c "import sys; from hybridtune.mixers.gdn.tuned import device_slug; print(device_slug(sys.argv[1]))" "$device")
+    [ -f "src/hybridtune/mixers/gdn/tuned/$slug.json" ] && cp "src/hybridtune/mixers/gdn/tuned/$slug.json" "$R/tuned/$slug.json"
+    $PY -m hybridtune.mixers.gdn.tuned merge "$R/tuned/$slug.json" "$2".* 2>&1 | tee -a "$LOG"
     cp "$R/tuned/$slug.json" "$OUT/"
   else
     say "== no kernel table saved (no GPU, or no FLA kernel ran)"
@@ -85,7 +85,7 @@ cuda_tier() { # $1: seconds at most, $2: where the FLA choices are saved, $3: th
 
 part_cuda() {
   local tier=${T_TIER:-$((T0 - 150))} kc=$R/tuned/kc.json paths=${TIER_PATHS:-tests}
-  [ "${REHEARSAL:-0}" = 1 ] && paths=${TIER_PATHS:-tests/kernels/test_tuned.py}
+  [ "${REHEARSAL:-0}" = 1 ] && paths=${TIER_PATHS:-tests/mixers/gdn/test_tuned.py}
   rm -rf "$R/tuned" && mkdir -p "$R/tuned"
   if [ "${TIER:-1}" = 0 ]; then
     say "== cuda tier: not run (TIER=0)"

@@ -101,7 +101,7 @@ def _group_in_node_ids(items) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _shipped_kernel_configs():
     """On a GPU: FLA's autotuners seeded from the shipped table of this GPU kind before the first kernel runs, as a
-    run's self-test does (kernels.tuned), so the CUDA tier does not autotune what the table covers. With
+    run's self-test does (mixers/gdn/tuned.py), so the CUDA tier does not autotune what the table covers. With
     HYBRIDTUNE_SAVE_KERNEL_CONFIGS=PATH, what the session chose is added to PATH at its end (one file per xdist
     worker: PATH.<worker>), to grow the table."""
     try:
@@ -112,7 +112,7 @@ def _shipped_kernel_configs():
     if not torch.cuda.is_available():
         yield
         return
-    from hybridtune.kernels import tuned
+    from hybridtune.mixers.gdn import tuned
     from hybridtune.mixers.registry import selftests
 
     device = torch.cuda.get_device_name(torch.cuda.current_device())
@@ -128,13 +128,13 @@ def _shipped_kernel_configs():
 
 def _save_kernel_configs() -> None:
     """With HYBRIDTUNE_SAVE_KERNEL_CONFIGS=PATH on a GPU: what this process's autotuners chose, added to PATH (one
-    file per xdist worker: PATH.<worker>; `python -m hybridtune.kernels.tuned merge` folds them)."""
+    file per xdist worker: PATH.<worker>; `python -m hybridtune.mixers.gdn.tuned merge` folds them)."""
     target = os.environ.get("HYBRIDTUNE_SAVE_KERNEL_CONFIGS")
     if not target or "fla" not in sys.modules:
         return
     import torch
 
-    from hybridtune.kernels import tuned
+    from hybridtune.mixers.gdn import tuned
 
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     tuned.save(

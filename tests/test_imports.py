@@ -291,7 +291,7 @@ def test_no_module_docstring_over_15_lines():
 
 
 # A benchmark row id ("row 97", "rows 87-88"), a note number ("NOTES 46", "benchmarks/NOTES.md 47"), a session or a
-# date of work ("2026-12-02"). Only .py files are read: kernels/tuned/*.json are data and may carry their dates.
+# date of work ("2026-12-02"). Only .py files are read: mixers/gdn/tuned/*.json are data and may carry their dates.
 # Allowed, by the lookbehind: `file:row N`, how a data error locates a row of the user's file (data/sources.py).
 CITATION = re.compile(r"(?<!:)\b[Rr]ows? \d+|\bNOTES?(\.md)? \d+|\bnotes? \d+|\b20\d\d-\d\d\b|\b[Ss]ession \d+")
 

@@ -107,7 +107,7 @@ def test_prepare_runs_the_selftest_on_gpu(fake_device, monkeypatch):
 
 
 def test_a_verdict_is_keyed_by_the_shipped_table_it_ran_under(monkeypatch):
-    from hybridtune.kernels import tuned
+    from hybridtune.mixers.gdn import tuned
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
@@ -124,8 +124,8 @@ def test_a_verdict_is_keyed_by_the_shipped_table_it_ran_under(monkeypatch):
 def test_the_shipped_kernel_configs_are_seeded_before_the_selftest_and_said(fake_device, monkeypatch):
     """Provisioning puts the device kind's FLA table into the autotuners before the self-test's first kernel call,
     says so in the report, its summary and doctor; a failure there is a warning and the self-test still runs."""
-    from hybridtune.kernels import doctor, provision, tuned
-    from hybridtune.mixers.gdn import fla_adapter
+    from hybridtune.kernels import doctor, provision
+    from hybridtune.mixers.gdn import fla_adapter, tuned
 
     order = []
     monkeypatch.setattr(provision, "installed_version", lambda name: "0.6.0" if name == "fla" else None)

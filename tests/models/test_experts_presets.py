@@ -75,7 +75,7 @@ def test_bad_cut_is_one_line(name, match):
 
 
 def test_tiny_moe_preset_loads_and_runs_routed():
-    from hybridtune.mixers.moe import experts
+    from hybridtune.models import experts
     from hybridtune.models.loading import load_model
 
     model = load_model("tiny-qwen3_5_moe@layers=2").model

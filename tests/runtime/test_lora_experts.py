@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from hybridtune.mixers.moe import experts
+from hybridtune.models import experts
 from hybridtune.models.loading import load_model
 from hybridtune.runtime.lora import applied_targets, apply_lora
 

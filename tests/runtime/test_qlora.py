@@ -14,7 +14,7 @@ import torch
 from qlora_models import dequantize_in_place, nf4_names, qlora_model
 
 from hybridtune.errors import ConfigError
-from hybridtune.mixers.moe import experts
+from hybridtune.models import experts
 from hybridtune.ops import nf4
 from hybridtune.runtime import memory, quant
 

@@ -154,7 +154,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=file_path,
         default=None,
         help="GPU: after each hybridtune mode, add FLA's autotuning choices to this table (JSON; ship it as "
-        "src/hybridtune/kernels/tuned/<GPU>.json so that a fresh machine of that kind skips FLA's cold autotuning)",
+        "src/hybridtune/mixers/gdn/tuned/<GPU>.json so that a fresh machine of that kind skips FLA's cold autotuning)",
     )
     _flag(
         ap,

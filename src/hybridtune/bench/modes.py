@@ -38,8 +38,20 @@ TRAIN_KEYS = {
     "loss": ("auto", "fused", "plain"),
     "objective": bench_objectives(),  # a preference objective trains on the bench's pairs (pairs.py)
 }
-FORMS = registry.graph_forms()  # a mixer's option -> its forms in compiled graphs
-OPTION_KEYS = {**TRAIN_KEYS, **FORMS}  # (listed in `hybridtune bench --help`)
+FORMS: dict[str, tuple[str, ...]] = {}  # a mixer's option -> its forms in compiled graphs
+OPTION_KEYS: dict[str, tuple[str, ...]] = {}  # (listed in `hybridtune bench --help`)
+
+
+def _fill_options() -> None:
+    """FORMS and OPTION_KEYS from the mixers registered now; again whenever the registry changes."""
+    FORMS.clear()
+    FORMS.update(registry.graph_forms())
+    OPTION_KEYS.clear()
+    OPTION_KEYS.update({**TRAIN_KEYS, **FORMS})
+
+
+_fill_options()
+registry.on_change(_fill_options)
 # Earlier spellings: old key -> (train key, {old value: train value}).
 OLD_KEYS = {
     "cg": ("cuda_graphs", {"on": "on", "off": "off"}),

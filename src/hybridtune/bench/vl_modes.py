@@ -5,7 +5,7 @@ docs/CONFIG.md, "Benchmarking vision-language training"). One pack's documents p
            transformers' own M-RoPE and loss (labels), as users run transformers + peft.
   hf-pf    transformers' padding-free path: `DataCollatorWithFlattening(return_flash_attn_kwargs=True)`'s row plus
            pixel_values / image_grid_thw; transformers takes its 1-D position_ids for every M-RoPE row (and its
-           torch GDN fallback ignores cu_seq_lens: on the CPU the state crosses documents).
+           torch linear-attention fallback ignores cu_seq_lens: on the CPU the state crosses documents).
 Tokens per step: the documents' own, text + visual. FLOPs: the text model's (models/flops.py) plus the frozen tower's
 forward (`tower_flops`).
 """

@@ -36,10 +36,9 @@ from hybridtune.data.build import PreparedData
 from hybridtune.data.collator import StaticLayout
 from hybridtune.data.packing import PackStats
 from hybridtune.files import atomic_write_text
-from hybridtune.kernels import tuned
 from hybridtune.kernels.provision import provision_kernels
 from hybridtune.mixers import registry
-from hybridtune.mixers.moe import experts
+from hybridtune.models import experts
 from hybridtune.models.anatomy import text_config
 from hybridtune.models.flops import linear_terms, measure_peak, step_flops
 from hybridtune.models.hub import resolve_source
@@ -324,7 +323,8 @@ def run_mode(spec: dict) -> dict:
     if spec.get("save_kernel_configs") and device.type == "cuda" and mode.patch:
         path = Path(spec["save_kernel_configs"])
         try:  # the timed steps are measured already: a table that cannot be written must not lose them
-            result["kernel_configs_saved"] = tuned.save(path, torch.cuda.get_device_name(device))
+            name = torch.cuda.get_device_name(device)
+            result["kernel_configs_saved"] = sum(suite.save_tuning(path, name) for suite in registry.selftests())
             print(f"kernel configs: {result['kernel_configs_saved']} entries in {path}", flush=True)
         except (OSError, ValueError) as e:
             result["kernel_configs_error"] = f"{type(e).__name__}: {e}"

@@ -19,7 +19,7 @@ import functools
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from hybridtune.mixers import MIXERS
+from hybridtune.mixers import MIXERS, registry
 
 # Set on a layer's checkpoint function (`_gradient_checkpointing_func`) that keeps the cores, for the FLOP count.
 KEEPS = "_hybridtune_keeps_cores"
@@ -29,13 +29,16 @@ KEEPS = "_hybridtune_keeps_cores"
 def core_ops() -> frozenset:
     """The ops whose outputs `keep_cores` keeps: those of every registered mixer whose core is kept
     (`MixerSpec.core_ops`: a chunked delta rule's forward, SDPA's attention kernels). An attention that runs as a custom
-    op of its own (torch's varlen attention, the flash-attn package's) is recomputed. Cached: register a mixer
-    before the first checkpointed step (or call `core_ops.cache_clear()`)."""
+    op of its own (torch's varlen attention, the flash-attn package's) is recomputed. Cached, cleared when a mixer
+    is registered or unregistered (`registry.on_change`)."""
     ops = set()
     for spec in MIXERS.values():
         if spec.core_ops is not None:
             ops.update(spec.core_ops())
     return frozenset(ops)
+
+
+registry.on_change(core_ops.cache_clear)
 
 
 def _keep_cores(ctx, op, *args, **kwargs) -> CheckpointPolicy:

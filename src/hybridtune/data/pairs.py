@@ -11,7 +11,7 @@ characters for texts, a space before the fork going with the replies). Each docu
 Rows dropped (each one a log line and a data_report.jsonl record naming file:line): identical replies, an empty
 reply, a pair longer than sequence_len under `excess_length_strategy: drop` (`truncate` keeps the start of each
 document, halving the room between them when both are long), a truncation that cut a reply's every token.
-In a pack each document is its own document: the collator's boundaries keep GDN state and attention apart.
+In a pack each document is its own document: the collator's boundaries keep a mixer's state and attention apart.
 """
 
 from __future__ import annotations

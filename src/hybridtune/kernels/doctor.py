@@ -151,7 +151,7 @@ def config_about(path: Path) -> str:
 def diagnose(model: str | None = None) -> dict[str, Any]:
     """Everything doctor reports, as one JSON-able dict."""
     out: dict[str, Any] = {"environment": environment(), "attention": attention_backend()}
-    for suite in suites():  # e.g. fla_hopper_guard_active
+    for suite in suites():  # each suite's `guard_key`
         out[suite.guard_key] = suite.guard_active()
     out["kernel_backends"] = backend_lines(None, suites())  # the pin and what is installed; per layout below
     out["presets"] = preset_table()

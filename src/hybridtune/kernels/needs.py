@@ -17,7 +17,7 @@ import ast
 import functools
 import importlib.util
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,6 @@ OTHER_KERNELS: dict[str, KernelPackage] = {
             "on the stock transformers path packed documents leak into each other (W-1 tokens with a W-tap conv)"
         ),
         fix="pip install causal-conv1d --no-build-isolation  (builds from source; or install FLA, whose Triton conv hybridtune uses)",
-        substitute="fla",
     ),
     "mamba_ssm": KernelPackage(
         name="mamba_ssm",
@@ -53,17 +52,34 @@ OTHER_KERNELS: dict[str, KernelPackage] = {
 
 
 def kernels() -> dict[str, KernelPackage]:
-    """Every known kernel package by name: the others, and the registered mixers' (theirs win)."""
-    return {**OTHER_KERNELS, **registry.kernel_packages()}
+    """Every known kernel package by name: the others, and the registered mixers' (theirs win). An other package
+    that a mixer's package `covers` has it as its `substitute`."""
+    mine = registry.kernel_packages()
+    others = {}
+    for name, package in OTHER_KERNELS.items():
+        sub = next((m.name for m in mine.values() if name in m.covers), None)
+        others[name] = package if sub is None else replace(package, substitute=sub)
+    return {**others, **mine}
 
 
-# transformers' availability gates (gate-style releases) and the kernel each one asks about.
-GATES: dict[str, str] = {
-    "is_flash_linear_attention_available": "fla",
+# transformers' availability gates of the packages no registered mixer brings (a mixer's: `KernelPackage.gates`).
+OTHER_GATES: dict[str, str] = {
     "is_causal_conv1d_available": "causal_conv1d",
     "is_mamba_ssm_available": "mamba_ssm",
     "is_mamba_2_ssm_available": "mamba_ssm",
 }
+# transformers' availability gates (gate-style releases) and the kernel each one asks about: the registered mixers'
+# packages' and the others'; filled from the registry, again whenever it changes (`registry.on_change`).
+GATES: dict[str, str] = {}
+
+
+def _fill_gates() -> None:
+    mine = {gate: k.name for k in registry.kernel_packages().values() for gate in k.gates}
+    GATES.clear()
+    GATES.update({**mine, **{g: k for g, k in OTHER_GATES.items() if g not in mine}})
+
+
+_fill_gates()
 
 # Names transformers' hub-kernel loader uses for the same packages.
 HUB_KERNEL_NAMES: dict[str, str] = {"causal-conv1d": "causal_conv1d", "mamba-ssm": "mamba_ssm"}
@@ -378,3 +394,12 @@ def _analyze_source(path: str, mtime: float) -> tuple[tuple[KernelUse, ...], tup
                     mixers.setdefault(node.name, set()).add(kernel)
     uses.sort(key=lambda u: (u.line, u.kernel))
     return tuple(uses), tuple(sorted((k, tuple(sorted(v))) for k, v in mixers.items()))
+
+
+def _registry_changed() -> None:
+    """A mixer registered or removed: its packages' gates join or leave GATES; what was read with the old ones goes."""
+    _fill_gates()
+    _analyze_source.cache_clear()
+
+
+registry.on_change(_registry_changed)

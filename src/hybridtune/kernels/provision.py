@@ -29,7 +29,6 @@ from typing import Any
 from hybridtune.errors import ConfigError, KernelUnavailableError
 from hybridtune.kernels import gates as gates_mod
 from hybridtune.kernels import selftest as selftest_mod
-from hybridtune.kernels import tuned
 from hybridtune.kernels.environment import (
     FALSE_WORDS,
     TRUE_WORDS,
@@ -39,7 +38,7 @@ from hybridtune.kernels.environment import (
 )
 from hybridtune.kernels.install import Installer, InstallResult, PipInstaller
 from hybridtune.kernels.needs import ArchitectureNeeds, analyze, kernel_spec, kernels
-from hybridtune.mixers.registry import KernelPackage, SelfTestSuite
+from hybridtune.mixers.registry import BackendOption, KernelPackage, SelfTestSuite
 from hybridtune.models.presets import PRESETS, preset_config
 
 logger = logging.getLogger(__name__)
@@ -47,7 +46,6 @@ logger = logging.getLogger(__name__)
 POLICIES = ("auto", "check", "off")
 ENV_POLICY = "HYBRIDTUNE_KERNELS"
 ENV_REQUIRE = "HYBRIDTUNE_REQUIRE_FAST_PATH"
-ENV_GDN_BACKEND = "HYBRIDTUNE_GDN_BACKEND"  # overrides the config's gdn_backend (auto | fla-triton | flash-qla)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -112,8 +110,8 @@ class ProvisionReport:
     kernels: dict[str, KernelStatus] = field(default_factory=dict)
     hooks: dict[str, Any] | None = None
     selftest: list[dict[str, Any]] = field(default_factory=list)
-    kernel_configs: str = ""  # the shipped autotuning table's line (kernels.tuned.seed), when the self-test ran
-    backends: list[str] = field(default_factory=list)  # each mixer's kernel backends (the GDN chunk's), one line each
+    kernel_configs: str = ""  # the suites' lines on their shipped autotuning tables, when the self-test ran
+    backends: list[str] = field(default_factory=list)  # each mixer's kernel backends, one line each
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -284,20 +282,18 @@ def provision_kernels(
     selftest: bool = True,
     env: Mapping[str, str] | None = None,
     log: bool = True,
-    gdn_backend: str | None = None,
+    backends: Mapping[str, str | None] | None = None,
 ) -> ProvisionReport:
     """Resolve, provision and verify the kernels of one architecture. Call before importing its modeling module.
 
     `model_type_or_config`: a transformers config, a preset name or a local checkpoint directory (these carry
     head dims, which the device self-test needs), or a bare model_type. Raises `KernelUnavailableError` when `require_fast_path` and a gap remains,
-    `ConfigError` for a bad policy or kernel backend (`gdn_backend`, overridden by `HYBRIDTUNE_GDN_BACKEND`; pinned
-    here, before FLA's import). Everything else (an installer crash, no network) ends up in the report.
+    `ConfigError` for a bad policy or kernel backend (`backends`: config key -> choice of each suite's
+    `BackendOption`, overridden by its environment variable; pinned here, before the kernels' import). Everything
+    else (an installer crash, no network) ends up in the report.
     """
     policy, source, require = resolve_policy(policy, require_fast_path, env)
-    from_env = (os.environ if env is None else env).get(ENV_GDN_BACKEND)
-    for suite in selftest_mod.suites():  # before anything imports FLA: its switches are environment variables
-        if hasattr(suite, "pin"):
-            suite.pin(from_env or gdn_backend, ENV_GDN_BACKEND if from_env else "gdn_backend")
+    pin_backends(backends or {}, os.environ if env is None else env)
     # `off`: the mixers' ops run their torch reference even where their package is installed (said once, as a slow
     # path).
     for package in kernels().values():
@@ -395,34 +391,41 @@ def _gate_provisioner(policy: str, installer: Installer, report: ProvisionReport
     return on_false
 
 
+def backend_options() -> list[BackendOption]:
+    """The kernel backends a user may pin, one per suite that has a choice (`SelfTestSuite.option`)."""
+    return [s.option for s in selftest_mod.suites() if s.option is not None]
+
+
+def pin_backends(backends: Mapping[str, str | None], env: Mapping[str, str]) -> None:
+    """Pin each suite's backend: its option's environment variable, else `backends[option.key]` (the config's), else
+    its default. Before anything imports the kernels: their switches may be environment variables."""
+    for suite in selftest_mod.suites():
+        option = suite.option
+        if option is not None:
+            from_env = env.get(option.env)
+            suite.pin(from_env or backends.get(option.key), option.env if from_env else option.key)
+
+
 def _seed_kernel_configs(ready: list[SelfTestSuite]) -> str:
-    """FLA's autotuning choices for this GPU kind from the shipped table (kernels.tuned), before the self-test's
-    first kernel call; the line says what was taken. A failure here only leaves FLA to autotune as usual."""
+    """Each ready suite's shipped autotuning choices for this GPU kind, before the self-test's first kernel call
+    (`seed_tuning`: a failure there only leaves the kernels to autotune as usual); the lines said, joined."""
     import torch  # torch-bound; this module stays light for `doctor --help`
 
-    try:
-        for suite in ready:
-            suite.prepare()  # the kernel modules, so that their autotuners exist
-        return tuned.seed(torch.cuda.get_device_name(torch.cuda.current_device()))
-    except Exception as e:
-        logger.info("kernel configs not seeded (%s: %s): FLA autotunes its kernels", type(e).__name__, e)
-        return f"kernel configs: not seeded ({type(e).__name__}); FLA autotunes its kernels"
+    device = torch.cuda.get_device_name(torch.cuda.current_device())
+    return "; ".join(line for suite in ready for line in [suite.seed_tuning(device)] if line)
 
 
 def backend_lines(model_type_or_config: Any, among: list[SelfTestSuite]) -> list[str]:
-    """Each suite's kernel backends for the config's layouts (the GDN chunk: fla-triton or flash-qla via fla)."""
+    """Each suite's kernel backends for the config's layouts (`SelfTestSuite.backend_lines`)."""
     out: list[str] = []
     for suite in among:
-        if hasattr(suite, "backend_lines"):
-            try:
-                lays = (
-                    []
-                    if model_type_or_config is None
-                    else selftest_mod.layouts_from_config(model_type_or_config, [suite])
-                )
-                out += suite.backend_lines(lays)
-            except Exception as e:  # a report line must not take provisioning down
-                out.append(f"{suite.package} backends: not resolved ({type(e).__name__}: {e})")
+        try:
+            lays = (
+                [] if model_type_or_config is None else selftest_mod.layouts_from_config(model_type_or_config, [suite])
+            )
+            out += suite.backend_lines(lays)
+        except Exception as e:  # a report line must not take provisioning down
+            out.append(f"{suite.package} backends: not resolved ({type(e).__name__}: {e})")
     return out
 
 
@@ -439,7 +442,7 @@ def _run_selftest(model_type_or_config: Any, ready: list[SelfTestSuite]) -> list
 
 
 def provision_for(cfg, model_type_or_config, **kwargs):
-    """`provision_kernels` for a run: its config's `kernels`, `require_fast_path` and `gdn_backend` keys."""
-    return provision_kernels(
-        cfg.kernels, cfg.require_fast_path, model_type_or_config, gdn_backend=cfg.gdn_backend, **kwargs
-    )
+    """`provision_kernels` for a run: its config's `kernels`, `require_fast_path` and kernel backend keys (each
+    suite's `BackendOption.key`)."""
+    backends = {o.key: getattr(cfg, o.key, None) for o in backend_options()}
+    return provision_kernels(cfg.kernels, cfg.require_fast_path, model_type_or_config, backends=backends, **kwargs)

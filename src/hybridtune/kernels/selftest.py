@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from hybridtune.files import atomic_write_text
-from hybridtune.kernels import tuned
 from hybridtune.kernels.environment import cache_dir, dist_version, environment
 from hybridtune.kernels.needs import read_config
 from hybridtune.mixers import registry
@@ -159,11 +158,8 @@ def fingerprint(kernel: str, layout: Any, device_index: int = 0, variant: str | 
     versions = "|".join(
         [f"torch {torch.__version__}", *(f"{k} {dist_version(d) or 'none'}" for k, d in suite.versions)]
     )
-    # The shipped autotuning table picks the kernels' configs: a verdict holds for the table it ran under.
-    # A backend that is not FLA's Triton (FlashQLA) holds for its own version instead, and is keyed by its name.
-    shape = suite.shape(kernel, layout)
-    own = getattr(suite, "variant_versions", lambda _v: None)(variant)
-    configs = f"configs {tuned.digest(name)}" if own is None else f"{variant}|{own}"
+    # What else picks the kernels (a shipped autotuning table's digest, another backend's version): the suite's.
+    shape, configs = suite.shape(kernel, layout), suite.configs_key(variant, name)
     return f"v{SELFTEST_VERSION}|{name}|sm{cap}|{versions}|{kernel}|{shape}|bf16|{configs}"
 
 
@@ -211,8 +207,8 @@ def _verify_suite(suite: SelfTestSuite, layouts: list, use_cache: bool, device_i
                 v.reason = f"the ops run the torch reference here ({why}); nothing fast to verify"
                 out.append(v)
                 continue
-            # A suite may test a kernel on several backends (the GDN chunk: the one FLA would use, then its fallback)
-            for variant, label in getattr(suite, "variants", lambda *_: [(None, backend)])(kernel, lay, device):
+            # A suite may test a kernel on several backends (the one its package would use, then its fallback)
+            for variant, label in suite.variants(kernel, lay, device):
                 out.append(_verify_one(suite, kernel, lay, variant, label, device, device_index, cache, guard))
     return out
 
@@ -224,8 +220,7 @@ def _verify_one(suite, kernel, lay, variant, label, device, device_index, cache,
 
     guarded = suite.guarded(kernel)
     dev_name = torch.cuda.get_device_name(device_index)
-    keyed = {} if variant is None else {"backend": variant}
-    fallback = getattr(suite, "variant_fix", lambda _v: "")(variant)  # a non-default backend: what runs instead
+    fallback = suite.variant_fix(variant)  # a non-default backend: what runs instead
     v = Verdict(kernel, lay, None, backend=label, device=dev_name, guard_active=guard and guarded and not fallback)
     v.fallback = fallback
     v.fingerprint = fingerprint(kernel, lay, device_index, variant)
@@ -239,17 +234,17 @@ def _verify_one(suite, kernel, lay, variant, label, device, device_index, cache,
         )
     else:
         if guarded:  # the trial itself needs the guard lifted for this layout
-            suite.grant(lay, f"kernels.selftest: trial on {dev_name}", **keyed)
+            suite.grant(lay, f"kernels.selftest: trial on {dev_name}", variant)
         _run(suite, v, device, variant)
         if v.errors or v.passed is not None:
             _store(v.fingerprint, v)
     if guarded:
         if v.passed:
             worst = max(v.errors.values(), default=0.0)
-            suite.grant(lay, f"kernels.selftest: max rel err {worst:.4f} on {dev_name}", **keyed)
+            suite.grant(lay, f"kernels.selftest: max rel err {worst:.4f} on {dev_name}", variant)
             v.granted = True
         else:
-            suite.revoke(lay, **keyed)
+            suite.revoke(lay, variant)
     if v.passed is False:
         logger.error(
             "kernel self-test FAILED: %s %s (%s) on %s: %s. Fix: %s", kernel, lay, label, dev_name, v.reason, v.fix
@@ -261,7 +256,7 @@ def _run(suite: SelfTestSuite, v: Verdict, device, variant: str | None = None) -
     """One check (on backend `variant` when the suite has several), timed, its errors and pass or fail into `v`."""
     t0 = time.perf_counter()
     try:
-        v.errors = suite.check(v.kernel, v.layout, device, **({} if variant is None else {"variant": variant}))
+        v.errors = suite.check(v.kernel, v.layout, device, variant)
         bad = {n: e for n, e in v.errors.items() if not e <= TOLERANCE}
         v.passed = not bad
         v.reason = "" if v.passed else "rel err over tolerance: " + ", ".join(f"{n} {e:.4g}" for n, e in bad.items())

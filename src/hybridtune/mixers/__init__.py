@@ -3,10 +3,9 @@ The rest of the package iterates the registry (mixers/registry.py) instead of na
 
 from hybridtune.mixers.attention.spec import SPEC as _attention
 from hybridtune.mixers.gdn.spec import SPEC as _gdn
-from hybridtune.mixers.moe.spec import SPEC as _moe
 from hybridtune.mixers.registry import MIXERS, MixerSpec, register, unregister
 
-for _spec in (_gdn, _attention, _moe):
+for _spec in (_gdn, _attention):
     register(_spec, replace=True)
 
 __all__ = ["MIXERS", "MixerSpec", "register", "unregister"]

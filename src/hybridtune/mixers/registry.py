@@ -5,9 +5,11 @@ A spec says, for its kind: which HF modules it routes and how (`routing`), the `
 serves and what they cost (`flops`, `activations`: per token), the per-batch metadata the collator adds for it
 (`metadata`, keyed `batch_keys`; `size` counts a batch's rows of its dim-0-dynamic keys), the ops whose outputs a
 checkpoint may keep (`core_ops`), the kernel packages it needs (`kernels`), its device self-test (`selftest`, a
-`SelfTestSuite`), the process settings its ops need before a graph is compiled (`graph_setup`), the profiler's
-kernel-name patterns (`profile_patterns`) and the path report of a routed module (`path`). Everything here is
-torch-free at import: fields that need torch are callables the consumers call when they run.
+`SelfTestSuite`: its checks, the backend a user may pin, the autotuning tables it seeds), the process settings its
+ops need before a graph is compiled (`graph_setup`), the profiler's kernel-name patterns (`profile_patterns`) and
+the path report of a routed module (`path`). Everything here is torch-free at import: fields that need torch are
+callables the consumers call when they run. A consumer that caches what it derived from `MIXERS` hands its
+`cache_clear` to `on_change`.
 """
 
 from __future__ import annotations
@@ -66,8 +68,21 @@ class KernelPackage:
     fallback_cost: str
     fix: str  # the command (or step) that closes the gap
     substitute: str | None = None  # a kernel whose own op replaces this one on hybridtune's path
+    gates: tuple[str, ...] = ()  # transformers' availability gates that ask for it (`is_..._available`)
+    covers: tuple[str, ...] = ()  # other packages whose work its ops do on hybridtune's path (their `substitute`)
     # Keep hybridtune's ops off this package in this process (`kernels: off`, the reason), or allow it again (None).
     turn_off: Callable[[str | None], None] | None = None
+
+
+@dataclass(frozen=True)
+class BackendOption:
+    """A user's choice among a mixer's kernel backends: the config key, the environment variable that overrides it,
+    and the choices; its suite's `pin` checks one and sets it for the process, before the kernels are imported."""
+
+    key: str
+    env: str
+    choices: tuple[str, ...]
+    default: str = "auto"
 
 
 # What `graph_setup` is asked for: graphs about to be recorded as CUDA graphs (what the ops need to be correct
@@ -88,19 +103,30 @@ class SelfTestSuite(Protocol):
     guard_note: str  # doctor's line while the guard is active
     guard_fix: str  # the fix when a guarded kernel fails while its guard is active
     report_key: str  # the bench result's key for `granted()` or `bypass()`
+    option: BackendOption | None  # the backend a user may pin (kernels/provision.py pins it), or None
 
     def layouts(self, config: Any) -> list: ...  # a transformers config -> its layouts (empty: none of this mixer)
     def parse_layout(self, text: str) -> Any: ...  # ValueError when it is not one
     def backend(self, device: Any) -> tuple[str, str]: ...  # (backend, why); the checks run when it is `package`
     def shape(self, kernel: str, layout: Any) -> str: ...  # what of the layout a verdict's cache key holds
-    def check(self, kernel: str, layout: Any, device: Any) -> dict[str, float]: ...  # name -> relative RMS error
+    # name -> relative RMS error, on backend `variant` (one of `variants`; None: the suite's only one)
+    def check(self, kernel: str, layout: Any, device: Any, variant: str | None = None) -> dict[str, float]: ...
     def guarded(self, kernel: str) -> bool: ...  # whether a guard needs a passing trial before the kernel runs
     def guard_active(self) -> bool: ...
-    def grant(self, layout: Any, source: str) -> None: ...
-    def revoke(self, layout: Any) -> None: ...
+    def grant(self, layout: Any, source: str, variant: str | None = None) -> None: ...  # for that backend only
+    def revoke(self, layout: Any, variant: str | None = None) -> None: ...
     def granted(self) -> dict[str, str]: ...  # layout key -> who granted it
     def bypass(self) -> str | None: ...  # the guard off for the whole process (plain transformers): the note
-    def prepare(self) -> None: ...  # import the kernel modules (before kernels.tuned seeds their autotuners)
+    def prepare(self) -> None: ...  # import the kernel modules (before `seed_tuning` seeds their autotuners)
+    def pin(self, choice: str | None, where: str) -> str: ...  # `option`'s choice set (ConfigError naming `where`)
+    # (variant, label) of each backend a kernel's verdicts run on; variant None: the suite's only backend
+    def variants(self, kernel: str, layout: Any, device: Any) -> list[tuple[str | None, str]]: ...
+    def variant_fix(self, variant: str | None) -> str: ...  # what runs when `variant` fails ("": `guard_fix`)
+    def configs_key(self, variant: str | None, device: str) -> str: ...  # what else a verdict holds for
+    def backend_lines(self, layouts: list) -> list[str]: ...  # the report's lines: what the ops run per layout
+    # Its shipped autotuning choices for GPU kind `device` put into its kernels before the self-test: the line said
+    def seed_tuning(self, device: str) -> str: ...
+    def save_tuning(self, path: Any, device: str) -> int: ...  # this process's choices added to a table: entries
 
 
 @dataclass(frozen=True)
@@ -133,12 +159,26 @@ class MixerSpec:
 
 
 MIXERS: dict[str, MixerSpec] = {}
+# What consumers keep of the registry (a cached set of ops, a table of kernel-name patterns): cleared on a change.
+_CACHES: list[Callable[[], None]] = []
+
+
+def on_change(clear: Callable[[], None]) -> Callable[[], None]:
+    """Have `register` and `unregister` call `clear` (a consumer's `cache_clear` of what it derived from `MIXERS`),
+    so a mixer registered after the cache was filled is taken. Returns it."""
+    _CACHES.append(clear)
+    return clear
+
+
+def _changed() -> None:
+    for clear in _CACHES:
+        clear()
 
 
 def register(spec: MixerSpec, *, replace: bool = False, first: bool = False) -> MixerSpec:
     """Add `spec` to `MIXERS` (a second kind of the same name needs `replace=True`). `first`: ahead of the others,
-    so its families and layer types win over theirs (a mixer that takes over modules another one routes). Returns
-    it."""
+    so its families and layer types win over theirs (a mixer that takes over modules another one routes). Clears
+    the consumers' caches (`on_change`). Returns it."""
     if spec.kind in MIXERS and not replace:
         raise ValueError(f"mixer kind {spec.kind!r} is already registered; pass replace=True or unregister it first")
     MIXERS[spec.kind] = spec
@@ -146,12 +186,17 @@ def register(spec: MixerSpec, *, replace: bool = False, first: bool = False) -> 
         rest = {k: v for k, v in MIXERS.items() if k != spec.kind}
         MIXERS.clear()
         MIXERS.update({spec.kind: spec, **rest})
+    _changed()
     return spec
 
 
 def unregister(kind: str) -> MixerSpec | None:
-    """Remove a registered kind (tests that register their own); returns it, or None when absent."""
-    return MIXERS.pop(kind, None)
+    """Remove a registered kind (tests that register their own), clearing the consumers' caches; returns it, or
+    None when absent."""
+    spec = MIXERS.pop(kind, None)
+    if spec is not None:
+        _changed()
+    return spec
 
 
 def for_layer_type(layer_type: str) -> MixerSpec | None:

@@ -24,7 +24,7 @@ import torch
 
 from hybridtune.mixers import MIXERS, registry
 from hybridtune.mixers.attention import varlen as attention
-from hybridtune.mixers.moe import experts
+from hybridtune.models import experts
 from hybridtune.models.anatomy import PATCHED_FORWARD_ATTR
 
 _ORIGINAL = PATCHED_FORWARD_ATTR
@@ -101,7 +101,7 @@ def _route_attention(model: torch.nn.Module) -> str:
 
 def patch_model(model: torch.nn.Module) -> PatchReport:
     """Route the mixers of `model` that a registered mixer's family recognises (the Qwen3.5- and Qwen3-Next-layout
-    GatedDeltaNet modules, among others) through hybridtune ops. Idempotent. Returns a `PatchReport`."""
+    linear-attention modules, among others) through hybridtune ops. Idempotent. Returns a `PatchReport`."""
     report = PatchReport()
     routed_kinds = set()
     for mod_name, module, spec, family in find_mixers(model):

@@ -163,7 +163,7 @@ def _serving(cfg: TrainConfig, loaded: LoadedModel) -> list[str]:
     served = serving.plan(loaded.model)
     if served.added:
         lines += ["", f"`{'`, `'.join(served.added)}` carry zero LoRA (the model is unchanged): engines that stack "
-                  "packed projections (q/k/v, gate/up, the GDN in_proj) then find every member of each group this "
+                  "packed projections (q/k/v, gate/up, the linear-attention in_proj) then find every member of each group this "
                   "adapter touches."]  # fmt: skip
     if served.notes:
         lines += ["", *(f"- {note}" for note in served.notes)]

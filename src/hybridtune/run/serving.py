@@ -22,7 +22,7 @@ PEFT_PREFIX = "base_model.model."  # of every key in a saved adapter
 QKV = ("q_proj", "k_proj", "v_proj")
 GATE_UP = ("gate_proj", "up_proj")
 # engine -> family -> the engine's module -> the checkpoint's (transformers') modules whose LoRA it stacks, as the
-# engine runs with LoRA enabled (vLLM then keeps Qwen3.5's GDN in_proj_qkv and in_proj_z apart).
+# engine runs with LoRA enabled (vLLM then keeps Qwen3.5's linear-attention in_proj_qkv and in_proj_z apart).
 PACKED: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {
     "vLLM": {
         "qwen3_5": {"qkv_proj": QKV, "gate_up_proj": GATE_UP, "in_proj_ba": ("in_proj_b", "in_proj_a")},

@@ -14,7 +14,7 @@ from torch.overrides import TorchFunctionMode
 
 from hybridtune.config import ALL_LINEAR
 from hybridtune.errors import ConfigError
-from hybridtune.mixers.moe import experts
+from hybridtune.models import experts
 from hybridtune.models.anatomy import text_model
 from hybridtune.models.meta import Overlay
 

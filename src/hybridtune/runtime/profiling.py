@@ -26,19 +26,29 @@ logger = logging.getLogger(__name__)
 PROFILE_FILE = "profile-{first}-{last}.json"
 
 # First match wins: NCCL's kernels are named for their collective ("ReduceScatter"), so they come first; the
-# registered mixers' own kernels (`MixerSpec.profile_patterns`) after attention, before inductor's.
-KERNEL_GROUPS = (
+# registered mixers' own kernels (`MixerSpec.profile_patterns`, `kernel_groups`) after attention, before inductor's.
+KERNEL_GROUPS_BEFORE_MIXERS = (
     ("communication", ("nccl",)),
     ("gemm", ("nvjet", "gemm", "cutlass", "xmma", "sm90_", "cublas")),
     ("attention", ("flash", "fmha", "attention", "sdpa")),
-    *registry.profile_groups(),
+)
+KERNEL_GROUPS_AFTER_MIXERS = (
     ("inductor fused", ("triton_",)),
     ("optimizer", ("adam", "multi_tensor")),
     ("reduction", ("reduce", "logsumexp", "norm")),
     ("copy / cast", ("copy", "cast", "to_copy")),
     ("elementwise (eager)", ("elementwise", "vectorized", "unrolled")),
 )
-COMM = KERNEL_GROUPS[0][0]
+COMM = KERNEL_GROUPS_BEFORE_MIXERS[0][0]
+
+
+@functools.cache
+def kernel_groups() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """(group, kernel-name substrings), first match wins; the registered mixers' as they are now (cleared with
+    `kernel_group`'s cache when one is registered: `registry.on_change`)."""
+    return (*KERNEL_GROUPS_BEFORE_MIXERS, *registry.profile_groups(), *KERNEL_GROUPS_AFTER_MIXERS)
+
+
 # torch's grouped GEMMs (the routed experts' kernels: CUTLASS's GroupProblemShape, Triton's grouped_mm templates),
 # matched on the full kernel name: the kernel table keeps 120 characters, which cut "GroupProblemShape" short.
 GROUPED_GEMM_KEYS = ("grouped", "groupproblem", "group_gemm")
@@ -56,10 +66,14 @@ def grouped_gemm(name: str) -> bool:
 @functools.lru_cache(maxsize=4096)
 def kernel_group(name: str) -> str:
     low = name.lower()
-    for group, keys in KERNEL_GROUPS:
+    for group, keys in kernel_groups():
         if any(k in low for k in keys):
             return group
     return "other"
+
+
+registry.on_change(kernel_groups.cache_clear)
+registry.on_change(kernel_group.cache_clear)
 
 
 def union_length(intervals: list[tuple[float, float]]) -> float:

@@ -1,11 +1,11 @@
 """QLoRA's frozen base: the text model's large weights in 4-bit NF4 (ops/nf4.py, torchao's NF4Tensor), LoRA on top.
 
-What is quantised (`targets`): every `nn.Linear` of the decoder layers (attention q/k/v/o, the GDN projections
-in_proj_qkv / in_proj_z / in_proj_b / in_proj_a / out_proj and Qwen3-Next's in_proj_qkvz / in_proj_ba, the MLPs and
-the shared expert's) and the routed experts' fused 3-D `gate_up_proj` / `down_proj`. What stays in the run's dtype
-(bf16): the embeddings, lm_head, every norm, the GDN's conv1d, A_log and dt_bias, the MoE router, a one-output
-Linear (the shared expert's gate) and any weight whose size is not a multiple of NF4's 64-value block; a vision
-tower stays as saved. The LoRA adapters are fp32 as under plain LoRA.
+What is quantised (`targets`): every `nn.Linear` of the decoder layers (attention q/k/v/o, the linear-attention
+projections in_proj_qkv / in_proj_z / in_proj_b / in_proj_a / out_proj and Qwen3-Next's in_proj_qkvz / in_proj_ba,
+the MLPs and the shared expert's) and the routed experts' fused 3-D `gate_up_proj` / `down_proj`. What stays in the
+run's dtype (bf16): the embeddings, lm_head, every norm, the linear-attention conv1d, A_log and dt_bias, the MoE
+router, a one-output Linear (the shared expert's gate) and any weight whose size is not a multiple of NF4's 64-value
+block; a vision tower stays as saved. The LoRA adapters are fp32 as under plain LoRA.
 
 The base is quantised while it loads (`materialize_quantized`): built on the meta device, each parameter is read
 (a checkpoint's tensors from its safetensors, a preset's drawn by its seeded init one decoder layer at a time),
@@ -20,7 +20,7 @@ import logging
 import torch
 
 from hybridtune.errors import ConfigError
-from hybridtune.mixers.moe import experts
+from hybridtune.models import experts
 from hybridtune.models.anatomy import text_model
 from hybridtune.models.meta import reset_buffers
 from hybridtune.ops import nf4
@@ -124,8 +124,8 @@ def materialize_quantized(loaded, device: torch.device, dtype: torch.dtype) -> d
     else:
         model.to(device)
     logger.info(
-        "QLoRA base: %d weights in NF4 (%s; %s in bf16), the rest %s in %s (embeddings, lm_head, norms, GDN "
-        "conv/A_log/dt_bias, router, gates)",
+        "QLoRA base: %d weights in NF4 (%s; %s in bf16), the rest %s in %s (embeddings, lm_head, norms, "
+        "linear-attention conv/A_log/dt_bias, router, gates)",
         figures["nf4_weights"],
         _size(figures["nf4_bytes"]),
         _size(figures["bf16_bytes_of_targets"]),

@@ -92,7 +92,7 @@ class Decoder:
     def _masks(self, seen: torch.Tensor, recurrent: torch.Tensor | None) -> dict | torch.Tensor:
         """The layers' masks, made here rather than by transformers (whose padding checks read the mask on the host,
         which a CUDA graph cannot hold): attention's boolean [rows, 1, T, length] (`seen`: which slots each query
-        sees), the GDN layers' 2-D padding mask of this forward's tokens (None: no padding, a decode step)."""
+        sees), the linear-attention layers' 2-D padding mask of this forward's tokens (None: no padding, a decode step)."""
         if not self.types <= {"full_attention", "linear_attention"}:  # another model family: transformers' masks
             return self.mask.long() if recurrent is None else recurrent.long()
         return {"full_attention": seen, "linear_attention": recurrent}

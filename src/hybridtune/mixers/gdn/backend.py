@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass
 
 from hybridtune.errors import ConfigError
+from hybridtune.mixers.registry import BackendOption
 from hybridtune.versions import dist_version
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,9 @@ ENV = "FLA_FLASH_QLA"  # FlashQLABackend.env_var in FLA 0.6.0; "0" turns the dis
 ENV_DISPATCH = "FLA_DISABLE_BACKEND_DISPATCH"  # "1" at FLA's import: no backend dispatch at all
 PACKAGE = "flash_qla"
 FLA_TYPE = "flash_qla"  # FlashQLABackend.backend_type
+# The user's pin: config key `gdn_backend` (its declaration in config/kernels.py lists CHOICES), overridden by
+# HYBRIDTUNE_GDN_BACKEND; kernels/provision.py applies it through the suite's `pin` before FLA's import.
+OPTION = BackendOption(key="gdn_backend", env="HYBRIDTUNE_GDN_BACKEND", choices=CHOICES)
 
 _PIN = ["auto"]
 _FORCED: list[str | None] = [None]
@@ -73,7 +77,7 @@ def version() -> str | None:
     return v
 
 
-def pin(choice: str | None, where: str = "gdn_backend") -> str:
+def pin(choice: str | None, where: str = OPTION.key) -> str:
     """Pin the GDN chunk backend for this process: set FLA's switch (`FLA_FLASH_QLA`) before FLA is imported.
     `auto` leaves FLA's own decision (and the environment) alone. Returns the pin; ConfigError on a bad value or on
     `flash-qla` when the package is not installed."""

@@ -10,13 +10,16 @@ when a check runs.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from hybridtune.mixers.gdn import backend as chunk_backend
-from hybridtune.mixers.gdn import fla_adapter, fla_guard
+from hybridtune.mixers.gdn import fla_adapter, fla_guard, tuned
 from hybridtune.models.anatomy import text_config
+
+log = logging.getLogger(__name__)
 
 DOC_LENGTHS = (63, 75, 130)
 CHUNK, CONV = "gdn_chunk", "causal_conv1d"  # the verdicts' kernel names: the delta rule (guarded) and the conv
@@ -157,6 +160,7 @@ class Suite:
     guard_note = GUARD_NOTE
     guard_fix = FIX_HOPPER
     report_key = "fla_guard"  # the bench result's key for the grants or the bypass
+    option = chunk_backend.OPTION  # `gdn_backend`: FLA's Triton kernels or FlashQLA for the delta rule
 
     def layouts(self, config: Any) -> list[Layout]:
         return layouts(config)
@@ -210,11 +214,11 @@ class Suite:
     def guard_active(self) -> bool:
         return fla_guard.guard_active()
 
-    def grant(self, layout: Layout, source: str, backend: str = fla_guard.TRITON) -> None:
-        fla_guard.grant(layout.key, source, backend)
+    def grant(self, layout: Layout, source: str, variant: str | None = None) -> None:
+        fla_guard.grant(layout.key, source, variant or fla_guard.TRITON)
 
-    def revoke(self, layout: Layout, backend: str = fla_guard.TRITON) -> None:
-        fla_guard.revoke(layout.key, backend)
+    def revoke(self, layout: Layout, variant: str | None = None) -> None:
+        fla_guard.revoke(layout.key, variant or fla_guard.TRITON)
 
     def granted(self) -> dict[str, str]:
         out = {str(k): v for k, v in fla_guard.granted().items()}
@@ -229,9 +233,15 @@ class Suite:
         setattr(importlib.import_module(fla_guard.GUARD_MODULE), fla_guard.GUARD_FLAG, False)
         return HF_GUARD_NOTE
 
-    def pin(self, choice: str | None, where: str = "gdn_backend") -> str:
+    def pin(self, choice: str | None, where: str = chunk_backend.OPTION.key) -> str:
         """Pin the delta rule's backend (`backend.pin`: FLA's switch set before FLA's import; ConfigError if bad)."""
         return chunk_backend.pin(choice, where)
+
+    def configs_key(self, variant: str | None, device: str) -> str:
+        """What a verdict holds for besides the versions: the shipped autotuning table of `device`'s kind (it picks
+        FLA's Triton kernels' configs), or FlashQLA's own version for a verdict on FlashQLA."""
+        own = self.variant_versions(variant)
+        return f"configs {tuned.digest(device)}" if own is None else f"{variant}|{own}"
 
     def backend_lines(self, layouts: list[Layout]) -> list[str]:
         """The report's lines: the pin and flash-qla's presence, then per layout what FLA dispatches to and what
@@ -256,8 +266,22 @@ class Suite:
         return lines
 
     def prepare(self) -> None:
-        """Import FLA's kernel modules (their autotuners exist then, for kernels.tuned to seed)."""
+        """Import FLA's kernel modules (their autotuners exist then, for `seed_tuning` to seed)."""
         fla_adapter.load()
+
+    def seed_tuning(self, device: str) -> str:
+        """FLA's autotuning choices for GPU kind `device` from the shipped table (tuned.py), before the self-test's
+        first kernel call; the line says what was taken. A failure here only leaves FLA to autotune as usual."""
+        try:
+            self.prepare()  # the kernel modules, so that their autotuners exist
+            return tuned.seed(device)
+        except Exception as e:
+            log.info("kernel configs not seeded (%s: %s): FLA autotunes its kernels", type(e).__name__, e)
+            return f"kernel configs: not seeded ({type(e).__name__}); FLA autotunes its kernels"
+
+    def save_tuning(self, path, device: str) -> int:
+        """What FLA's autotuners of this process chose, added to the table at `path` (tuned.save): its entries."""
+        return tuned.save(path, device)
 
 
 SUITE = Suite()

@@ -56,6 +56,8 @@ FLA = KernelPackage(
     ),
     fix="pip install --only-binary=:all: flash-linear-attention==0.6.0 fla-core==0.6.0",
     turn_off=_turn_off,
+    gates=("is_flash_linear_attention_available",),
+    covers=("causal_conv1d",),  # FLA's Triton conv is what hybridtune's conv op runs
 )
 
 

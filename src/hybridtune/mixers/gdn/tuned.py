@@ -2,8 +2,9 @@
 
 - `save(path)` (after a run on the GPU: `hybridtune bench --save_kernel_configs FILE`) writes what every FLA
   autotuner of this process chose, per kernel and autotune key, with the device and the FLA / Triton versions;
-- `seed()` (before the self-test, `kernels.provision`) puts the shipped table of this GPU kind
-  (`kernels/tuned/<GPU>.json`, package data) into the autotuners, so they pick without benchmarking.
+- `seed()` (before the self-test: the suite's `seed_tuning`, called by `kernels.provision`) puts the shipped
+  table of this GPU kind (`mixers/gdn/tuned/<GPU>.json`, package data) into the autotuners, so they pick without
+  benchmarking.
 
 The file is JSON, read as data: an entry is taken only when its config equals one of the kernel's own candidates, for
 the device and versions it was made with, and never over a choice the process already made; it stands over Triton's
@@ -176,7 +177,7 @@ def _read(path: Path) -> dict[str, Any] | None:
 def seed(device: str, path: Path | None = None, tuners: dict[str, Any] | None = None) -> str:
     """Put the table for `device` (default: the shipped one of its kind) into FLA's autotuners; returns the log line.
 
-    Needs FLA's kernel modules imported (its self-test suite's `prepare()`, kernels/provision.py)."""
+    Needs FLA's kernel modules imported (the self-test suite's `prepare()`, selftest.py's `seed_tuning`)."""
     if os.environ.get("FLA_CACHE_MODE", "disabled") != "disabled":
         return (
             f"kernel configs: FLA_CACHE_MODE={os.environ['FLA_CACHE_MODE']} is set: FLA's own config files choose; "
@@ -247,11 +248,11 @@ def _is_data(key: Any, config: dict[str, Any]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m hybridtune.kernels.tuned merge OUT IN [IN ...]`: the tables of several processes folded into OUT
+    """`python -m hybridtune.mixers.gdn.tuned merge OUT IN [IN ...]`: the tables of several processes folded into OUT
     (benchmarks/proof.sh cuda: one per xdist worker of the CUDA tier); `covered`: the GPU kinds a table ships for."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m hybridtune.kernels.tuned")
+    ap = argparse.ArgumentParser(prog="python -m hybridtune.mixers.gdn.tuned")
     sub = ap.add_subparsers(dest="verb", required=True)
     m = sub.add_parser("merge", help="fold tables into OUT")
     m.add_argument("out", type=Path)

@@ -10,7 +10,7 @@ import torch
 from expert_models import H, lora_model, make_block
 from torch._dynamo.utils import counters
 
-from hybridtune.mixers.moe import experts as X
+from hybridtune.models import experts as X
 
 
 @pytest.fixture(autouse=True)

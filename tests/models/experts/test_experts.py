@@ -1,4 +1,4 @@
-"""Grouped-GEMM experts (mixers/moe/experts.py) against transformers' eager experts loop: outputs and every gradient,
+"""Grouped-GEMM experts (models/experts.py) against transformers' eager experts loop: outputs and every gradient,
 odd token counts, experts without tokens, LoRA on the experts; in float64 through the exact fallback GEMM and in
 bf16 through `F.grouped_mm` (the GPU's path) against a float64 reference."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from expert_models import E, H, K, make_block
 
-from hybridtune.mixers.moe import experts as X
+from hybridtune.models import experts as X
 
 
 def grads(module: torch.nn.Module, *inputs: torch.Tensor) -> dict[str, torch.Tensor]:

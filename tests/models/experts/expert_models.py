@@ -15,7 +15,7 @@ from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3NextC
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeSparseMoeBlock
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextSparseMoeBlock
 
-from hybridtune.mixers.moe import experts as X
+from hybridtune.models import experts as X
 
 E, K, H, INTER = 6, 3, 16, 8  # every matrix dimension a multiple of 8: bf16 grouped GEMMs take them
 VOCAB = 64

@@ -1,4 +1,4 @@
-"""The shipped FLA autotuning table (kernels/tuned.py): found, saved, seeded, and refused when it should be.
+"""The shipped FLA autotuning table (mixers/gdn/tuned.py): found, saved, seeded, and refused when it should be.
 
 The CPU tests stand in for Triton's Autotuner / Config with objects of the same surface (`configs`, `cache`, `fn`,
 `all_kwargs()`); the GPU test runs the real kernels with the seeded choices through the self-test."""
@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from hybridtune.kernels import tuned
+from hybridtune.mixers.gdn import tuned
 
 DEVICE = "NVIDIA H200"
 VERSIONS = {"fla": "0.6.0", "triton": "3.6.0"}

@@ -10,7 +10,7 @@ from expert_models import VOCAB, E, base_model, lora_model
 from peft import PeftModel
 from peft.tuners.lora.layer import ParamWrapper
 
-from hybridtune.mixers.moe import experts as X
+from hybridtune.models import experts as X
 
 
 def forward_backward(model, ids, up):
