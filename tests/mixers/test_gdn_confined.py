@@ -26,8 +26,6 @@ ALLOWED = {
     # cannot import the choices; mixers/gdn/backend.py's OPTION holds them and the pin, and
     # tests/mixers/gdn/test_gdn_backend.py checks the declaration lists the same choices.
     "config/kernels.py": "declaration of the gdn_backend key",
-    # `hybridtune bench --save_kernel_configs`'s help says where the table it writes ships (mixers/gdn/tuned/).
-    "bench/command.py": "help text naming the shipped table's folder",
 }
 
 

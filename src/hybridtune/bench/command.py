@@ -153,8 +153,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "save_kernel_configs",
         type=file_path,
         default=None,
-        help="GPU: after each hybridtune mode, add FLA's autotuning choices to this table (JSON; ship it as "
-        "src/hybridtune/mixers/gdn/tuned/<GPU>.json so that a fresh machine of that kind skips FLA's cold autotuning)",
+        help="GPU: after each hybridtune mode, add the mixers' kernel autotuning choices to this table (JSON; ship "
+        "it as <GPU>.json in the mixer's tuned/ folder so that a fresh machine of that kind skips cold autotuning)",
     )
     _flag(
         ap,
