@@ -19,9 +19,10 @@ from torch import nn
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run.resume import find_resume, load_checkpoint
 from hybridtune.runtime import distributed
+from hybridtune.runtime.adapter_kind import FULL
 
 out, engine = pathlib.Path(sys.argv[1]), sys.argv[2]
-d = distributed.init(engine, "full", "cpu")
+d = distributed.init(engine, FULL, "cpu")
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 4))
 if engine == "fsdp":

@@ -14,6 +14,7 @@ from hybridtune.errors import ConfigError
 from hybridtune.models.flops import step_flops
 from hybridtune.models.presets import preset_config
 from hybridtune.runtime import facts
+from hybridtune.runtime.adapter_kind import FULL
 from hybridtune.runtime.choices import Facts, choose_keep_mixer_cores
 from hybridtune.runtime.memory import GIB, ActivationShapes, step_bytes
 
@@ -98,7 +99,7 @@ def test_the_flop_count_reads_the_checkpoint_functions():
 
     model = AutoModelForCausalLM.from_config(cfg)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    flops = StepFlops(model, "full", 0, [])
+    flops = StepFlops(model, FULL, 0, [])
     plain = flops([40, 24])
     for m in model.modules():
         if hasattr(m, "_gradient_checkpointing_func"):

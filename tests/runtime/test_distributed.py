@@ -45,6 +45,9 @@ from hybridtune.config import load_config
 from hybridtune.errors import ConfigError
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.runtime import distributed, engines
+from hybridtune.runtime.adapter_kind import FULL, LORA
+
+KINDS = {"lora": LORA, "full": FULL}
 
 
 def eval_packs(data: str) -> int:
@@ -116,7 +119,7 @@ def test_two_processes_equal_one_and_resume_in_one(tmp_path, small_data, launch,
     two = tmp_path / "two"
     # distributed: auto picks `engine` where it can (LoRA under FSDP2 is asked for); the last step is profiled on
     # both ranks (and must change nothing)
-    asked = {} if distributed.choose_engine("auto", adapter) == engine else {"distributed": engine}
+    asked = {} if distributed.choose_engine("auto", KINDS[adapter]) == engine else {"distributed": engine}
     proc = launch(*args(settings(small_data, adapter, output_dir=two, profile_steps=1, fsdp_units=units, **asked)))
     first = one_process(adapter)  # trained while the ranks start (the adapter's first case), read only
     one = records(first)
@@ -196,6 +199,7 @@ from hybridtune.data.packing import Example
 from hybridtune.models.loading import load_model
 from hybridtune.models.patching import patch_model
 from hybridtune.runtime import distributed, engines
+from hybridtune.runtime.adapter_kind import FULL
 from hybridtune.train.objectives import SFT
 
 OUT, BACKEND = pathlib.Path(sys.argv[1]), sys.argv[2]
@@ -280,7 +284,7 @@ def windows(d):
         )
     return res
 
-d = distributed.init("fsdp", "full", "cpu")
+d = distributed.init("fsdp", FULL, "cpu")
 got = {
     "compiled_loop": {e: compiled_loop(dataclasses.replace(d, engine=e, units="model")) for e in ("fsdp", "ddp")},
     "window": windows(d),

@@ -25,13 +25,14 @@ from hybridtune.data.packing import Example
 from hybridtune.models.anatomy import decoder_layers
 from hybridtune.models.loading import load_model
 from hybridtune.runtime import distributed, engines
+from hybridtune.runtime.adapter_kind import FULL
 from hybridtune.train.objectives import SFT
 sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]).parent)]  # this file, tests/checkpoints.py
 from torchrun_runs import mismatches
 
 OUT, SOURCES = pathlib.Path(sys.argv[1]), sys.argv[3:]
 logging.basicConfig(level=logging.INFO)
-d = distributed.init("fsdp", "full", "cpu")
+d = distributed.init("fsdp", FULL, "cpu")
 CPU = torch.device("cpu")
 
 def compare(source, units):

@@ -71,7 +71,7 @@ def test_preset_meta_lora_equals_plain_lora(name, bf16):
     assert_same_lora(meta.model, plain.model)
     base_dtype = torch.bfloat16 if bf16 else torch.float32
     for n, p in meta.model.named_parameters():
-        assert p.dtype == (torch.float32 if p.requires_grad else base_dtype), n  # adapters fp32, base master_dtype
+        assert p.dtype == (torch.float32 if p.requires_grad else base_dtype), n  # adapters fp32, base held_dtype
     assert stats.local_bytes == stats.model_bytes == sum(p.numel() * p.element_size() for p in plain.model.parameters())
     assert 0 < stats.staged_bytes <= 0.5 * stats.model_bytes  # about one block of the preset's init at a time
     # the adapter is peft's own init: lora_B zeros, lora_A drawn (not zeros, not NaN)
@@ -121,12 +121,13 @@ sys.path[:0] = [sys.argv[2], str(pathlib.Path(sys.argv[2]).parent)]  # this file
 from test_lora_meta import build, lora_cfg
 from torchrun_runs import mismatches
 from hybridtune.runtime import distributed, engines
+from hybridtune.runtime.adapter_kind import LORA
 from hybridtune.train.objectives import SFT
 from hybridtune.runtime.distributed import ONE
 
 OUT, SOURCES = pathlib.Path(sys.argv[1]), sys.argv[3:]
 logging.basicConfig(level=logging.INFO)
-d = distributed.init("fsdp", "lora", "cpu")
+d = distributed.init("fsdp", LORA, "cpu")
 CPU = torch.device("cpu")
 
 def compare(source):

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from hybridtune.cli import main
 from hybridtune.config import load_config
 from hybridtune.models.loading import load_model, tokenizer_for
+from hybridtune.runtime.adapter_kind import LORA
 from hybridtune.runtime.metrics import StepLog, Throughput, format_step
 from train_runs import metrics_rows, run
 
@@ -119,7 +120,7 @@ def test_step_flops_charges_the_lora_peft_applied_expert_lora_included():
         cfg = load_config(None, dict(base_model="tiny-qwen3_5_moe", adapter="lora", lora_dropout=0.0, **keys))
         model = load_model("tiny-qwen3_5_moe").model
         patch_model(model)
-        return StepFlops(lora_from_config(model, cfg), "lora", cfg.lora_r, cfg.lora_target_modules), cfg
+        return StepFlops(lora_from_config(model, cfg), LORA, cfg.lora_r, cfg.lora_target_modules), cfg
 
     docs = [97, 31]
     with_experts, cfg = flops(lora_target_parameters=["gate_up_proj", "down_proj"])

@@ -127,8 +127,9 @@ RANKS = """
 import pathlib, sys
 from hybridtune.errors import ConfigError
 from hybridtune.runtime import distributed
+from hybridtune.runtime.adapter_kind import FULL
 from hybridtune.runtime.nodes import check_shared_output_dir
-d = distributed.init("fsdp", "full", "cpu")
+d = distributed.init("fsdp", FULL, "cpu")
 out = pathlib.Path(sys.argv[1])
 if d.is_main:
     (out / "run.json").write_text("{}")

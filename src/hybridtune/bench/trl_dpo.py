@@ -26,6 +26,7 @@ from hybridtune.batch import NUM_PAIRS, NUM_TOKENS
 from hybridtune.bench.pairs import trl_examples
 from hybridtune.models.hub import resolve_source
 from hybridtune.models.loading import load_model, tokenizer_for
+from hybridtune.runtime.adapter_kind import adapter_kind
 from hybridtune.runtime.compose import Composed
 from hybridtune.runtime.lora import applied_targets, lora_from_config
 from hybridtune.runtime.model import RunModel
@@ -124,7 +125,7 @@ def build_trl(cfg, mode, source, tokenizer, device: torch.device, packs: list, r
     """(`Composed` whose engine is TRL's loss, the packs as TRL's collated batches on the device)."""
     trl, datasets = _trl()
     result["trl"] = trl.__version__
-    if cfg.adapter != "lora":
+    if not adapter_kind(cfg).lora:
         raise NotRun(
             "the trl-dpo modes run LoRA (a full fine-tune's TRL reference is a second model); use --adapter lora"
         )

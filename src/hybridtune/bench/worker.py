@@ -45,6 +45,7 @@ from hybridtune.models.hub import resolve_source
 from hybridtune.models.loading import load_model, tokenizer_for
 from hybridtune.runtime import compose as compose_step
 from hybridtune.runtime import cudagraphs, distributed
+from hybridtune.runtime.adapter_kind import adapter_kind
 from hybridtune.runtime.choices import choose_bf16, resolve
 from hybridtune.runtime.compose import Composed, compose
 from hybridtune.runtime.lora import applied_targets, lora_from_config
@@ -156,7 +157,7 @@ def _build_baseline(cfg: TrainConfig, mode, source, tokenizer, device: torch.dev
     if mode.gc:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
-    if cfg.adapter == "lora":
+    if adapter_kind(cfg).lora:
         model = lora_from_config(model, cfg)
         _lora_result(model, cfg, result)
     model.train()
@@ -217,7 +218,7 @@ def build(spec: dict, mode, device: torch.device, result: dict):
         if run.patch_report.experts:
             routed = run.patch_report.experts
             result["experts"] = f"{len(routed)} layer(s): {next(iter(routed.values()))}"
-        if cfg.adapter == "lora":
+        if adapter_kind(cfg).lora:
             _lora_result(c.model, cfg, result)
     vocab = text_config(c.run.loaded.model.config).vocab_size
     if spec.get("vision"):

@@ -32,10 +32,10 @@ from hybridtune.data.sources import ACCEPTED, open_source
 from hybridtune.errors import ConfigError, DataError
 from hybridtune.infer.generate import MODEL_HELP, template_kwargs, vision_of
 from hybridtune.infer.load import Opened, open_model, recorded_run
+from hybridtune.runtime.adapter_kind import FULL, LORA
 from hybridtune.runtime.choices import choose_bf16, pick_device
 from hybridtune.runtime.distributed import ONE, LossModule
 from hybridtune.runtime.measure import measure
-from hybridtune.runtime.model import master_dtype
 from hybridtune.train.evaluation import evaluate
 from hybridtune.train.objectives.preference import prepare_pairs
 
@@ -122,11 +122,11 @@ def data_formats(cfg: TrainConfig) -> set[str]:
 
 
 def as_trained(model: torch.nn.Module, bf16: bool) -> None:
-    """The dtypes the trainer evaluates its model in (train.model.master_dtype): a full fine-tune's fp32 masters;
-    under LoRA the frozen base in bf16 when bf16 computes, else fp32, and the adapters in fp32. A model saved in
-    bf16 is upcast exactly; a full fine-tune exported in bf16 was rounded there, so its eval differs from the logged
-    one by that rounding alone."""
-    held = master_dtype("lora" if hasattr(model, "peft_config") else "full", bf16)
+    """The dtypes the trainer evaluates its model in (runtime/adapter_kind.py, `AdapterKind.held_dtype`): a full
+    fine-tune's fp32 masters; under LoRA the frozen base in bf16 when bf16 computes, else fp32, and the adapters in
+    fp32. A model saved in bf16 is upcast exactly; a full fine-tune exported in bf16 was rounded there, so its eval
+    differs from the logged one by that rounding alone."""
+    held = (LORA if hasattr(model, "peft_config") else FULL).held_dtype(bf16)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.is_floating_point():

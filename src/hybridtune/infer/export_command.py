@@ -29,6 +29,7 @@ from hybridtune.run.merge import merge
 from hybridtune.run.outdir import LOCK_FILE, RUN_FILE, OutputLock, record_changes
 from hybridtune.run.targets import refuse_run_part, refuse_system_dir
 from hybridtune.runtime import distributed
+from hybridtune.runtime.adapter_kind import adapter_kind
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +98,8 @@ def _write(src: Path, out: Path) -> Path:
     step = int(opened.step)
     card = model_card(run, opened.loaded, step, src.parent)
     final = export.save_final(
-        out, opened.model, opened.model, opened.tokenizer, distributed.ONE, adapter=run.adapter, loaded=opened.loaded,
-        steps=step, card=card,
+        out, opened.model, opened.model, opened.tokenizer, distributed.ONE, kind=adapter_kind(run),
+        loaded=opened.loaded, steps=step, card=card,
     )  # fmt: skip
     atomic_write_text(out / RUN_FILE, json.dumps(record, indent=2))
     logger.info("exported %s (step %d) to %s", src, opened.step, final)

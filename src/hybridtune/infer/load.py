@@ -42,6 +42,7 @@ from hybridtune.run.export import FINAL_DIR, INFO_FILE
 from hybridtune.run.integrity import meta_problem
 from hybridtune.run.merge import read_adapter_config, recorded_quantization, trained_on_nf4
 from hybridtune.run.outdir import RUN_FILE
+from hybridtune.runtime.adapter_kind import adapter_kind
 from hybridtune.runtime.defaults import recorded_values
 from hybridtune.runtime.model import assemble
 from hybridtune.runtime.quant import roundtrip_targets
@@ -319,13 +320,13 @@ def _open_checkpoint(path: Path, run: TrainConfig | None, patched: bool, dtype: 
     tok = checkpoint_tokenizer(path, run, source)
     # The model as runtime/model.py's `assemble` builds it for training: a QLoRA run's NF4 base, its LoRA, its vision
     # LoRA or trained tower's dtype, the mixers patched where asked.
-    lora = run.adapter == "lora"
-    held = (dtype or torch.float32) if lora else torch.float32
+    kind = adapter_kind(run)
+    held = (dtype or torch.float32) if kind.lora else torch.float32
     built = assemble(run, source, tok, torch.device("cpu"), held, meta=run.load_in_4bit, patched=patched)
     loaded, model = built.loaded, built.model
-    state = ckpt.load_weights(path, model, trainable_only=lora)
-    if dtype is not None and not lora:
+    state = ckpt.load_weights(path, model, trainable_only=kind.trainable_only)
+    if dtype is not None and not kind.lora:
         model.to(dtype)
     logger.info("opened %s: %s (%s) at step %d", path, run.base_model, run.adapter, state["step"])
-    base = run.base_model if lora else None
+    base = run.base_model if kind.lora else None
     return Opened(model, tok, "checkpoint", str(path), path, run, int(state["step"]), base, loaded)

@@ -11,6 +11,7 @@ from hybridtune.models.loading import LoadedModel
 from hybridtune.models.presets import PRESET_DRAW, PRESETS
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run.checkpoint import CheckpointError
+from hybridtune.runtime.adapter_kind import adapter_kind
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ def base_revision(cfg: TrainConfig, resume_at: Path | None) -> str | None:
     checkpoint of a preset drawn otherwise than this code draws it is refused: its adapter would continue on other
     random base weights (a full fine-tune's checkpoint holds every weight, so any draw resumes)."""
     meta = ckpt.meta_of(resume_at) if resume_at is not None else {}
-    if resume_at is not None and cfg.adapter == "lora" and cfg.base_model in PRESETS:
+    if resume_at is not None and adapter_kind(cfg).trainable_only and cfg.base_model in PRESETS:
         draw = meta.get("preset_draw", 1)
         if draw != PRESET_DRAW:
             raise CheckpointError(

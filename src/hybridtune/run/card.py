@@ -12,6 +12,7 @@ from hybridtune.config import TrainConfig
 from hybridtune.models.anatomy import unwrap
 from hybridtune.models.loading import LoadedModel
 from hybridtune.run import serving
+from hybridtune.runtime.adapter_kind import adapter_kind
 
 SETTINGS = (
     "sequence_len",
@@ -63,15 +64,15 @@ def front_matter(cfg: TrainConfig, loaded: LoadedModel) -> str:
     lines = ["---"]
     if not loaded.random_init:
         lines.append(f"base_model: {_yaml_str(loaded.name)}")
-    lines.append(f"library_name: {'peft' if cfg.adapter == 'lora' else 'transformers'}")
+    lines.append(f"library_name: {'peft' if adapter_kind(cfg).lora else 'transformers'}")
     lines.append("pipeline_tag: text-generation")
-    tags = ["hybridtune", "lora" if cfg.adapter == "lora" else "full-fine-tune"]
+    tags = ["hybridtune", "lora" if adapter_kind(cfg).lora else "full-fine-tune"]
     model_type = getattr(getattr(loaded.model, "config", None), "model_type", None)
     if model_type:
         tags.append(model_type)
     if loaded.random_init:
         tags.append("random-weights")
-    if cfg.adapter == "lora" and cfg.load_in_4bit:  # read back by merge (run/merge.py) when hybridtune.json is gone
+    if adapter_kind(cfg).nf4_base:  # read back by merge (run/merge.py) when hybridtune.json is gone
         tags.append(QLORA_TAG)
     lines += ["tags:", *(f"- {_yaml_str(t)}" for t in tags), "---"]
     return "\n".join(lines)
@@ -80,7 +81,7 @@ def front_matter(cfg: TrainConfig, loaded: LoadedModel) -> str:
 def model_card(cfg: TrainConfig, loaded: LoadedModel, steps: int, out_dir: Path) -> str:
     """The card's Markdown text for a run of `cfg` from `loaded` that ran `steps` optimizer steps and logged into
     `out_dir`/metrics.jsonl."""
-    kind = "A LoRA adapter" if cfg.adapter == "lora" else "A full fine-tune"
+    kind = "A LoRA adapter" if adapter_kind(cfg).lora else "A full fine-tune"
     base = f"`{loaded.name}`" + (f" (commit `{loaded.revision}`)" if loaded.revision else "")
     parts = [front_matter(cfg, loaded), "", f"# {Path(out_dir).resolve().name}", ""]
     if loaded.random_init:
@@ -91,7 +92,7 @@ def model_card(cfg: TrainConfig, loaded: LoadedModel, steps: int, out_dir: Path)
         parts.append(f"- `{ds.path}` ({ds.type})")
     parts.append(f"- held out for evaluation: {cfg.val_set_size:g}")
     parts += ["", "## Settings", "", "| key | value |", "| --- | --- |", f"| adapter | {cfg.adapter} |"]
-    keys = SETTINGS + (LORA_SETTINGS if cfg.adapter == "lora" else ())
+    keys = SETTINGS + (LORA_SETTINGS if adapter_kind(cfg).lora else ())
     parts += [f"| {k} | {_cell(getattr(cfg, k))} |" for k in keys]
     train, evaluation = last_metrics(out_dir, steps)
     parts += ["", "## Final metrics", ""]
@@ -127,7 +128,7 @@ def _base_line(cls: str, loaded: LoadedModel) -> str:
 def _usage(cfg: TrainConfig, loaded: LoadedModel) -> list[str]:
     """How to load it: in the original class (a vision-language checkpoint's adapter follows that tree)."""
     cls = type(unwrap(loaded.model)).__name__
-    if cfg.adapter == "lora":
+    if adapter_kind(cfg).lora:
         return [
             "from peft import PeftModel",
             f"from transformers import {cls}",
@@ -142,7 +143,7 @@ def _serving(cfg: TrainConfig, loaded: LoadedModel) -> list[str]:
     """How to serve it: a full fine-tune as it is; an adapter with vLLM's LoRA flags on its base, or merged (any
     engine, adapters or not); the packed groups completed with zero LoRA and what an engine leaves out
     (run/serving.py)."""
-    if cfg.adapter != "lora":
+    if not adapter_kind(cfg).lora:
         return ["The model is whole: serve it as the released checkpoint is, e.g. `vllm serve path/to/final`."]
     base = "path/to/base_model" if loaded.random_init else loaded.name
     revision = f" --revision {loaded.revision}" if loaded.revision else ""

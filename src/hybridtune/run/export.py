@@ -33,6 +33,7 @@ from hybridtune.models.patching import original_config
 from hybridtune.run import adapter_base, disk, guarded, serving
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.runtime import distributed, quant
+from hybridtune.runtime.adapter_kind import AdapterKind
 from hybridtune.runtime.lora import strip_base_layer
 
 logger = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ def save_final(
     tokenizer,
     d: distributed.Dist,
     *,
-    adapter: str,
+    kind: AdapterKind,
     loaded: LoadedModel,
     steps: int,
     card: str | None = None,
@@ -172,8 +173,8 @@ def save_final(
         parts = []
         tok = tokenizer_bytes(tokenizer)
         base_dir = None
-        quantized = adapter == "lora" and quant.is_quantized(model)
-        if adapter == "lora" and loaded.source_dir is None:
+        quantized = kind.lora and quant.is_quantized(model)
+        if kind.lora and loaded.source_dir is None:
             # A preset's base weights exist only in memory: save them so the adapter can be loaded and merged.
             base_dir = out / BASE_DIR
             base = model.get_base_model()
@@ -188,7 +189,7 @@ def save_final(
 
             guarded.refuse_non_finite(base_state, "the base model", base_dir)
             parts.append((base_dir, tensor_bytes(base_state) + tok, write_base))
-        if adapter == "lora":
+        if kind.lora:
             from peft import get_peft_model_state_dict
 
             adapter_state = get_peft_model_state_dict(model, state_dict=full)
@@ -201,7 +202,7 @@ def save_final(
             weights = max(tensor_bytes(state, loaded.source_dtype), source.weight_bytes(loaded.source_dir))
 
         def write(tmp: Path) -> None:
-            if adapter == "lora":
+            if kind.lora:
                 config = model.peft_config["default"]
                 config.base_model_name_or_path, config.revision = adapter_base.record(loaded, base_dir, final)
                 # peft's "auto" embedding check looks the base up and warns when it cannot (offline); hybridtune never
@@ -218,7 +219,7 @@ def save_final(
                 source.save_like_source(unwrap(model), tmp, state, loaded.source_dir, loaded.source_dtype, frozen)
             tokenizer.save_pretrained(tmp)
             source.carry_files(tmp, loaded.source_dir)
-            info = {"base_model": loaded.name, "revision": loaded.revision, "adapter": adapter, "steps": steps}
+            info = {"base_model": loaded.name, "revision": loaded.revision, "adapter": kind.adapter, "steps": steps}
             if quantized:  # the adapter trained on the NF4 base: `merge` folds it into that base's values
                 info["base_quantization"] = QUANT
             atomic_write_text(tmp / INFO_FILE, json.dumps(info, indent=2))
@@ -228,7 +229,7 @@ def save_final(
         parts.append((final, weights + tok, write))
         done = ckpt.list_checkpoints(out)
         _write_all(out, parts, done[-1] if done else None)
-        logger.info("saved final %s to %s", "adapter" if adapter == "lora" else "model", final)
+        logger.info("saved final %s to %s", "adapter" if kind.lora else "model", final)
 
     # Rank 0 writes; its error (a full disk) is raised on every rank rather than leaving the others waiting.
     distributed.main_only(d, export)

@@ -32,6 +32,7 @@ from hybridtune.run import checkpoint as ckpt
 from hybridtune.run import export, guarded
 from hybridtune.run.disk import DiskFullError, gib
 from hybridtune.runtime import distributed
+from hybridtune.runtime.adapter_kind import AdapterKind, adapter_kind
 from hybridtune.runtime.distributed import Dist
 from hybridtune.runtime.optim import optim_name, uses_masters
 
@@ -127,12 +128,12 @@ def plan(room: Room, limit: int, save_steps: int, start: int, total: int) -> tup
     return limit, 0 if periodic else save_steps, line, f"{short}: {skipped}{then}"
 
 
-def final_bytes(model: torch.nn.Module, adapter: str, loaded: LoadedModel, tokenizer, d: Dist) -> int:
+def final_bytes(model: torch.nn.Module, kind: AdapterKind, loaded: LoadedModel, tokenizer, d: Dist) -> int:
     """What `export.save_final` writes, by its own size functions: the adapter (and a preset's base weights, written
     beside it) or the full model in the source's dtype (at least the source's own weight files), each with its
     tokenizer. A collective under FSDP2, whose ranks each hold a shard."""
     tok = export.tokenizer_bytes(tokenizer)
-    if adapter == "lora":
+    if kind.lora:
         from peft import get_peft_model_state_dict  # (export.py's own import: for an adapter only)
 
         n = export.tensor_bytes(get_peft_model_state_dict(model)) + tok
@@ -142,7 +143,7 @@ def final_bytes(model: torch.nn.Module, adapter: str, loaded: LoadedModel, token
         n = export.tensor_bytes(unwrap(model).state_dict(), loaded.source_dtype)
     if d.engine == "fsdp":
         n = int(distributed.all_sum([float(n)], d)[0])
-    return n if adapter == "lora" else max(n, source.weight_bytes(loaded.source_dir)) + tok
+    return n if kind.lora else max(n, source.weight_bytes(loaded.source_dir)) + tok
 
 
 def _dir_bytes(path: Path) -> int:
@@ -174,13 +175,15 @@ def fit_run(
     kept or its periodic saves skipped, a warning saying which; DiskFullError (one line, exit 2) when not even the
     final model fits. Every rank calls it (the sizes are collectives under torchrun); rank 0 decides for all."""
     params = [p for p in engine.parameters() if p.requires_grad]
-    lora = cfg.adapter == "lora"
+    kind = adapter_kind(cfg)
     # MasterAdamW's fp32 masters are made for the weights computed in bf16 (masters.split: a full fine-tune's
     # trainable weights are fp32 otherwise), as `uses_masters` decides under bf16.
     masters = uses_masters(cfg, any(p.dtype == torch.bfloat16 for p in params), d)
-    state = ckpt.state_estimate(engine, params, d, trainable_only=lora, optim=optim_name(cfg), masters=masters)
+    state = ckpt.state_estimate(
+        engine, params, d, trainable_only=kind.trainable_only, optim=optim_name(cfg), masters=masters
+    )
     checkpoint = state + export.tokenizer_bytes(tokenizer)
-    final = final_bytes(built.model, cfg.adapter, built.loaded, tokenizer, d)
+    final = final_bytes(built.model, kind, built.loaded, tokenizer, d)
 
     def decide() -> tuple[int, int]:
         try:

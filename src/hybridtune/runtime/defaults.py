@@ -26,6 +26,7 @@ from pathlib import Path
 from hybridtune.config import PRESET_LEARNING_RATE, PRESET_SEQUENCE_LEN, TrainConfig, objective_traits
 from hybridtune.data.build import bins_for, covering_length
 from hybridtune.models.hub import ModelSource
+from hybridtune.runtime.adapter_kind import adapter_kind
 from hybridtune.runtime.facts import Choice
 
 # What practitioners start a released checkpoint at (peft's and TRL's LoRA examples; full fine-tunes of instruct
@@ -90,7 +91,7 @@ def choose_learning_rate(cfg: TrainConfig, preset: bool, recorded: dict) -> Choi
         return Choice(recorded["learning_rate"], "auto: as the run this resumes decided it")
     if preset:
         return Choice(PRESET_LEARNING_RATE, "auto: a preset with random weights, the demo's rate")
-    if cfg.adapter == "lora":
+    if adapter_kind(cfg).lora:
         return Choice(LORA_LEARNING_RATE, "auto: LoRA on a checkpoint, as practitioners start it")
     return Choice(FULL_LEARNING_RATE, "auto: a full fine-tune of a checkpoint, as practitioners start it")
 

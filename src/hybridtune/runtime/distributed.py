@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from hybridtune.errors import ConfigError, UserError
+from hybridtune.runtime.adapter_kind import AdapterKind
 from hybridtune.runtime.objective import Objective
 from hybridtune.runtime.step import model_inputs
 
@@ -77,14 +78,15 @@ def timeout() -> datetime.timedelta:
         raise ConfigError(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
 
 
-def choose_engine(setting: str, adapter: str) -> str:
-    """`distributed: auto` is DDP for LoRA (small gradients, whole model fits) and FSDP2 for a full fine-tune."""
+def choose_engine(setting: str, kind: AdapterKind) -> str:
+    """`distributed: auto` is the adapter kind's engine: DDP for LoRA (small gradients, whole model fits) and FSDP2
+    for a full fine-tune."""
     if setting != "auto":
         return setting
-    return "ddp" if adapter == "lora" else "fsdp"
+    return kind.default_engine
 
 
-def init(setting: str, adapter: str, device_kind: str) -> Dist:
+def init(setting: str, kind: AdapterKind, device_kind: str) -> Dist:
     """Join the process group torchrun set up (nccl on CUDA, gloo on CPU); a no-op in one process.
 
     Must run before anything touches the GPU: on CUDA it selects device `cuda:LOCAL_RANK`.
@@ -92,7 +94,7 @@ def init(setting: str, adapter: str, device_kind: str) -> Dist:
     d = from_env()
     if not d.enabled:
         return d
-    d = Dist(d.rank, d.world, d.local_rank, choose_engine(setting, adapter))
+    d = Dist(d.rank, d.world, d.local_rank, choose_engine(setting, kind))
     _end_with_launcher()
     if torch.distributed.is_initialized():
         return d

@@ -15,6 +15,7 @@ from hybridtune.config import TrainConfig
 from hybridtune.models.anatomy import param_count, router_loss, text_config
 from hybridtune.ops import nf4
 from hybridtune.runtime import distributed, engines, quant
+from hybridtune.runtime.adapter_kind import LORA, adapter_kind
 from hybridtune.runtime.facts import Facts
 from hybridtune.runtime.memory import (
     ActivationShapes,
@@ -102,7 +103,7 @@ def weights_facts(cfg: TrainConfig, model: torch.nn.Module) -> dict:
         trainable=sum(p.numel() for p in trainable),
         trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
     )
-    if cfg.adapter == "lora" and not cfg.load_in_4bit:
+    if adapter_kind(cfg) is LORA:  # (LoRA on a base not in NF4)
         named = dict(model.named_parameters())
         try:
             found = quant.targets(model)

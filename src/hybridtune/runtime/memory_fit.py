@@ -17,9 +17,9 @@ import os
 
 from hybridtune.config import TrainConfig
 from hybridtune.errors import ConfigError
+from hybridtune.runtime.adapter_kind import FULL, LORA, adapter_kind
 from hybridtune.runtime.facts import Choice, Facts
 from hybridtune.runtime.memory import FIT_SHARE, GIB, optimizer_bytes, step_bytes
-from hybridtune.runtime.model import master_dtype
 from hybridtune.runtime.optim import model_dtype, optim_name
 
 LIGHTER_OPTIMS = ("adamw_8bit", "adamw_bf16_sr")
@@ -27,10 +27,10 @@ LIGHTER_OPTIMS = ("adamw_8bit", "adamw_bf16_sr")
 
 def configured(cfg: TrainConfig, facts: Facts, bf16: bool) -> str:
     """The weights and optimizer as configured, in words (the choice's value)."""
-    optim = optim_name(cfg)
-    if cfg.adapter != "full":
-        return f"{cfg.adapter} on a{' NF4' if cfg.load_in_4bit else ' bf16' if bf16 else 'n fp32'} base, {optim}"
-    masters = optim == "adamw" and bf16 and facts.engine != "fsdp"
+    optim, kind = optim_name(cfg), adapter_kind(cfg)
+    if kind.lora:
+        return f"{cfg.adapter} on a{' NF4' if kind.nf4_base else ' bf16' if bf16 else 'n fp32'} base, {optim}"
+    masters = kind.uses_masters(optim, bf16, facts.engine)
     return f"full fine-tune, {optim}{' with fp32 masters' if masters else ''}"
 
 
@@ -43,16 +43,16 @@ def _held(optim: str, facts: Facts, masters: bool) -> int:
 def alternatives(cfg: TrainConfig, facts: Facts, bf16: bool) -> list[tuple[str, int, int]]:
     """(the setting to make, the model's bytes under it less those now, the step's state bytes less those now) of
     each lighter setup for this run."""
-    out = []
-    if cfg.adapter == "lora" and not cfg.load_in_4bit and facts.nf4_saving:
+    out, kind = [], adapter_kind(cfg)
+    if kind is LORA and facts.nf4_saving:  # (LoRA on a bf16 or fp32 base: QLoRA's NF4 one is lighter)
         out.append(("load_in_4bit: true (QLoRA)", -facts.nf4_saving, facts.nf4_transient))
     optim = optim_name(cfg)
-    if cfg.adapter == "full" and optim == "adamw" and facts.trainable:
-        masters = bf16 and facts.engine != "fsdp"
+    if kind is FULL and optim == "adamw" and facts.trainable:
+        masters = kind.uses_masters(optim, bf16, facts.engine)
         now = _held(optim, facts, masters)
         n, width_now = facts.trainable, facts.trainable_bytes // facts.trainable
         for alt in LIGHTER_OPTIMS if bf16 else LIGHTER_OPTIMS[:1]:
-            width = master_dtype("full", bf16, model_dtype(dataclasses.replace(cfg, optim=alt), bf16)).itemsize
+            width = (model_dtype(dataclasses.replace(cfg, optim=alt), bf16) or kind.held_dtype(bf16)).itemsize
             # (under bf16 autocast the backward keeps a bf16 copy of each fp32 weight: `measure.state_bytes`)
             copies = 2 * n * (bf16 and width == 4) - 2 * n * (bf16 and width_now == 4)
             state = optimizer_bytes(alt, n, width, False) - now + copies

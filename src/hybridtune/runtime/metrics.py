@@ -16,6 +16,7 @@ from hybridtune.errors import OutputDirError
 from hybridtune.files import atomic_write_text
 from hybridtune.models.anatomy import text_config
 from hybridtune.models.flops import step_flops
+from hybridtune.runtime.adapter_kind import AdapterKind
 from hybridtune.runtime.lora import applied_targets
 
 logger = logging.getLogger(__name__)
@@ -80,16 +81,16 @@ class StepFlops:
     recompute, as the model stands at the call: the out-of-memory retry may switch it on) from its documents'
     lengths, for the model's family."""
 
-    def __init__(self, model: torch.nn.Module, adapter: str, lora_r: int, lora_targets: list[str]):
+    def __init__(self, model: torch.nn.Module, kind: AdapterKind, lora_r: int, lora_targets: list[str]):
         """For a peft model the LoRA charged is what peft applied (`lora.applied_targets`: the modules it wrapped and
         the routed experts' parameters), not the configured names, which may match nothing or be rewritten."""
         self.config, self.model = text_config(model), model
         params: list[str] = []
-        if adapter == "lora" and hasattr(getattr(model, "base_model", None), "targeted_module_names"):
+        if kind.lora and hasattr(getattr(model, "base_model", None), "targeted_module_names"):
             lora_targets, params = applied_targets(model)
         self.kw = {
-            "adapter": adapter,
-            "lora_r": lora_r if adapter == "lora" else 0,
+            "adapter": kind.adapter,
+            "lora_r": lora_r if kind.lora else 0,
             "lora_targets": lora_targets,
             "lora_parameters": params,
         }

@@ -22,6 +22,7 @@ from hybridtune.config import TrainConfig
 from hybridtune.models.anatomy import unwrap
 from hybridtune.models.loading import LoadedModel, load_model
 from hybridtune.models.patching import patch_model
+from hybridtune.runtime.adapter_kind import adapter_kind
 from hybridtune.runtime.distributed import ONE, Dist
 from hybridtune.runtime.lora import hold_adapter, lora_from_config
 from hybridtune.runtime.masters import split
@@ -36,12 +37,6 @@ def enable_checkpointing(model) -> None:
     """Non-reentrant activation checkpointing on every decoder layer (peft-wrapped or not); non-reentrant
     needs no `enable_input_require_grads` hook for frozen embeddings, and traces under the compiled loop."""
     unwrap(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-def master_dtype(adapter: str, bf16: bool, optim: torch.dtype | None = None) -> torch.dtype:
-    """The dtype the trained model's text part is loaded in (see the module doc); `optim`: what the optimizer asks
-    for (`optim.model_dtype`)."""
-    return optim or (torch.bfloat16 if bf16 and adapter == "lora" else torch.float32)
 
 
 @dataclass
@@ -78,7 +73,7 @@ def assemble(
         logger.info("%s", report)
     if checkpointing:
         enable_checkpointing(model)
-    if cfg.adapter == "lora":
+    if adapter_kind(cfg).lora:
         model = lora_from_config(model, cfg)
         hold_adapter(loaded)
     model = train_vision(model, cfg)  # (a vision tower or merger the run trains: runtime/vision_train.py)
@@ -97,7 +92,8 @@ def build_model(cfg: TrainConfig, source, tokenizer, device: torch.device, bf16:
     if cfg.load_in_4bit:  # QLoRA: built on the meta device, each weight read then quantised (runtime/quant.py)
         check_supported(dist.world, dist.engine)
     meta = dist.engine == "fsdp" or cfg.load_in_4bit
-    dtype = master_dtype(cfg.adapter, bf16, model_dtype(cfg, bf16))
+    # (the optimizer's dtype where it asks for one, `optim.model_dtype`, else the kind's: see the module doc)
+    dtype = model_dtype(cfg, bf16) or adapter_kind(cfg).held_dtype(bf16)
     checkpointing = cfg.gradient_checkpointing is True
     run = assemble(cfg, source, tokenizer, device, dtype, meta=meta, checkpointing=checkpointing, say=True)
     run.masters = uses_masters(cfg, bf16, dist)

@@ -17,6 +17,7 @@ import torch
 
 from hybridtune.config import TrainConfig
 from hybridtune.errors import ConfigError
+from hybridtune.runtime.adapter_kind import adapter_kind
 from hybridtune.runtime.defaults import recorded_values
 from hybridtune.runtime.distributed import ONE, Dist
 from hybridtune.runtime.masters import MASTER, MasterAdamW, merged
@@ -58,7 +59,7 @@ def optim_name(cfg: TrainConfig) -> str:
 
 def uses_masters(cfg: TrainConfig, bf16: bool, d: Dist = ONE) -> bool:
     """Whether the model computes on bf16 weights with fp32 masters in `MasterAdamW` (masters.py)."""
-    return cfg.adapter == "full" and bf16 and optim_name(cfg) == "adamw" and d.engine != "fsdp"
+    return adapter_kind(cfg).uses_masters(optim_name(cfg), bf16, d.engine)
 
 
 def model_dtype(cfg: TrainConfig, bf16: bool) -> torch.dtype | None:
@@ -71,10 +72,10 @@ def model_dtype(cfg: TrainConfig, bf16: bool) -> torch.dtype | None:
 def refuse_unrounded(cfg: TrainConfig, bf16: bool) -> None:
     """`adamw_bf16_sr` rounds bf16 weights: on fp32 ones (LoRA's adapters, a run without bf16) it would run as plain
     fp32 AdamW under its name. Refused in one line (ConfigError) saying why and what to set instead."""
-    if optim_name(cfg) != "adamw_bf16_sr" or (cfg.adapter == "full" and bf16):
+    kind = adapter_kind(cfg)
+    if optim_name(cfg) != "adamw_bf16_sr" or (not kind.lora and bf16):
         return
-    adapter = "qlora" if cfg.adapter == "lora" and cfg.load_in_4bit else cfg.adapter  # (as the user wrote it)
-    why = [f"adapter: {adapter}"] if cfg.adapter != "full" else []
+    why = [f"adapter: {kind.name}"] if kind.lora else []  # (as the user wrote it)
     if not bf16:
         why.append("bf16: false" + (" (auto: no GPU that computes in bf16)" if cfg.bf16 == "auto" else ""))
     raise ConfigError(

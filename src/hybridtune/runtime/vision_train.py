@@ -16,6 +16,7 @@ import torch
 
 from hybridtune.errors import ConfigError
 from hybridtune.models.anatomy import unwrap
+from hybridtune.runtime.adapter_kind import adapter_kind
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,8 @@ def train_vision(model: torch.nn.Module, cfg) -> torch.nn.Module:
             "training the vision tower or its merger needs the model built whole in memory (not distributed: fsdp, "
             "not load_in_4bit) for now; keep freeze_vision_tower and freeze_multi_modal_projector true there"
         )
-    if cfg.adapter == "lora":
+    lora = adapter_kind(cfg).lora
+    if lora:
         _adapt(model, cfg, parts)
     else:
         dtype = next(p.dtype for p in unwrap(model).get_input_embeddings().parameters())
@@ -64,7 +66,7 @@ def train_vision(model: torch.nn.Module, cfg) -> torch.nn.Module:
                 p.requires_grad_(True)
     trained = sum(p.numel() for _, m in parts for p in m.parameters() if p.requires_grad)
     what = ", ".join(n for n, on in (("the vision tower", tower_on), ("its merger", merger_on)) if on)
-    how = "LoRA" if cfg.adapter == "lora" else "full"
+    how = "LoRA" if lora else "full"
     logger.info("vision: %s trained (%s; %s trainable parameters there)", what, how, f"{trained:,}")
     return model
 

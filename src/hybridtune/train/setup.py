@@ -35,6 +35,7 @@ from hybridtune.run.resume import find_resume, load_checkpoint
 from hybridtune.run.space import fit_run
 from hybridtune.runtime import compose as compose_step
 from hybridtune.runtime import cudagraphs, distributed
+from hybridtune.runtime.adapter_kind import adapter_kind
 from hybridtune.runtime.choices import Choices, Facts, choose_bf16, pick_device, resolve
 from hybridtune.runtime.compose import compose
 from hybridtune.runtime.defaults import RESOLVED, recorded_values, resolve_defaults
@@ -56,7 +57,7 @@ class TrainerSetup:
         self.cfg = cfg
         self.on_log = on_log
         # Before pick_device: under torchrun on CUDA this selects the rank's GPU.
-        self.dist = distributed.init(cfg.distributed, cfg.adapter, cfg.device)
+        self.dist = distributed.init(cfg.distributed, adapter_kind(cfg), cfg.device)
         self.device = pick_device(cfg.device)
         self.out = Path(cfg.output_dir)
         self.metrics: MetricsLog | None = None
@@ -192,7 +193,7 @@ class TrainerSetup:
         """MFU in the step line: the model FLOPs of each step over the measured matmul peak of the run's devices."""
         cfg = self.cfg
         try:
-            self.step_flops = StepFlops(self.model, cfg.adapter, cfg.lora_r, cfg.lora_target_modules)
+            self.step_flops = StepFlops(self.model, adapter_kind(cfg), cfg.lora_r, cfg.lora_target_modules)
         except (AttributeError, ValueError, TypeError) as e:
             self.step_flops = None
             logger.info("mfu: not reported, the FLOP count does not know this model (%s)", e)
@@ -219,9 +220,9 @@ class TrainerSetup:
         path = self.resume_at
         if path is None:
             return
-        lora = self.cfg.adapter == "lora"
+        only = adapter_kind(self.cfg).trainable_only
         state = load_checkpoint(
-            path, self.engine, self.optimizer, self.scheduler, self.dist, trainable_only=lora, verified=True
+            path, self.engine, self.optimizer, self.scheduler, self.dist, trainable_only=only, verified=True
         )
         self.stream.seek(state["data_position"])
         self.done_position = self.stream.position()

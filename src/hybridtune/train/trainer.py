@@ -33,6 +33,7 @@ from hybridtune.run.card import model_card
 from hybridtune.run.plots import plot_run
 from hybridtune.runtime import compose as compose_step
 from hybridtune.runtime import distributed, health, oom
+from hybridtune.runtime.adapter_kind import adapter_kind
 from hybridtune.runtime.metrics import StepLog, memory_gib
 from hybridtune.runtime.optim import masters_into_model
 from hybridtune.runtime.profiling import ProfileWindow
@@ -136,7 +137,7 @@ class Trainer(TrainerSetup):
             extra = {**base_identity(self.loaded), "run": self.run}
             ckpt.save_checkpoint(
                 path, self.engine, self.optimizer, self.scheduler, self.step, self.done_position, extra, self.dist,
-                trainable_only=self.cfg.adapter == "lora", tokenizer=self.tokenizer,
+                trainable_only=adapter_kind(self.cfg).trainable_only, tokenizer=self.tokenizer,
             )  # fmt: skip
             if self.dist.is_main:
                 ckpt.prune_checkpoints(self.out, self.cfg.save_total_limit)
@@ -150,8 +151,8 @@ class Trainer(TrainerSetup):
         card = model_card(self.cfg, self.loaded, self.step, self.out) if self.dist.is_main else None
         masters_into_model(self.model, self.optimizer)  # the fp32 masters, not their bf16 copies, are exported
         return export.save_final(
-            self.out, self.model, self.engine, self.tokenizer, self.dist, adapter=self.cfg.adapter, loaded=self.loaded,
-            steps=self.step, card=card,
+            self.out, self.model, self.engine, self.tokenizer, self.dist, kind=adapter_kind(self.cfg),
+            loaded=self.loaded, steps=self.step, card=card,
         )  # fmt: skip
 
     # -- the run -----------------------------------------------------------------------------------

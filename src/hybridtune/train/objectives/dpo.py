@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from hybridtune.batch import LABELS, NUM_PAIRS, PAIR_INDEX, PAIR_SIDE
 from hybridtune.config import TrainConfig
 from hybridtune.runtime import distributed, lora
+from hybridtune.runtime.adapter_kind import adapter_kind
 from hybridtune.train.objectives.preference import (
     WINDOW_CHOSEN_TOKENS,
     WindowMetrics,
@@ -149,7 +150,7 @@ def build_preference(cfg: TrainConfig, fused: bool, model: torch.nn.Module | Non
     """The objective of `cfg`; `model` (the freshly built one) gives a full fine-tune's dpo its frozen reference."""
     check_keys(cfg)
     reference = None
-    if cfg.objective == "dpo" and cfg.adapter == "lora":
+    if cfg.objective == "dpo" and adapter_kind(cfg).lora:
         logger.info(
             "reference model: the policy with its LoRA adapters switched off as data (each layer's scale 0: the "
             "policy's compiled code, one more forward, detached)"

@@ -27,6 +27,7 @@ from hybridtune.errors import ConfigError
 from hybridtune.models.anatomy import output_head, text_model, unwrap
 from hybridtune.ops.loss import linear_log_probs
 from hybridtune.runtime import distributed, lora
+from hybridtune.runtime.adapter_kind import adapter_kind
 from hybridtune.runtime.step import model_inputs, shifted_targets
 from hybridtune.train.objectives.preference import frozen_copy
 from hybridtune.train.objectives.spec import check_keys
@@ -206,7 +207,7 @@ def build_grpo(cfg: TrainConfig, fused: bool, model: torch.nn.Module | None = No
     """The objective of `cfg`; `model` (the freshly built one) gives a full fine-tune with beta > 0 its reference."""
     check_keys(cfg)
     reference = None
-    if cfg.beta > 0 and cfg.adapter == "lora" and model is not None:
+    if cfg.beta > 0 and adapter_kind(cfg).lora and model is not None:
         lora.live_scales(model)  # the scales are tensors from the first forward on: no recompile
     elif cfg.beta > 0 and model is not None:
         reference = frozen_copy(model)
