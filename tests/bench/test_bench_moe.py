@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from hybridtune.bench import results, worker
+from hybridtune.bench import probes, results, worker
 from hybridtune.bench.command import parse_args
 from hybridtune.cli import main
 from hybridtune.models.flops import step_flops
@@ -35,7 +35,7 @@ def test_flops_follow_what_peft_applied():
     batches = [{"doc_lens": [7, 9]}]
     applied = {"lora_modules": ["q_proj"], "lora_parameters": ["gate_up_proj", "down_proj"]}
     result = dict(applied)
-    worker._flops(spec, False, False, cfg, batches, [1.0, 1.0], result)
+    probes.flops(spec, False, False, cfg, batches, [1.0, 1.0], result)
     want = step_flops(cfg, [7, 9], lora_r=4, lora_targets=["q_proj"], lora_parameters=["gate_up_proj", "down_proj"])
     assert result["model_flops_per_step"] == want.model
     plain = step_flops(cfg, [7, 9], lora_r=4, lora_targets=["q_proj", "gate_proj"])
@@ -94,20 +94,20 @@ def test_expert_gemm_rate_from_a_profile():
         ["triton_tem_fused__grouped_mm_0", 1.0, 4],
         ["ampere_bf16_s16816gemm", 5.0, 3],  # a dense GEMM: not the experts'
     ]
-    g = worker.expert_gemm_rate({"kernels_ms_per_step": kernels}, cfg, "lora", 8, ["gate_up_proj"], True, 100.0)
+    g = probes.expert_gemm_rate({"kernels_ms_per_step": kernels}, cfg, "lora", 8, ["gate_up_proj"], True, 100.0)
     h, k, i, n = cfg.hidden_size, cfg.num_experts_per_tok, cfg.moe_intermediate_size, 4
     base = 6 * n * k * (h * 2 * i + i * h) * 100
     lora = 8 * n * k * 8 * (h + 2 * i) * 100
     assert g["kernel_ms_per_step"] == 3.0 and g["flops_per_step"] == base + lora
     assert g["tflops_per_s"] == pytest.approx((base + lora) / 3e-3 / 1e12)
     # A profile's own grouped-GEMM sum (full kernel names) wins over its kernel table
-    g2 = worker.expert_gemm_rate(
+    g2 = probes.expert_gemm_rate(
         {"kernels_ms_per_step": kernels, "grouped_gemm_ms_per_step": 4.0}, cfg, "lora", 8, ["gate_up_proj"], True, 100.0
     )
     assert g2["kernel_ms_per_step"] == 4.0
     # An older profile's table holds CUTLASS's names cut at 120 characters (as the H200's 35B-A3B profile did)
     cut = "_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6kernel13GemmUniversalINS5_17GroupProblem"
-    g3 = worker.expert_gemm_rate({"kernels_ms_per_step": [[cut, 71.5, 400]]}, cfg, "full", 0, [], False, 10.0)
+    g3 = probes.expert_gemm_rate({"kernels_ms_per_step": [[cut, 71.5, 400]]}, cfg, "full", 0, [], False, 10.0)
     assert g3["kernel_ms_per_step"] == 71.5
     from hybridtune.bench.report import _gemm_rate
 
@@ -116,7 +116,7 @@ def test_expert_gemm_rate_from_a_profile():
         _gemm_rate({"kernel_ms_per_step": 0, "flops_per_step": 1.0}) == "; no grouped-GEMM kernel found in the profile"
     )
     assert _gemm_rate(None) == ""
-    assert worker.expert_gemm_rate({}, cfg, "full", 0, [], False, 10.0) == {
+    assert probes.expert_gemm_rate({}, cfg, "full", 0, [], False, 10.0) == {
         "kernel_ms_per_step": 0,
         "flops_per_step": 6 * n * k * 3 * h * i * 10,
     }
@@ -152,9 +152,9 @@ def test_profiled_moe_run_keeps_stepping(monkeypatch):
         run_step()
         return {"count": 0, "by_line": {}}
 
-    monkeypatch.setattr(worker, "can_profile", lambda device: True)
-    monkeypatch.setattr(worker, "profile_run", fake_profile)
-    monkeypatch.setattr(worker, "find_syncs", fake_syncs)
+    monkeypatch.setattr(probes, "can_profile", lambda device: True)
+    monkeypatch.setattr(probes, "profile_run", fake_profile)
+    monkeypatch.setattr(probes, "find_syncs", fake_syncs)
     spec = _profiled_tiny_moe(lora_targets=["q_proj"], lora_parameters=["gate_up_proj", "down_proj"])
     result = worker.run_mode(spec)
     assert result["host_syncs"] == {"count": 0, "by_line": {}}
@@ -170,8 +170,8 @@ def test_a_failing_profile_keeps_the_timed_steps(monkeypatch):
     def broken(run, steps, device):
         raise RuntimeError("CUPTI is not available")
 
-    monkeypatch.setattr(worker, "can_profile", lambda device: True)
-    monkeypatch.setattr(worker, "profile_run", broken)
+    monkeypatch.setattr(probes, "can_profile", lambda device: True)
+    monkeypatch.setattr(probes, "profile_run", broken)
     spec = _profiled_tiny_moe(lora_targets=["in_proj_qkv"])
     result = worker.run_mode(spec)
     assert result["tokens_per_s"] > 0 and len(result["losses"]) == 2

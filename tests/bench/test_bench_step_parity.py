@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from hybridtune.bench import worker
+from hybridtune.bench import probes, worker
 from hybridtune.bench.modes import parse_mode
 from hybridtune.config import load_config, to_dict
 from hybridtune.runtime import compose
@@ -90,7 +90,7 @@ def _bench(spec: dict, mode, batches: list[dict], optimizers, monkeypatch) -> di
     """The bench worker's run of the mode (one warm-up and one timed step) on train's batches: its state after."""
     monkeypatch.setattr(worker, "parse_mode", lambda _: mode)
     monkeypatch.setattr(worker, "make_batches", lambda *a: [_copy(b) for b in batches])
-    monkeypatch.setattr(worker, "_flops", lambda *a, **k: None)  # (train's batches carry no bench doc_lens)
+    monkeypatch.setattr(probes, "flops", lambda *a, **k: None)  # (train's batches carry no bench doc_lens)
     result = worker.run_mode(spec)
     assert result["losses"] and len(result["losses"]) == STEPS
     params, opt = optimizers[-1]
