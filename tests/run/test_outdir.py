@@ -10,6 +10,7 @@ import pytest
 
 from hybridtune.errors import OutputDirError
 from hybridtune.run import outdir
+from hybridtune.run.lock import LOCK_FILE
 from hybridtune.train.trainer import Trainer
 from train_runs import make_cfg, record_run
 
@@ -140,7 +141,7 @@ def test_one_run_at_a_time_holds_a_directory(tmp_path, small_data):
     with pytest.raises(OutputDirError, match=r"in use by another hybridtune run \(pid \d+ on "):
         second.setup()
     first.train()  # releases it
-    lock_file = out / outdir.LOCK_FILE
+    lock_file = out / LOCK_FILE
     assert lock_file.is_file() and not lock_file.is_symlink()
     again = Trainer(make_cfg(out, small_data, max_steps=1, eval_steps=0))
     again.setup()
@@ -152,7 +153,7 @@ def test_the_lock_file_is_never_followed_through_a_planted_link(tmp_path, small_
     out.mkdir()
     victim = tmp_path / "victim.txt"
     victim.write_text("keep")
-    (out / outdir.LOCK_FILE).symlink_to(victim)
+    (out / LOCK_FILE).symlink_to(victim)
     with pytest.raises(OutputDirError, match="cannot create its lock file"):
         outdir.claim_output_dir(make_cfg(out, small_data, max_steps=1))
     assert victim.read_text() == "keep"
@@ -271,7 +272,7 @@ def test_a_lock_file_that_is_not_a_plain_file_is_one_line(tmp_path, small_data):
 
     out = tmp_path / "run"
     out.mkdir()
-    os.mkfifo(out / outdir.LOCK_FILE)
+    os.mkfifo(out / LOCK_FILE)
     with pytest.raises(OutputDirError, match="is not a plain file"):
         outdir.claim_output_dir(make_cfg(out, small_data, max_steps=1))
 

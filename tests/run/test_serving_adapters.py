@@ -162,7 +162,7 @@ def test_export_merged_writes_the_base_with_the_lora_folded_in_in_its_dtype_and_
     from checkpoints import ARCHITECTURES, MTP_PREFIX, make_checkpoint, read_tensors
     from hybridtune.cli import main
     from hybridtune.run import checkpoint as ckpt
-    from hybridtune.run.outdir import OutputLock
+    from hybridtune.run.lock import OutputLock
 
     source = make_checkpoint(tmp_path, "qwen3_next", torch.bfloat16)
     cfg = load_config(

@@ -26,7 +26,8 @@ from hybridtune.cli import main
 from hybridtune.infer import export_command
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run import guarded
-from hybridtune.run.outdir import RUN_FILE, OutputLock
+from hybridtune.run.lock import OutputLock
+from hybridtune.run.outdir import RUN_FILE
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from safetensors import SafetensorError
 from hybridtune.cli import main
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run import disk
-from hybridtune.run.outdir import LOCK_FILE
+from hybridtune.run.lock import LOCK_FILE
 
 ENOSPC = 'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
 

@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 from hybridtune.cli import main
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run import write_errors
-from hybridtune.run.outdir import LOCK_FILE
+from hybridtune.run.lock import LOCK_FILE
 
 TRAIN = ["train", "--sequence_len", "128", "--eval_steps", "0", "--val_set_size", "0"]
 

@@ -25,8 +25,9 @@ from hybridtune.infer.load import missing_checkpoint, open_model
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run import export, guarded
 from hybridtune.run.card import model_card
+from hybridtune.run.lock import LOCK_FILE, OutputLock
 from hybridtune.run.merge import merge
-from hybridtune.run.outdir import LOCK_FILE, RUN_FILE, OutputLock, record_changes
+from hybridtune.run.outdir import RUN_FILE, record_changes
 from hybridtune.run.targets import refuse_run_part, refuse_system_dir
 from hybridtune.runtime import distributed
 from hybridtune.runtime.adapter_kind import adapter_kind

@@ -3,13 +3,10 @@ that says what computed its contents."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
 import shutil
-import socket
-import stat
 from pathlib import Path
 
 import hybridtune
@@ -20,6 +17,7 @@ from hybridtune.files import atomic_write_text, read_regular_text
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run import integrity, write_errors
 from hybridtune.run.export import BASE_DIR, FINAL_DIR
+from hybridtune.run.lock import LOCK_FILE, OutputLock
 from hybridtune.run.plots import PLOT_FILES
 from hybridtune.run.targets import RUN_FILE, refuse_run_part, refuse_system_dir
 from hybridtune.runtime.defaults import KEYS as AUTO_KEYS
@@ -27,7 +25,6 @@ from hybridtune.runtime.defaults import KEYS as AUTO_KEYS
 logger = logging.getLogger(__name__)
 
 DATA_REPORT = "data_report.jsonl"  # every row the run truncated or dropped (data/report.py's records)
-LOCK_FILE = ".hybridtune.lock"
 TRACKER_DIR = "runs"  # TensorBoard's event files and W&B's offline runs (trackers.py)
 # Keys that may differ between a finished run and the same command run again over it (nothing it computed changes).
 RERUN_FREE_KEYS = (
@@ -378,65 +375,6 @@ def _resume_step(resume_from: str | None) -> int | None:
         return int(json.loads(read_regular_text(Path(resume_from) / ckpt.META_FILE))["step"])
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None  # not a complete checkpoint: the resume itself says so, after the model is built
-
-
-class OutputLock:
-    """An exclusive lock on the output directory for the whole run (rank 0): a second run into the same directory
-    is refused while this one lives. The operating system releases it when the process ends, however it ends.
-    `release(discard=True)` (a run refused or failed before writing anything) also removes the lock file and the
-    directories that taking the lock created, so a refused run leaves nothing behind."""
-
-    def __init__(self, out: Path):
-        self.fd = None
-        self.made: list[Path] = []  # directories created here, deepest first
-        probe = out
-        while not probe.exists() and probe.parent != probe:
-            self.made.append(probe)
-            probe = probe.parent
-        out.mkdir(parents=True, exist_ok=True)
-        self.path = out / LOCK_FILE
-        self.made_file = not self.path.exists()
-        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)  # never through a planted link
-        try:
-            self.fd = os.open(self.path, flags, 0o666)
-        except OSError as e:
-            self.release(discard=True)
-            raise OutputDirError(
-                f"output_dir '{out}': cannot create its lock file {self.path} ({e.strerror})"
-            ) from None
-        if not stat.S_ISREG(os.fstat(self.fd).st_mode):
-            self.made_file = False
-            self.release()
-            raise OutputDirError(f"output_dir '{out}': its lock file {self.path} is not a plain file; move it away")
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(self.fd, 200, 0).decode("ascii", "replace").strip() or "another process"
-            self.made_file = False  # the holder's
-            self.release()
-            raise OutputDirError(
-                f"output_dir '{out}' is in use by another hybridtune run ({holder}); wait for it to end, or choose "
-                "another --output_dir"
-            ) from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"pid {os.getpid()} on {socket.gethostname()}".encode("ascii", "replace"), 0)
-
-    def release(self, discard: bool = False) -> None:
-        if getattr(self, "fd", None) is not None:
-            if discard and self.made_file:
-                self.path.unlink(missing_ok=True)
-            os.close(self.fd)
-            self.fd = None
-        if discard:
-            for d in self.made:
-                try:
-                    d.rmdir()  # only when empty: nothing else was written
-                except OSError:
-                    break
-            self.made = []
-
-    def __del__(self) -> None:  # a trainer set up and dropped without training lets go too
-        self.release()
 
 
 def claim_output_dir(cfg: TrainConfig) -> tuple[bool, OutputLock, dict]:

@@ -30,7 +30,8 @@ from hybridtune.models.hub import resolve_source
 from hybridtune.models.loading import tokenizer_for
 from hybridtune.run import checkpoint as ckpt
 from hybridtune.run.base import base_revision
-from hybridtune.run.outdir import DATA_REPORT, RUN_FILE, OutputLock, claim_output_dir, tidy, write_run_file
+from hybridtune.run.lock import OutputLock
+from hybridtune.run.outdir import DATA_REPORT, RUN_FILE, claim_output_dir, tidy, write_run_file
 from hybridtune.run.resume import find_resume, load_checkpoint
 from hybridtune.run.space import fit_run
 from hybridtune.runtime import compose as compose_step
