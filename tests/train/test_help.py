@@ -47,3 +47,11 @@ def test_top_level_help_says_full_by_default(capsys):
     text = _out(capsys, "--help")
     assert "fine-tune a model on packed data (full fine-tune by default, or LoRA)" in text
     assert "the presets and example configs" in text  # doctor's line
+
+
+def test_objective_help_names_the_objectives(capsys):
+    """`objective` is text checked against the objectives' registry (config/traits.py); --help names its values as
+    it did when the key was a Literal, not `str`."""
+    text = _out(capsys, "train", "--help")
+    row = text.split("  --objective ", 1)[1].split("\n", 1)[0]
+    assert row == "('sft' | 'dpo' | 'simpo' | 'orpo' | 'grpo', default 'sft')", row

@@ -64,7 +64,8 @@ def in_range(low: float, high: float, what: str) -> Bound:
 
 def key(default: Any, help: str, *bounds: Bound, **about: Any) -> Any:
     """A config key: its default (a list or dict copied for each config), one sentence of help, its bounds in the
-    order they are checked (the first one failed is said) and what it is (`path=True`, `not_empty='give ...'`)."""
+    order they are checked (the first one failed is said) and what it is (`path=True`, `not_empty='give ...'`,
+    `shown`: what `--help` says its values are, when its type does not say, as a function of the registries now)."""
     metadata = {"help": help, "bounds": bounds, **about}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: copy.deepcopy(d), metadata=metadata)

@@ -17,7 +17,7 @@ from typing import Literal
 
 from hybridtune.config.keys import Bound, key
 from hybridtune.config.preference import trl_range
-from hybridtune.config.traits import known_objective, unknown_objective
+from hybridtune.config.traits import known_objective, objective_names, unknown_objective
 
 
 @dataclass
@@ -27,6 +27,7 @@ class ObjectiveKeys:
         "what training minimises: sft = next-token cross-entropy on the trained tokens; dpo, simpo, orpo = "
         "preference tuning on prompt/chosen/rejected pairs; grpo = RL on rewarded samples",
         Bound(lambda v, cfg: known_objective(v), lambda cfg: unknown_objective(cfg.objective)),
+        shown=lambda: " | ".join(repr(name) for name in objective_names()),  # (--help: the registry's names)
     )
     beta: float = key(
         0.1,

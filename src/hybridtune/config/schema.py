@@ -56,7 +56,8 @@ def config_help() -> str:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         if f.name == "datasets":
             default = "[bundled arithmetic chats]"
-        rows.append(f"  --{f.name} ({type_name(hints[f.name])}, default {default!r})\n      {f.metadata['help']}")
+        shown = f.metadata["shown"]() if "shown" in f.metadata else type_name(hints[f.name])  # (the values now)
+        rows.append(f"  --{f.name} ({shown}, default {default!r})\n      {f.metadata['help']}")
     ds_rows = []
     ds_hints = typing.get_type_hints(DatasetConfig)
     for f in dataclasses.fields(DatasetConfig):

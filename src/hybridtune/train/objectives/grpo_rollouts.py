@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import torch
-from transformers import TrainerState
 
 from hybridtune.config import TrainConfig
 from hybridtune.data.build import PreparedData
@@ -180,6 +179,11 @@ class Rollouts:
     def __init__(self, cfg: TrainConfig, objective, tokenizer, model, device, autocast=None, world: int = 1):
         if world > 1:
             raise ConfigError("objective grpo runs in one process for now; drop --nproc / torchrun")
+        # why here: `transformers.TrainerState`'s module loads transformers' trainer stack (torchao with it), which
+        # every import of train.objectives (`hybridtune eval`, `data`, `bench`) would pay for at its start
+        from transformers import TrainerState
+
+        self.state_class = TrainerState  # (the `trainer_state` each reward call is given, as TRL gives it)
         self.cfg, self.objective, self.tokenizer, self.model, self.device = cfg, objective, tokenizer, model, device
         self.funcs = load_reward_funcs(cfg.reward_funcs, cfg.max_completion_length, cfg.reward_processes,
                                        cfg.reward_timeout)  # fmt: skip
@@ -219,7 +223,7 @@ class Rollouts:
         # As TRL gives them: a chat prompt's completion as the assistant's message, a plain prompt's as text.
         completions = [t if isinstance(p.prompt, str) else [{"role": "assistant", "content": t}]
                        for p, t in zip(rows, texts)]  # fmt: skip
-        state = TrainerState(global_step=step, max_steps=max(cfg.max_steps, 0))
+        state = self.state_class(global_step=step, max_steps=max(cfg.max_steps, 0))
         rewards = score(self.funcs, [p.prompt for p in rows], completions, [r.ids for r in rolls], columns,
                         [p.where for p in rows], trainer_state=state)  # fmt: skip
         total = total_rewards(self.funcs, rewards, cfg.reward_weights, G, [p.where for p in rows], cfg.scale_rewards)
