@@ -15,7 +15,7 @@ import types
 
 import pytest
 
-from hybridtune.bench import command, report
+from hybridtune.bench import command, report, runner
 from hybridtune.cli import main
 
 
@@ -311,11 +311,11 @@ def test_a_signal_as_the_worker_starts_stops_it(tmp_path, monkeypatch):
             _wait_pid(pidfile)  # the worker is up (and would stay up)
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(command, "threading", types.SimpleNamespace(Event=threading.Event, Thread=Thread))
+    monkeypatch.setattr(runner, "threading", types.SimpleNamespace(Event=threading.Event, Thread=Thread))
     pid = None
     try:
         with pytest.raises(KeyboardInterrupt):
-            command.run_worker({}, tmp_path / "w.log", 600, 600, program=[sys.executable, "-c", child])
+            runner.run_worker({}, tmp_path / "w.log", 600, 600, program=[sys.executable, "-c", child])
         pid = _wait_pid(pidfile)
         assert _gone_within(pid, 10), "the worker outlived the interrupted run_worker"
     finally:

@@ -14,15 +14,12 @@ numbers), bench.md (the table), bench.png (bar chart), logs/<mode>.log (each wor
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
 import platform
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,7 +28,7 @@ from hybridtune.bench import pairs, report, results, vl_data
 from hybridtune.bench.data import MIN_DOC, pack_layouts
 from hybridtune.bench.flags import OneLineParser, file_path, folder, number, seconds, whole
 from hybridtune.bench.modes import OPTION_KEYS, cudagraph_warmup, parse_mode, split_modes
-from hybridtune.bench.worker import FIRST_STEP_MARKER
+from hybridtune.bench.runner import STOP_SIGNALS, run_worker
 from hybridtune.config import DEFAULT_LORA_TARGETS, MAX_LEARNING_RATE, MAX_SEED, objective_traits
 from hybridtune.errors import ConfigError, did_you_mean
 from hybridtune.files import atomic_write_text
@@ -222,87 +219,6 @@ def device_name() -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
-def run_worker(
-    spec: dict, log_path: Path, startup_timeout: float, timeout: float, program: list[str] | None = None
-) -> dict:
-    """Run one worker process; stop it at the time limits; return its result dict. The worker runs in a session of
-    its own (a stop kills its compile workers with it), so it is also stopped when this process is interrupted
-    (Ctrl-C, or a signal that `interrupting` turns into one): an orphan would hold the GPU's memory. `program` replaces
-    `python -m hybridtune.bench.worker` (tests)."""
-    with tempfile.TemporaryDirectory(prefix="hybridtune-bench-") as tmp:
-        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
-        spec_path.write_text(json.dumps(spec))
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        cmd = [*(program or [sys.executable, "-m", "hybridtune.bench.worker"]), str(spec_path), str(out_path)]
-        started = threading.Event()
-        t0 = time.monotonic()
-        with log_path.open("w") as log:
-            proc = subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
-            )
-            stopped = None
-            try:  # from here on an interrupt stops the worker
-
-                def pump() -> None:
-                    for line in proc.stdout:
-                        log.write(line)
-                        log.flush()
-                        if line.startswith(FIRST_STEP_MARKER):
-                            started.set()
-
-                reader = threading.Thread(target=pump, daemon=True)
-                reader.start()
-                while proc.poll() is None:
-                    elapsed = time.monotonic() - t0
-                    if not started.is_set() and elapsed > startup_timeout:
-                        stopped = f"no first step within {startup_timeout:.0f} s"
-                    elif elapsed > timeout:
-                        stopped = f"not finished within {timeout:.0f} s"
-                    if stopped:
-                        break
-                    time.sleep(0.5)
-            finally:
-                if proc.poll() is None:
-                    _kill(proc)
-            proc.wait()
-            reader.join(timeout=10)
-        wall = time.monotonic() - t0
-        if stopped:
-            return {"error": stopped, "stopped": True, "wall_s": wall}
-        if not out_path.is_file():
-            return {
-                "error": f"worker exited with code {proc.returncode} and no result (see {log_path})",
-                "wall_s": wall,
-            }
-        result = json.loads(out_path.read_text())
-        result["wall_s"] = wall
-        return result
-
-
-KILL_GRACE_S = 20.0  # a stopped worker's time to exit on SIGTERM before SIGKILL
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """SIGTERM to the worker's process group, SIGKILL after KILL_GRACE_S or at once on a second stop request; the
-    request cannot cut the stop short (it would leave the worker running) and is raised after it."""
-    import signal
-
-    with deferring("SIGINT", *STOP_SIGNALS, why="stopping the worker at once") as again:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + KILL_GRACE_S
-        while proc.poll() is None and time.monotonic() < deadline and not again.received:
-            time.sleep(0.1)
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    if again.received:
-        raise KeyboardInterrupt
-
-
 def main(argv: list[str]) -> int:
     import torch
 
@@ -400,7 +316,6 @@ def main(argv: list[str]) -> int:
 
 
 # Signals that stop a bench besides Ctrl-C: `timeout`'s and a scheduler's SIGTERM, a dropped terminal's SIGHUP.
-STOP_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT")
 STOPPED_BY_SIGNAL = "bench stopped by a signal (Ctrl-C, SIGTERM or SIGHUP) during this mode"
 STOPPED_IN_PEAK = "bench stopped by a signal during the peak measurement"
 
